@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Configures and builds rackstep into build/ (Release). Used by run.sh and test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc 2>/dev/null || echo 2)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"

@@ -1,0 +1,47 @@
+// Subcommand registry for the `rackstep` binary.
+//
+// Each command lives beside the component it drives (models/cli_params.cpp,
+// sim/cli_predict.cpp, exec/cli_train.cpp) and registers itself with a static
+// object, so adding a command never touches main:
+//
+//   static rackstep::cli::Registration reg{
+//       "params", "Count parameters and FLOPs of a model",
+//       [](CLI::App& app) {
+//         auto args = std::make_shared<ParamsArgs>();
+//         app.add_option("model", args->model_path, "model JSON")->required();
+//         return [args] { return run_params(*args); };  // returns the exit status
+//       }};
+//
+// main() catches rackstep::UserError from a command and prints its one line
+// with exit status 2.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace rackstep::cli {
+
+using Runner = std::function<int()>;
+using Setup = std::function<Runner(CLI::App&)>;
+
+struct CommandInfo {
+  std::string name;
+  std::string help;
+  Setup setup;
+};
+
+std::vector<CommandInfo>& registry();
+
+struct Registration {
+  Registration(std::string name, std::string help, Setup setup) {
+    registry().push_back({std::move(name), std::move(help), std::move(setup)});
+  }
+};
+
+// True when stdout is a terminal (progress bars and colour only then).
+bool stdout_is_terminal();
+
+}  // namespace rackstep::cli
