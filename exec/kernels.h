@@ -1,0 +1,415 @@
+// CPU kernels for every op of the Marin layer graph: forward and backward, fp32.
+//
+// This is the op set the training loop strings together (llm.c style: the
+// loop calls these passes explicitly, layer by layer). Each op is one plain
+// function pair over row-major float buffers; the caller owns every buffer
+// (activation arena, parameter arena, scratch). GEMMs go through OpenBLAS
+// (cblas_sgemm), everything else through OpenMP. Results are deterministic for
+// a fixed OpenMP/OpenBLAS thread count: every reduction runs in a fixed order
+// (per-thread partial sums over static row chunks, then summed in thread
+// order), never with atomics.
+//
+// GRADIENT RULE (kept by every backward below):
+//   * parameter gradients   +=  (they accumulate across micro-batches)
+//   * activation gradients  =   (overwritten), unless the call takes an
+//                               `accumulate_*` flag: an activation that fans
+//                               out to several consumers (x feeds Q, K, V, the
+//                               gate and the router; v feeds attention and XSA)
+//                               passes true on every consumer after the first.
+//   * the residual stream   +=  (residual_backward adds into both inputs).
+//
+// Shapes: N = tokens in the micro-batch (B*T), d = model width, H = query
+// heads, hd = head dim, E = experts, k = experts per token, A = N*k
+// assignments, L = latent width, F = expert FFN width, V = vocab.
+//
+// Usage (one attention sub-block, forward):
+//   rmsnorm_forward(xn, rstd, x, gain, 1e-6f, N, d);
+//   linear_forward(q, xn, wq, nullptr, N, d, H * hd);
+//   rmsnorm_noparam_forward(q, q_rstd, q, 1.3f, 1e-6f, N * H, hd);   // QK-norm
+//   rope_forward(q, q, pos, N, H, hd, hd / 2, 10000.f);             // partial RoPE
+//   attention_forward(o, lse, q, k, v, doc, B, T, H, kv_stored, kv_used, hd,
+//                     window, 1.f / std::sqrt(float(hd)));
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rackstep::exec {
+
+// ---------------------------------------------------------------------------
+// matmul.cpp: linear layers through cblas_sgemm.
+
+// y = x·W (+ bias).
+void linear_forward(float* y,           // (N, out)
+                    const float* x,     // (N, in)
+                    const float* w,     // (in, out)
+                    const float* bias,  // (out) or nullptr
+                    int N, int in, int out);
+// dx = dy·Wᵀ (or += when accumulate_dx), dW += xᵀ·dy, dbias += Σ_rows dy.
+void linear_backward(float* dx,          // (N, in) or nullptr to skip
+                     float* dw,          // (in, out) +=
+                     float* dbias,       // (out) += or nullptr
+                     const float* dy,    // (N, out)
+                     const float* x,     // (N, in)
+                     const float* w,     // (in, out)
+                     int N, int in, int out, bool accumulate_dx = false);
+
+// ---------------------------------------------------------------------------
+// activations.cpp: residual stream and elementwise helpers.
+
+// y = a + b (y may alias a or b).
+void residual_forward(float* y, const float* a, const float* b, size_t n);  // (n) each
+// da += dy, db += dy: the residual stream accumulates.
+void residual_backward(float* da, float* db, const float* dy, size_t n);    // (n) each
+// dst += src.
+void add_inplace(float* dst, const float* src, size_t n);                   // (n) each
+// h = silu(a1) * a3 (SwiGLU inner product, Shazeer 2020 "GLU variants").
+void swiglu_forward(float* h, const float* a1, const float* a3, size_t n);  // (n) each
+// da1 = dh * a3 * silu'(a1), da3 = dh * silu(a1); both overwritten.
+void swiglu_backward(float* da1, float* da3, const float* dh, const float* a1,
+                     const float* a3, size_t n);                            // (n) each
+
+// ---------------------------------------------------------------------------
+// embedding.cpp
+
+// out[t] = table[tokens[t]].
+void embedding_forward(float* out,             // (N, d)
+                       const int32_t* tokens,  // (N), each in [0, V)
+                       const float* table,     // (V, d)
+                       int N, int d, int V);
+// dtable[tokens[t]] += dout[t] (scatter-add; deterministic: threads own
+// column ranges and walk the tokens in order).
+void embedding_backward(float* dtable,          // (V, d) +=
+                        const float* dout,      // (N, d)
+                        const int32_t* tokens,  // (N)
+                        int N, int d, int V);
+
+// ---------------------------------------------------------------------------
+// norm.cpp
+
+// RMSNorm with learnable gain (Zhang & Sennrich 2019):
+// y = x / sqrt(mean(x²) + eps) * gain. y may alias x.
+void rmsnorm_forward(float* y,           // (N, d)
+                     float* rstd,        // (N) saved: 1/sqrt(mean(x²)+eps)
+                     const float* x,     // (N, d)
+                     const float* gain,  // (d)
+                     float eps, int N, int d);
+void rmsnorm_backward(float* dx,          // (N, d) =
+                      float* dgain,       // (d) +=
+                      const float* dy,    // (N, d)
+                      const float* x,     // (N, d)
+                      const float* rstd,  // (N)
+                      const float* gain,  // (d)
+                      int N, int d);
+
+// Non-parametric RMSNorm followed by a fixed multiplier (the QK-norm of the
+// spec: multiplier 1.3). Rows are whatever the caller normalises: for QK-norm
+// pass N*H rows of width hd. y may alias x.
+void rmsnorm_noparam_forward(float* y,        // (rows, d)
+                             float* rstd,     // (rows) saved
+                             const float* x,  // (rows, d)
+                             float multiplier, float eps, int rows, int d);
+void rmsnorm_noparam_backward(float* dx,          // (rows, d) =
+                              const float* dy,    // (rows, d)
+                              const float* x,     // (rows, d)
+                              const float* rstd,  // (rows)
+                              float multiplier, int rows, int d);
+
+// Gated norm (spec, "norms"): y = x * sigmoid(silu(x·W_down)·W_up).
+// Forward saves a = x·W_down and g = sigmoid(silu(a)·W_up).
+void gated_norm_forward(float* y,             // (N, d)
+                        float* a,             // (N, r) saved
+                        float* g,             // (N, d) saved
+                        const float* x,       // (N, d)
+                        const float* w_down,  // (d, r)
+                        const float* w_up,    // (r, d)
+                        int N, int d, int r);
+size_t gated_norm_scratch_floats(int N, int d, int r);  // N*d + 2*N*r
+void gated_norm_backward(float* dx,             // (N, d) =
+                         float* dw_down,        // (d, r) +=
+                         float* dw_up,          // (r, d) +=
+                         const float* dy,       // (N, d)
+                         const float* x,        // (N, d)
+                         const float* a,        // (N, r)
+                         const float* g,        // (N, d)
+                         const float* w_down,   // (d, r)
+                         const float* w_up,     // (r, d)
+                         float* scratch,        // (gated_norm_scratch_floats)
+                         int N, int d, int r);
+
+// ---------------------------------------------------------------------------
+// rope.cpp: partial rotary position embedding (Su et al. 2021, RoFormer),
+// GPT-NeoX "rotate half" pairing inside the rotated part: for i < rot_dims/2,
+// (x[i], x[i + rot_dims/2]) rotates by angle pos * theta^(-2i/rot_dims).
+// Dims [rot_dims, hd) pass through unchanged; rot_dims = 0 is NoPE (identity).
+// Rows are tokens; each token has `heads` heads of width hd. y may alias x.
+void rope_forward(float* y,            // (N, heads, hd)
+                  const float* x,      // (N, heads, hd)
+                  const int32_t* pos,  // (N) position of each token
+                  int N, int heads, int hd, int rot_dims, float theta);
+// dx = Rᵀ·dy (the inverse rotation). dx may alias dy.
+void rope_backward(float* dx,           // (N, heads, hd) =
+                   const float* dy,     // (N, heads, hd)
+                   const int32_t* pos,  // (N)
+                   int N, int heads, int hd, int rot_dims, float theta);
+
+// ---------------------------------------------------------------------------
+// attention.cpp: causal softmax attention, sliding window, GQA, doc masking.
+//
+// Key j is visible to query i (same sequence) iff j <= i, and i - window < j
+// when window > 0 (window = 0: full causal), and doc[j] == doc[i] when doc is
+// given (queries attend only within their document). Query head h reads kv
+// head h / (H / kv_used); k and v store kv_stored heads of which the first
+// kv_used are read (global layers use the first n of the stored KV heads).
+// logits = scale * q·k; scale is the caller's (1/sqrt(hd) by default; the
+// spec applies the QK-norm multiplier to q and k, not to the scale).
+// Forward saves lse (logsumexp of each query row) for an exact backward.
+void attention_forward(float* o,              // (B, T, H, hd)
+                       float* lse,            // (B, H, T) saved
+                       const float* q,        // (B, T, H, hd)
+                       const float* k,        // (B, T, kv_stored, hd)
+                       const float* v,        // (B, T, kv_stored, hd)
+                       const int32_t* doc,    // (B, T) document id per token, or nullptr
+                       int B, int T, int H, int kv_stored, int kv_used, int hd,
+                       int window, float scale);
+// dq =; dk, dv = (or += with accumulate_dkv). Heads >= kv_used of dk/dv get
+// zero (or are left as they are with accumulate_dkv).
+// Parallel over (b, kv head): each thread owns one kv head's dk/dv.
+void attention_backward(float* dq,             // (B, T, H, hd)
+                        float* dk,             // (B, T, kv_stored, hd)
+                        float* dv,             // (B, T, kv_stored, hd)
+                        const float* dout,     // (B, T, H, hd)
+                        const float* q,        // (B, T, H, hd)
+                        const float* k,        // (B, T, kv_stored, hd)
+                        const float* v,        // (B, T, kv_stored, hd)
+                        const float* o,        // (B, T, H, hd) forward output
+                        const float* lse,      // (B, H, T)
+                        const int32_t* doc,    // (B, T) or nullptr
+                        int B, int T, int H, int kv_stored, int kv_used, int hd,
+                        int window, float scale, bool accumulate_dkv = false);
+
+// XSA, exclusive self attention (spec): per token and head,
+// y = o - (o·v / (v·v + eps)) v with v the token's own value vector of the kv
+// head the query head reads. Afterwards y·v ≈ 0. y may not alias o.
+void xsa_forward(float* y,          // (N, H, hd)
+                 const float* o,    // (N, H, hd)
+                 const float* v,    // (N, kv_stored, hd)
+                 int N, int H, int kv_stored, int kv_used, int hd, float eps);
+// do =, dv += (v also feeds attention: call xsa_backward first, then
+// attention_backward with accumulate_dkv = true — or zero dv yourself).
+void xsa_backward(float* d_o,         // (N, H, hd) =
+                  float* dv,          // (N, kv_stored, hd) +=
+                  const float* dy,    // (N, H, hd)
+                  const float* o,     // (N, H, hd)
+                  const float* v,     // (N, kv_stored, hd)
+                  int N, int H, int kv_stored, int kv_used, int hd, float eps);
+
+// Per-head attention gate (spec, "gated attention"): g = 2*sigmoid(x·W_gate),
+// y[n, h, :] = g[n, h] * o[n, h, :]. Forward saves g; keep o for backward.
+void attn_gate_forward(float* y,             // (N, H, hd)
+                       float* g,             // (N, H) saved
+                       const float* o,       // (N, H, hd)
+                       const float* x,       // (N, d)
+                       const float* w_gate,  // (d, H)
+                       int N, int d, int H, int hd);
+// d_o =, dx = (or += with accumulate_dx), dW_gate +=.
+void attn_gate_backward(float* d_o,           // (N, H, hd) =
+                        float* dx,            // (N, d)
+                        float* dw_gate,       // (d, H) +=
+                        const float* dy,      // (N, H, hd)
+                        const float* o,       // (N, H, hd)
+                        const float* x,       // (N, d)
+                        const float* g,       // (N, H)
+                        const float* w_gate,  // (d, H)
+                        float* scratch,       // (N, H)
+                        int N, int d, int H, int hd, bool accumulate_dx = false);
+
+// ---------------------------------------------------------------------------
+// sconv.cpp: short depthwise causal convolution (spec, "short conv").
+// y[b,t,c] = Σ_{j<K} w[c,j] * x[b, t-(K-1-j), c], a tap counting only when
+// t-(K-1-j) >= 0 and, when doc is given, doc[b, t-(K-1-j)] == doc[b, t].
+// Tap K-1 is the current token: w[c, K-1] = 1, others 0 is the identity init.
+void sconv_forward(float* y,            // (B, T, C)
+                   const float* x,      // (B, T, C)
+                   const float* w,      // (C, K)
+                   const int32_t* doc,  // (B, T) or nullptr
+                   int B, int T, int C, int K);
+void sconv_init_identity(float* w, int C, int K);  // (C, K)
+void sconv_backward(float* dx,           // (B, T, C) =
+                    float* dw,           // (C, K) +=
+                    const float* dy,     // (B, T, C)
+                    const float* x,      // (B, T, C)
+                    const float* w,      // (C, K)
+                    const int32_t* doc,  // (B, T) or nullptr
+                    int B, int T, int C, int K);
+
+// ---------------------------------------------------------------------------
+// moe.cpp: router, quantile balancing, grouped experts, combine.
+//
+// Assignment a = t*k + j is token t's j-th choice (token-major). The grouped
+// ("sorted") buffer holds the assignments expert by expert; sorted_pos[a] is
+// a's row there and offsets[e]..offsets[e+1] are expert e's rows.
+
+enum class RouterKind { kSigmoid, kSoftmax };
+
+// Router logits = x·W_router: use linear_forward(logits, x, w_router, nullptr, N, d, E).
+//
+// Selection (spec, "router"): rank experts by the biased score logits + bias,
+// keep the top k (ties to the lower expert id); threshold[t] is the (k+1)-th
+// biased score (-inf when k == E). Combine weights come from the unbiased
+// logits of the chosen k, renormalised to sum to weight_sum:
+//   sigmoid: w_j = weight_sum * σ(l_j) / Σ_chosen σ(l_m)
+//   softmax: w_j = weight_sum * exp(l_j) / Σ_chosen exp(l_m)  (= renormalised softmax)
+void router_forward(int32_t* expert,      // (N, k) chosen expert ids, best first
+                    float* weight,        // (N, k) combine weights
+                    float* threshold,     // (N) (k+1)-th biased score
+                    const float* logits,  // (N, E)
+                    const float* bias,    // (E) selection bias, or nullptr
+                    int N, int E, int k, RouterKind kind, float weight_sum);
+// dlogits = ∂loss/∂logits through the combine weights (the selection itself
+// has no gradient); zero for unchosen experts. Then
+// linear_backward(dx, dw_router, nullptr, dlogits, x, w_router, N, d, E, true).
+void router_backward(float* dlogits,         // (N, E) =
+                     const float* dweight,   // (N, k)
+                     const float* weight,    // (N, k)
+                     const int32_t* expert,  // (N, k)
+                     const float* logits,    // (N, E)
+                     int N, int E, int k, RouterKind kind, float weight_sum);
+// Router z-loss, mean over tokens of logsumexp(logits)² (logged, not applied).
+double router_z_loss(const float* logits, int N, int E);  // (N, E)
+
+// Quantile balancing (QB), the selection bias for the next step.
+// Algorithm (ours, documented here): a balanced router gives each expert
+// N*k/E of the N*k assignments, i.e. expert e should be chosen by a fraction
+// p = k/E of the tokens. If bias_e = -q_e, where q_e is the (1-p)-quantile of
+// expert e's unbiased logits over the step's tokens, then the biased score of
+// expert e is > 0 for exactly a fraction p of tokens, so each expert crosses
+// the common level 0 equally often and top-k on biased scores is balanced to
+// first order. The quantile comes from a histogram of each expert's logits
+// (n_bins bins over the fixed range [lo, hi], values outside clamp into the
+// edge bins; linear interpolation inside the bin). Histograms add up, so
+// data-parallel ranks sum their counts (MPI_Allreduce) before the bias step.
+// State: the counts of the previous step (in) and the bias (out).
+void qb_histogram(int64_t* counts,       // (E, n_bins) +=
+                  const float* logits,   // (N, E)
+                  int N, int E, int n_bins, float lo, float hi);
+// bias[e] = -quantile_e(1 - k/E), from counts.
+void qb_bias_from_histogram(float* bias,            // (E) =
+                            const int64_t* counts,  // (E, n_bins)
+                            int E, int k, int n_bins, float lo, float hi);
+
+// Group assignments by expert (stable counting sort: within an expert, rows
+// stay in token order). The dispatch library may produce its own grouping.
+void moe_group_by_expert(int32_t* sorted_pos,    // (A) row of assignment a
+                         int32_t* offsets,       // (E + 1)
+                         const int32_t* expert,  // (A) = (N, k)
+                         int A, int E);
+// xs[sorted_pos[a]] = x[a / k].
+void moe_gather_forward(float* xs,                 // (A, L)
+                        const float* x,            // (N, L)
+                        const int32_t* sorted_pos, // (A)
+                        int N, int k, int L);
+// dx[t] = Σ_j dxs[sorted_pos[t*k + j]].
+void moe_gather_backward(float* dx,                 // (N, L) =
+                         const float* dxs,          // (A, L)
+                         const int32_t* sorted_pos, // (A)
+                         int N, int k, int L);
+
+// Routed experts: grouped SwiGLU in the latent width, per expert e over its
+// rows: a1 = xs·W1[e], a3 = xs·W3[e], h = silu(a1)*a3, ys = h·W2[e].
+// keep[row] == 0 marks a dropped assignment (the dispatch library decides):
+// its ys row is 0 and it contributes no gradient. keep == nullptr keeps all.
+void experts_forward(float* ys,             // (A, L)
+                     float* a1,             // (A, F) saved
+                     float* a3,             // (A, F) saved
+                     float* h,              // (A, F) saved
+                     const float* xs,       // (A, L) grouped by expert
+                     const int32_t* offsets,// (E + 1)
+                     const uint8_t* keep,   // (A) in grouped order, or nullptr
+                     const float* w1,       // (E, L, F)
+                     const float* w3,       // (E, L, F)
+                     const float* w2,       // (E, F, L)
+                     int A, int E, int L, int F);
+size_t experts_scratch_floats(int A, int L, int F);  // A*L + 3*A*F
+void experts_backward(float* dxs,            // (A, L) =
+                      float* dw1,            // (E, L, F) +=
+                      float* dw3,            // (E, L, F) +=
+                      float* dw2,            // (E, F, L) +=
+                      const float* dys,      // (A, L)
+                      const float* xs,       // (A, L)
+                      const float* a1,       // (A, F)
+                      const float* a3,       // (A, F)
+                      const float* h,        // (A, F)
+                      const int32_t* offsets,// (E + 1)
+                      const uint8_t* keep,   // (A) or nullptr
+                      const float* w1,       // (E, L, F)
+                      const float* w3,       // (E, L, F)
+                      const float* w2,       // (E, F, L)
+                      float* scratch,        // (experts_scratch_floats)
+                      int A, int E, int L, int F);
+
+// Combine: y[t] = Σ_j weight[t,j] * ys[sorted_pos[t*k + j]].
+void moe_combine_forward(float* y,                  // (N, L)
+                         const float* ys,           // (A, L)
+                         const float* weight,       // (N, k)
+                         const int32_t* sorted_pos, // (A)
+                         int N, int k, int L);
+// dys = (weight * dy) at each row, dweight = dy·ys; both overwritten.
+void moe_combine_backward(float* dys,                // (A, L) =
+                          float* dweight,            // (N, k) =
+                          const float* dy,           // (N, L)
+                          const float* ys,           // (A, L)
+                          const float* weight,       // (N, k)
+                          const int32_t* sorted_pos, // (A)
+                          int N, int k, int L);
+
+// Shared experts / any dense SwiGLU: y = (silu(x·W1) * (x·W3))·W2. Several
+// shared experts summed equal one SwiGLU with their widths concatenated.
+void dense_swiglu_forward(float* y,         // (N, d)
+                          float* a1,        // (N, F) saved
+                          float* a3,        // (N, F) saved
+                          float* h,         // (N, F) saved
+                          const float* x,   // (N, d)
+                          const float* w1,  // (d, F)
+                          const float* w3,  // (d, F)
+                          const float* w2,  // (F, d)
+                          int N, int d, int F);
+void dense_swiglu_backward(float* dx,          // (N, d) = (or += with accumulate_dx)
+                           float* dw1,         // (d, F) +=
+                           float* dw3,         // (d, F) +=
+                           float* dw2,         // (F, d) +=
+                           const float* dy,    // (N, d)
+                           const float* x,     // (N, d)
+                           const float* a1,    // (N, F)
+                           const float* a3,    // (N, F)
+                           const float* h,     // (N, F)
+                           const float* w1,    // (d, F)
+                           const float* w3,    // (d, F)
+                           const float* w2,    // (F, d)
+                           float* scratch,     // (3 * N * F)
+                           int N, int d, int F, bool accumulate_dx = false);
+
+// ---------------------------------------------------------------------------
+// loss.cpp: cross-entropy with logit z-loss (spec, "output").
+// loss = mean_t [ lse_t - logits[t, target_t] ] + z_weight * mean_t lse_t²,
+// over tokens with target >= 0 (target < 0 is ignored). Memory-lean: call it
+// on chunks of tokens (the LM head for a chunk, then its loss, then its
+// dlogits in place), passing the whole batch's counted tokens as n_total so
+// the chunks' results add up to the batch mean.
+struct CrossEntropyResult {
+  double ce = 0;      // this chunk's share of mean cross-entropy
+  double z_loss = 0;  // this chunk's share of z_weight * mean lse²
+};
+CrossEntropyResult cross_entropy_forward(float* lse,              // (N) saved
+                                         const float* logits,     // (N, V)
+                                         const int32_t* targets,  // (N), < 0 ignored
+                                         int N, int V, float z_weight, int64_t n_total);
+// dlogits = (softmax - onehot + 2 z_weight lse softmax) / n_total; zero rows for
+// ignored targets. dlogits may alias logits.
+void cross_entropy_backward(float* dlogits,          // (N, V) =
+                            const float* logits,     // (N, V)
+                            const float* lse,        // (N)
+                            const int32_t* targets,  // (N)
+                            int N, int V, float z_weight, int64_t n_total);
+
+}  // namespace rackstep::exec
