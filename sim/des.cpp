@@ -1,0 +1,813 @@
+// Discrete-event engine; see sim/des.h.
+//
+// The run keeps a min-heap of (time, task, version) events. A task is started
+// when its last dependency finishes (and, on a ready-order resource, when a
+// slot frees). Flows on links get rates from weighted max-min fairness,
+// recomputed only over the connected component (links <-> active flows) that a
+// starting or finishing flow touches; a flow whose rate changes gets a new
+// version and a new finish event, and the stale one is skipped when popped.
+#include "sim/des.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <queue>
+#include <sstream>
+
+#include "models/check.h"
+#include "sim/trace.h"
+
+namespace rackstep::sim {
+
+const char* resource_kind_name(ResourceKind k) {
+  switch (k) {
+    case ResourceKind::kComputeStream: return "compute_stream";
+    case ResourceKind::kCommStream: return "comm_stream";
+    case ResourceKind::kCopyEngine: return "copy_engine";
+    case ResourceKind::kHostCpu: return "host_cpu";
+    case ResourceKind::kNvlinkPort: return "nvlink_port";
+    case ResourceKind::kNic: return "nic";
+    case ResourceKind::kSwitchLink: return "switch_link";
+    case ResourceKind::kFabricLink: return "fabric_link";
+  }
+  return "?";
+}
+
+bool is_link(ResourceKind k) { return k >= ResourceKind::kNvlinkPort; }
+
+// ---------------------------------------------------------------- building
+
+int Engine::add_process(std::string name, int64_t multiplicity) {
+  if (multiplicity < 1) {
+    throw UserError("process '" + name + "': multiplicity must be >= 1, found " +
+                    std::to_string(multiplicity));
+  }
+  processes_.push_back({std::move(name), multiplicity});
+  return static_cast<int>(processes_.size()) - 1;
+}
+
+ResourceId Engine::add_resource(int process, std::string name, ResourceKind kind,
+                                double bw_bytes_per_s, Order order, int slots) {
+  RS_CHECK(process >= 0 && process < num_processes(), "resource of an undeclared process");
+  if (is_link(kind) && !(bw_bytes_per_s > 0 && std::isfinite(bw_bytes_per_s))) {
+    throw UserError("resource '" + name + "': a link needs a finite bandwidth > 0 bytes/s, found " +
+                    std::to_string(bw_bytes_per_s));
+  }
+  if (slots < 1 || (order == Order::kInOrder && slots != 1)) {
+    throw UserError("resource '" + name + "': slots must be 1 for an in-order stream and >= 1 otherwise, found " +
+                    std::to_string(slots));
+  }
+  resources_.push_back({std::move(name), process, kind, order, slots, bw_bytes_per_s, -1});
+  return {static_cast<int32_t>(resources_.size()) - 1};
+}
+
+TaskId Engine::add_task(TaskSpec spec) {
+  const int32_t id = static_cast<int32_t>(tasks_.size());
+  auto bad = [&](const std::string& what) {
+    throw UserError("task '" + spec.name + "': " + what);
+  };
+  if (!(spec.duration_s >= 0) || !std::isfinite(spec.duration_s)) bad("duration_s must be finite and >= 0");
+  if (!(spec.bytes >= 0) || !std::isfinite(spec.bytes)) bad("bytes must be finite and >= 0");
+  if (spec.bytes > 0 && spec.links.empty()) bad("moves bytes but crosses no link");
+  if (!spec.on.valid() && spec.links.empty()) bad("needs a serial resource or at least one link");
+  if (!(spec.weight >= 0)) bad("weight must be >= 0");
+  if (!(spec.max_rate_bytes_per_s > 0)) bad("max_rate_bytes_per_s must be > 0");
+  if (spec.on.valid()) {
+    RS_CHECK(spec.on.v < num_resources(), "task on an undeclared resource");
+    if (is_link(resources_[spec.on.v].kind)) bad("runs 'on' a link; links go in .links");
+  }
+  for (ResourceId l : spec.links) {
+    RS_CHECK(l.valid() && l.v < num_resources(), "flow over an undeclared resource");
+    if (!is_link(resources_[l.v].kind)) bad("flows over '" + resources_[l.v].name + "', which is not a link");
+  }
+
+  Task t;
+  t.name = std::move(spec.name);
+  auto it = category_ids_.find(spec.category);
+  if (it == category_ids_.end()) {
+    it = category_ids_.emplace(spec.category, static_cast<uint32_t>(categories_.size())).first;
+    categories_.push_back(spec.category);
+  }
+  t.category = it->second;
+  t.on = spec.on.v;
+  t.stream_prev = -1;
+  if (spec.on.valid() && resources_[spec.on.v].order == Order::kInOrder) {
+    t.stream_prev = resources_[spec.on.v].last_task;
+    resources_[spec.on.v].last_task = id;
+  }
+  t.duration_s = spec.duration_s;
+  t.bytes = spec.bytes;
+  t.max_rate = spec.max_rate_bytes_per_s;
+  t.jitter = spec.jitter;
+  t.links_begin = static_cast<uint32_t>(links_.size());
+  for (ResourceId l : spec.links) links_.push_back(l.v);
+  t.links_end = static_cast<uint32_t>(links_.size());
+  tasks_.push_back(std::move(t));
+  Task& added = tasks_.back();
+  const int owner = resources_[task_home({id}).v].process;
+  added.weight = spec.weight > 0 ? spec.weight : static_cast<double>(processes_[owner].multiplicity);
+  return {id};
+}
+
+TaskId Engine::add_compute(ResourceId on, std::string name, std::string category, double duration_s) {
+  TaskSpec t;
+  t.name = std::move(name);
+  t.category = std::move(category);
+  t.on = on;
+  t.duration_s = duration_s;
+  return add_task(std::move(t));
+}
+
+TaskId Engine::add_transfer(std::string name, std::string category, std::vector<ResourceId> links,
+                            double bytes, ResourceId on, double latency_s) {
+  TaskSpec t;
+  t.name = std::move(name);
+  t.category = std::move(category);
+  t.on = on;
+  t.duration_s = latency_s;
+  t.bytes = bytes;
+  t.links = std::move(links);
+  return add_task(std::move(t));
+}
+
+void Engine::add_dependency(TaskId before, TaskId after) {
+  RS_CHECK(before.valid() && before.v < num_tasks() && after.valid() && after.v < num_tasks(),
+           "dependency on an undeclared task");
+  if (before.v == after.v) {
+    throw UserError("task graph cannot be scheduled: " + describe(after) + " depends on itself");
+  }
+  deps_.emplace_back(before.v, after.v);
+}
+
+ResourceId Engine::task_home(TaskId t) const {
+  const Task& k = tasks_[t.v];
+  if (k.on >= 0) return {k.on};
+  return {links_[k.links_begin]};
+}
+
+TaskClass Engine::task_class(TaskId t) const {
+  const Task& k = tasks_[t.v];
+  if (k.bytes > 0) return TaskClass::kCommunication;
+  switch (resources_[task_home(t).v].kind) {
+    case ResourceKind::kComputeStream: return TaskClass::kCompute;
+    case ResourceKind::kHostCpu: return TaskClass::kHost;
+    default: return TaskClass::kCommunication;
+  }
+}
+
+std::string Engine::describe(TaskId t) const {
+  ResourceId h = task_home(t);
+  return "'" + tasks_[t.v].name + "' (" + processes_[resources_[h.v].process].name + "/" +
+         resources_[h.v].name + ")";
+}
+
+// ---------------------------------------------------------------- running
+
+namespace {
+
+// Counter-based random numbers: a draw depends only on (seed, task, stream),
+// never on the order events happen in. splitmix64 finaliser.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+double uniform01(uint64_t seed, uint64_t task, uint64_t stream) {
+  uint64_t h = mix(seed ^ mix(task * 4 + stream));
+  return (static_cast<double>(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+double normal(uint64_t seed, uint64_t task) {
+  // Box-Muller on two independent draws.
+  double u1 = uniform01(seed, task, 0), u2 = uniform01(seed, task, 1);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+struct Event {
+  double t;
+  int32_t task;
+  uint32_t version;
+};
+struct Later {
+  bool operator()(const Event& a, const Event& b) const {
+    if (a.t != b.t) return a.t > b.t;
+    return a.task > b.task;
+  }
+};
+
+enum class Phase : uint8_t { kWaiting, kLatency, kFlowing, kDone };
+
+}  // namespace
+
+class Run {
+ public:
+  Run(const Engine& e, const RunOptions& o) : e_(e), o_(o) {}
+
+  RunResult go() {
+    setup();
+    for (int32_t t = 0; t < n_; ++t) {
+      if (pending_[t] == 0) make_ready(t, -1);
+    }
+    drain();
+    while (!heap_.empty()) {
+      Event ev = heap_.top();
+      heap_.pop();
+      ++r_.events;
+      if (ev.version != version_[ev.task]) continue;  // a flow rescheduled since
+      now_ = ev.t;
+      if (phase_[ev.task] == Phase::kLatency) {
+        after_latency(ev.task);
+      } else {
+        RS_CHECK(phase_[ev.task] == Phase::kFlowing, "event for a task that is not running");
+        end_flow(ev.task);
+        finish(ev.task);
+      }
+      drain();
+    }
+    if (finished_ < n_) report_cycle();
+    finalise();
+    return std::move(r_);
+  }
+
+ private:
+  using Task = Engine::Task;
+
+  void setup() {
+    n_ = static_cast<int32_t>(e_.tasks_.size());
+    const size_t nr = e_.resources_.size();
+    r_.start_s.assign(n_, 0);
+    r_.end_s.assign(n_, 0);
+    r_.busy_s.assign(nr, 0);
+    r_.bytes_moved.assign(nr, 0);
+    pending_.assign(n_, 0);
+    phase_.assign(n_, Phase::kWaiting);
+    version_.assign(n_, 0);
+    crit_pred_.assign(n_, -1);
+    duration_.assign(n_, 0);
+    // Successors in CSR form: explicit dependencies plus in-order stream edges.
+    succ_begin_.assign(n_ + 1, 0);
+    for (auto [b, a] : e_.deps_) ++succ_begin_[b + 1];
+    for (int32_t t = 0; t < n_; ++t) {
+      if (e_.tasks_[t].stream_prev >= 0) ++succ_begin_[e_.tasks_[t].stream_prev + 1];
+    }
+    for (int32_t t = 0; t < n_; ++t) succ_begin_[t + 1] += succ_begin_[t];
+    succ_.resize(succ_begin_[n_]);
+    std::vector<uint32_t> fill(succ_begin_.begin(), succ_begin_.end() - 1);
+    for (auto [b, a] : e_.deps_) {
+      succ_[fill[b]++] = a;
+      ++pending_[a];
+    }
+    for (int32_t t = 0; t < n_; ++t) {
+      int32_t p = e_.tasks_[t].stream_prev;
+      if (p < 0) continue;
+      succ_[fill[p]++] = t;
+      ++pending_[t];
+    }
+    // Durations with jitter, stragglers and slow processes drawn up front.
+    std::vector<double> slow(e_.processes_.size(), 1.0);
+    for (auto [p, f] : o_.slow_processes) {
+      if (p < 0 || p >= static_cast<int>(slow.size()) || !(f > 0)) {
+        throw UserError("slow process " + std::to_string(p) + " x" + std::to_string(f) +
+                        ": expected a declared process and a factor > 0");
+      }
+      slow[p] = f;
+    }
+    for (int32_t t = 0; t < n_; ++t) duration_[t] = effective_duration(t, slow);
+    // Links: capacity scales with the multiplicity of the process that owns them.
+    cap_.assign(nr, 0);
+    for (size_t l = 0; l < nr; ++l) {
+      const auto& res = e_.resources_[l];
+      cap_[l] = res.bw_bytes_per_s * static_cast<double>(e_.processes_[res.process].multiplicity);
+    }
+    link_flows_.assign(nr, {});
+    link_active_since_.assign(nr, 0);
+    in_use_.assign(nr, 0);
+    queue_.assign(nr, {});
+    queue_head_.assign(nr, 0);
+    link_mark_.assign(nr, 0);
+    cap_left_.assign(nr, 0);
+    w_left_.assign(nr, 0);
+    flow_mark_.assign(n_, 0);
+    remaining_.assign(n_, 0);
+    rate_.assign(n_, 0);
+    last_.assign(n_, 0);
+    new_rate_.assign(n_, 0);
+  }
+
+  double effective_duration(int32_t t, const std::vector<double>& slow) const {
+    const Task& k = e_.tasks_[t];
+    double d = k.duration_s;
+    if (!k.jitter || d <= 0) return d;
+    if (o_.jitter_sigma > 0) {
+      // Mean-preserving lognormal: E[exp(s z - s^2/2)] = 1.
+      d *= std::exp(o_.jitter_sigma * normal(o_.seed, t) - 0.5 * o_.jitter_sigma * o_.jitter_sigma);
+    }
+    if (o_.straggler_probability > 0 && uniform01(o_.seed, t, 2) < o_.straggler_probability) {
+      d *= o_.straggler_slowdown;
+    }
+    const int home = e_.resources_[e_.task_home({t}).v].process;
+    return d * slow[home];
+  }
+
+  void push(double t, int32_t task) { heap_.push({t, task, version_[task]}); }
+
+  // A task whose dependencies are done: start it, or queue it on a busy resource.
+  void make_ready(int32_t t, int32_t cause) {
+    crit_pred_[t] = cause;
+    const int32_t on = e_.tasks_[t].on;
+    if (on >= 0 && e_.resources_[on].order == Order::kReadyOrder) {
+      if (in_use_[on] >= e_.resources_[on].slots) {
+        queue_[on].push_back(t);
+        return;
+      }
+      ++in_use_[on];
+    }
+    ready_.push_back(t);
+  }
+
+  // Starts every task made ready at `now_` (iteratively: zero-time chains can be long).
+  void drain() {
+    while (!ready_.empty()) {
+      int32_t t = ready_.back();
+      ready_.pop_back();
+      start(t);
+    }
+  }
+
+  void start(int32_t t) {
+    r_.start_s[t] = now_;
+    if (duration_[t] > 0) {
+      phase_[t] = Phase::kLatency;
+      push(now_ + duration_[t], t);
+      return;
+    }
+    after_latency(t);
+  }
+
+  void after_latency(int32_t t) {
+    if (e_.tasks_[t].bytes > 0) {
+      begin_flow(t);
+      return;
+    }
+    finish(t);
+  }
+
+  void finish(int32_t t) {
+    phase_[t] = Phase::kDone;
+    r_.end_s[t] = now_;
+    ++finished_;
+    const int32_t on = e_.tasks_[t].on;
+    if (on >= 0) {
+      r_.busy_s[on] += now_ - r_.start_s[t];
+      if (e_.resources_[on].order == Order::kReadyOrder) release_slot(on, t);
+    }
+    for (uint32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i) {
+      int32_t s = succ_[i];
+      if (--pending_[s] == 0) make_ready(s, t);
+    }
+  }
+
+  void release_slot(int32_t on, int32_t t) {
+    auto& q = queue_[on];
+    size_t& head = queue_head_[on];
+    if (head == q.size()) {
+      --in_use_[on];
+      return;
+    }
+    int32_t next = q[head++];
+    if (head == q.size()) {
+      q.clear();
+      head = 0;
+    }
+    crit_pred_[next] = t;  // it waited for this task's slot
+    ready_.push_back(next);
+  }
+
+  // ------------------------------------------------------------ flows
+
+  void begin_flow(int32_t t) {
+    const Task& k = e_.tasks_[t];
+    phase_[t] = Phase::kFlowing;
+    remaining_[t] = k.bytes;
+    rate_[t] = 0;
+    last_[t] = now_;
+    for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
+      int32_t l = e_.links_[i];
+      if (link_flows_[l].empty()) link_active_since_[l] = now_;
+      link_flows_[l].push_back(t);
+    }
+    rebalance(k.links_begin, k.links_end);
+  }
+
+  void end_flow(int32_t t) {
+    const Task& k = e_.tasks_[t];
+    for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
+      int32_t l = e_.links_[i];
+      auto& fl = link_flows_[l];
+      auto it = std::find(fl.begin(), fl.end(), t);
+      RS_CHECK(it != fl.end(), "finishing flow missing from its link");
+      *it = fl.back();
+      fl.pop_back();
+      r_.bytes_moved[l] += k.bytes * k.weight;
+      if (fl.empty()) r_.busy_s[l] += now_ - link_active_since_[l];
+    }
+    rebalance(k.links_begin, k.links_end);
+  }
+
+  // Weighted max-min fair rates (progressive filling) over the component of
+  // links and active flows reachable from the given links. A flow of weight w
+  // is w identical copies; each copy gets the same per-copy rate.
+  void rebalance(uint32_t lb, uint32_t le) {
+    ++r_.rate_updates;
+    ++epoch_;
+    comp_links_.clear();
+    comp_flows_.clear();
+    for (uint32_t i = lb; i < le; ++i) mark_link(e_.links_[i]);
+    for (size_t i = 0; i < comp_links_.size(); ++i) {
+      for (int32_t f : link_flows_[comp_links_[i]]) {
+        if (flow_mark_[f] == epoch_) continue;
+        flow_mark_[f] = epoch_;
+        comp_flows_.push_back(f);
+        const Task& k = e_.tasks_[f];
+        for (uint32_t j = k.links_begin; j < k.links_end; ++j) mark_link(e_.links_[j]);
+      }
+    }
+    if (comp_flows_.empty()) return;
+    for (int32_t l : comp_links_) {
+      cap_left_[l] = cap_[l];
+      w_left_[l] = 0;
+    }
+    for (int32_t f : comp_flows_) {
+      const Task& k = e_.tasks_[f];
+      for (uint32_t j = k.links_begin; j < k.links_end; ++j) w_left_[e_.links_[j]] += k.weight;
+    }
+    unfrozen_ = comp_flows_;
+    while (!unfrozen_.empty()) fill_round();
+    for (int32_t f : comp_flows_) apply_rate(f);
+  }
+
+  void mark_link(int32_t l) {
+    if (link_mark_[l] == epoch_) return;
+    link_mark_[l] = epoch_;
+    comp_links_.push_back(l);
+  }
+
+  // One round of progressive filling: raise every unfrozen flow to the
+  // tightest fair share, then freeze the flows that hit a bottleneck.
+  void fill_round() {
+    double share = std::numeric_limits<double>::infinity();
+    for (int32_t l : comp_links_) {
+      if (w_left_[l] > 0) share = std::min(share, std::max(cap_left_[l], 0.0) / w_left_[l]);
+    }
+    for (int32_t f : unfrozen_) share = std::min(share, e_.tasks_[f].max_rate);
+    const double tight = share * (1 + 1e-9);
+    frozen_now_.clear();
+    size_t keep = 0;
+    for (int32_t f : unfrozen_) {
+      const Task& k = e_.tasks_[f];
+      bool hit = k.max_rate <= tight;
+      for (uint32_t j = k.links_begin; j < k.links_end && !hit; ++j) {
+        int32_t l = e_.links_[j];
+        hit = std::max(cap_left_[l], 0.0) <= tight * w_left_[l];
+      }
+      if (hit) {
+        frozen_now_.push_back(f);
+      } else {
+        unfrozen_[keep++] = f;
+      }
+    }
+    unfrozen_.resize(keep);
+    RS_CHECK(!frozen_now_.empty(), "progressive filling made no progress");
+    for (int32_t f : frozen_now_) {
+      const Task& k = e_.tasks_[f];
+      new_rate_[f] = share;
+      for (uint32_t j = k.links_begin; j < k.links_end; ++j) {
+        int32_t l = e_.links_[j];
+        cap_left_[l] -= share * k.weight;
+        w_left_[l] -= k.weight;
+      }
+    }
+  }
+
+  void apply_rate(int32_t f) {
+    const double nr = new_rate_[f];
+    if (nr == rate_[f]) return;
+    remaining_[f] = std::max(0.0, remaining_[f] - rate_[f] * (now_ - last_[f]));
+    last_[f] = now_;
+    rate_[f] = nr;
+    ++version_[f];
+    RS_CHECK(nr > 0, "a flow got no bandwidth");
+    push(now_ + remaining_[f] / nr, f);
+  }
+
+  // ------------------------------------------------------------ results
+
+  void finalise() {
+    double makespan = 0;
+    int32_t last = -1;
+    for (int32_t t = 0; t < n_; ++t) {
+      if (r_.end_s[t] > makespan || last < 0) {
+        makespan = std::max(makespan, r_.end_s[t]);
+        last = t;
+      }
+    }
+    r_.makespan_s = makespan;
+    for (int32_t t = last; t >= 0; t = crit_pred_[t]) r_.critical_path.push_back({t});
+    std::reverse(r_.critical_path.begin(), r_.critical_path.end());
+  }
+
+  // Every unfinished task waits on an unfinished predecessor, so walking
+  // predecessors must revisit a task: that loop is the cycle.
+  [[noreturn]] void report_cycle() {
+    std::vector<std::vector<int32_t>> preds(n_);
+    for (auto [b, a] : e_.deps_) preds[a].push_back(b);
+    for (int32_t t = 0; t < n_; ++t) {
+      if (e_.tasks_[t].stream_prev >= 0) preds[t].push_back(e_.tasks_[t].stream_prev);
+    }
+    int32_t t = 0;
+    while (phase_[t] == Phase::kDone) ++t;
+    std::vector<int32_t> seen_at(n_, -1), walk;
+    while (seen_at[t] < 0) {
+      seen_at[t] = static_cast<int32_t>(walk.size());
+      walk.push_back(t);
+      int32_t next = -1;
+      for (int32_t p : preds[t]) {
+        if (phase_[p] != Phase::kDone) {
+          next = p;
+          break;
+        }
+      }
+      RS_CHECK(next >= 0, "an unfinished task with every predecessor done");
+      t = next;
+    }
+    // walk[seen_at[t]..] is the cycle, each element waiting on the next.
+    std::vector<int32_t> cycle(walk.begin() + seen_at[t], walk.end());
+    std::reverse(cycle.begin(), cycle.end());  // now each element runs before the next
+    throw UserError(describe_cycle(cycle));
+  }
+
+  std::string describe_cycle(const std::vector<int32_t>& cycle) const {
+    std::ostringstream s;
+    s << "task graph cannot be scheduled (dependency cycle of " << cycle.size() << " tasks): ";
+    // The offending dependency: the explicit one in the cycle added last (it
+    // closed the loop); stream order counts only if every edge is stream order.
+    int64_t worst_index = -1;
+    std::string worst;
+    const size_t shown = std::min<size_t>(cycle.size(), 6);
+    for (size_t i = 0; i < cycle.size(); ++i) {
+      int32_t a = cycle[i], b = cycle[(i + 1) % cycle.size()];
+      int64_t index = dependency_index(a, b);
+      std::string edge = e_.describe({a}) + (index >= 0 ? " -> " : " -(stream order)-> ") +
+                         e_.describe({b});
+      if (index > worst_index || worst.empty()) {
+        if (index > worst_index) worst_index = index;
+        worst = edge;
+      }
+      if (i < shown) s << (i ? ", " : "") << edge;
+    }
+    if (shown < cycle.size()) s << ", ...";
+    s << "; first offending dependency: " << worst;
+    return s.str();
+  }
+
+  int64_t dependency_index(int32_t before, int32_t after) const {
+    int64_t found = -1;
+    for (size_t i = 0; i < e_.deps_.size(); ++i) {
+      if (e_.deps_[i].first == before && e_.deps_[i].second == after) found = static_cast<int64_t>(i);
+    }
+    return found;
+  }
+
+  const Engine& e_;
+  const RunOptions& o_;
+  RunResult r_;
+  int32_t n_ = 0;
+  int32_t finished_ = 0;
+  double now_ = 0;
+  std::priority_queue<Event, std::vector<Event>, Later> heap_;
+  std::vector<int32_t> ready_;
+  std::vector<uint32_t> succ_begin_;
+  std::vector<int32_t> succ_;
+  std::vector<int32_t> pending_;
+  std::vector<Phase> phase_;
+  std::vector<uint32_t> version_;
+  std::vector<int32_t> crit_pred_;
+  std::vector<double> duration_;
+  // Serial resources.
+  std::vector<int> in_use_;
+  std::vector<std::vector<int32_t>> queue_;
+  std::vector<size_t> queue_head_;
+  // Links and flows.
+  std::vector<double> cap_;
+  std::vector<std::vector<int32_t>> link_flows_;
+  std::vector<double> link_active_since_;
+  std::vector<double> remaining_, rate_, last_, new_rate_;
+  // Scratch for rebalance().
+  uint32_t epoch_ = 0;
+  std::vector<uint32_t> link_mark_, flow_mark_;
+  std::vector<int32_t> comp_links_, comp_flows_, unfrozen_, frozen_now_;
+  std::vector<double> cap_left_, w_left_;
+};
+
+RunResult Engine::run(const RunOptions& opts) const {
+  if (tasks_.empty()) return {};
+  if (opts.jitter_sigma < 0 || opts.straggler_probability < 0 || opts.straggler_probability > 1 ||
+      !(opts.straggler_slowdown > 0)) {
+    throw UserError("run options: expected jitter_sigma >= 0, straggler_probability in [0, 1], "
+                    "straggler_slowdown > 0");
+  }
+  Run run(*this, opts);
+  return run.go();
+}
+
+// ---------------------------------------------------------------- summary
+
+namespace {
+
+// Time per category where no compute runs on the GPU, and pure idle.
+struct Exposure {
+  std::map<std::string, double> by_kind;
+  double idle_s = 0;
+  double compute_s = 0;
+};
+
+Exposure gpu_exposure(const Engine& e, const RunResult& r, const std::vector<int32_t>& tasks,
+                      double makespan) {
+  // Sweep points: (time, delta, category); category -1 = compute.
+  struct Point {
+    double t;
+    int delta;
+    int32_t cat;
+  };
+  std::vector<Point> pts;
+  std::map<std::string, int32_t> cat_ids;
+  std::vector<std::string> cat_names;
+  for (int32_t t : tasks) {
+    if (r.end_s[t] <= r.start_s[t]) continue;
+    int32_t c = -1;
+    if (e.task_class({t}) != TaskClass::kCompute) {
+      auto [it, added] = cat_ids.emplace(e.task_category({t}), static_cast<int32_t>(cat_names.size()));
+      if (added) cat_names.push_back(it->first);
+      c = it->second;
+    }
+    pts.push_back({r.start_s[t], +1, c});
+    pts.push_back({r.end_s[t], -1, c});
+  }
+  std::sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) {
+    if (a.t != b.t) return a.t < b.t;
+    return a.delta < b.delta;  // ends before starts at the same instant
+  });
+  Exposure x;
+  std::vector<double> by_cat(cat_names.size(), 0);
+  std::vector<int> active(cat_names.size(), 0);
+  int compute = 0, kinds = 0;
+  double prev = 0;
+  auto account = [&](double until) {
+    double dt = until - prev;
+    if (dt <= 0) return;
+    if (compute > 0) {
+      x.compute_s += dt;
+    } else if (kinds == 0) {
+      x.idle_s += dt;
+    } else {
+      for (size_t c = 0; c < active.size(); ++c) {
+        if (active[c] > 0) by_cat[c] += dt / kinds;
+      }
+    }
+  };
+  for (const Point& p : pts) {
+    account(p.t);
+    prev = p.t;
+    if (p.cat < 0) {
+      compute += p.delta;
+      continue;
+    }
+    int before = active[p.cat];
+    active[p.cat] += p.delta;
+    if (before == 0 && active[p.cat] > 0) ++kinds;
+    if (before > 0 && active[p.cat] == 0) --kinds;
+  }
+  account(makespan);
+  for (size_t c = 0; c < cat_names.size(); ++c) x.by_kind[cat_names[c]] = by_cat[c];
+  return x;
+}
+
+}  // namespace
+
+StepSummary summarize(const Engine& e, const RunResult& r) {
+  StepSummary s;
+  s.makespan_s = r.makespan_s;
+  s.critical_path = r.critical_path;
+  for (TaskId t : r.critical_path) {
+    s.critical_path_s_by_category[e.task_category(t)] += r.end_s[t.v] - r.start_s[t.v];
+  }
+  for (int64_t i = 0; i < e.num_resources(); ++i) {
+    ResourceId id{static_cast<int32_t>(i)};
+    double busy = i < static_cast<int64_t>(r.busy_s.size()) ? r.busy_s[i] : 0;
+    double bytes = i < static_cast<int64_t>(r.bytes_moved.size()) ? r.bytes_moved[i] : 0;
+    s.resources.push_back({id, busy, r.makespan_s > 0 ? busy / r.makespan_s : 0, bytes});
+  }
+  // GPUs are the processes with a compute stream.
+  std::vector<char> is_gpu(e.num_processes(), 0);
+  for (int64_t i = 0; i < e.num_resources(); ++i) {
+    ResourceId id{static_cast<int32_t>(i)};
+    if (e.resource_kind(id) == ResourceKind::kComputeStream) is_gpu[e.resource_process(id)] = 1;
+  }
+  std::vector<std::vector<int32_t>> per_gpu(e.num_processes());
+  for (int32_t t = 0; t < e.num_tasks() && t < static_cast<int64_t>(r.end_s.size()); ++t) {
+    int p = e.task_process({t});
+    if (is_gpu[p]) per_gpu[p].push_back(t);
+  }
+  double weight = 0;
+  for (int p = 0; p < e.num_processes(); ++p) {
+    if (!is_gpu[p]) continue;
+    const double m = static_cast<double>(e.process_multiplicity(p));
+    Exposure x = gpu_exposure(e, r, per_gpu[p], r.makespan_s);
+    weight += m;
+    s.compute_busy_s += m * x.compute_s;
+    s.bubble_s += m * x.idle_s;
+    for (auto& [k, v] : x.by_kind) s.exposed_s_by_kind[k] += m * v;
+  }
+  if (weight > 0) {
+    s.compute_busy_s /= weight;
+    s.bubble_s /= weight;
+    for (auto& [k, v] : s.exposed_s_by_kind) v /= weight;
+  }
+  s.bubble_fraction = s.makespan_s > 0 ? s.bubble_s / s.makespan_s : 0;
+  return s;
+}
+
+std::string format_summary(const Engine& e, const StepSummary& s) {
+  std::ostringstream o;
+  char buf[256];
+  auto pct = [&](double v) { return s.makespan_s > 0 ? 100.0 * v / s.makespan_s : 0.0; };
+  std::snprintf(buf, sizeof buf, "step (makespan)        %12.6f s\n", s.makespan_s);
+  o << buf;
+  std::snprintf(buf, sizeof buf, "compute busy per GPU   %12.6f s  %5.1f%%\n", s.compute_busy_s,
+                pct(s.compute_busy_s));
+  o << buf;
+  std::snprintf(buf, sizeof buf, "bubble (idle) per GPU  %12.6f s  %5.1f%%\n", s.bubble_s, pct(s.bubble_s));
+  o << buf;
+  o << "exposed per GPU, by kind:\n";
+  for (auto& [k, v] : s.exposed_s_by_kind) {
+    std::snprintf(buf, sizeof buf, "  %-22s %12.6f s  %5.1f%%\n", k.c_str(), v, pct(v));
+    o << buf;
+  }
+  o << "critical path (" << s.critical_path.size() << " tasks), time by category:\n";
+  for (auto& [k, v] : s.critical_path_s_by_category) {
+    std::snprintf(buf, sizeof buf, "  %-22s %12.6f s  %5.1f%%\n", k.c_str(), v, pct(v));
+    o << buf;
+  }
+  o << "busiest resources:\n";
+  std::vector<ResourceUse> top = s.resources;
+  std::sort(top.begin(), top.end(), [](const ResourceUse& a, const ResourceUse& b) {
+    if (a.utilisation != b.utilisation) return a.utilisation > b.utilisation;
+    return a.id.v < b.id.v;
+  });
+  if (top.size() > 12) top.resize(12);
+  for (const ResourceUse& u : top) {
+    std::string name = e.process_name(e.resource_process(u.id)) + "/" + e.resource_name(u.id);
+    std::snprintf(buf, sizeof buf, "  %-32s %-14s %5.1f%% busy", name.c_str(),
+                  resource_kind_name(e.resource_kind(u.id)), 100.0 * u.utilisation);
+    o << buf;
+    if (u.bytes > 0) {
+      std::snprintf(buf, sizeof buf, "  %.3g bytes", u.bytes);
+      o << buf;
+    }
+    o << "\n";
+  }
+  return o.str();
+}
+
+// ---------------------------------------------------------------- trace
+
+void export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const TraceOptions& opts) {
+  std::vector<int> pid(e.num_processes());
+  for (int p = 0; p < e.num_processes(); ++p) {
+    std::string name = e.process_name(p);
+    if (e.process_multiplicity(p) > 1) name += " (x" + std::to_string(e.process_multiplicity(p)) + ")";
+    pid[p] = w.process(name);
+  }
+  std::vector<int> tid(e.num_resources());
+  for (int64_t i = 0; i < e.num_resources(); ++i) {
+    ResourceId id{static_cast<int32_t>(i)};
+    tid[i] = w.thread(pid[e.resource_process(id)], e.resource_name(id));
+  }
+  for (int32_t t = 0; t < e.num_tasks(); ++t) {
+    ResourceId h = e.task_home({t});
+    w.complete(pid[e.resource_process(h)], tid[h.v], e.task_name({t}), e.task_category({t}),
+               r.start_s[t], r.end_s[t] - r.start_s[t]);
+  }
+  if (!opts.dependency_flows) return;
+  int64_t flows = 0;
+  for (auto [b, a] : e.dependencies()) {
+    ResourceId hb = e.task_home({b}), ha = e.task_home({a});
+    if (hb.v == ha.v) continue;  // same row: order is visible without an arrow
+    if (flows++ >= opts.max_flows) break;
+    // Midpoints lie inside both slices, so viewers bind the arrow to them.
+    w.flow(pid[e.resource_process(hb)], tid[hb.v], 0.5 * (r.start_s[b] + r.end_s[b]),
+           pid[e.resource_process(ha)], tid[ha.v], 0.5 * (r.start_s[a] + r.end_s[a]));
+  }
+}
+
+}  // namespace rackstep::sim
