@@ -1,0 +1,574 @@
+#include "models/layer_graph.h"
+
+#include <cmath>
+
+#include "models/check.h"
+
+namespace rackstep::models {
+
+int64_t ParamTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::vector<int64_t> Op::in_shape(int64_t batch, int64_t seq) const {
+  std::vector<int64_t> s{batch, seq};
+  s.insert(s.end(), in_dims.begin(), in_dims.end());
+  return s;
+}
+
+std::vector<int64_t> Op::out_shape(int64_t batch, int64_t seq) const {
+  std::vector<int64_t> s{batch, seq};
+  s.insert(s.end(), out_dims.begin(), out_dims.end());
+  return s;
+}
+
+static int64_t product(const std::vector<int64_t>& v) {
+  int64_t n = 1;
+  for (int64_t x : v) n *= x;
+  return n;
+}
+
+int64_t Op::in_elems_per_token() const { return product(in_dims); }
+int64_t Op::out_elems_per_token() const { return product(out_dims); }
+
+namespace {
+
+// Builds the op list. Each add_* appends one op; the block structure follows
+// spec/marin-architecture.md (pre-norm residual blocks, attention then MoE).
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(const ModelConfig& m) : m_(m) { g_.model = m; }
+
+  LayerGraph build() {
+    add_embedding();
+    for (int32_t l = 0; l < m_.layers; ++l) {
+      g_.block_begin.push_back(g_.ops.size());
+      add_block(l);
+    }
+    g_.block_begin.push_back(g_.ops.size());
+    g_.head_begin = g_.ops.size();
+    add_head();
+    return std::move(g_);
+  }
+
+ private:
+  std::string lname(int32_t l, const std::string& what) const {
+    return l < 0 ? what : "layers." + std::to_string(l) + "." + what;
+  }
+
+  Op& add(OpKind kind, OpClass cls, const std::string& name, int32_t layer,
+          std::vector<int64_t> in_dims, std::vector<int64_t> out_dims) {
+    Op op;
+    op.kind = kind;
+    op.op_class = cls;
+    op.name = name;
+    op.layer = layer;
+    op.layer_kind = layer >= 0 ? m_.layer_kind(layer) : LayerKind::kLocal;
+    op.in_dims = std::move(in_dims);
+    op.out_dims = std::move(out_dims);
+    g_.ops.push_back(std::move(op));
+    return g_.ops.back();
+  }
+
+  static ParamTensor param(std::string name, std::vector<int64_t> shape, ParamRole role,
+                           OptimizerKind opt, double active_fraction) {
+    ParamTensor p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.role = role;
+    p.optimizer = opt;
+    p.active_numel = active_fraction * static_cast<double>(p.numel());
+    return p;
+  }
+
+  OptimizerKind opt_for(ParamRole role) const {
+    switch (role) {
+      case ParamRole::kBlockMatrix:
+      case ParamRole::kExpertMatrix: return m_.recipe.block_matrices;
+      case ParamRole::kEmbedding: return m_.recipe.embedding;
+      case ParamRole::kLmHead: return m_.recipe.lm_head;
+      default: return m_.recipe.other;
+    }
+  }
+
+  // x (in) -> x W (out_used); W stored as (in, out_stored). active: whether the
+  // weight is in Marin's active count and model FLOPs.
+  Op& add_linear(int32_t l, const std::string& what, int64_t in, int64_t out_used,
+                 int64_t out_stored, bool active, bool saves_input = true) {
+    Op& op = add(OpKind::kLinear, OpClass::kGemm, lname(l, what), l, {in}, {out_used});
+    op.params.push_back(param(lname(l, what + ".w"), {in, out_stored}, ParamRole::kBlockMatrix,
+                              opt_for(ParamRole::kBlockMatrix), active ? 1.0 : 0.0));
+    op.gemm_k = in;
+    op.gemm_n = out_used;
+    op.gemm_count = 1;
+    op.gemm_rows_per_token = 1.0;
+    op.counts_in_model_flops = active;
+    op.saved_elems_per_token = saves_input ? static_cast<double>(in) : 0.0;
+    return op;
+  }
+
+  void add_rmsnorm(int32_t l, const std::string& what, int64_t width) {
+    Op& op = add(OpKind::kRmsNorm, OpClass::kNorm, lname(l, what), l, {width}, {width});
+    op.params.push_back(param(lname(l, what + ".gain"), {width}, ParamRole::kOther,
+                              opt_for(ParamRole::kOther), 0.0));
+    op.ew_flops_per_token = 4.0 * static_cast<double>(width);
+    op.saved_elems_per_token = static_cast<double>(width) + 1.0;  // input + 1/rms
+  }
+
+  void add_gated_norm(int32_t l, const std::string& what) {
+    const int64_t d = m_.d_model, r = m_.norm.gated_rank;
+    Op& op = add(OpKind::kGatedNorm, OpClass::kGemm, lname(l, what), l, {d}, {d});
+    op.params.push_back(param(lname(l, what + ".w_down"), {d, r}, ParamRole::kBlockMatrix,
+                              opt_for(ParamRole::kBlockMatrix), 0.0));
+    op.params.push_back(param(lname(l, what + ".w_up"), {r, d}, ParamRole::kBlockMatrix,
+                              opt_for(ParamRole::kBlockMatrix), 0.0));
+    op.gemm_k = d;
+    op.gemm_n = r;
+    op.gemm_count = 2;  // (d x r) then (r x d): same FLOPs
+    op.gemm_rows_per_token = 1.0;
+    op.ew_flops_per_token = 6.0 * static_cast<double>(d) + 4.0 * static_cast<double>(r);
+    op.saved_elems_per_token = 2.0 * static_cast<double>(d) + static_cast<double>(r);
+  }
+
+  void add_norm_site(int32_t l, const std::string& what, bool gated) {
+    add_rmsnorm(l, what, m_.d_model);
+    if (gated && m_.norm.gated_rank > 0) add_gated_norm(l, what + "_gate");
+  }
+
+  void add_sconv(int32_t l, const std::string& what, int64_t channels_used, int64_t channels_stored) {
+    const int64_t k = m_.sconv.kernel;
+    Op& op = add(OpKind::kSConv, OpClass::kElementwise, lname(l, what), l, {channels_used},
+                 {channels_used});
+    op.params.push_back(param(lname(l, what + ".kernel"), {channels_stored, k}, ParamRole::kOther,
+                              opt_for(ParamRole::kOther), 0.0));
+    op.ew_flops_per_token = 2.0 * static_cast<double>(k * channels_used);
+    op.saved_elems_per_token = static_cast<double>(channels_used);
+  }
+
+  void add_residual(int32_t l, const std::string& what) {
+    Op& op = add(OpKind::kResidualAdd, OpClass::kElementwise, lname(l, what), l, {m_.d_model},
+                 {m_.d_model});
+    op.ew_flops_per_token = static_cast<double>(m_.d_model);
+  }
+
+  void add_embedding() {
+    const int64_t d = m_.d_model;
+    Op& op = add(OpKind::kEmbedding, OpClass::kLookup, "embedding", -1, {1}, {d});
+    op.params.push_back(param("embedding.w", {m_.vocab, d}, ParamRole::kEmbedding,
+                              opt_for(ParamRole::kEmbedding), 0.0));
+    if (m_.norm.embedding_norm) add_norm_site(-1, "embedding_norm", m_.norm.gated_embedding);
+  }
+
+  void add_attention_gqa(int32_t l) {
+    const auto& a = m_.attention;
+    const auto& kind = m_.attention_kind(l);
+    const int64_t d = m_.d_model, hd = a.head_dim;
+    const int64_t q_width = a.heads * hd;
+    const int64_t kv_used = kind.kv_heads * hd, kv_stored = a.kv_heads * hd;
+    add_linear(l, "attn.q_proj", d, q_width, q_width, true);
+    add_linear(l, "attn.k_proj", d, kv_used, kv_stored, true, false);
+    add_linear(l, "attn.v_proj", d, kv_used, kv_stored, true, false);
+    if (m_.sconv.kernel > 0 && m_.sconv.on_k) add_sconv(l, "attn.k_sconv", kv_used, kv_stored);
+    add_attention_core(l, a.heads, kind.kv_heads, hd, hd, kind);
+  }
+
+  void add_attention_mla(int32_t l) {
+    const auto& a = m_.attention;
+    const auto& kind = m_.attention_kind(l);
+    const int64_t d = m_.d_model, hd = a.head_dim, rope = a.mla_rope_dim;
+    const int64_t q_width = a.heads * (hd + rope);
+    if (a.mla_q_latent > 0) {
+      add_linear(l, "attn.q_down", d, a.mla_q_latent, a.mla_q_latent, true);
+      add_rmsnorm(l, "attn.q_latent_norm", a.mla_q_latent);
+      add_linear(l, "attn.q_up", a.mla_q_latent, q_width, q_width, true);
+    } else {
+      add_linear(l, "attn.q_proj", d, q_width, q_width, true);
+    }
+    add_linear(l, "attn.kv_down", d, a.mla_kv_latent + rope, a.mla_kv_latent + rope, true, false);
+    add_rmsnorm(l, "attn.kv_latent_norm", a.mla_kv_latent);
+    add_linear(l, "attn.kv_up", a.mla_kv_latent, 2 * a.heads * hd, 2 * a.heads * hd, true);
+    add_attention_core(l, a.heads, a.heads, hd, hd + rope, kind);
+  }
+
+  void add_attention_core(int32_t l, int64_t heads, int64_t kv_heads, int64_t hd, int64_t qk_hd,
+                          const AttentionLayerKind& kind) {
+    const auto& a = m_.attention;
+    if (a.qk_norm) {
+      Op& op = add(OpKind::kQkNorm, OpClass::kNorm, lname(l, "attn.qk_norm"), l,
+                   {heads + kv_heads, qk_hd}, {heads + kv_heads, qk_hd});
+      op.heads = heads;
+      op.kv_heads = kv_heads;
+      op.head_dim = hd;
+      op.qk_head_dim = qk_hd;
+      op.ew_flops_per_token = 4.0 * static_cast<double>((heads + kv_heads) * qk_hd);
+      op.saved_elems_per_token = static_cast<double>((heads + kv_heads) * qk_hd);
+    }
+    if (kind.position == PositionKind::kRope && kind.rope_fraction > 0) {
+      Op& op = add(OpKind::kRope, OpClass::kElementwise, lname(l, "attn.rope"), l,
+                   {heads + kv_heads, qk_hd}, {heads + kv_heads, qk_hd});
+      op.heads = heads;
+      op.kv_heads = kv_heads;
+      op.head_dim = hd;
+      op.qk_head_dim = qk_hd;
+      op.rope_fraction = kind.rope_fraction;
+      op.ew_flops_per_token = 3.0 * kind.rope_fraction * static_cast<double>((heads + kv_heads) * qk_hd);
+    }
+    Op& att = add(OpKind::kAttention, OpClass::kAttention, lname(l, "attn.core"), l, {heads, qk_hd},
+                  {heads, hd});
+    att.heads = heads;
+    att.kv_heads = kv_heads;
+    att.head_dim = hd;
+    att.qk_head_dim = qk_hd;
+    att.window = kind.window;
+    att.counts_in_model_flops = true;
+    // q, k, v, output and the row logsumexp (flash attention keeps these).
+    att.saved_elems_per_token =
+        static_cast<double>(heads * qk_hd + kv_heads * (qk_hd + hd) + heads * hd + heads);
+    if (a.xsa) {
+      Op& op = add(OpKind::kXsa, OpClass::kElementwise, lname(l, "attn.xsa"), l, {heads, hd}, {heads, hd});
+      op.heads = heads;
+      op.kv_heads = kv_heads;
+      op.head_dim = hd;
+      op.ew_flops_per_token = 6.0 * static_cast<double>(heads * hd);
+      op.saved_elems_per_token = static_cast<double>(heads * hd);
+    }
+    if (a.gate) {
+      const int64_t d = m_.d_model;
+      Op& op = add(OpKind::kAttnGate, OpClass::kGemm, lname(l, "attn.gate"), l, {heads, hd}, {heads, hd});
+      op.params.push_back(param(lname(l, "attn.gate.w"), {d, heads}, ParamRole::kOther,
+                                opt_for(ParamRole::kOther), 0.0));
+      op.heads = heads;
+      op.head_dim = hd;
+      op.gemm_k = d;
+      op.gemm_n = heads;
+      op.gemm_count = 1;
+      op.gemm_rows_per_token = 1.0;
+      op.ew_flops_per_token = static_cast<double>(heads * (hd + 4));
+      op.saved_elems_per_token = static_cast<double>(heads * hd + heads);
+    }
+    add_linear(l, "attn.o_proj", heads * hd, m_.d_model, m_.d_model, true);
+    if (m_.sconv.kernel > 0 && m_.sconv.on_attn_out) add_sconv(l, "attn.out_sconv", m_.d_model, m_.d_model);
+  }
+
+  void add_swiglu(int32_t l, const std::string& what, OpKind kind, int64_t in, int64_t width) {
+    Op& op = add(kind, OpClass::kGemm, lname(l, what), l, {in}, {in});
+    const auto opt = opt_for(ParamRole::kBlockMatrix);
+    op.params.push_back(param(lname(l, what + ".w1"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
+    op.params.push_back(param(lname(l, what + ".w3"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
+    op.params.push_back(param(lname(l, what + ".w2"), {width, in}, ParamRole::kBlockMatrix, opt, 1.0));
+    op.gemm_k = in;
+    op.gemm_n = width;
+    op.gemm_count = 3;
+    op.gemm_rows_per_token = 1.0;
+    op.counts_in_model_flops = true;
+    op.ew_flops_per_token = 5.0 * static_cast<double>(width);
+    op.saved_elems_per_token = static_cast<double>(in + 3 * width);  // x, h1, h3, h
+  }
+
+  void add_moe(int32_t l) {
+    const auto& e = m_.moe;
+    const int64_t d = m_.d_model, mw = m_.moe_width();
+    Op& router = add(OpKind::kRouter, OpClass::kGemm, lname(l, "moe.router"), l, {d}, {e.experts});
+    router.params.push_back(param(lname(l, "moe.router.w"), {d, e.experts}, ParamRole::kRouter,
+                                  opt_for(ParamRole::kRouter), 1.0));
+    ParamTensor bias = param(lname(l, "moe.router.bias"), {e.experts}, ParamRole::kOther,
+                             opt_for(ParamRole::kOther), 0.0);
+    bias.learnable = e.balancing != BalancingKind::kQuantile;  // QB sets it from statistics
+    router.params.push_back(bias);
+    router.gemm_k = d;
+    router.gemm_n = e.experts;
+    router.gemm_count = 1;
+    router.gemm_rows_per_token = 1.0;
+    router.counts_in_model_flops = true;
+    router.ew_flops_per_token = 4.0 * static_cast<double>(e.experts);
+    router.saved_elems_per_token = static_cast<double>(e.experts);
+
+    Op& topk = add(OpKind::kTopK, OpClass::kRouting, lname(l, "moe.topk"), l, {e.experts}, {e.top_k});
+    topk.ew_flops_per_token = static_cast<double>(e.experts) * std::log2(static_cast<double>(e.top_k + 2));
+    topk.saved_elems_per_token = 2.0 * static_cast<double>(e.top_k);
+
+    if (e.latent > 0) {
+      add_linear(l, "moe.latent_down", d, e.latent, e.latent, true);
+      add_rmsnorm(l, "moe.latent_norm", e.latent);
+    }
+    Op& dispatch = add(OpKind::kDispatch, OpClass::kComm, lname(l, "moe.dispatch"), l, {mw},
+                       {e.top_k, mw});
+    dispatch.gemm_rows_per_token = static_cast<double>(e.top_k);
+
+    Op& ex = add(OpKind::kExpertMlp, OpClass::kGroupedGemm, lname(l, "moe.experts"), l, {e.top_k, mw},
+                 {e.top_k, mw});
+    const auto opt = opt_for(ParamRole::kExpertMatrix);
+    const double frac = static_cast<double>(e.top_k) / static_cast<double>(e.experts);
+    ex.params.push_back(param(lname(l, "moe.experts.w1"), {e.experts, mw, e.expert_width},
+                              ParamRole::kExpertMatrix, opt, frac));
+    ex.params.push_back(param(lname(l, "moe.experts.w3"), {e.experts, mw, e.expert_width},
+                              ParamRole::kExpertMatrix, opt, frac));
+    ex.params.push_back(param(lname(l, "moe.experts.w2"), {e.experts, e.expert_width, mw},
+                              ParamRole::kExpertMatrix, opt, frac));
+    ex.gemm_k = mw;
+    ex.gemm_n = e.expert_width;
+    ex.gemm_count = 3;
+    ex.gemm_rows_per_token = static_cast<double>(e.top_k);
+    ex.counts_in_model_flops = true;
+    ex.ew_flops_per_token = 5.0 * static_cast<double>(e.top_k * e.expert_width);
+    ex.saved_elems_per_token = static_cast<double>(e.top_k * (mw + 3 * e.expert_width));
+
+    Op& combine = add(OpKind::kCombine, OpClass::kComm, lname(l, "moe.combine"), l, {e.top_k, mw}, {mw});
+    combine.gemm_rows_per_token = static_cast<double>(e.top_k);
+    combine.ew_flops_per_token = 2.0 * static_cast<double>(e.top_k * mw);
+    combine.saved_elems_per_token = static_cast<double>(e.top_k * mw);
+
+    if (e.latent > 0) add_linear(l, "moe.latent_up", e.latent, d, d, true);
+    if (e.shared_experts > 0) {
+      add_swiglu(l, "moe.shared", OpKind::kSharedMlp, d, e.shared_experts * e.shared_width);
+    }
+  }
+
+  void add_block(int32_t l) {
+    add_norm_site(l, "attn_norm", m_.norm.gated_pre_attention);
+    if (m_.attention.kind == AttentionKind::kMla) {
+      add_attention_mla(l);
+    } else {
+      add_attention_gqa(l);
+    }
+    add_residual(l, "attn_residual");
+    add_norm_site(l, "mlp_norm", m_.norm.gated_pre_mlp);
+    if (m_.is_moe_layer(l)) {
+      add_moe(l);
+    } else {
+      add_swiglu(l, "mlp", OpKind::kSharedMlp, m_.d_model, m_.moe.dense_width);
+    }
+    if (m_.sconv.kernel > 0 && m_.sconv.on_moe_out) add_sconv(l, "moe.out_sconv", m_.d_model, m_.d_model);
+    add_residual(l, "mlp_residual");
+  }
+
+  void add_head() {
+    const int64_t d = m_.d_model;
+    add_norm_site(-1, "final_norm", m_.norm.gated_final);
+    Op& head = add(OpKind::kLmHead, OpClass::kGemm, "lm_head", -1, {d}, {m_.vocab});
+    if (!m_.tied_embeddings) {
+      head.params.push_back(param("lm_head.w", {d, m_.vocab}, ParamRole::kLmHead,
+                                  opt_for(ParamRole::kLmHead), 0.0));
+    }
+    head.gemm_k = d;
+    head.gemm_n = m_.vocab;
+    head.gemm_count = 1;
+    head.gemm_rows_per_token = 1.0;
+    head.counts_in_model_flops = true;
+    head.saved_elems_per_token = static_cast<double>(d);
+    Op& loss = add(OpKind::kCrossEntropy, OpClass::kLoss, "cross_entropy", -1, {m_.vocab}, {1});
+    loss.ew_flops_per_token = 5.0 * static_cast<double>(m_.vocab);
+  }
+
+  const ModelConfig& m_;
+  LayerGraph g_;
+};
+
+}  // namespace
+
+LayerGraph build_layer_graph(const ModelConfig& model) { return GraphBuilder(model).build(); }
+
+double mean_attention_span(int64_t seq, int64_t window, FlopConvention convention) {
+  const double s = static_cast<double>(seq);
+  const bool windowed = window > 0 && window < seq;
+  if (convention == FlopConvention::kMarin) return windowed ? static_cast<double>(window) : s;
+  // Query i (0-based) sees min(i + 1, w) keys; average over i.
+  if (!windowed) return (s + 1.0) / 2.0;
+  const double w = static_cast<double>(window);
+  const double ramp = w * (w + 1.0) / 2.0;  // queries 0..w-1
+  return (ramp + (s - w) * w) / s;
+}
+
+namespace {
+
+double gemm_flops_per_token(const Op& op) {
+  return 2.0 * static_cast<double>(op.gemm_k) * static_cast<double>(op.gemm_n) *
+         static_cast<double>(op.gemm_count) * op.gemm_rows_per_token;
+}
+
+// Scores and values 4*span*H*hd (2 for QK^T, 2 for PV), plus the softmax and
+// mask 3*span*H, as Levanter's lm_flops_per_token counts them.
+double attention_flops_per_token(const Op& op, int64_t seq, FlopConvention c) {
+  const double span = mean_attention_span(seq, op.window, c);
+  const double h = static_cast<double>(op.heads);
+  return 2.0 * span * h * static_cast<double>(op.qk_head_dim) +
+         2.0 * span * h * static_cast<double>(op.head_dim) + 3.0 * span * h;
+}
+
+}  // namespace
+
+ParamCounts count_params(const LayerGraph& g) {
+  ParamCounts c;
+  double unselected = 0.0;
+  for (const Op& op : g.ops) {
+    for (const ParamTensor& p : op.params) {
+      const double n = static_cast<double>(p.numel());
+      c.total += n;
+      c.active += p.active_numel;
+      c.by_optimizer[static_cast<int>(p.optimizer)] += n;
+      switch (op.kind) {
+        case OpKind::kEmbedding: c.embedding += n; break;
+        case OpKind::kLmHead: c.lm_head += n; break;
+        case OpKind::kExpertMlp:
+          c.experts += n;
+          unselected += n - p.active_numel;
+          break;
+        case OpKind::kSharedMlp:
+          (g.model.is_moe_layer(op.layer) ? c.shared_experts : c.dense_mlp) += n;
+          break;
+        case OpKind::kRouter: c.router += n; break;
+        case OpKind::kGatedNorm: c.gated_norms += n; break;
+        case OpKind::kRmsNorm: c.norms += n; break;
+        case OpKind::kSConv: c.sconv += n; break;
+        case OpKind::kAttnGate: c.attn_gate += n; break;
+        case OpKind::kLinear:
+          (op.name.find(".moe.latent_") != std::string::npos ? c.latent : c.attention) += n;
+          break;
+        default: break;
+      }
+    }
+  }
+  c.active_with_extras = c.active + c.gated_norms + c.sconv + c.lm_head;
+  c.active_total_minus_unselected = c.total - unselected;
+  return c;
+}
+
+FlopCounts count_flops(const LayerGraph& g, int64_t seq, FlopConvention convention) {
+  FlopCounts f;
+  for (const Op& op : g.ops) {
+    const double gemm = gemm_flops_per_token(op);
+    f.forward_hardware += gemm + op.ew_flops_per_token;
+    if (op.kind == OpKind::kAttention) {
+      const double a = attention_flops_per_token(op, seq, convention);
+      f.attention_core += a;
+      f.forward_hardware += attention_flops_per_token(op, seq, FlopConvention::kExact);
+      continue;
+    }
+    if (!op.counts_in_model_flops) continue;
+    switch (op.kind) {
+      case OpKind::kExpertMlp: f.experts += gemm; break;
+      case OpKind::kSharedMlp: f.shared += gemm; break;
+      case OpKind::kRouter: f.router += gemm; break;
+      case OpKind::kLmHead: f.lm_head += gemm; break;
+      case OpKind::kLinear:
+        (op.name.find(".moe.latent_") != std::string::npos ? f.latent : f.projections) += gemm;
+        break;
+      default: f.other += gemm; break;
+    }
+  }
+  f.forward = f.attention_core + f.projections + f.experts + f.shared + f.router + f.latent +
+              f.lm_head + f.other;
+  f.training = 3.0 * f.forward;
+  return f;
+}
+
+OpCost op_cost(const Op& op, int64_t batch, int64_t seq, double act_bytes, double param_bytes) {
+  OpCost c;
+  const double tokens = static_cast<double>(batch) * static_cast<double>(seq);
+  const double gemm = gemm_flops_per_token(op) * tokens;
+  const double ew = op.ew_flops_per_token * tokens;
+  double params = 0.0;
+  for (const auto& p : op.params) params += static_cast<double>(p.numel());
+  c.param_bytes = params * param_bytes;
+  if (op.kind == OpKind::kAttention) {
+    const double a = attention_flops_per_token(op, seq, FlopConvention::kExact) * tokens;
+    c.fwd_flops = a;
+    c.bwd_flops = 2.5 * a;  // flash attention backward recomputes QK^T: 5 matmuls vs 2
+    c.model_fwd_flops = attention_flops_per_token(op, seq, FlopConvention::kMarin) * tokens;
+  } else {
+    c.fwd_flops = gemm + ew;
+    c.bwd_flops = 2.0 * gemm + 2.0 * ew;
+    c.model_fwd_flops = op.counts_in_model_flops ? gemm : 0.0;
+  }
+  double in_elems = static_cast<double>(op.in_elems_per_token());
+  if (op.kind == OpKind::kAttention) {
+    in_elems = static_cast<double>(op.heads * op.qk_head_dim + op.kv_heads * (op.qk_head_dim + op.head_dim));
+  }
+  c.bytes_read = in_elems * tokens * act_bytes + c.param_bytes;
+  c.bytes_written = static_cast<double>(op.out_elems_per_token()) * tokens * act_bytes;
+  c.saved_bytes = op.saved_elems_per_token * tokens * act_bytes;
+  return c;
+}
+
+double training_hardware_flops_per_token(const LayerGraph& g, int64_t seq, Recompute policy) {
+  double total = 0.0;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    const OpCost c = op_cost(op, 1, seq);
+    const double fwd = c.fwd_flops / static_cast<double>(seq);
+    const double bwd = c.bwd_flops / static_cast<double>(seq);
+    double recompute = 0.0;
+    const bool in_block = op.layer >= 0;
+    if (policy == Recompute::kFull && in_block) recompute = fwd;
+    if (policy == Recompute::kSelective && in_block && op.op_class != OpClass::kGemm &&
+        op.op_class != OpClass::kGroupedGemm) {
+      recompute = fwd;
+    }
+    total += fwd + bwd + recompute;
+  }
+  return total;
+}
+
+int64_t recipe_steps(const LayerGraph& g) {
+  const auto& r = g.model.recipe;
+  if (r.steps > 0) return r.steps;
+  const double tps = static_cast<double>(g.model.tokens_per_step());
+  if (r.total_tokens > 0) return static_cast<int64_t>(std::ceil(static_cast<double>(r.total_tokens) / tps));
+  return static_cast<int64_t>(std::llround(r.tokens_per_active_param * count_params(g).active / tps));
+}
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::kEmbedding: return "embedding";
+    case OpKind::kRmsNorm: return "rmsnorm";
+    case OpKind::kGatedNorm: return "gated_norm";
+    case OpKind::kLinear: return "linear";
+    case OpKind::kSConv: return "sconv";
+    case OpKind::kQkNorm: return "qk_norm";
+    case OpKind::kRope: return "rope";
+    case OpKind::kAttention: return "attention";
+    case OpKind::kXsa: return "xsa";
+    case OpKind::kAttnGate: return "attn_gate";
+    case OpKind::kRouter: return "router";
+    case OpKind::kTopK: return "topk";
+    case OpKind::kDispatch: return "dispatch";
+    case OpKind::kExpertMlp: return "expert_mlp";
+    case OpKind::kCombine: return "combine";
+    case OpKind::kSharedMlp: return "shared_mlp";
+    case OpKind::kResidualAdd: return "residual_add";
+    case OpKind::kLmHead: return "lm_head";
+    case OpKind::kCrossEntropy: return "cross_entropy";
+  }
+  return "?";
+}
+
+const char* to_string(OpClass c) {
+  switch (c) {
+    case OpClass::kGemm: return "gemm";
+    case OpClass::kGroupedGemm: return "grouped_gemm";
+    case OpClass::kAttention: return "attention";
+    case OpClass::kElementwise: return "elementwise";
+    case OpClass::kNorm: return "norm";
+    case OpClass::kRouting: return "routing";
+    case OpClass::kLoss: return "loss";
+    case OpClass::kComm: return "comm";
+    case OpClass::kLookup: return "lookup";
+  }
+  return "?";
+}
+
+const char* to_string(ParamRole r) {
+  switch (r) {
+    case ParamRole::kBlockMatrix: return "block_matrix";
+    case ParamRole::kExpertMatrix: return "expert_matrix";
+    case ParamRole::kEmbedding: return "embedding";
+    case ParamRole::kLmHead: return "lm_head";
+    case ParamRole::kRouter: return "router";
+    case ParamRole::kOther: return "other";
+  }
+  return "?";
+}
+
+}  // namespace rackstep::models

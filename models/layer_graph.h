@@ -1,0 +1,180 @@
+// The layer graph: the one description of the architecture.
+//
+// build_layer_graph() turns a ModelConfig into an ordered list of typed ops
+// (forward order). The predictor (sim/) prices each op; the executor (exec/)
+// runs each op. Nothing else in rackstep knows the architecture: a feature is
+// added here once and both halves see it.
+//
+// Shapes: every activation is (batch, seq, ...) — an op stores its trailing
+// per-token dims; in_shape(b, s) / out_shape(b, s) prepend (b, s).
+//
+//   LayerGraph g = build_layer_graph(load_model("models/zoo/marin-535b-a23b.json"));
+//   ParamCounts p = count_params(g);                    // total / active
+//   FlopCounts f = count_flops(g, /*seq=*/4096);          // per token
+//   for (const Op& op : g.ops) { OpCost c = op_cost(op, g, batch, seq); ... }
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+
+namespace rackstep::models {
+
+enum class OpKind {
+  kEmbedding,      // token ids -> (d)
+  kRmsNorm,        // learnable gain
+  kGatedNorm,      // x * sigmoid(silu(x W_down) W_up)
+  kLinear,         // x W; q/k/v/o projections, latent down/up, MLA projections
+  kSConv,          // depthwise causal conv along seq, doc-boundary masked
+  kQkNorm,         // non-parametric RMSNorm of Q and K, times a fixed multiplier
+  kRope,           // partial rotary embedding of Q and K
+  kAttention,      // softmax(QK^T/sqrt(hd)) V, causal, window, GQA, doc masking
+  kXsa,            // subtract each head output's component along its own v
+  kAttnGate,       // o_h *= 2 sigmoid(x W_gate)_h
+  kRouter,         // logits = x W_router (+ bias for selection)
+  kTopK,           // top-(k+1) threshold selection, quantile balancing bias
+  kDispatch,       // EP all-to-all of routed rows (a transfer, no FLOPs)
+  kExpertMlp,      // grouped SwiGLU over routed rows
+  kCombine,        // EP all-to-all back + weighted sum of k rows per token
+  kSharedMlp,      // SwiGLU of the shared experts / dense MLP
+  kResidualAdd,
+  kLmHead,         // (d) -> (vocab)
+  kCrossEntropy,   // + logit z-loss
+};
+
+// What class of kernel an op runs as; efficiencies are calibrated per class.
+enum class OpClass { kGemm, kGroupedGemm, kAttention, kElementwise, kNorm, kRouting, kLoss, kComm, kLookup };
+
+// How a parameter is updated and counted.
+enum class ParamRole {
+  kBlockMatrix,    // matrices inside the blocks (MuonH group)
+  kExpertMatrix,   // routed-expert matrices (MuonH, per expert)
+  kEmbedding,
+  kLmHead,
+  kRouter,         // router matrix (Adam)
+  kOther,          // gains, router bias, SConv kernels, attention gate (Adam)
+};
+
+struct ParamTensor {
+  std::string name;              // "layers.3.attn.wq"
+  std::vector<int64_t> shape;    // (in, out) for matrices, (E, in, out) for experts
+  ParamRole role = ParamRole::kOther;
+  OptimizerKind optimizer = OptimizerKind::kAdam;
+  // Elements this tensor contributes to the active count (Marin convention):
+  // top_k/E of routed experts, the stored size of attention projections, 0 for
+  // gated norms, gate, SConv, gains, embeddings and the LM head.
+  double active_numel = 0.0;
+  bool learnable = true;         // false for buffers (the QB router bias)
+  int64_t numel() const;
+};
+
+struct Op {
+  OpKind kind = OpKind::kLinear;
+  OpClass op_class = OpClass::kElementwise;
+  std::string name;              // "layers.3.attn.q_proj"
+  int32_t layer = -1;            // -1: outside the blocks
+  LayerKind layer_kind = LayerKind::kLocal;
+  std::vector<int64_t> in_dims;  // per-token trailing dims of the main input
+  std::vector<int64_t> out_dims; // per-token trailing dims of the output
+  std::vector<ParamTensor> params;
+
+  // GEMM geometry: per token, `gemm_rows_per_token` rows of a (k x n) GEMM,
+  // `gemm_count` times (3 for SwiGLU). Experts: rows = top_k, k x n = latent x width.
+  int64_t gemm_k = 0;
+  int64_t gemm_n = 0;
+  int64_t gemm_count = 0;
+  double gemm_rows_per_token = 0.0;
+  bool counts_in_model_flops = false;  // in Marin's MFU FLOP convention
+
+  // Attention geometry (kAttention, kXsa, kRope, kQkNorm).
+  int64_t heads = 0;
+  int64_t kv_heads = 0;          // used by this layer kind
+  int64_t head_dim = 0;          // value dim per head
+  int64_t qk_head_dim = 0;       // query/key dim per head (MLA adds the RoPE dims)
+  int64_t window = 0;            // 0 = full causal
+  double rope_fraction = 0.0;    // kRope: fraction of each head's dims rotated
+
+  // Elementwise work per token (hardware FLOPs), and activations this op keeps
+  // for its backward, in elements per token (no recomputation).
+  double ew_flops_per_token = 0.0;
+  double saved_elems_per_token = 0.0;
+
+  std::vector<int64_t> in_shape(int64_t batch, int64_t seq) const;
+  std::vector<int64_t> out_shape(int64_t batch, int64_t seq) const;
+  int64_t in_elems_per_token() const;
+  int64_t out_elems_per_token() const;
+};
+
+struct LayerGraph {
+  ModelConfig model;
+  std::vector<Op> ops;           // forward order
+  // ops[block_begin[l] .. block_begin[l+1]) are layer l's ops.
+  std::vector<size_t> block_begin;
+  size_t head_begin = 0;         // first op after the last block (final norm ...)
+};
+
+LayerGraph build_layer_graph(const ModelConfig& model);
+
+// FLOP conventions.
+//   kMarin: Marin's MFU convention (spec/marin-architecture.md): 2 x matmul
+//           params touched (K/V at the used heads), attention 4*span*H*hd with
+//           span = window or seq, no causal halving, plus the softmax/mask term
+//           3*span*H (as in Levanter's lm_flops_per_token), LM head, no embedding.
+//   kExact: causal halving and window clipping at the sequence start: span is
+//           the mean number of visible keys per query.
+enum class FlopConvention { kMarin, kExact };
+
+// Mean number of keys a query sees: causal over seq, clipped to window.
+double mean_attention_span(int64_t seq, int64_t window, FlopConvention convention);
+
+struct ParamCounts {
+  double total = 0;              // every weight, embeddings and LM head included
+  double active = 0;             // Marin convention
+  double active_with_extras = 0; // + gated norms, SConv, LM head (Marin's "~23.7B")
+  double active_total_minus_unselected = 0;  // total - unselected routed experts
+  double embedding = 0, lm_head = 0, attention = 0, experts = 0, shared_experts = 0,
+         latent = 0, router = 0, gated_norms = 0, norms = 0, sconv = 0, attn_gate = 0,
+         dense_mlp = 0;
+  double by_optimizer[4] = {0, 0, 0, 0};  // indexed by OptimizerKind
+};
+ParamCounts count_params(const LayerGraph& g);
+
+struct FlopCounts {
+  // Forward FLOPs per token, by op class, in the given convention.
+  double attention_core = 0, projections = 0, experts = 0, shared = 0, router = 0,
+         latent = 0, lm_head = 0, other = 0;
+  double forward = 0;            // model FLOPs (sum of the above except `other`)
+  double training = 0;           // 3 x forward
+  double forward_hardware = 0;   // every op incl. elementwise, norms, gates
+};
+FlopCounts count_flops(const LayerGraph& g, int64_t seq, FlopConvention convention);
+
+// Hardware FLOPs per token of one training step under a recompute policy:
+// forward + backward (2x) + recomputed forward of the ops recompute replays.
+enum class Recompute { kNone, kSelective, kFull };
+double training_hardware_flops_per_token(const LayerGraph& g, int64_t seq, Recompute policy);
+
+// Per-op cost for one micro-batch of (batch, seq), consumed by sim/ and exec/.
+struct OpCost {
+  double fwd_flops = 0;          // hardware FLOPs, exact convention for attention
+  double bwd_flops = 0;
+  double model_fwd_flops = 0;    // Marin convention (0 for ops outside it)
+  double bytes_read = 0;         // forward, activations at act_bytes + weights at param_bytes
+  double bytes_written = 0;
+  double saved_bytes = 0;        // activations kept for backward (no recompute)
+  double param_bytes = 0;
+};
+OpCost op_cost(const Op& op, int64_t batch, int64_t seq, double act_bytes = 2.0,
+               double param_bytes = 2.0);
+
+// Training steps of the recipe: explicit, from a token budget, or
+// round(tokens_per_active_param * active / tokens_per_step).
+int64_t recipe_steps(const LayerGraph& g);
+
+const char* to_string(OpKind k);
+const char* to_string(OpClass c);
+const char* to_string(ParamRole r);
+
+}  // namespace rackstep::models
