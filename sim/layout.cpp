@@ -1,0 +1,267 @@
+#include "sim/layout.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "models/check.h"
+#include "models/json_io.h"
+
+namespace rackstep::sim {
+
+const char* to_string(Reason r) {
+  switch (r) {
+    case Reason::kGpuProduct: return "gpu_product";
+    case Reason::kFsdpDivides: return "fsdp_divides_data";
+    case Reason::kEpDivides: return "ep_divides_data";
+    case Reason::kEpExperts: return "ep_divides_experts";
+    case Reason::kEpDense: return "ep_without_experts";
+    case Reason::kPpLayers: return "pp_divides_layers";
+    case Reason::kPpSchedule: return "pp_schedule";
+    case Reason::kCpSeq: return "cp_divides_seq";
+    case Reason::kTpHeads: return "tp_divides_heads";
+    case Reason::kTpDomain: return "tp_within_domain";
+    case Reason::kBatchSplit: return "batch_split";
+    case Reason::kWaves: return "transport_settings";
+    case Reason::kDeviceMemory: return "device_memory";
+    case Reason::kHostMemory: return "host_memory";
+    case Reason::kCount: break;
+  }
+  return "?";
+}
+
+const char* to_string(PpSchedule s) {
+  switch (s) {
+    case PpSchedule::k1F1B: return "1f1b";
+    case PpSchedule::kInterleaved1F1B: return "interleaved_1f1b";
+    case PpSchedule::kZeroBubble: return "zero_bubble";
+    case PpSchedule::kDualPipeV: return "dualpipev";
+  }
+  return "?";
+}
+
+const char* to_string(EpTransport t) { return t == EpTransport::kPooled ? "pooled" : "ragged"; }
+
+int64_t batch_seqs(const Layout& l, const models::LayerGraph& g) {
+  const int64_t seq = l.seq(g.model);
+  if (l.tokens_per_step > 0) return l.tokens_per_step / seq;
+  if (l.seq_len > 0) return g.model.tokens_per_step() / seq;  // same tokens per step
+  return g.model.recipe.batch_seqs;
+}
+
+int64_t micro_batches(const Layout& l, const models::LayerGraph& g) {
+  const int64_t per_rank = batch_seqs(l, g) / l.data;
+  return l.micro_batch_seqs > 0 ? per_rank / l.micro_batch_seqs : 0;
+}
+
+namespace {
+
+// Visits each rule in order; `add` returns false to stop at the first issue.
+template <typename Add>
+void visit_rules(const Layout& l, const models::LayerGraph& g, const topologies::Cluster& c, Add&& add) {
+  const auto& m = g.model;
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  if (l.data < 1 || l.tp < 1 || l.cp < 1 || l.pp < 1 || l.fsdp < 1 || l.ep < 1 || l.pp_virtual < 1) {
+    add(Reason::kGpuProduct, "every parallel size must be >= 1");
+    return;  // the divisibility rules below would divide by zero
+  }
+  if (l.gpus() != c.gpus()) {
+    if (!add(Reason::kGpuProduct, "data×tp×cp×pp = " + str(l.data) + "×" + str(l.tp) + "×" + str(l.cp) +
+                                      "×" + str(l.pp) + " = " + str(l.gpus()) + " ≠ " + str(c.gpus()) +
+                                      " GPUs in the cluster"))
+      return;
+  }
+  if (l.data > 0 && l.fsdp > 0 && l.data % l.fsdp != 0) {
+    if (!add(Reason::kFsdpDivides, "fsdp " + str(l.fsdp) + " does not divide data " + str(l.data))) return;
+  }
+  if (m.moe.experts == 0 && l.ep > 1) {
+    if (!add(Reason::kEpDense, "ep " + str(l.ep) + " on a model without routed experts")) return;
+  }
+  if (m.moe.experts > 0 && m.moe.experts % l.ep != 0) {
+    if (!add(Reason::kEpExperts, "ep " + str(l.ep) + " does not divide " + str(m.moe.experts) + " experts"))
+      return;
+  }
+  if (l.data > 0 && l.data % l.ep != 0) {
+    if (!add(Reason::kEpDivides, "ep " + str(l.ep) + " does not divide data " + str(l.data))) return;
+  }
+  if (m.layers % (l.pp * l.pp_virtual) != 0) {
+    if (!add(Reason::kPpLayers, "pp×virtual " + str(l.pp * l.pp_virtual) + " does not divide " +
+                                    str(m.layers) + " layers"))
+      return;
+  }
+  const bool needs_pp = l.schedule != PpSchedule::k1F1B || l.pp_virtual > 1;
+  if (needs_pp && l.pp == 1) {
+    if (!add(Reason::kPpSchedule, std::string("schedule ") + to_string(l.schedule) + " / virtual stages " +
+                                      str(l.pp_virtual) + " need pp > 1"))
+      return;
+  }
+  if (l.pp_virtual > 1 && l.schedule != PpSchedule::kInterleaved1F1B && l.schedule != PpSchedule::kDualPipeV) {
+    if (!add(Reason::kPpSchedule, "virtual stages need the interleaved_1f1b or dualpipev schedule")) return;
+  }
+  // A causal ring split gives each CP rank two chunks (front and back) to balance work.
+  const int64_t cp_chunks = l.cp > 1 && l.cp_kind == CpKind::kRing ? 2 * l.cp : l.cp;
+  const int64_t seq = l.seq(m);
+  if (seq % cp_chunks != 0) {
+    if (!add(Reason::kCpSeq, "cp " + str(l.cp) + " (" + str(cp_chunks) + " chunks) does not divide seq " +
+                                 str(seq)))
+      return;
+  }
+  const auto& a = m.attention;
+  const int64_t kv_min = std::min(a.local.kv_heads > 0 ? a.local.kv_heads : a.kv_heads,
+                                  a.global.kv_heads > 0 ? a.global.kv_heads : a.kv_heads);
+  if (a.heads % l.tp != 0 || (a.kind == models::AttentionKind::kGqa && kv_min % l.tp != 0 && l.tp % kv_min != 0)) {
+    if (!add(Reason::kTpHeads, "tp " + str(l.tp) + " does not divide " + str(a.heads) + " heads / " +
+                                   str(kv_min) + " KV heads"))
+      return;
+  }
+  if (l.tp > c.gpus_per_domain || (l.cp > 1 && l.tp * l.cp > c.gpus_per_domain && l.cp_kind == CpKind::kRing &&
+                                   c.gpus_per_domain % l.tp != 0)) {
+    if (!add(Reason::kTpDomain, "tp " + str(l.tp) + " is larger than an NVLink domain (" +
+                                    str(c.gpus_per_domain) + " GPUs)"))
+      return;
+  }
+  const int64_t batch = batch_seqs(l, g);
+  if (l.micro_batch_seqs < 1 || l.data < 1 || batch % l.data != 0 || (batch / l.data) % l.micro_batch_seqs != 0) {
+    if (!add(Reason::kBatchSplit, "batch of " + str(batch) + " sequences does not split into data " +
+                                      str(l.data) + " × micro-batches of " + str(l.micro_batch_seqs)))
+      return;
+  }
+  if (l.tokens_per_step > 0 && l.tokens_per_step % seq != 0) {
+    if (!add(Reason::kBatchSplit, "tokens per step " + str(l.tokens_per_step) + " is not a multiple of seq " +
+                                      str(seq)))
+      return;
+  }
+  if (l.pp > 1 && micro_batches(l, g) < l.pp && l.schedule != PpSchedule::kZeroBubble) {
+    if (!add(Reason::kBatchSplit, str(micro_batches(l, g)) + " micro-batches cannot fill " + str(l.pp) +
+                                      " pipeline stages"))
+      return;
+  }
+  if (l.waves < 1 || l.ragged_chunks < 1 || l.sender_cf <= 0 || l.receiver_cf <= 0) {
+    if (!add(Reason::kWaves, "waves, chunks and capacity factors must be positive")) return;
+  }
+}
+
+}  // namespace
+
+std::vector<LayoutIssue> check_layout(const Layout& l, const models::LayerGraph& g, const topologies::Cluster& c) {
+  std::vector<LayoutIssue> out;
+  visit_rules(l, g, c, [&](Reason r, const std::string& why) {
+    out.push_back({r, why});
+    return true;
+  });
+  return out;
+}
+
+bool first_issue(const Layout& l, const models::LayerGraph& g, const topologies::Cluster& c, Reason* reason) {
+  bool found = false;
+  // The detail strings are built only for the first failing rule.
+  visit_rules(l, g, c, [&](Reason r, const std::string&) {
+    found = true;
+    *reason = r;
+    return false;
+  });
+  return found;
+}
+
+namespace {
+
+models::Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return models::Recompute::kNone;
+  if (s == "selective") return models::Recompute::kSelective;
+  return models::Recompute::kFull;
+}
+
+const char* recompute_name(models::Recompute r) {
+  switch (r) {
+    case models::Recompute::kNone: return "none";
+    case models::Recompute::kSelective: return "selective";
+    case models::Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+PpSchedule parse_schedule(const std::string& s) {
+  if (s == "interleaved_1f1b") return PpSchedule::kInterleaved1F1B;
+  if (s == "zero_bubble") return PpSchedule::kZeroBubble;
+  if (s == "dualpipev") return PpSchedule::kDualPipeV;
+  return PpSchedule::k1F1B;
+}
+
+}  // namespace
+
+Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
+  JsonReader r(doc, file);
+  Layout l;
+  r.ignore("comment");
+  r.ignore("source");
+  l.name = r.string("name", "");
+  const NumberRange pos{.min = 1};
+  l.data = r.integer("data", 1, pos);
+  l.fsdp = r.integer("fsdp", 1, pos);
+  l.ep = r.integer("ep", 1, pos);
+  l.tp = r.integer("tp", 1, pos);
+  l.pp = r.integer("pp", 1, pos);
+  l.pp_virtual = r.integer("pp_virtual", 1, pos);
+  l.schedule = parse_schedule(r.choice("schedule", {"1f1b", "interleaved_1f1b", "zero_bubble", "dualpipev"}, "1f1b"));
+  l.cp = r.integer("cp", 1, pos);
+  l.cp_kind = r.choice("cp_kind", {"ring", "all_gather_kv"}, "ring") == "ring" ? CpKind::kRing : CpKind::kAllGatherKv;
+  l.micro_batch_seqs = r.integer("micro_batch_seqs", 1, pos);
+  l.tokens_per_step = r.integer("tokens_per_step", 0, {.min = 0});
+  l.seq_len = r.integer("seq_len", 0, {.min = 0});
+  l.recompute = parse_recompute(r.choice("recompute", {"none", "selective", "full"}, "full"));
+  l.offload_residual = r.boolean("offload_residual", false);
+  l.optimizer_state = r.choice("optimizer_state", {"device", "host"}, "device") == "host" ? StatePlacement::kHost
+                                                                                          : StatePlacement::kDevice;
+  l.master_dtype = r.choice("master_dtype", {"fp32", "bf16"}, "fp32") == "fp32" ? MasterDtype::kFp32 : MasterDtype::kBf16;
+  l.ep_transport = r.choice("ep_transport", {"pooled", "ragged"}, "ragged") == "pooled" ? EpTransport::kPooled
+                                                                                        : EpTransport::kRagged;
+  l.sender_cf = r.number("sender_cf", 1.10, {.min_exclusive = 0, .max = 16});
+  l.receiver_cf = r.number("receiver_cf", 1.15, {.min_exclusive = 0, .max = 16});
+  l.waves = r.integer("waves", 3, {.min = 1, .max = 64});
+  l.ragged_chunks = r.integer("ragged_chunks", 2, {.min = 1, .max = 64});
+  l.coordinated_gc = r.boolean("coordinated_gc", false);
+  r.finish();
+  return l;
+}
+
+Layout load_layout(const std::string& path) { return parse_layout(load_json_file(path), path); }
+
+nlohmann::json layout_to_json(const Layout& l) {
+  nlohmann::json j;
+  if (!l.name.empty()) j["name"] = l.name;
+  j["data"] = l.data;
+  j["fsdp"] = l.fsdp;
+  j["ep"] = l.ep;
+  j["tp"] = l.tp;
+  j["pp"] = l.pp;
+  j["pp_virtual"] = l.pp_virtual;
+  j["schedule"] = to_string(l.schedule);
+  j["cp"] = l.cp;
+  j["cp_kind"] = l.cp_kind == CpKind::kRing ? "ring" : "all_gather_kv";
+  j["micro_batch_seqs"] = l.micro_batch_seqs;
+  if (l.tokens_per_step > 0) j["tokens_per_step"] = l.tokens_per_step;
+  if (l.seq_len > 0) j["seq_len"] = l.seq_len;
+  j["recompute"] = recompute_name(l.recompute);
+  j["offload_residual"] = l.offload_residual;
+  j["optimizer_state"] = l.optimizer_state == StatePlacement::kHost ? "host" : "device";
+  j["master_dtype"] = l.master_dtype == MasterDtype::kFp32 ? "fp32" : "bf16";
+  j["ep_transport"] = to_string(l.ep_transport);
+  j["sender_cf"] = l.sender_cf;
+  j["receiver_cf"] = l.receiver_cf;
+  j["waves"] = l.waves;
+  j["ragged_chunks"] = l.ragged_chunks;
+  j["coordinated_gc"] = l.coordinated_gc;
+  return j;
+}
+
+std::string describe(const Layout& l) {
+  std::ostringstream s;
+  s << "data " << l.data << " fsdp " << l.fsdp << " ep " << l.ep << " tp " << l.tp << " pp " << l.pp;
+  if (l.pp > 1) s << " (" << to_string(l.schedule) << (l.pp_virtual > 1 ? " v" + std::to_string(l.pp_virtual) : "") << ")";
+  s << " cp " << l.cp << " | mb " << l.micro_batch_seqs << " | recompute " << recompute_name(l.recompute);
+  if (l.offload_residual) s << " +offload";
+  s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
+  if (l.ep > 1) s << " | " << to_string(l.ep_transport);
+  return s.str();
+}
+
+}  // namespace rackstep::sim

@@ -1,0 +1,122 @@
+// Parallelism layouts: how one training step of a model is spread over a cluster.
+//
+// A Layout names the size of every parallel axis and the memory policies; it is
+// read from / written to JSON (examples in sim/layouts/) and checked against a
+// model and a cluster by check_layout(), which returns *every* reason it is
+// invalid (the sweep counts them per reason).
+//
+// Mesh (rank order, innermost first): tp, cp, data, pp.
+//   gpus = data × tp × cp × pp      data = batch shards ("data-parallel" degree)
+//   fsdp divides data: non-expert parameters, gradients and optimizer state are
+//        sharded over groups of `fsdp` consecutive data ranks and replicated
+//        across the data/fsdp groups (hybrid sharding; fsdp = 1 is plain DP,
+//        fsdp = data is ZeRO-3 over everything).
+//   ep   divides data: EP groups are `ep` consecutive data ranks; the experts
+//        are split over them (experts/ep per GPU) and replicated across the
+//        data/ep groups. When fsdp > ep, expert state is further sharded by
+//        fsdp/ep (ZeRO over the expert-data axis).
+//
+// The Marin hero (spec/marin-architecture.md, "How the hero was laid out"):
+//   {"data": 704, "fsdp": 64, "ep": 64, "recompute": "full", "offload_residual": true,
+//    "optimizer_state": "host", "master_dtype": "fp32", "ep_transport": "ragged"}
+//
+//   Layout l = load_layout("sim/layouts/hero-ragged.json");
+//   std::vector<LayoutIssue> why = check_layout(l, graph, cluster);  // empty = valid
+//   nlohmann::json j = layout_to_json(l);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/layer_graph.h"
+#include "topologies/topology.h"
+
+namespace rackstep::sim {
+
+enum class PpSchedule { k1F1B, kInterleaved1F1B, kZeroBubble, kDualPipeV };
+enum class CpKind { kRing, kAllGatherKv };
+enum class StatePlacement { kDevice, kHost };
+enum class MasterDtype { kFp32, kBf16 };
+// EP transport (spec/marin-architecture.md, EP dispatch): fixed-capacity pooled
+// waves with sender and receiver capacity factors, or ragged with a receiver gate.
+enum class EpTransport { kPooled, kRagged };
+
+struct Layout {
+  std::string name;
+  int64_t data = 1;              // batch shards
+  int64_t fsdp = 1;              // shard-group size (divides data)
+  int64_t ep = 1;                // expert-parallel group size (divides data)
+  int64_t tp = 1;                // tensor parallel (inside an NVLink domain)
+  int64_t pp = 1;                // pipeline stages
+  int64_t pp_virtual = 1;        // virtual stages per GPU (interleaved schedules)
+  PpSchedule schedule = PpSchedule::k1F1B;
+  int64_t cp = 1;                // context parallel
+  CpKind cp_kind = CpKind::kRing;
+  int64_t micro_batch_seqs = 1;  // sequences per micro-batch per data rank
+  int64_t tokens_per_step = 0;   // 0 = the model recipe's batch
+  int64_t seq_len = 0;           // 0 = the model's sequence length (long-context runs override)
+  models::Recompute recompute = models::Recompute::kFull;
+  bool offload_residual = false; // residual carry of each layer kept on host
+  StatePlacement optimizer_state = StatePlacement::kDevice;
+  MasterDtype master_dtype = MasterDtype::kFp32;
+  EpTransport ep_transport = EpTransport::kRagged;
+  double sender_cf = 1.10;       // pooled: sender pool capacity factor
+  double receiver_cf = 1.15;     // receiver buffers (pooled) / gate (ragged)
+  int64_t waves = 3;             // pooled: W
+  int64_t ragged_chunks = 2;     // ragged: receiver gate split
+  bool coordinated_gc = false;   // host GC pauses taken by all ranks at once
+
+  int64_t gpus() const { return data * tp * cp * pp; }
+  int64_t seq(const models::ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
+};
+
+// Why a layout cannot run. Codes are stable (the sweep counts per code).
+enum class Reason {
+  kGpuProduct,        // data*tp*cp*pp != cluster GPUs
+  kFsdpDivides,       // fsdp does not divide data
+  kEpDivides,         // ep does not divide data
+  kEpExperts,         // ep does not divide the routed experts
+  kEpDense,           // ep > 1 on a model without routed experts
+  kPpLayers,          // pp*pp_virtual does not divide layers
+  kPpSchedule,        // schedule / virtual stages need pp > 1 or pp_virtual > 1
+  kCpSeq,             // cp does not divide seq (2*cp for a balanced causal split)
+  kTpHeads,           // tp does not divide heads or KV heads
+  kTpDomain,          // tp (or tp*cp for ring CP) larger than one NVLink domain
+  kBatchSplit,        // global batch does not split into data * micro_batch sequences
+  kWaves,             // transport settings out of range
+  kDeviceMemory,      // does not fit in HBM (set by the sweep / predict)
+  kHostMemory,        // offloaded state does not fit in host memory
+  kCount
+};
+const char* to_string(Reason r);
+
+struct LayoutIssue {
+  Reason reason;
+  std::string detail;            // "ep 48 does not divide 384 experts" -> with numbers
+};
+
+// Every reason the layout is invalid for this model and cluster (empty = valid).
+std::vector<LayoutIssue> check_layout(const Layout& l, const models::LayerGraph& g,
+                                      const topologies::Cluster& c);
+// Cheap variant for sweeps: the first reason only, no strings.
+bool first_issue(const Layout& l, const models::LayerGraph& g, const topologies::Cluster& c,
+                 Reason* reason);
+
+// Global batch in sequences of this layout (tokens_per_step or the recipe's).
+int64_t batch_seqs(const Layout& l, const models::LayerGraph& g);
+// Micro-batches per data rank per step (gradient accumulation × pipeline fill).
+int64_t micro_batches(const Layout& l, const models::LayerGraph& g);
+
+Layout parse_layout(const nlohmann::json& doc, const std::string& file);
+Layout load_layout(const std::string& path);
+nlohmann::json layout_to_json(const Layout& l);
+// One line: "data 704 fsdp 64 ep 64 | mb 16 | recompute full ..."
+std::string describe(const Layout& l);
+
+const char* to_string(PpSchedule s);
+const char* to_string(EpTransport t);
+
+}  // namespace rackstep::sim
