@@ -1,0 +1,161 @@
+#include "sim/calibration.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "models/json_io.h"
+
+namespace rackstep::sim {
+
+std::string default_calibration_path() { return std::string(RACKSTEP_SOURCE_DIR) + "/sim/calibration.json"; }
+
+namespace {
+
+// {"value": x, "source": "..."}: the source is required (every number has one).
+double sourced(JsonReader& parent, const std::string& key, NumberRange range = {}) {
+  JsonReader v = parent.object(key);
+  const double x = v.number("value", range);
+  v.string("source");
+  v.finish();
+  return x;
+}
+
+double shape_factor(double x, double half) { return x / (x + half); }
+
+}  // namespace
+
+Calibration parse_calibration(const nlohmann::json& doc, const std::string& file) {
+  Calibration c;
+  c.file = file;
+  JsonReader r(doc, file);
+  r.ignore("comment");
+  const NumberRange frac{.min_exclusive = 0, .max = 1};
+  const NumberRange pos{.min_exclusive = 0};
+  const NumberRange nonneg{.min = 0};
+
+  JsonReader gemm = r.object("gemm");
+  JsonReader peaks = gemm.object("peak_efficiency");
+  for (auto it = peaks.raw().begin(); it != peaks.raw().end(); ++it) c.gemm_peak_eff[it.key()] = sourced(peaks, it.key(), frac);
+  peaks.finish();
+  c.gemm_peak_eff_default = sourced(gemm, "default_peak_efficiency", frac);
+  c.gemm_half_dim = sourced(gemm, "half_dim", nonneg);
+  gemm.finish();
+
+  JsonReader gg = r.object("grouped_gemm");
+  c.grouped_anchor_iteration_s = sourced(gg, "anchor_iteration_s", pos);
+  c.grouped_anchor_rows = sourced(gg, "anchor_rows", pos);
+  c.grouped_anchor_local_experts = sourced(gg, "anchor_local_experts", pos);
+  c.grouped_anchor_k = sourced(gg, "anchor_k", pos);
+  c.grouped_anchor_n = sourced(gg, "anchor_n", pos);
+  c.grouped_anchor_flop_multiple = sourced(gg, "anchor_flop_multiple", pos);
+  c.grouped_anchor_peak_flops_per_s = sourced(gg, "anchor_peak_flops_per_s", pos);
+  gg.finish();
+
+  JsonReader att = r.object("attention");
+  c.attention_fwd_eff = sourced(att, "fwd_efficiency", frac);
+  c.attention_bwd_eff = sourced(att, "bwd_efficiency", frac);
+  att.finish();
+
+  JsonReader mem = r.object("memory_bound");
+  c.mem_eff_elementwise = sourced(mem, "elementwise", frac);
+  c.mem_eff_norm = sourced(mem, "norm", frac);
+  c.mem_eff_routing = sourced(mem, "routing", frac);
+  c.mem_eff_loss = sourced(mem, "loss", frac);
+  c.mem_eff_lookup = sourced(mem, "lookup", frac);
+  c.mem_eff_optimizer = sourced(mem, "optimizer", frac);
+  mem.finish();
+
+  c.launch_overhead_s = sourced(r, "launch_overhead_s", nonneg);
+  c.loss_block_tokens = sourced(r, "loss_block_tokens", pos);
+
+  JsonReader col = r.object("collectives");
+  c.scale_out_eff = sourced(col, "scale_out_efficiency", frac);
+  for (JsonReader& p : col.object_list("ep_nvlink")) {
+    EpBandwidthPoint pt;
+    pt.ep = p.integer("ep", {.min = 2});
+    pt.dispatch_eff = sourced(p, "dispatch", frac);
+    pt.combine_eff = sourced(p, "combine", frac);
+    p.finish();
+    c.ep_nvlink.push_back(pt);
+  }
+  if (c.ep_nvlink.empty()) col.fail("ep_nvlink", "at least one measured EP bandwidth point", "an empty list");
+  std::sort(c.ep_nvlink.begin(), c.ep_nvlink.end(), [](const auto& a, const auto& b) { return a.ep < b.ep; });
+  c.ep_a2a_latency_s = sourced(col, "ep_a2a_latency_s", nonneg);
+  c.ep_ragged_sync_s = sourced(col, "ep_ragged_sync_s", nonneg);
+  c.ep_wave_overlap_eff = sourced(col, "ep_wave_overlap_efficiency", {.min = 0, .max = 1});
+  c.fsdp_prefetch_overlap = sourced(col, "fsdp_prefetch_overlap", {.min = 0, .max = 1});
+  c.grad_reduce_overlap = sourced(col, "grad_reduce_overlap", {.min = 0, .max = 1});
+  c.tp_overlap = sourced(col, "tp_overlap", {.min = 0, .max = 1});
+  c.cp_ring_overlap = sourced(col, "cp_ring_overlap", {.min = 0, .max = 1});
+  col.finish();
+
+  JsonReader host = r.object("host");
+  c.host_link_duplex = sourced(host, "link_duplex", {.min = 0, .max = 1});
+  c.gc_pause_s = sourced(host, "gc_pause_s", nonneg);
+  c.gc_interval_steps = sourced(host, "gc_interval_steps", pos);
+  c.gpus_per_host_process = static_cast<int64_t>(sourced(host, "gpus_per_host_process", {.min = 1}));
+  host.finish();
+
+  JsonReader m = r.object("memory");
+  c.allocator_fragmentation = sourced(m, "allocator_fragmentation", {.min = 0, .max = 1});
+  c.runtime_reserved_bytes = sourced(m, "runtime_reserved_bytes", nonneg);
+  c.backward_workspace_factor = sourced(m, "backward_workspace_factor", nonneg);
+  m.finish();
+  r.finish();
+
+  // The grouped factor: measured anchor efficiency over the dense curve at the
+  // anchor's per-expert shape, so other grouped shapes follow the dense curve.
+  const double rows_per_expert = c.grouped_anchor_rows / c.grouped_anchor_local_experts;
+  const double anchor_flops = c.grouped_anchor_flop_multiple * 2.0 * c.grouped_anchor_rows * c.grouped_anchor_k *
+                              c.grouped_anchor_n * 3.0;  // three SwiGLU matrices
+  const double anchor_eff = anchor_flops / (c.grouped_anchor_iteration_s * c.grouped_anchor_peak_flops_per_s);
+  topologies::GpuSpec anchor_gpu;
+  anchor_gpu.name = "GB200";
+  const double dense = gemm_efficiency(c, anchor_gpu, rows_per_expert, c.grouped_anchor_n, c.grouped_anchor_k);
+  c.grouped_factor = std::min(1.0, anchor_eff / dense);
+  return c;
+}
+
+Calibration load_calibration(const std::string& path) { return parse_calibration(load_json_file(path), path); }
+
+const Calibration& default_calibration() {
+  static const Calibration c = load_calibration();
+  return c;
+}
+
+double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k) {
+  const auto it = c.gemm_peak_eff.find(gpu.name);
+  const double peak = it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+  const double h = c.gemm_half_dim;
+  const double ref = shape_factor(8192.0, h);
+  const double f = shape_factor(m, h) * shape_factor(n, h) * shape_factor(k, h) / (ref * ref * ref);
+  return std::min(peak * f, 0.95);
+}
+
+double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double rows_per_expert,
+                               double k, double n) {
+  return c.grouped_factor * gemm_efficiency(c, gpu, rows_per_expert, n, k);
+}
+
+namespace {
+
+// Piecewise-linear in log(ep) through the measured points; flat below the first,
+// extrapolated with the last slope above the last (EP 64 is beyond EP 36), floored.
+double interp_ep(const std::vector<EpBandwidthPoint>& pts, int64_t ep, bool dispatch) {
+  const auto val = [&](const EpBandwidthPoint& p) { return dispatch ? p.dispatch_eff : p.combine_eff; };
+  if (pts.size() == 1 || ep <= pts.front().ep) return val(pts.front());
+  size_t i = 1;
+  while (i + 1 < pts.size() && pts[i].ep < ep) ++i;
+  const auto& a = pts[i - 1];
+  const auto& b = pts[i];
+  const double t = std::log(static_cast<double>(ep) / static_cast<double>(a.ep)) /
+                   std::log(static_cast<double>(b.ep) / static_cast<double>(a.ep));
+  return std::max(0.2, val(a) + t * (val(b) - val(a)));
+}
+
+}  // namespace
+
+double ep_dispatch_eff(const Calibration& c, int64_t ep) { return interp_ep(c.ep_nvlink, ep, true); }
+double ep_combine_eff(const Calibration& c, int64_t ep) { return interp_ep(c.ep_nvlink, ep, false); }
+
+}  // namespace rackstep::sim

@@ -1,0 +1,106 @@
+// Calibration of the step-time predictor: the efficiencies that turn datasheet
+// peaks into achieved rates, per op class and shape, per collective, plus
+// launch overheads, overlap factors, host stalls and memory overheads.
+//
+// Every number lives in sim/calibration.json as {"value": x, "source": "..."};
+// the source says where it was measured or how it was derived (spec/hardware.md,
+// spec/calibration.md). A later issue fits them from real runs and writes the
+// same file. Code holds the formulas that use them (sim/cost.cpp,
+// sim/collectives.cpp, sim/predict.cpp), never the numbers.
+//
+//   Calibration cal = load_calibration();                 // sim/calibration.json
+//   double e = gemm_efficiency(cal, gpu, m, n, k);          // 0..1 of peak bf16
+//   double ge = grouped_gemm_efficiency(cal, gpu, rows_per_expert, k, n);
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "topologies/topology.h"
+
+namespace rackstep::sim {
+
+// Measured MoE dispatch/combine algorithm bandwidth at an EP size, as a fraction
+// of the GPU's measured one-way NVLink bandwidth (so it transfers across GPUs).
+struct EpBandwidthPoint {
+  int64_t ep = 8;
+  double dispatch_eff = 0.7;
+  double combine_eff = 0.7;
+};
+
+struct Calibration {
+  // Dense GEMM: efficiency at a large square shape (8192^3), per GPU name,
+  // scaled by a saturating shape factor x / (x + gemm_half_dim) per dimension.
+  std::map<std::string, double> gemm_peak_eff;   // GPU name -> eff at 8192^3
+  double gemm_peak_eff_default = 0.7;
+  double gemm_half_dim = 128;
+  // Grouped expert GEMM: one measured anchor (the six-GEMM expert MLP of the
+  // hero); the grouped factor (anchor eff / dense eff at the anchor shape) is
+  // derived at load time and applied to every other grouped shape.
+  double grouped_anchor_iteration_s = 0.0876;
+  double grouped_anchor_rows = 524288;           // routed rows per GPU
+  double grouped_anchor_local_experts = 6;
+  double grouped_anchor_k = 3072, grouped_anchor_n = 3072;
+  double grouped_anchor_flop_multiple = 3.0;     // fwd (1) + bwd (2) of the SwiGLU
+  double grouped_anchor_peak_flops_per_s = 2.5e15;
+  double grouped_factor = 0.65;                  // derived
+  // Attention kernels (flash): fraction of peak in forward / backward.
+  double attention_fwd_eff = 0.45;
+  double attention_bwd_eff = 0.45;
+  // Memory-bound op classes: fraction of measured HBM bandwidth.
+  double mem_eff_elementwise = 0.7;
+  double mem_eff_norm = 0.6;
+  double mem_eff_routing = 0.3;
+  double mem_eff_loss = 0.5;
+  double mem_eff_lookup = 0.3;
+  double mem_eff_optimizer = 0.8;
+  // Each kernel launch costs this much host/device overhead.
+  double launch_overhead_s = 4e-6;
+  // Loss: the LM head + cross-entropy run in blocks of this many tokens
+  // (logits never fully materialised).
+  double loss_block_tokens = 8192;
+
+  // Collectives.
+  double scale_out_eff = 0.85;                    // rail-aligned rings over the NICs
+  std::vector<EpBandwidthPoint> ep_nvlink;        // sorted by ep
+  double ep_a2a_latency_s = 30e-6;                // per all-to-all call
+  double ep_ragged_sync_s = 20e-6;                // ragged: size exchange before each call
+  double ep_wave_overlap_eff = 0.5;               // pooled waves: achieved share of ideal overlap
+  double fsdp_prefetch_overlap = 1.0;             // share of the previous layer's compute usable
+  double grad_reduce_overlap = 0.5;               // share of the last backward usable for grad sync
+  double tp_overlap = 0.0;
+  double cp_ring_overlap = 1.0;
+
+  // Host.
+  double host_link_duplex = 1.0;                  // h2d and d2h concurrently at full rate
+  double gc_pause_s = 1.45;
+  double gc_interval_steps = 260;
+  int64_t gpus_per_host_process = 4;
+
+  // Memory overheads.
+  double allocator_fragmentation = 0.05;          // of live bytes
+  double runtime_reserved_bytes = 2.5e9;          // CUDA context, NCCL, cuBLAS workspaces
+  double backward_workspace_factor = 0.5;         // activation grads live in a layer's backward, × saved
+
+  std::string file;                               // where it was read from
+};
+
+std::string default_calibration_path();          // <source dir>/sim/calibration.json
+Calibration load_calibration(const std::string& path = default_calibration_path());
+Calibration parse_calibration(const nlohmann::json& doc, const std::string& file);
+// The calibration compiled from the default file once (thread-safe).
+const Calibration& default_calibration();
+
+// Efficiencies, 0..1 of the GPU's dense BF16 peak.
+double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k);
+double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double rows_per_expert,
+                               double k, double n);
+// EP dispatch / combine efficiency vs NVLink measured bandwidth, interpolated in log(ep).
+double ep_dispatch_eff(const Calibration& c, int64_t ep);
+double ep_combine_eff(const Calibration& c, int64_t ep);
+
+}  // namespace rackstep::sim

@@ -1,0 +1,64 @@
+// Cost of collectives on a hierarchical cluster: NVLink domains (racks, nodes)
+// joined by a rail-optimised scale-out fabric, one NIC per GPU.
+//
+// Model (alpha-beta, per tier):
+//   inside a domain   ring steps cost alpha_intra each, payload moves at beta_intra
+//                     (per-GPU bus bandwidth). Both are fitted from the cluster's
+//                     measured one-domain all-reduce points (nccl-tests bus
+//                     bandwidth at two sizes: t = 2(n-1)·alpha + 2(n-1)/n · B / beta),
+//                     else taken from the domain's latency and measured link bandwidth.
+//   across domains    rings over the NICs of one rail: alpha = scale-out latency,
+//                     beta = per-NIC all-to-all bandwidth × calibration scale_out_eff.
+//   hybrid groups     (g GPUs in each of D domains) are hierarchical: reduce-scatter
+//                     in the domain, all-reduce of the 1/g shard across domains,
+//                     all-gather in the domain (NCCL's tree/NVLS-free hierarchy).
+//   all-to-all        limited by the slowest tier it crosses: the share of the
+//                     payload that leaves the domain goes over one NIC, the rest
+//                     over NVLink, concurrently.
+//
+//   Network net = make_network(cluster, cal);
+//   Group g = group_of(net, /*size=*/64, /*stride=*/1);      // one rack
+//   double t = all_gather_s(net, g, /*full_bytes=*/1e9);
+#pragma once
+
+#include <cstdint>
+
+#include "sim/calibration.h"
+#include "topologies/topology.h"
+
+namespace rackstep::sim {
+
+struct Network {
+  int64_t gpus_per_domain = 1;
+  double intra_alpha_s = 5e-6;
+  double intra_bw_bytes_per_s = 0;     // bus bandwidth per GPU
+  double link_bw_bytes_per_s = 0;      // measured one-way GPU-to-GPU NVLink
+  double inter_alpha_s = 45e-6;
+  double inter_bw_bytes_per_s = 0;     // per NIC, achieved by rings
+  double nic_a2a_bw_bytes_per_s = 0;   // per NIC, all-to-all
+  double h2d_bw_bytes_per_s = 0;
+};
+
+Network make_network(const topologies::Cluster& c, const Calibration& cal);
+
+// A communicator: `size` ranks spread over `domains` domains (size/domains per domain).
+struct Group {
+  int64_t size = 1;
+  int64_t domains = 1;
+  int64_t per_domain() const { return size / domains; }
+};
+// Ranks r*stride for r < size, with ranks numbered domain-major (gpus_per_domain per domain).
+Group group_of(const Network& net, int64_t size, int64_t stride);
+
+// full_bytes: the size of the whole (gathered / reduced) buffer.
+double all_gather_s(const Network& net, const Group& g, double full_bytes);
+double reduce_scatter_s(const Network& net, const Group& g, double full_bytes);
+double all_reduce_s(const Network& net, const Group& g, double full_bytes);
+// bytes_per_rank: what each rank sends in total (spread evenly over the group).
+// link_eff scales the NVLink tier (EP kernels reach less than raw link rate).
+double all_to_all_s(const Network& net, const Group& g, double bytes_per_rank, double link_eff = 1.0);
+double send_recv_s(const Network& net, bool cross_domain, double bytes);
+// nccl-tests bus bandwidth of an all-reduce over `domains` full domains (for validation).
+double all_reduce_bus_bw(const Network& net, int64_t domains, int64_t gpus_per_domain, double bytes);
+
+}  // namespace rackstep::sim

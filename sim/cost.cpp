@@ -1,0 +1,247 @@
+#include "sim/cost.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "models/check.h"
+
+namespace rackstep::sim {
+
+namespace {
+
+using models::OpClass;
+using models::OpKind;
+
+OpEntry make_entry(const models::Op& op, size_t index) {
+  OpEntry e;
+  e.kind = op.kind;
+  e.cls = op.op_class;
+  e.graph_index = index;
+  e.gemm_k = static_cast<double>(op.gemm_k);
+  e.gemm_n = static_cast<double>(op.gemm_n);
+  e.gemm_count = static_cast<double>(op.gemm_count);
+  e.rows_per_token = op.gemm_rows_per_token;
+  e.ew_flops_per_token = op.ew_flops_per_token;
+  e.in_elems = static_cast<double>(op.in_elems_per_token());
+  e.out_elems = static_cast<double>(op.out_elems_per_token());
+  if (op.kind == OpKind::kAttention) {
+    // Flash attention reads q, k, v (op_cost's convention).
+    e.in_elems = static_cast<double>(op.heads * op.qk_head_dim + op.kv_heads * (op.qk_head_dim + op.head_dim));
+  }
+  for (const auto& p : op.params) e.param_elems += static_cast<double>(p.numel());
+  e.saved_elems = op.saved_elems_per_token;
+  e.heads = static_cast<double>(op.heads);
+  e.kv_heads = static_cast<double>(op.kv_heads);
+  e.head_dim = static_cast<double>(op.head_dim);
+  e.qk_head_dim = static_cast<double>(op.qk_head_dim);
+  e.window = op.window;
+  e.model_flops = op.counts_in_model_flops;
+  return e;
+}
+
+bool is_muon(models::OptimizerKind k) {
+  return k == models::OptimizerKind::kMuon || k == models::OptimizerKind::kMuonH;
+}
+
+void add_layer_params(const models::Op& op, LayerClass& c) {
+  for (const auto& p : op.params) {
+    const double n = static_cast<double>(p.numel());
+    const bool expert = p.role == models::ParamRole::kExpertMatrix;
+    (expert ? c.expert_params : c.dense_params) += n;
+    if (!is_muon(p.optimizer) || p.shape.size() < 2) continue;
+    if (!expert) c.muon_dense_params += n;
+    LayerClass::Matrix m;
+    m.expert = expert;
+    m.m = static_cast<double>(p.shape[p.shape.size() - 2]);
+    m.n = static_cast<double>(p.shape.back());
+    m.count = p.shape.size() == 3 ? static_cast<double>(p.shape[0]) : 1.0;
+    c.muon_matrices.push_back(m);
+  }
+}
+
+// Span of keys per query in the Marin convention (window, else the whole sequence).
+double marin_span(int64_t window, int64_t seq) {
+  return window > 0 && window < seq ? static_cast<double>(window) : static_cast<double>(seq);
+}
+
+double attention_flops_per_token(const OpEntry& e, double span) {
+  return 2.0 * span * e.heads * e.qk_head_dim + 2.0 * span * e.heads * e.head_dim + 3.0 * span * e.heads;
+}
+
+}  // namespace
+
+OpTable build_op_table(const models::LayerGraph& g) {
+  const auto& m = g.model;
+  OpTable t;
+  t.d_model = m.d_model;
+  t.vocab = m.vocab;
+  t.layers = m.layers;
+  t.experts = m.moe.experts;
+  t.top_k = m.moe.top_k;
+  t.moe_width = m.moe_width();
+  t.expert_width = static_cast<double>(m.moe.expert_width);
+  const size_t first_block = g.block_begin.empty() ? g.head_begin : g.block_begin.front();
+  for (size_t i = 0; i < first_block; ++i) t.pre.push_back(make_entry(g.ops[i], i));
+  for (size_t i = g.head_begin; i < g.ops.size(); ++i) t.head.push_back(make_entry(g.ops[i], i));
+
+  std::map<std::pair<int, bool>, int32_t> class_of;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const auto key = std::make_pair(static_cast<int>(m.layer_kind(l)), m.is_moe_layer(l));
+    auto it = class_of.find(key);
+    const size_t b = g.block_begin[static_cast<size_t>(l)], e = g.block_begin[static_cast<size_t>(l) + 1];
+    if (it != class_of.end()) {
+      LayerClass& c = t.classes[static_cast<size_t>(it->second)];
+      RS_CHECK(c.ops.size() == e - b, "blocks of one class have the same op list");
+      c.count += 1;
+      t.layer_class.push_back(it->second);
+      continue;
+    }
+    LayerClass c;
+    c.first_layer = l;
+    c.count = 1;
+    c.kind = m.layer_kind(l);
+    c.moe = m.is_moe_layer(l);
+    for (size_t i = b; i < e; ++i) {
+      const models::Op& op = g.ops[i];
+      OpEntry entry = make_entry(op, i);
+      c.saved_elems_per_token += entry.saved_elems;
+      if (op.op_class == OpClass::kGemm || op.op_class == OpClass::kGroupedGemm || op.op_class == OpClass::kAttention) {
+        c.saved_gemm_elems_per_token += entry.saved_elems;
+      }
+      c.max_op_saved_elems = std::max(c.max_op_saved_elems, entry.saved_elems);
+      add_layer_params(op, c);
+      c.ops.push_back(std::move(entry));
+    }
+    class_of.emplace(key, static_cast<int32_t>(t.classes.size()));
+    t.layer_class.push_back(static_cast<int32_t>(t.classes.size()));
+    t.classes.push_back(std::move(c));
+  }
+
+  for (const auto& op : g.ops) {
+    for (const auto& p : op.params) {
+      const double n = static_cast<double>(p.numel());
+      t.total_params += n;
+      (is_muon(p.optimizer) ? t.muon_params : t.adam_params) += n;
+      if (op.layer >= 0) continue;
+      (op.kind == OpKind::kEmbedding ? t.embedding_params : t.head_params) += n;
+    }
+    if (op.kind != OpKind::kAttention && op.counts_in_model_flops) {
+      t.marin_nonattention_flops_per_token += 2.0 * static_cast<double>(op.gemm_k) * static_cast<double>(op.gemm_n) *
+                                              static_cast<double>(op.gemm_count) * op.gemm_rows_per_token;
+    }
+  }
+  return t;
+}
+
+double model_flops_per_token(const OpTable& t, int64_t seq) {
+  double attn = 0.0;
+  for (const auto& c : t.classes) {
+    for (const auto& e : c.ops) {
+      if (e.kind != OpKind::kAttention) continue;
+      attn += static_cast<double>(c.count) * attention_flops_per_token(e, marin_span(e.window, seq));
+    }
+  }
+  return 3.0 * (t.marin_nonattention_flops_per_token + attn);
+}
+
+namespace {
+
+double mem_eff(const Calibration& cal, OpClass c) {
+  switch (c) {
+    case OpClass::kNorm: return cal.mem_eff_norm;
+    case OpClass::kRouting: return cal.mem_eff_routing;
+    case OpClass::kLoss: return cal.mem_eff_loss;
+    case OpClass::kLookup: return cal.mem_eff_lookup;
+    default: return cal.mem_eff_elementwise;
+  }
+}
+
+// Mean keys per query with causal masking and the window (the FLOPs a flash kernel does).
+double exact_span(int64_t window, double seq) {
+  return models::mean_attention_span(static_cast<int64_t>(seq), window, models::FlopConvention::kExact);
+}
+
+}  // namespace
+
+OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
+  const Calibration& cal = *ctx.cal;
+  const double peak = ctx.peak_flops_per_s;
+  const double bw = ctx.hbm_bw_bytes_per_s;
+  const double tokens = ctx.tokens / ctx.tp;  // sequence-parallel share of the activations
+  const double launch = cal.launch_overhead_s;
+  OpTime t;
+  switch (e.cls) {
+    case OpClass::kGemm: {
+      const double rows = ctx.tokens * e.rows_per_token;
+      const double n = std::max(1.0, e.gemm_n / ctx.tp);
+      const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
+      const double eff = gemm_efficiency(cal, *ctx.gpu, rows, n, e.gemm_k);
+      const double bytes = (e.in_elems + e.out_elems) * ctx.tokens * 2.0 + e.param_elems * 2.0 / ctx.tp;
+      const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
+      const double kernels = e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
+      t.fwd_flops = flops + e.ew_flops_per_token * tokens;
+      t.bwd_flops = 2.0 * t.fwd_flops;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch;
+      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch;
+      return t;
+    }
+    case OpClass::kGroupedGemm: {
+      const double rows = ctx.expert_rows;
+      const double n = std::max(1.0, e.gemm_n / ctx.tp);
+      const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
+      const double eff = grouped_gemm_efficiency(cal, *ctx.gpu, rows / ctx.local_experts, e.gemm_k, n);
+      const double bytes = rows * (2.0 * e.gemm_k + 3.0 * n) * 2.0 + ctx.local_experts * e.gemm_count * e.gemm_k * n * 2.0;
+      const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
+      // One grouped launch per matrix, plus the SwiGLU elementwise kernel.
+      const double kernels = e.gemm_count + 1.0;
+      const double ew = e.ew_flops_per_token / e.rows_per_token * rows;
+      t.fwd_flops = flops + ew;
+      t.bwd_flops = 2.0 * t.fwd_flops;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch;
+      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch;
+      return t;
+    }
+    case OpClass::kAttention: {
+      const double per_token = attention_flops_per_token(e, exact_span(e.window, ctx.seq));
+      const double flops = per_token * ctx.tokens / ctx.tp;
+      const double bytes = (e.in_elems + e.out_elems) * ctx.tokens / ctx.tp * 2.0;
+      const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
+      t.fwd_flops = flops;
+      t.bwd_flops = 2.5 * flops;  // models::op_cost: backward recomputes QK^T
+      t.fwd_s = std::max(flops / (peak * cal.attention_fwd_eff), mem_s) + launch;
+      t.bwd_s = std::max(2.5 * flops / (peak * cal.attention_bwd_eff), 2.0 * mem_s) + 2.0 * launch;
+      return t;
+    }
+    default: {
+      // Memory-bound: read the input (and weights), write the output.
+      const double bytes = (e.in_elems + e.out_elems) * tokens * 2.0 + e.param_elems * 2.0;
+      const double s = bytes / (bw * mem_eff(cal, e.cls));
+      t.fwd_flops = e.ew_flops_per_token * tokens;
+      t.bwd_flops = 2.0 * t.fwd_flops;
+      t.fwd_s = s + launch;
+      t.bwd_s = 2.0 * s + 2.0 * launch;
+      return t;
+    }
+  }
+}
+
+BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx) {
+  BlockTime b;
+  for (const auto& e : ops) {
+    const OpTime t = price_op(e, ctx);
+    b.fwd_s += t.fwd_s;
+    b.bwd_s += t.bwd_s;
+    b.fwd_flops += t.fwd_flops;
+    b.bwd_flops += t.bwd_flops;
+    if (e.cls == OpClass::kGroupedGemm) b.expert_fwd_s += t.fwd_s;
+    const bool kept = e.cls == OpClass::kGemm || e.cls == OpClass::kGroupedGemm || e.cls == OpClass::kAttention;
+    if (!kept) {
+      b.recompute_selective_s += t.fwd_s;
+      b.recompute_selective_flops += t.fwd_flops;
+    }
+  }
+  return b;
+}
+
+}  // namespace rackstep::sim

@@ -1,0 +1,116 @@
+// Roofline pricing of layer-graph ops on one GPU.
+//
+// The layer graph (models/layer_graph.h) is the only description of the
+// architecture; build_op_table() compacts it once per model into per-token
+// facts (GEMM geometry, attention geometry, bytes, saved activations) and
+// groups identical blocks into layer classes (the hero has two: local and
+// global attention), so pricing a layout touches ~60 ops instead of ~1,500.
+//
+// An op's time on a GPU for one micro-batch is the roofline
+//     t = max(FLOPs / (peak · eff(class, shape)), bytes / (HBM bw · eff_mem(class)))
+//         + kernels · launch overhead
+// with eff from sim/calibration.json: dense GEMMs by (m, n, k), grouped expert
+// GEMMs by rows per expert (far below peak), flash attention fwd / bwd,
+// memory-bound classes by HBM efficiency. Backward is 2× a GEMM's FLOPs
+// (dgrad + wgrad), 2.5× attention's (flash recomputes QK^T), 2× the bytes.
+//
+//   OpTable t = build_op_table(graph);
+//   PriceContext ctx = make_price_context(...);          // per layout, cheap
+//   OpTime ot = price_op(t.classes[0].ops[3], ctx);        // ot.fwd_s, ot.bwd_s
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "models/layer_graph.h"
+#include "sim/calibration.h"
+#include "topologies/topology.h"
+
+namespace rackstep::sim {
+
+// Per-token facts of one op (from models::Op and models::op_cost).
+struct OpEntry {
+  models::OpKind kind = models::OpKind::kLinear;
+  models::OpClass cls = models::OpClass::kElementwise;
+  size_t graph_index = 0;           // index in LayerGraph::ops of the class's first layer
+  double gemm_k = 0, gemm_n = 0, gemm_count = 0, rows_per_token = 0;
+  double ew_flops_per_token = 0;
+  double in_elems = 0, out_elems = 0;  // activation elements per token (read / written)
+  double param_elems = 0;
+  double saved_elems = 0;           // kept for backward, per token, no recompute
+  // Attention geometry.
+  double heads = 0, kv_heads = 0, head_dim = 0, qk_head_dim = 0;
+  int64_t window = 0;
+  bool model_flops = false;         // counts in Marin's MFU FLOPs
+};
+
+// Blocks with identical op lists (same attention kind, MoE or dense).
+struct LayerClass {
+  int64_t first_layer = 0;
+  int64_t count = 0;
+  models::LayerKind kind = models::LayerKind::kLocal;
+  bool moe = false;
+  std::vector<OpEntry> ops;
+  // Parameters of one layer of this class, by how they are sharded.
+  double dense_params = 0;          // sharded by FSDP (attention, shared, latent, router, norms ...)
+  double expert_params = 0;         // routed experts (sharded by EP)
+  double muon_dense_params = 0;     // dense params in the Muon group
+  // Muon matrices of one layer: (rows, cols, how many); experts count E each.
+  struct Matrix { double m = 0, n = 0, count = 0; bool expert = false; };
+  std::vector<Matrix> muon_matrices;
+  double saved_elems_per_token = 0; // sum of saved activations (no recompute)
+  double saved_gemm_elems_per_token = 0;  // saved by GEMM/attention ops (selective recompute keeps these)
+  double max_op_saved_elems = 0;
+};
+
+struct OpTable {
+  std::vector<LayerClass> classes;
+  std::vector<int32_t> layer_class; // (layers) class of each block
+  std::vector<OpEntry> pre;         // embedding (+ its norm)
+  std::vector<OpEntry> head;        // final norm, LM head, cross-entropy
+  double embedding_params = 0;
+  double head_params = 0;           // LM head + final norm
+  double adam_params = 0;           // params in Adam/AdamH groups
+  double muon_params = 0;           // params in Muon/MuonH groups
+  double total_params = 0;
+  double marin_nonattention_flops_per_token = 0;  // forward, model convention
+  int64_t d_model = 0, vocab = 0, layers = 0, experts = 0, top_k = 0, moe_width = 0;
+  double expert_width = 0;
+};
+
+OpTable build_op_table(const models::LayerGraph& g);
+
+// Marin-convention training FLOPs per token (3 × forward) at a sequence length;
+// equals models::count_flops(g, seq, kMarin).training.
+double model_flops_per_token(const OpTable& t, int64_t seq);
+
+// What a GPU processes per micro-batch under a layout.
+struct PriceContext {
+  const topologies::GpuSpec* gpu = nullptr;
+  const Calibration* cal = nullptr;
+  double tokens = 0;                // tokens per micro-batch on this GPU (after CP split)
+  double seq = 0;                   // full sequence (attention span)
+  double tp = 1;
+  double expert_rows = 0;           // routed rows computed on this GPU (padding included)
+  double local_experts = 1;
+  double peak_flops_per_s = 0;
+  double hbm_bw_bytes_per_s = 0;
+};
+
+struct OpTime {
+  double fwd_s = 0, bwd_s = 0;
+  double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU
+};
+
+OpTime price_op(const OpEntry& op, const PriceContext& ctx);
+
+// Sum over a list of ops; `recompute_s` is the forward time of the ops a policy
+// replays (full: all; selective: all but GEMMs, grouped GEMMs and attention).
+struct BlockTime {
+  double fwd_s = 0, bwd_s = 0, recompute_selective_s = 0;
+  double fwd_flops = 0, bwd_flops = 0, recompute_selective_flops = 0;
+  double expert_fwd_s = 0;          // the grouped expert GEMMs (waves overlap these)
+};
+BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx);
+
+}  // namespace rackstep::sim
