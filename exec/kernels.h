@@ -174,7 +174,8 @@ void attention_forward(float* o,              // (B, T, H, hd)
                        int window, float scale);
 // dq =; dk, dv = (or += with accumulate_dkv). Heads >= kv_used of dk/dv get
 // zero (or are left as they are with accumulate_dkv).
-// Parallel over (b, kv head): each thread owns one kv head's dk/dv.
+// Query tiles through sgemm (OpenBLAS threads), masked softmax row-parallel;
+// tiles run in a fixed order, so dk/dv sums are the same on every run.
 void attention_backward(float* dq,             // (B, T, H, hd)
                         float* dk,             // (B, T, kv_stored, hd)
                         float* dv,             // (B, T, kv_stored, hd)

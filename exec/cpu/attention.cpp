@@ -1,5 +1,7 @@
 // Causal softmax attention (sliding window or full, GQA, document masking),
 // exact backward from the saved logsumexp; XSA; the per-head output gate.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,10 +34,42 @@ void check_shape(const AttnShape& s) {
 
 bool visible(const int32_t* doc_row, int i, int j) { return !doc_row || doc_row[i] == doc_row[j]; }
 
+// The simd reduction lets the compiler vectorise (a fixed lane order, so the
+// result is still the same on every run).
 float dot(const float* a, const float* b, int n) {
   float s = 0.0f;
+#pragma omp simd reduction(+ : s)
   for (int i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+}  // namespace
+
+// Both passes walk query tiles of kTileRows rows per (batch, head): the tile's
+// scores against the keys it can reach (the window bounds them) come from one
+// sgemm, the masked softmax runs row-parallel, the products with V (and in the
+// backward dO, K, Q) are sgemms again. Masked pairs get probability 0, so the
+// GEMMs may cover them without changing the result.
+namespace {
+
+constexpr int kTileRows = 128;
+
+// Key range [j0, j1) the query tile [i0, i0 + rows) can reach.
+void tile_keys(const AttnShape& s, int i0, int rows, int* j0, int* j1) {
+  *j0 = s.first_key(i0);
+  *j1 = i0 + rows;
+}
+
+// p (rows, span) = scale * Q_tile · K_spanᵀ, then masked: invisible pairs
+// become -inf. Q and K rows sit `ldq`, `ldk` floats apart.
+void tile_scores(float* p, const float* qt, int ldq, const float* ks, int ldk, int rows, int span,
+                 int hd, float scale) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, span, hd, scale, qt, ldq, ks, ldk,
+              0.0f, p, span);
+}
+
+bool pair_visible(const AttnShape& s, const int32_t* doc_row, int i, int j) {
+  return j <= i && j >= s.first_key(i) && visible(doc_row, i, j);
 }
 
 }  // namespace
@@ -45,40 +79,41 @@ void attention_forward(float* o, float* lse, const float* q, const float* k, con
                        int hd, int window, float scale) {
   const AttnShape s{B, T, H, kv_stored, kv_used, hd, window};
   check_shape(s);
-#pragma omp parallel
-  {
-    std::vector<float> p(T);  // (T) scores, then probabilities of one query row
-#pragma omp for collapse(2) schedule(static)
-    for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < H; ++h) {
-        const int g = h / s.group();
-        const int32_t* doc_row = doc ? doc + static_cast<long>(b) * T : nullptr;
-        for (int i = 0; i < T; ++i) {
-          const float* qi = q + s.q_at(b, i, h);
-          const int j0 = s.first_key(i);
+  const int ldq = H * hd, ldk = kv_stored * hd;
+  std::vector<float> p(static_cast<size_t>(kTileRows) * T);  // (rows, span) scores, then probabilities
+  for (int b = 0; b < B; ++b) {
+    const int32_t* doc_row = doc ? doc + static_cast<long>(b) * T : nullptr;
+    for (int h = 0; h < H; ++h) {
+      const int g = h / s.group();
+      float* lse_bh = lse + (static_cast<long>(b) * H + h) * T;
+      for (int i0 = 0; i0 < T; i0 += kTileRows) {
+        const int rows = std::min(kTileRows, T - i0);
+        int j0, j1;
+        tile_keys(s, i0, rows, &j0, &j1);
+        const int span = j1 - j0;
+        tile_scores(p.data(), q + s.q_at(b, i0, h), ldq, k + s.kv_at(b, j0, g), ldk, rows, span,
+                    hd, scale);
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; ++r) {
+          const int i = i0 + r;
+          float* pr = p.data() + static_cast<long>(r) * span;
           float mx = -INFINITY;
-          for (int j = j0; j <= i; ++j) {
-            if (!visible(doc_row, i, j)) continue;
-            p[j] = scale * dot(qi, k + s.kv_at(b, j, g), hd);
-            mx = std::max(mx, p[j]);
+          for (int jj = 0; jj < span; ++jj) {
+            if (!pair_visible(s, doc_row, i, j0 + jj)) pr[jj] = -INFINITY;
+            mx = std::max(mx, pr[jj]);
           }
           double sum = 0.0;
-          for (int j = j0; j <= i; ++j) {
-            if (!visible(doc_row, i, j)) continue;
-            p[j] = std::exp(p[j] - mx);
-            sum += p[j];
+          for (int jj = 0; jj < span; ++jj) {
+            pr[jj] = pr[jj] == -INFINITY ? 0.0f : std::exp(pr[jj] - mx);
+            sum += pr[jj];
           }
           const float inv = static_cast<float>(1.0 / sum);
-          float* oi = o + s.q_at(b, i, h);
-          std::fill(oi, oi + hd, 0.0f);
-          for (int j = j0; j <= i; ++j) {
-            if (!visible(doc_row, i, j)) continue;
-            const float pj = p[j] * inv;
-            const float* vj = v + s.kv_at(b, j, g);
-            for (int c = 0; c < hd; ++c) oi[c] += pj * vj[c];
-          }
-          lse[(static_cast<long>(b) * H + h) * T + i] = mx + static_cast<float>(std::log(sum));
+          for (int jj = 0; jj < span; ++jj) pr[jj] *= inv;
+          lse_bh[i] = mx + static_cast<float>(std::log(sum));
         }
+        // O_tile (rows, hd) = P (rows, span) · V_span (span, hd)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, p.data(),
+                    span, v + s.kv_at(b, j0, g), ldk, 0.0f, o + s.q_at(b, i0, h), ldq);
       }
     }
   }
@@ -86,7 +121,8 @@ void attention_forward(float* o, float* lse, const float* q, const float* k, con
 
 // Standard softmax-attention backward (as in FlashAttention-2, Dao 2023):
 // D_i = dO_i·O_i, dS_ij = P_ij (dO_i·v_j - D_i), dq_i = scale Σ_j dS_ij k_j,
-// dk_j = scale Σ_i dS_ij q_i, dv_j = Σ_i P_ij dO_i.
+// dk_j = scale Σ_i dS_ij q_i, dv_j = Σ_i P_ij dO_i. Tiles run in a fixed order,
+// so the sums into dk/dv are the same on every run.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* o, const float* lse,
                         const int32_t* doc, int B, int T, int H, int kv_stored, int kv_used,
@@ -98,35 +134,47 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     std::memset(dk, 0, n * sizeof(float));
     std::memset(dv, 0, n * sizeof(float));
   }
-  // One thread owns one (b, kv head): it visits every query head of the group,
-  // so dk/dv of that kv head are summed in a fixed order without atomics.
-#pragma omp parallel for collapse(2) schedule(static)
+  const int ldq = H * hd, ldk = kv_stored * hd;
+  std::vector<float> p(static_cast<size_t>(kTileRows) * T);   // (rows, span) probabilities
+  std::vector<float> ds(static_cast<size_t>(kTileRows) * T);  // (rows, span) dP, then dS
   for (int b = 0; b < B; ++b) {
-    for (int g = 0; g < kv_used; ++g) {
-      const int32_t* doc_row = doc ? doc + static_cast<long>(b) * T : nullptr;
-      for (int h = g * s.group(); h < (g + 1) * s.group(); ++h) {
-        for (int i = 0; i < T; ++i) {
-          const float* qi = q + s.q_at(b, i, h);
-          const float* doi = dout + s.q_at(b, i, h);
-          const float Di = dot(doi, o + s.q_at(b, i, h), hd);
-          const float li = lse[(static_cast<long>(b) * H + h) * T + i];
-          float* dqi = dq + s.q_at(b, i, h);
-          std::fill(dqi, dqi + hd, 0.0f);
-          for (int j = s.first_key(i); j <= i; ++j) {
-            if (!visible(doc_row, i, j)) continue;
-            const float* kj = k + s.kv_at(b, j, g);
-            const float* vj = v + s.kv_at(b, j, g);
-            const float pij = std::exp(scale * dot(qi, kj, hd) - li);
-            const float dsij = pij * (dot(doi, vj, hd) - Di) * scale;
-            float* dkj = dk + s.kv_at(b, j, g);
-            float* dvj = dv + s.kv_at(b, j, g);
-            for (int c = 0; c < hd; ++c) {
-              dqi[c] += dsij * kj[c];
-              dkj[c] += dsij * qi[c];
-              dvj[c] += pij * doi[c];
-            }
+    const int32_t* doc_row = doc ? doc + static_cast<long>(b) * T : nullptr;
+    for (int h = 0; h < H; ++h) {
+      const int g = h / s.group();
+      const float* lse_bh = lse + (static_cast<long>(b) * H + h) * T;
+      for (int i0 = 0; i0 < T; i0 += kTileRows) {
+        const int rows = std::min(kTileRows, T - i0);
+        int j0, j1;
+        tile_keys(s, i0, rows, &j0, &j1);
+        const int span = j1 - j0;
+        const float* qt = q + s.q_at(b, i0, h);
+        const float* dot_ = dout + s.q_at(b, i0, h);
+        const float* ks = k + s.kv_at(b, j0, g);
+        const float* vs = v + s.kv_at(b, j0, g);
+        tile_scores(p.data(), qt, ldq, ks, ldk, rows, span, hd, scale);
+        // dP (rows, span) = dO_tile · V_spanᵀ
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, span, hd, 1.0f, dot_, ldq, vs,
+                    ldk, 0.0f, ds.data(), span);
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; ++r) {
+          const int i = i0 + r;
+          float* pr = p.data() + static_cast<long>(r) * span;
+          float* dsr = ds.data() + static_cast<long>(r) * span;
+          const float Di = dot(dot_ + static_cast<long>(r) * ldq, o + s.q_at(b, i, h), hd);
+          const float li = lse_bh[i];
+          for (int jj = 0; jj < span; ++jj) {
+            const float pij = pair_visible(s, doc_row, i, j0 + jj) ? std::exp(pr[jj] - li) : 0.0f;
+            pr[jj] = pij;
+            dsr[jj] = pij * (dsr[jj] - Di) * scale;
           }
         }
+        // dQ_tile = dS · K_span;  dK_span += dSᵀ · Q_tile;  dV_span += Pᵀ · dO_tile
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, ds.data(),
+                    span, ks, ldk, 0.0f, dq + s.q_at(b, i0, h), ldq);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, span, hd, rows, 1.0f, ds.data(),
+                    span, qt, ldq, 1.0f, dk + s.kv_at(b, j0, g), ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, span, hd, rows, 1.0f, p.data(), span,
+                    dot_, ldq, 1.0f, dv + s.kv_at(b, j0, g), ldk);
       }
     }
   }
