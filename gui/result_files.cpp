@@ -1,0 +1,312 @@
+// Result files read defensively for the viewer; see gui/result_files.h.
+#include "gui/result_files.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "gui/trace_model.h"
+#include "models/check.h"
+
+namespace rackstep::gui {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string strip(const std::string& s, const std::string& suffix) {
+  return ends_with(s, suffix) ? s.substr(0, s.size() - suffix.size()) : s;
+}
+
+std::string cell_text(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_number()) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.4g", v.get<double>());
+    return buf;
+  }
+  return v.dump();
+}
+
+double number_at(const json& obj, std::initializer_list<const char*> keys) {
+  for (const char* k : keys) {
+    auto it = obj.find(k);
+    if (it != obj.end() && it->is_number()) return it->get<double>();
+  }
+  return kNone;
+}
+
+// The first object (depth-first, a few levels) under a key that names memory.
+const json* find_memory(const json& obj, std::string* key, int depth = 0) {
+  if (!obj.is_object() || depth > 3) return nullptr;
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (it->is_object() && it.key().find("memory") != std::string::npos) {
+      *key = it.key();
+      return &*it;
+    }
+  }
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (const json* m = find_memory(*it, key, depth + 1)) return m;
+  }
+  return nullptr;
+}
+
+bool is_total_name(const std::string& n) {
+  for (const char* t : {"total", "peak", "capacity", "hbm", "headroom", "free", "limit", "fits", "available"}) {
+    if (n.rfind(t, 0) == 0) return true;
+  }
+  return false;
+}
+
+// GiB from a memory entry: the key's unit suffix, else the parent's, else
+// its size (byte counts of real memory are far above a million).
+double to_gib(const std::string& key, const std::string& parent, double v) {
+  if (ends_with(key, "_bytes")) return v / kGiB;
+  if (ends_with(key, "_gib")) return v;
+  if (ends_with(key, "_gb")) return v * 1e9 / kGiB;
+  if (ends_with(parent, "_bytes")) return v / kGiB;
+  if (ends_with(parent, "_gib")) return v;
+  return v > 1e6 ? v / kGiB : v;
+}
+
+std::string part_name(const std::string& key) { return strip(strip(strip(key, "_bytes"), "_gib"), "_gb"); }
+
+void read_memory(const json& c, SizingCandidate& out) {
+  std::string key;
+  const json* mem = find_memory(c, &key);
+  if (mem != nullptr) {
+    for (auto it = mem->begin(); it != mem->end(); ++it) {
+      if (!it->is_number()) continue;
+      const std::string part = part_name(it.key());
+      const double gib = to_gib(it.key(), key, it->get<double>());
+      if (part == "capacity" || part == "hbm" || part == "hbm_capacity" || part == "limit") {
+        out.hbm_gib = gib;
+        continue;
+      }
+      if (is_total_name(part)) continue;
+      out.memory_gib.emplace_back(part, gib);
+    }
+  }
+  if (!std::isfinite(out.hbm_gib)) {
+    const double b = number_at(c, {"hbm_bytes", "hbm_capacity_bytes", "hbm_per_gpu_bytes"});
+    out.hbm_gib = std::isfinite(b) ? b / kGiB : number_at(c, {"hbm_gib", "hbm_capacity_gib"});
+  }
+}
+
+// Scalars become cells; objects are flattened one level ("best.mfu"), except memory.
+void read_cells(const json& c, SizingCandidate& out, std::vector<std::string>& columns) {
+  auto add = [&](const std::string& col, const json& v) {
+    out.cells.emplace_back(col, cell_text(v));
+    if (std::find(columns.begin(), columns.end(), col) == columns.end()) columns.push_back(col);
+  };
+  for (auto it = c.begin(); it != c.end(); ++it) {
+    if (it->is_primitive() && !it->is_null()) {
+      add(it.key(), *it);
+    } else if (it->is_object() && it.key().find("memory") == std::string::npos) {
+      for (auto jt = it->begin(); jt != it->end(); ++jt) {
+        if (jt->is_primitive() && !jt->is_null()) add(it.key() + "." + jt.key(), *jt);
+      }
+    }
+  }
+}
+
+const json& candidate_list(const json& doc, const std::string& path) {
+  if (doc.is_array()) return doc;
+  for (const char* k : {"candidates", "results", "ranking"}) {
+    auto it = doc.find(k);
+    if (it != doc.end() && it->is_array()) return *it;
+  }
+  throw UserError(path, "/candidates", "an array of candidates", "none");
+}
+
+}  // namespace
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path, "", "a readable JSON file", "it cannot be opened");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw UserError(path, "", "valid JSON", "a syntax error at byte " + std::to_string(e.byte));
+  }
+}
+
+FileKind detect_kind(const json& doc, const std::string& path) {
+  if (looks_like_trace(doc)) return FileKind::trace;
+  if (doc.is_object() && doc.contains("points")) return FileKind::drops;
+  if (doc.is_array() && !doc.empty() && doc.front().is_object()) return FileKind::sizing;
+  if (doc.is_object()) {
+    for (const char* k : {"candidates", "results", "ranking"}) {
+      if (doc.contains(k)) return FileKind::sizing;
+    }
+  }
+  throw UserError(path, "",
+                  "a Chrome trace (\"traceEvents\"), a sizing result (\"candidates\") or a drops result (\"points\")",
+                  doc.is_object() ? "an object with none of these" : "a JSON " + std::string(doc.type_name()));
+}
+
+SizingResult parse_sizing(const json& doc, const std::string& path) {
+  const json& list = candidate_list(doc, path);
+  SizingResult s;
+  std::string winner;
+  if (doc.is_object()) {
+    auto w = doc.find("winner");
+    if (w != doc.end() && w->is_string()) winner = w->get<std::string>();
+    if (w != doc.end() && w->is_object() && w->contains("name") && (*w)["name"].is_string())
+      winner = (*w)["name"].get<std::string>();
+    s.deadline_days = number_at(doc, {"deadline_days", "training_days", "days_budget"});
+    auto sc = doc.find("scenario");
+    if (!std::isfinite(s.deadline_days) && sc != doc.end() && sc->is_object())
+      s.deadline_days = number_at(*sc, {"deadline_days", "training_days", "days_budget"});
+  }
+  s.table.columns.push_back("name");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& c = list[i];
+    if (!c.is_object())
+      throw UserError(path, "/candidates/" + std::to_string(i), "a candidate object", std::string(c.type_name()));
+    SizingCandidate out;
+    for (const char* k : {"name", "candidate", "model"}) {
+      auto it = c.find(k);
+      if (it != c.end() && it->is_string()) {
+        out.name = it->get<std::string>();
+        break;
+      }
+    }
+    if (out.name.empty()) out.name = "#" + std::to_string(i + 1);
+    read_cells(c, out, s.table.columns);
+    read_memory(c, out);
+    out.days = number_at(c, {"days", "days_to_train", "train_days", "days_p50"});
+    out.loss = number_at(c, {"forecast_loss", "loss"});
+    out.p_finish = number_at(c, {"p_finish", "p_finish_by_deadline"});
+    const double rank = number_at(c, {"rank"});
+    auto w = c.find("winner");
+    out.winner = out.name == winner || rank == 1 || (w != c.end() && w->is_boolean() && w->get<bool>());
+    s.candidates.push_back(std::move(out));
+  }
+  // Only one winner is marked: the first that claims it.
+  bool seen = false;
+  for (auto& c : s.candidates) {
+    c.winner = c.winner && !seen;
+    seen = seen || c.winner;
+  }
+  for (const auto& c : s.candidates) {
+    std::vector<std::string> row(s.table.columns.size());
+    row[0] = c.name;
+    for (const auto& [col, text] : c.cells) {
+      const auto at = std::find(s.table.columns.begin(), s.table.columns.end(), col) - s.table.columns.begin();
+      if (col != "name") row[at] = text;
+    }
+    s.table.rows.push_back(std::move(row));
+  }
+  return s;
+}
+
+StackedBarSpec memory_chart(const SizingResult& s) {
+  StackedBarSpec spec;
+  spec.title = "Memory per GPU by candidate";
+  // Parts in first-seen order; a candidate without a part has 0 of it.
+  for (const auto& c : s.candidates) {
+    if (c.memory_gib.empty()) continue;
+    spec.categories.push_back(c.name);
+    for (const auto& [part, gib] : c.memory_gib) {
+      auto it = std::find_if(spec.segments.begin(), spec.segments.end(), [&](const BarSegment& b) { return b.name == part; });
+      if (it == spec.segments.end()) {
+        spec.segments.push_back({part, {}});
+        it = spec.segments.end() - 1;
+      }
+      it->values.resize(spec.categories.size() - 1, 0);
+      it->values.push_back(gib);
+    }
+    if (!std::isfinite(spec.capacity) && std::isfinite(c.hbm_gib)) spec.capacity = c.hbm_gib;
+  }
+  for (auto& seg : spec.segments) seg.values.resize(spec.categories.size(), 0);
+  return spec;
+}
+
+ScatterSpec days_loss_chart(const SizingResult& s) {
+  ScatterSpec spec;
+  spec.title = "Days to train vs forecast loss";
+  spec.deadline_x = s.deadline_days;
+  spec.deadline_label = "deadline";
+  for (const auto& c : s.candidates) {
+    if (std::isfinite(c.days) && std::isfinite(c.loss)) spec.points.push_back({c.name, c.days, c.loss, c.winner});
+  }
+  return spec;
+}
+
+DropsResult parse_drops(const json& doc, const std::string& path) {
+  DropsResult d;
+  auto pts = doc.find("points");
+  if (pts == doc.end() || !pts->is_array() || pts->empty())
+    throw UserError(path, "/points", "a non-empty array of drop estimates", pts == doc.end() ? "none" : pts->dump().substr(0, 40));
+  auto sw = doc.find("sweep");
+  if (sw != doc.end() && sw->is_string()) d.sweep = sw->get<std::string>();
+  auto sc = doc.find("scenario");
+  if (sc != doc.end() && sc->is_object()) {
+    for (auto it = sc->begin(); it != sc->end(); ++it) {
+      if (it.key() == d.sweep || !it->is_primitive()) continue;
+      d.scenario += (d.scenario.empty() ? "" : ", ") + it.key() + " " + cell_text(*it);
+    }
+  }
+  const char* kinds[] = {"total", "sender", "receiver", "padding"};
+  d.table.columns = {d.sweep.empty() ? "point" : d.sweep, "total %", "total ±95% %", "sender %", "receiver %", "padding %"};
+  std::vector<std::string> xs;
+  for (size_t i = 0; i < pts->size(); ++i) {
+    const json& p = (*pts)[i];
+    if (!p.is_object()) throw UserError(path, "/points/" + std::to_string(i), "an object", std::string(p.type_name()));
+    auto v = d.sweep.empty() ? p.end() : p.find(d.sweep);
+    xs.push_back(v != p.end() ? cell_text(*v) : std::to_string(i));
+    std::vector<std::string> row = {xs.back()};
+    for (const char* k : {"total", "total_ci95", "sender", "receiver", "padding"}) {
+      const double f = number_at(p, {k});
+      row.push_back(std::isfinite(f) ? cell_text(json(100.0 * f)) : "");
+    }
+    d.table.rows.push_back(std::move(row));
+  }
+  // Numeric sweeps get a value axis (log2 for sizes); others one slot per value.
+  bool numeric = !d.sweep.empty();
+  std::vector<double> xv;
+  for (const auto& x : xs) {
+    char* end = nullptr;
+    const double v = std::strtod(x.c_str(), &end);
+    numeric = numeric && end != x.c_str() && *end == '\0';
+    xv.push_back(v);
+  }
+  LineSpec& chart = d.chart;
+  chart.title = "EP token drops" + (d.sweep.empty() ? std::string() : " vs " + d.sweep);
+  chart.x_label = d.sweep.empty() ? "point" : d.sweep;
+  chart.y_label = "tokens dropped (%)";
+  if (!numeric) {
+    chart.x_categories = xs;
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<double>(i);
+  } else {
+    const bool sizes = d.sweep == "context" || d.sweep == "tokens-per-gpu" || d.sweep == "ep";
+    chart.log2_x = sizes && *std::min_element(xv.begin(), xv.end()) > 0;
+  }
+  for (const char* k : kinds) {
+    LineSeries s;
+    s.name = k;
+    for (size_t i = 0; i < pts->size(); ++i) {
+      const double f = number_at((*pts)[i], {k});
+      if (!std::isfinite(f)) continue;
+      s.x.push_back(xv[i]);
+      s.y.push_back(100.0 * f);
+    }
+    if (!s.x.empty()) chart.series.push_back(std::move(s));
+  }
+  if (chart.series.empty()) throw UserError(path, "/points/0/total", "drop fractions (total, sender, ...)", "none");
+  return d;
+}
+
+}  // namespace rackstep::gui
