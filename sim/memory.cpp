@@ -1,0 +1,174 @@
+#include "sim/memory.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace rackstep::sim {
+
+namespace {
+
+// Micro-batches whose activations are live on the first stage (see header).
+double in_flight_micro_batches(const Layout& l, double m) {
+  if (l.pp <= 1) return 1.0;
+  const double p = static_cast<double>(l.pp);
+  switch (l.schedule) {
+    case PpSchedule::k1F1B:
+    case PpSchedule::kZeroBubble: return std::min(m, p);
+    case PpSchedule::kInterleaved1F1B: return std::min(m, p + (p - 1.0) / static_cast<double>(l.pp_virtual));
+    case PpSchedule::kDualPipeV: return std::min(m, p + 1.0);
+  }
+  return std::min(m, p);
+}
+
+double muon_expert_params(const LayerClass& c) {
+  double n = 0.0;
+  for (const auto& mtx : c.muon_matrices) {
+    if (mtx.expert) n += mtx.m * mtx.n * mtx.count;
+  }
+  return n;
+}
+
+}  // namespace
+
+LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const Layout& l) {
+  LayoutShape s;
+  s.seq = l.seq_len > 0 ? l.seq_len : t.seq_len;
+  const double seq = static_cast<double>(s.seq);
+  s.batch_seqs = l.tokens_per_step > 0 ? static_cast<double>(l.tokens_per_step) / seq
+                 : l.seq_len > 0       ? static_cast<double>(t.batch_seqs * t.seq_len) / seq
+                                       : static_cast<double>(t.batch_seqs);
+  s.tokens_per_step = s.batch_seqs * seq;
+  const double per_rank = s.batch_seqs / static_cast<double>(l.data);
+  s.micro_batches = std::max(1.0, per_rank / static_cast<double>(l.micro_batch_seqs));
+  s.tokens_mb = static_cast<double>(l.micro_batch_seqs) * seq / static_cast<double>(l.cp);
+  s.routed_rows_mb = s.tokens_mb * static_cast<double>(t.top_k);
+  const double tp = static_cast<double>(l.tp);
+  s.local_experts = t.experts > 0 ? static_cast<double>(t.experts) / static_cast<double>(l.ep) : 1.0;
+  s.dense_shard = static_cast<double>(l.fsdp) * tp;
+  const double expert_split = static_cast<double>(std::max(l.ep, l.fsdp));
+  s.expert_zero = expert_split / static_cast<double>(l.ep);
+  s.expert_shard = expert_split * tp;
+  const double pp = static_cast<double>(l.pp);
+  s.layers_per_stage = static_cast<double>(t.layers) / pp;
+  s.in_flight = in_flight_micro_batches(l, s.micro_batches);
+  s.master_bytes = l.master_dtype == MasterDtype::kFp32 ? 4.0 : 2.0;
+  s.grad_bytes = s.master_bytes;
+  for (const auto& lc : t.classes) {
+    const double share = static_cast<double>(lc.count) / pp;
+    s.dense_stage_params += lc.dense_params * share;
+    s.expert_stage_params += lc.expert_params * share;
+    s.muon_dense_stage_params += lc.muon_dense_params * share;
+  }
+  const bool replicate = l.replicate_embedding;
+  const double emb_sharded = replicate ? 0.0 : t.embedding_params;
+  s.edge_params = l.pp > 1 ? std::max(emb_sharded, t.head_params) : emb_sharded + t.head_params;
+  s.replicated_params = replicate ? t.embedding_params : 0.0;
+  double muon_expert = 0.0;
+  for (const auto& lc : t.classes) muon_expert += muon_expert_params(lc) * static_cast<double>(lc.count) / pp;
+  const double dense_local = (s.dense_stage_params + s.edge_params) / s.dense_shard + s.replicated_params;
+  s.params_local = dense_local + s.expert_stage_params / s.expert_shard;
+  s.muon_dense_local = s.muon_dense_stage_params / s.dense_shard;
+  s.muon_expert_local = muon_expert / s.expert_shard;
+  s.adam_local = std::max(0.0, s.params_local - s.muon_dense_local - s.muon_expert_local);
+  (void)c;
+  return s;
+}
+
+MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, const Layout& l,
+                                const Calibration& cal, const LayoutShape& s) {
+  MemoryBreakdown m;
+  const double tp = static_cast<double>(l.tp);
+  m.master_weights = s.params_local * s.master_bytes;
+  m.gradients = s.params_local * s.grad_bytes;
+  const double muon_local = s.muon_dense_local + s.muon_expert_local;
+  const double states = s.adam_local * 8.0 + muon_local * 4.0;  // fp32 m, v / momentum
+  if (l.optimizer_state == StatePlacement::kHost) {
+    m.host_optimizer = states;
+  } else {
+    m.optimizer_states = states;
+  }
+
+  // Working bf16 copies: two gathered dense layers, one layer's local experts, and
+  // one layer's unsharded gradient before its reduce-scatter.
+  const double layers = std::max(1.0, s.layers_per_stage);
+  const double dense_layer = s.dense_stage_params / layers / tp;
+  const double expert_layer_local = s.expert_stage_params / layers / (static_cast<double>(l.ep) * tp);
+  const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
+  m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
+                      (s.expert_zero > 1.0 || l.master_dtype == MasterDtype::kFp32 ? expert_layer_local * 2.0 : 0.0) +
+                      (l.fsdp > 1 ? dense_layer * s.grad_bytes : 0.0);
+
+  // Activations of one layer for one micro-batch (bf16), by class, worst class.
+  double saved_layer = 0.0, saved_gemm_layer = 0.0;
+  for (const auto& lc : t.classes) {
+    saved_layer = std::max(saved_layer, lc.saved_elems_per_token);
+    saved_gemm_layer = std::max(saved_gemm_layer, lc.saved_gemm_elems_per_token);
+  }
+  // Sequence parallelism splits activations over tp; the routed rows are per GPU.
+  const double tok = s.tokens_mb / tp;
+  const double layer_bytes = saved_layer * tok * 2.0;
+  const double carry_bytes = static_cast<double>(t.d_model) * tok * 2.0;
+  const double live_layers = s.layers_per_stage * s.in_flight;
+  switch (l.recompute) {
+    case models::Recompute::kNone: m.activations = live_layers * layer_bytes; break;
+    case models::Recompute::kSelective: m.activations = live_layers * saved_gemm_layer * tok * 2.0; break;
+    case models::Recompute::kFull:
+      m.activations = layer_bytes + (l.offload_residual ? 2.0 * carry_bytes : live_layers * carry_bytes);
+      if (l.offload_residual) m.host_activations = live_layers * carry_bytes;
+      break;
+  }
+  if (l.recompute != models::Recompute::kFull && l.offload_residual) {
+    // Offload applies to the residual carry only; the rest stays on device.
+    m.host_activations = live_layers * carry_bytes;
+  }
+  m.backward_workspace = cal.backward_workspace_factor * layer_bytes;
+
+  if (l.ep > 1 && t.experts > 0) {
+    const double row_bytes = static_cast<double>(t.moe_width) * 2.0;
+    const double a = s.routed_rows_mb;
+    const double per_direction = l.ep_transport == EpTransport::kPooled ? (l.sender_cf + l.receiver_cf) * a * row_bytes
+                                                                       : l.receiver_cf * a * row_bytes;
+    m.ep_buffers = 2.0 * per_direction;  // dispatch and combine
+  }
+  const double block = std::min(s.tokens_mb, cal.loss_block_tokens);
+  m.loss_workspace = block * static_cast<double>(t.vocab) / tp * (2.0 + 4.0 + 2.0);
+  if (l.pp > 1) {
+    // The first stage holds the most micro-batches in flight, the last one the loss:
+    // report the heavier of the two stages.
+    const double first = m.activations;
+    const double last = first / std::max(1.0, s.in_flight) + m.loss_workspace;
+    if (first >= last) {
+      m.loss_workspace = 0.0;
+    } else {
+      m.activations = first / std::max(1.0, s.in_flight);
+    }
+  }
+  m.runtime_reserve = cal.runtime_reserved_bytes;
+  const double live = m.master_weights + m.gradients + m.optimizer_states + m.working_weights + m.activations +
+                      m.backward_workspace + m.ep_buffers + m.loss_workspace;
+  m.fragmentation = cal.allocator_fragmentation * live;
+  m.device_total = live + m.runtime_reserve + m.fragmentation;
+  m.host_total = m.host_optimizer + m.host_activations;
+  m.device_capacity = c.system.gpu.hbm_bytes;
+  m.host_capacity = c.system.host.memory_bytes_per_gpu;
+  m.fits_device = m.device_capacity <= 0 || m.device_total <= m.device_capacity;
+  m.fits_host = m.host_capacity <= 0 || m.host_total <= m.host_capacity;
+  return m;
+}
+
+std::vector<std::pair<std::string, double>> MemoryBreakdown::lines() const {
+  return {{"master_weights", master_weights},
+          {"gradients", gradients},
+          {"optimizer_states", optimizer_states},
+          {"working_weights", working_weights},
+          {"activations", activations},
+          {"backward_workspace", backward_workspace},
+          {"ep_buffers", ep_buffers},
+          {"loss_workspace", loss_workspace},
+          {"runtime_reserve", runtime_reserve},
+          {"fragmentation", fragmentation},
+          {"host_optimizer", host_optimizer},
+          {"host_activations", host_activations}};
+}
+
+}  // namespace rackstep::sim

@@ -1,0 +1,88 @@
+// Memory per GPU (HBM) and per GPU's share of host memory for one layout.
+//
+// Lines (bytes, the most loaded pipeline stage):
+//   master weights     dense params / (fsdp·tp) + experts / (max(ep, fsdp)·tp), at the
+//                      master dtype (fp32 = 4 B); a replicated embedding is whole
+//   gradients          same sharding, master dtype
+//   optimizer states   Adam m, v (8 B/param), Muon momentum (4 B/param); on host
+//                      when optimizer_state = host
+//   working weights    bf16 copies: two gathered layers (current + prefetch) and one
+//                      layer's local experts; one layer's unsharded gradient before
+//                      its reduce-scatter
+//   activations        per layer per micro-batch from the layer graph's saved
+//                      activations: none = all of them for every layer in flight;
+//                      selective = those of GEMM / attention ops; full = the residual
+//                      carry per layer (on host when offloaded, two layers in flight)
+//                      plus one layer's activations during its backward
+//   backward workspace activation gradients of one layer
+//   EP buffers         pooled: sender pools (sender_cf·A) + receiver buffers
+//                      (receiver_cf·A) for dispatch and combine; ragged: the receiver
+//                      gate (receiver_cf·A) for both; A = tokens × k routed rows
+//   loss workspace     one block of logits: bf16 logits, fp32 softmax, bf16 grad
+//   runtime reserve    CUDA context, NCCL, cuBLAS workspaces (calibration)
+//   fragmentation      allocator slack, a share of the live bytes (calibration)
+// In-flight micro-batches per pipeline schedule: 1F1B / zero-bubble (H1) keep
+// min(M, pp) on the first stage; interleaved adds (pp-1)/(pp·v); DualPipeV pp+1.
+//
+//   LayoutShape s = layout_shape(table, cluster, layout);
+//   MemoryBreakdown m = estimate_memory(table, cluster, layout, cal, s);
+//   if (!m.fits_device) ...
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/calibration.h"
+#include "sim/cost.h"
+#include "sim/layout.h"
+#include "topologies/topology.h"
+
+namespace rackstep::sim {
+
+// Per-GPU quantities of a layout, shared by the memory and time models.
+struct LayoutShape {
+  int64_t seq = 0;
+  double batch_seqs = 0;             // global
+  double tokens_per_step = 0;
+  double micro_batches = 1;          // per data rank per step
+  double tokens_mb = 0;              // tokens per micro-batch on one GPU (after CP)
+  double routed_rows_mb = 0;         // A = tokens_mb × k (expected, balanced)
+  double local_experts = 1;
+  double dense_shard = 1;            // fsdp × tp
+  double expert_shard = 1;           // max(ep, fsdp) × tp
+  double expert_zero = 1;            // extra expert sharding beyond EP (fsdp / ep when > 1)
+  double layers_per_stage = 0;
+  double in_flight = 1;              // micro-batches with live activations
+  double master_bytes = 4;
+  double grad_bytes = 4;
+  // Parameters on the most loaded stage (per stage, before sharding).
+  double dense_stage_params = 0;     // block dense params of one stage
+  double expert_stage_params = 0;
+  double muon_dense_stage_params = 0;
+  double edge_params = 0;            // embedding or LM head (the larger), sharded like dense
+  // Per GPU after sharding (the most loaded stage).
+  double params_local = 0;
+  double muon_dense_local = 0, muon_expert_local = 0, adam_local = 0;
+  double replicated_params = 0;      // whole on every GPU (a replicated embedding)
+};
+
+LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const Layout& l);
+
+struct MemoryBreakdown {
+  double master_weights = 0, gradients = 0, optimizer_states = 0, working_weights = 0,
+         activations = 0, backward_workspace = 0, ep_buffers = 0, loss_workspace = 0,
+         runtime_reserve = 0, fragmentation = 0;
+  double device_total = 0;
+  double host_optimizer = 0, host_activations = 0;
+  double host_total = 0;
+  double device_capacity = 0, host_capacity = 0;
+  bool fits_device = true, fits_host = true;
+  // (name, bytes) in print order, device lines then host lines.
+  std::vector<std::pair<std::string, double>> lines() const;
+};
+
+MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, const Layout& l,
+                                const Calibration& cal, const LayoutShape& s);
+
+}  // namespace rackstep::sim
