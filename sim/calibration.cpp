@@ -123,9 +123,16 @@ const Calibration& default_calibration() {
   return c;
 }
 
-double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k) {
+double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
   const auto it = c.gemm_peak_eff.find(gpu.name);
-  const double peak = it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+  return it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+}
+
+double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k) {
+  return gemm_efficiency_at(c, gemm_peak_efficiency(c, gpu), m, n, k);
+}
+
+double gemm_efficiency_at(const Calibration& c, double peak, double m, double n, double k) {
   const double h = c.gemm_half_dim;
   const double ref = shape_factor(8192.0, h);
   const double f = shape_factor(m, h) * shape_factor(n, h) * shape_factor(k, h) / (ref * ref * ref);
@@ -135,6 +142,10 @@ double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, dou
 double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double rows_per_expert,
                                double k, double n) {
   return c.grouped_factor * gemm_efficiency(c, gpu, rows_per_expert, n, k);
+}
+
+double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, double rows_per_expert, double k, double n) {
+  return c.grouped_factor * gemm_efficiency_at(c, peak_eff, rows_per_expert, n, k);
 }
 
 namespace {

@@ -96,9 +96,13 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
 const Calibration& default_calibration();
 
 // Efficiencies, 0..1 of the GPU's dense BF16 peak.
+double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);  // at 8192^3
+// The shape curve from a known peak efficiency (no name lookup: the fast path).
+double gemm_efficiency_at(const Calibration& c, double peak_eff, double m, double n, double k);
 double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k);
 double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double rows_per_expert,
                                double k, double n);
+double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, double rows_per_expert, double k, double n);
 // EP dispatch / combine efficiency vs NVLink measured bandwidth, interpolated in log(ep).
 double ep_dispatch_eff(const Calibration& c, int64_t ep);
 double ep_combine_eff(const Calibration& c, int64_t ep);

@@ -81,6 +81,9 @@ OpTable build_op_table(const models::LayerGraph& g) {
   t.top_k = m.moe.top_k;
   t.moe_width = m.moe_width();
   t.expert_width = static_cast<double>(m.moe.expert_width);
+  t.seq_len = m.seq_len;
+  t.batch_seqs = m.recipe.batch_seqs;
+  t.ns_steps = m.recipe.newton_schulz_steps;
   const size_t first_block = g.block_begin.empty() ? g.head_begin : g.block_begin.front();
   for (size_t i = 0; i < first_block; ++i) t.pre.push_back(make_entry(g.ops[i], i));
   for (size_t i = g.head_begin; i < g.ops.size(); ++i) t.head.push_back(make_entry(g.ops[i], i));
@@ -176,7 +179,7 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
       const double rows = ctx.tokens * e.rows_per_token;
       const double n = std::max(1.0, e.gemm_n / ctx.tp);
       const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
-      const double eff = gemm_efficiency(cal, *ctx.gpu, rows, n, e.gemm_k);
+      const double eff = gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows, n, e.gemm_k);
       const double bytes = (e.in_elems + e.out_elems) * ctx.tokens * 2.0 + e.param_elems * 2.0 / ctx.tp;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       const double kernels = e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
@@ -190,7 +193,7 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
       const double rows = ctx.expert_rows;
       const double n = std::max(1.0, e.gemm_n / ctx.tp);
       const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
-      const double eff = grouped_gemm_efficiency(cal, *ctx.gpu, rows / ctx.local_experts, e.gemm_k, n);
+      const double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows / ctx.local_experts, e.gemm_k, n);
       const double bytes = rows * (2.0 * e.gemm_k + 3.0 * n) * 2.0 + ctx.local_experts * e.gemm_count * e.gemm_k * n * 2.0;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       // One grouped launch per matrix, plus the SwiGLU elementwise kernel.

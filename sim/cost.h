@@ -75,6 +75,7 @@ struct OpTable {
   double total_params = 0;
   double marin_nonattention_flops_per_token = 0;  // forward, model convention
   int64_t d_model = 0, vocab = 0, layers = 0, experts = 0, top_k = 0, moe_width = 0;
+  int64_t seq_len = 0, batch_seqs = 0, ns_steps = 5;
   double expert_width = 0;
 };
 
@@ -95,6 +96,7 @@ struct PriceContext {
   double local_experts = 1;
   double peak_flops_per_s = 0;
   double hbm_bw_bytes_per_s = 0;
+  double gemm_peak_eff = 0.7;       // gemm_peak_efficiency(cal, gpu), looked up once
 };
 
 struct OpTime {

@@ -219,6 +219,7 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.waves = r.integer("waves", 3, {.min = 1, .max = 64});
   l.ragged_chunks = r.integer("ragged_chunks", 2, {.min = 1, .max = 64});
   l.coordinated_gc = r.boolean("coordinated_gc", false);
+  l.replicate_embedding = r.boolean("replicate_embedding", false);
   r.finish();
   return l;
 }
@@ -250,6 +251,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   j["waves"] = l.waves;
   j["ragged_chunks"] = l.ragged_chunks;
   j["coordinated_gc"] = l.coordinated_gc;
+  j["replicate_embedding"] = l.replicate_embedding;
   return j;
 }
 

@@ -68,6 +68,7 @@ struct Layout {
   int64_t waves = 3;             // pooled: W
   int64_t ragged_chunks = 2;     // ragged: receiver gate split
   bool coordinated_gc = false;   // host GC pauses taken by all ranks at once
+  bool replicate_embedding = false;  // embedding (and its state) whole on every GPU (the hero)
 
   int64_t gpus() const { return data * tp * cp * pp; }
   int64_t seq(const models::ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }

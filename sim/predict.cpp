@@ -1,0 +1,544 @@
+#include "sim/predict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+
+#include "models/check.h"
+
+#if __has_include("sim/drops.h")
+#include "sim/drops.h"
+#define RACKSTEP_HAVE_DROPS 1
+#endif
+
+namespace rackstep::sim {
+
+double StepBreakdown::total() const {
+  return compute_fwd_s + compute_recompute_s + compute_bwd_s + ep_comm_s + fsdp_comm_s + tp_comm_s + cp_comm_s +
+         offload_s + pp_bubble_s + grad_sync_s + optimizer_compute_s + optimizer_comm_s + optimizer_host_s +
+         host_stall_s;
+}
+
+std::vector<std::pair<std::string, double>> StepBreakdown::lines() const {
+  return {{"compute_fwd", compute_fwd_s},
+          {"compute_recompute", compute_recompute_s},
+          {"compute_bwd", compute_bwd_s},
+          {"ep_comm", ep_comm_s},
+          {"fsdp_comm", fsdp_comm_s},
+          {"tp_comm", tp_comm_s},
+          {"cp_comm", cp_comm_s},
+          {"offload", offload_s},
+          {"pp_bubble", pp_bubble_s},
+          {"grad_sync", grad_sync_s},
+          {"optimizer_compute", optimizer_compute_s},
+          {"optimizer_comm", optimizer_comm_s},
+          {"optimizer_host", optimizer_host_s},
+          {"host_stall", host_stall_s}};
+}
+
+namespace {
+
+using models::OpClass;
+using models::OpKind;
+
+// Drop fraction of the routed assignments at this layout's dispatch settings.
+double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s, const char** source) {
+  if (t.experts == 0 || l.ep <= 1) {
+    *source = "none";
+    return 0.0;
+  }
+#ifdef RACKSTEP_HAVE_DROPS
+  try {
+    const Transport tr = l.ep_transport == EpTransport::kPooled ? Transport::pooled : Transport::ragged;
+    const double f = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, static_cast<int64_t>(s.tokens_mb), s.seq,
+                                   tr, l.sender_cf, l.receiver_cf, static_cast<int>(l.waves),
+                                   static_cast<int>(l.ragged_chunks))
+                         .total();
+    *source = "sim/drops";
+    return f;
+  } catch (const std::exception&) {
+    // Settings the drop model cannot price: fall through to the measured default.
+  }
+#endif
+  *source = "fallback";
+  return kFallbackDropFraction;
+}
+
+// Newton–Schulz FLOPs of one (m x n) matrix: per iteration A = X X^T (2 m^2 n),
+// B = bA + cA^2 (2 m^3), X' = aX + BX (2 m^2 n), with m <= n (Muon, Jordan et al. 2024).
+double newton_schulz_flops(double m, double n, int64_t steps) {
+  const double a = std::min(m, n), b = std::max(m, n);
+  return static_cast<double>(steps) * (4.0 * a * a * b + 2.0 * a * a * a);
+}
+
+// Per-class results for one micro-batch on one GPU.
+struct ClassCost {
+  BlockTime compute;
+  double ep_dispatch_s = 0, ep_combine_s = 0;   // one call each
+  double fsdp_gather_s = 0, grad_rs_s = 0;
+  double tp_pass_s = 0;                          // TP collectives of one pass
+  double cp_pass_s = 0;                          // CP KV traffic of one forward pass
+  double attention_fwd_s = 0, attention_bwd_s = 0;
+  double carry_xfer_s = 0;                       // residual carry to/from host
+};
+
+struct Groups {
+  Group fsdp, ezero, ep, tp, cp;
+};
+
+class StepModel {
+ public:
+  StepModel(const OpTable& t, const topologies::Cluster& c, const Calibration& cal, const Network& net, const Layout& l)
+      : t_(t), c_(c), cal_(cal), net_(net), l_(l), s_(layout_shape(t, c, l)) {
+    const auto& gpu = c.system.gpu;
+    ctx_.gpu = &gpu;
+    ctx_.cal = &cal;
+    ctx_.tokens = s_.tokens_mb;
+    ctx_.seq = static_cast<double>(s_.seq);
+    ctx_.tp = static_cast<double>(l.tp);
+    ctx_.local_experts = s_.local_experts;
+    ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
+    ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
+    ctx_.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+    drop_ = drop_fraction_for(t, l, s_, &drop_source_);
+    // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
+    // ragged runs the kept rows only.
+    const double a = s_.routed_rows_mb;
+    ctx_.expert_rows = l.ep > 1 && l.ep_transport == EpTransport::kPooled ? l.receiver_cf * a : a * (1.0 - drop_);
+    const int64_t tp = l.tp, cp = l.cp;
+    g_.fsdp = group_of(net, l.fsdp, tp * cp);
+    g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), tp * cp * l.ep);
+    g_.ep = group_of(net, l.ep, tp * cp);
+    g_.tp = group_of(net, tp, 1);
+    g_.cp = group_of(net, cp, tp);
+  }
+
+  const LayoutShape& shape() const { return s_; }
+  const PriceContext& ctx() const { return ctx_; }
+  double drop() const { return drop_; }
+  const char* drop_source() const { return drop_source_; }
+
+  ClassCost class_cost(const LayerClass& lc) const {
+    ClassCost k;
+    k.compute = price_ops(lc.ops, ctx_);
+    const double tp = static_cast<double>(l_.tp);
+    if (l_.fsdp > 1) {
+      k.fsdp_gather_s = all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
+      k.grad_rs_s = reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+    }
+    if (s_.expert_zero > 1.0) {
+      const double local = lc.expert_params / (static_cast<double>(l_.ep) * tp);
+      k.fsdp_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
+      k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
+    }
+    if (lc.moe && l_.ep > 1) {
+      const bool pooled = l_.ep_transport == EpTransport::kPooled;
+      // Pooled sends whole pools (sender_cf · A rows); ragged sends the rows it has.
+      const double rows = pooled ? l_.sender_cf * s_.routed_rows_mb : s_.routed_rows_mb;
+      const double bytes = rows * static_cast<double>(t_.moe_width) * 2.0;
+      const double fixed = cal_.ep_a2a_latency_s + (pooled ? 0.0 : cal_.ep_ragged_sync_s);
+      const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
+      k.ep_dispatch_s = all_to_all_s(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
+      k.ep_combine_s = all_to_all_s(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
+    }
+    if (l_.tp > 1) {
+      // Sequence parallel: AG before and RS after attention and MLP.
+      const double act = s_.tokens_mb * static_cast<double>(t_.d_model) * 2.0;
+      k.tp_pass_s = 2.0 * (all_gather_s(net_, g_.tp, act) + reduce_scatter_s(net_, g_.tp, act));
+    }
+    for (const auto& e : lc.ops) {
+      if (e.kind != OpKind::kAttention) continue;
+      const OpTime at = price_op(e, ctx_);
+      k.attention_fwd_s += at.fwd_s;
+      k.attention_bwd_s += at.bwd_s;
+      if (l_.cp > 1) k.cp_pass_s += cp_kv_s(e);
+    }
+    if (l_.offload_residual && l_.recompute == models::Recompute::kFull && net_.h2d_bw_bytes_per_s > 0) {
+      k.carry_xfer_s = s_.tokens_mb / tp * static_cast<double>(t_.d_model) * 2.0 / net_.h2d_bw_bytes_per_s;
+    }
+    return k;
+  }
+
+  // KV traffic of one attention op in the forward pass.
+  double cp_kv_s(const OpEntry& e) const {
+    const double kv_bytes = s_.tokens_mb * e.kv_heads * (e.qk_head_dim + e.head_dim) * 2.0 / static_cast<double>(l_.tp);
+    const bool cross = g_.cp.domains > 1;
+    if (l_.cp_kind == CpKind::kAllGatherKv) return all_gather_s(net_, g_.cp, kv_bytes * static_cast<double>(l_.cp));
+    const double chunk = static_cast<double>(s_.seq) / static_cast<double>(l_.cp);
+    double steps = static_cast<double>(l_.cp - 1);
+    if (e.window > 0) steps = std::min(steps, std::ceil(static_cast<double>(e.window) / chunk));
+    return steps * send_recv_s(net_, cross, kv_bytes);
+  }
+
+ private:
+  const OpTable& t_;
+  const topologies::Cluster& c_;
+  const Calibration& cal_;
+  const Network& net_;
+  const Layout& l_;
+  LayoutShape s_;
+  PriceContext ctx_;
+  Groups g_;
+  double drop_ = 0;
+  const char* drop_source_ = "none";
+};
+
+// Exposed EP time of one pass (dispatch + combine) given the expert compute it can hide behind.
+double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double expert_s) {
+  if (comm_s <= 0) return 0.0;
+  if (l.ep_transport == EpTransport::kRagged) return comm_s;
+  const double w = static_cast<double>(l.waves);
+  const double ovl = cal.ep_wave_overlap_eff * std::min(1.0, expert_s / comm_s);
+  return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));
+}
+
+double pipeline_bubble(const Layout& l, double f, double b) {
+  if (l.pp <= 1) return 0.0;
+  const double p = static_cast<double>(l.pp);
+  switch (l.schedule) {
+    case PpSchedule::k1F1B: return (p - 1.0) * (f + b);
+    case PpSchedule::kInterleaved1F1B: return (p - 1.0) * (f + b) / static_cast<double>(l.pp_virtual);
+    case PpSchedule::kZeroBubble: return (p - 1.0) * (f + b) / 3.0;  // ZB-H1 (Qi et al. 2024)
+    case PpSchedule::kDualPipeV: return std::max(0.0, p / 2.0 - 1.0) * (f + 0.5 * b);  // DeepSeek-V3 report
+  }
+  return (p - 1.0) * (f + b);
+}
+
+}  // namespace
+
+Predictor::Predictor(const models::LayerGraph& g, const topologies::Cluster& c, const Calibration& cal)
+    : graph_(g), cluster_(c), cal_(cal), table_(build_op_table(g)), net_(make_network(c, cal)) {}
+
+Prediction Predictor::predict(const Layout& l) const {
+  std::vector<LayoutIssue> issues = check_layout(l, graph_, cluster_);
+  if (!issues.empty()) {
+    Prediction p;
+    p.issues = std::move(issues);
+    return p;
+  }
+  Prediction p = run(l);
+  if (!p.memory.fits_device) {
+    p.issues.push_back({Reason::kDeviceMemory, "needs " + std::to_string(p.memory.device_total / (1u << 30)) +
+                                                   " GiB per GPU, HBM holds " +
+                                                   std::to_string(p.memory.device_capacity / (1u << 30)) + " GiB"});
+  }
+  if (!p.memory.fits_host) {
+    p.issues.push_back({Reason::kHostMemory, "needs " + std::to_string(p.memory.host_total / (1u << 30)) +
+                                                 " GiB of host memory per GPU, has " +
+                                                 std::to_string(p.memory.host_capacity / (1u << 30)) + " GiB"});
+  }
+  return p;
+}
+
+Prediction Predictor::predict_fast(const Layout& l, Reason* reason) const {
+  if (first_issue(l, graph_, cluster_, reason)) return Prediction{};
+  Prediction p = run(l);
+  if (!p.memory.fits_device) {
+    *reason = Reason::kDeviceMemory;
+    p.valid = false;
+  } else if (!p.memory.fits_host) {
+    *reason = Reason::kHostMemory;
+    p.valid = false;
+  }
+  return p;
+}
+
+Prediction Predictor::run(const Layout& l) const {
+  const StepModel sm(table_, cluster_, cal_, net_, l);
+  const LayoutShape& s = sm.shape();
+  const PriceContext& ctx = sm.ctx();
+  const double pp = static_cast<double>(l.pp);
+  const bool full = l.recompute == models::Recompute::kFull;
+  const bool selective = l.recompute == models::Recompute::kSelective;
+  const double ovl_fsdp = cal_.fsdp_prefetch_overlap;
+
+  // One micro-batch on the most loaded stage.
+  double f = 0, r = 0, b = 0;                      // compute
+  double ep = 0, fsdp = 0, tpc = 0, cpc = 0, off = 0;  // exposed communication
+  double hw_flops = 0;
+  for (const auto& lc : table_.classes) {
+    const ClassCost k = sm.class_cost(lc);
+    const double n = static_cast<double>(lc.count) / pp;
+    const BlockTime& bt = k.compute;
+    const double rec = full ? bt.fwd_s : selective ? bt.recompute_selective_s : 0.0;
+    const double rec_flops = full ? bt.fwd_flops : selective ? bt.recompute_selective_flops : 0.0;
+    f += n * bt.fwd_s;
+    r += n * rec;
+    b += n * bt.bwd_s;
+    hw_flops += n * (bt.fwd_flops + bt.bwd_flops + rec_flops);
+    // EP: forward, the full-recompute replay, and backward (grads of combine and dispatch).
+    const double pass = k.ep_dispatch_s + k.ep_combine_s;
+    const double ep_layer = ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
+                            ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
+    // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
+    const double fsdp_layer = std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) +
+                              std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec)) +
+                              std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s);
+    const double tp_layer = k.tp_pass_s * (1.0 - cal_.tp_overlap) * (full ? 3.0 : 2.0);
+    const double cp_layer = std::max(0.0, k.cp_pass_s - cal_.cp_ring_overlap * k.attention_fwd_s) * (full ? 2.0 : 1.0) +
+                            std::max(0.0, 2.0 * k.cp_pass_s - cal_.cp_ring_overlap * k.attention_bwd_s);
+    const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);
+    ep += n * ep_layer;
+    fsdp += n * fsdp_layer;
+    tpc += n * tp_layer;
+    cpc += n * cp_layer;
+    off += n * off_layer;
+  }
+  // Embedding on the first stage, the head on the last: the slower bounds the pipeline.
+  const BlockTime pre = price_ops(table_.pre, ctx);
+  const BlockTime head = price_ops(table_.head, ctx);
+  if (l.pp > 1) {
+    const BlockTime& edge = head.fwd_s + head.bwd_s > pre.fwd_s + pre.bwd_s ? head : pre;
+    f += edge.fwd_s;
+    b += edge.bwd_s;
+    hw_flops += edge.fwd_flops + edge.bwd_flops;
+  } else {
+    f += pre.fwd_s + head.fwd_s;
+    b += pre.bwd_s + head.bwd_s;
+    hw_flops += pre.fwd_flops + pre.bwd_flops + head.fwd_flops + head.bwd_flops;
+  }
+
+  const double m = s.micro_batches;
+  Prediction p;
+  p.valid = true;
+  p.micro_batches = m;
+  p.tokens_per_step = s.tokens_per_step;
+  p.drop_fraction = sm.drop();
+  p.drop_source = sm.drop_source();
+  StepBreakdown& bd = p.breakdown;
+  bd.compute_fwd_s = m * f;
+  bd.compute_recompute_s = m * r;
+  bd.compute_bwd_s = m * b;
+  bd.ep_comm_s = m * ep;
+  bd.fsdp_comm_s = m * fsdp;
+  bd.tp_comm_s = m * tpc;
+  bd.cp_comm_s = m * cpc;
+  bd.offload_s = m * off;
+  const double mb_fwd = f + (ep + fsdp + tpc + cpc + off) * 0.5;
+  const double mb_bwd = r + b + (ep + fsdp + tpc + cpc + off) * 0.5;
+  if (l.pp > 1) {
+    const double act = s.tokens_mb * static_cast<double>(table_.d_model) * 2.0 / static_cast<double>(l.tp);
+    const bool cross = l.data * l.tp * l.cp >= net_.gpus_per_domain;
+    bd.pp_bubble_s = pipeline_bubble(l, mb_fwd, mb_bwd) + 2.0 * (pp - 1.0) * send_recv_s(net_, cross, act);
+  }
+
+  // Gradient sync across replicas: dense shards over data/fsdp, experts over data/max(ep, fsdp).
+  const int64_t tp = l.tp, cp = l.cp;
+  const double dense_shard_params = (s.dense_stage_params + s.edge_params) / s.dense_shard;
+  double sync = 0.0;
+  const int64_t dense_replicas = l.data / l.fsdp * cp;
+  sync += all_reduce_s(net_, group_of(net_, dense_replicas, tp * l.fsdp), dense_shard_params * s.grad_bytes);
+  if (s.replicated_params > 0) {
+    sync += all_reduce_s(net_, group_of(net_, l.data * cp, tp), s.replicated_params * s.grad_bytes);
+  }
+  const int64_t expert_split = std::max(l.ep, l.fsdp);
+  if (s.expert_stage_params > 0) {
+    sync += all_reduce_s(net_, group_of(net_, l.data / expert_split * cp, tp * expert_split),
+                         s.expert_stage_params / s.expert_shard * s.grad_bytes);
+  }
+  bd.grad_sync_s = std::max(0.0, sync - cal_.grad_reduce_overlap * b);
+
+  // Optimizer. Device update: Adam reads p, g, m, v and writes p, m, v (fp32); Muon
+  // reads p, g, momentum and writes p, momentum. States on host stream over the link.
+  const double hbm = ctx.hbm_bw_bytes_per_s * cal_.mem_eff_optimizer;
+  const bool host = l.optimizer_state == StatePlacement::kHost;
+  const double muon_local = s.muon_dense_local + s.muon_expert_local;
+  const double param_rw = s.master_bytes * 2.0 + s.grad_bytes;
+  double dev_bytes = s.adam_local * param_rw + muon_local * param_rw;
+  double h2d = 0.0;
+  if (host) {
+    h2d = s.adam_local * 8.0 + muon_local * 4.0;
+  } else {
+    dev_bytes += s.adam_local * 16.0 + muon_local * 8.0;
+  }
+  double opt_compute = dev_bytes / hbm;
+  // Newton–Schulz: each GPU orthogonalises its share of whole matrices (dense ones
+  // spread over the FSDP group, experts over their owners); never less than the
+  // largest single matrix.
+  double ns_time[2] = {0, 0}, ns_fl[2] = {0, 0}, ns_max_time[2] = {0, 0}, ns_max_fl[2] = {0, 0};
+  for (const auto& lc : table_.classes) {
+    const double per_stage = static_cast<double>(lc.count) / pp;
+    for (const auto& mtx : lc.muon_matrices) {
+      const int i = mtx.expert ? 1 : 0;
+      const double fl = newton_schulz_flops(mtx.m, mtx.n, table_.ns_steps);
+      const double a = std::min(mtx.m, mtx.n), bb = std::max(mtx.m, mtx.n);
+      const double one = fl / (ctx.peak_flops_per_s * gemm_efficiency_at(cal_, ctx.gemm_peak_eff, a, a, bb));
+      ns_time[i] += per_stage * mtx.count * one;
+      ns_fl[i] += per_stage * mtx.count * fl;
+      if (one > ns_max_time[i]) {
+        ns_max_time[i] = one;
+        ns_max_fl[i] = fl;
+      }
+    }
+  }
+  const double owners[2] = {s.dense_shard, s.expert_shard};
+  double ns_s = 0.0, ns_flops = 0.0;
+  for (int i = 0; i < 2; ++i) {
+    if (ns_time[i] <= 0) continue;
+    const bool at_floor = ns_time[i] / owners[i] < ns_max_time[i];
+    ns_s += at_floor ? ns_max_time[i] : ns_time[i] / owners[i];
+    ns_flops += at_floor ? ns_max_fl[i] : ns_fl[i] / owners[i];
+  }
+  opt_compute += ns_s;
+  // Gather the shards of each matrix to its owner and send the result back.
+  double opt_comm = 0.0;
+  if (s.dense_shard > 1.0) {
+    const Group g = group_of(net_, l.fsdp * tp, cp);
+    opt_comm += 2.0 * all_to_all_s(net_, g, s.muon_dense_local * 2.0);
+  }
+  if (s.expert_zero > 1.0) {
+    const Group g = group_of(net_, static_cast<int64_t>(s.expert_zero), tp * cp * l.ep);
+    opt_comm += 2.0 * all_to_all_s(net_, g, s.muon_expert_local * 2.0);
+  }
+  const double link = net_.h2d_bw_bytes_per_s > 0 ? net_.h2d_bw_bytes_per_s : 1e12;
+  const double host_s = (h2d + (1.0 - cal_.host_link_duplex) * h2d) / link;  // same bytes back (d2h)
+  bd.optimizer_compute_s = opt_compute;
+  bd.optimizer_comm_s = opt_comm;
+  bd.optimizer_host_s = std::max(0.0, host_s - opt_compute);
+  hw_flops = m * hw_flops + ns_flops;
+
+  // GC pauses on staggered host processes stall everyone at the next sync point.
+  const double procs = static_cast<double>(std::max<int64_t>(1, cluster_.gpus() / cal_.gpus_per_host_process));
+  const double p_pause = 1.0 - std::pow(1.0 - 1.0 / cal_.gc_interval_steps, procs);
+  bd.host_stall_s = l.coordinated_gc ? cal_.gc_pause_s / cal_.gc_interval_steps : cal_.gc_pause_s * p_pause;
+
+  p.step_time_s = bd.total();
+  p.tokens_per_s = s.tokens_per_step / p.step_time_s;
+  p.model_flops_per_token = model_flops_per_token(table_, s.seq);
+  const double gpus = static_cast<double>(cluster_.gpus());
+  const auto& gpu = cluster_.system.gpu;
+  const double mfu_peak = gpu.mfu_peak_flops_per_s > 0 ? gpu.mfu_peak_flops_per_s : gpu.peak_bf16_flops_per_s;
+  p.mfu = p.model_flops_per_token * s.tokens_per_step / (p.step_time_s * gpus * mfu_peak);
+  p.hardware_flops_per_gpu = hw_flops;
+  p.hfu = hw_flops / (p.step_time_s * gpu.peak_bf16_flops_per_s);
+  p.memory = estimate_memory(table_, cluster_, l, cal_, s);
+  return p;
+}
+
+std::vector<LayerTiming> Predictor::layer_timings(const Layout& l) const {
+  const StepModel sm(table_, cluster_, cal_, net_, l);
+  std::vector<ClassCost> costs;
+  for (const auto& lc : table_.classes) costs.push_back(sm.class_cost(lc));
+  std::vector<LayerTiming> out;
+  for (size_t i = 0; i < table_.layer_class.size(); ++i) {
+    const size_t ci = static_cast<size_t>(table_.layer_class[i]);
+    const ClassCost& k = costs[ci];
+    LayerTiming t;
+    t.layer = static_cast<int32_t>(i);
+    t.fwd_s = k.compute.fwd_s;
+    t.bwd_s = k.compute.bwd_s;
+    t.recompute_s = l.recompute == models::Recompute::kFull        ? k.compute.fwd_s
+                    : l.recompute == models::Recompute::kSelective ? k.compute.recompute_selective_s
+                                                                   : 0.0;
+    t.ep_dispatch_s = k.ep_dispatch_s;
+    t.ep_combine_s = k.ep_combine_s;
+    t.fsdp_gather_s = k.fsdp_gather_s;
+    t.grad_reduce_scatter_s = k.grad_rs_s;
+    t.tp_comm_s = k.tp_pass_s;
+    t.cp_comm_s = k.cp_pass_s;
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<OpTiming> Predictor::op_timings(const Layout& l) const {
+  const StepModel sm(table_, cluster_, cal_, net_, l);
+  std::vector<OpTiming> out(graph_.ops.size());
+  const auto fill = [&](const std::vector<OpEntry>& ops, size_t first, int32_t layer, const ClassCost* k) {
+    for (size_t j = 0; j < ops.size(); ++j) {
+      const OpTime t = price_op(ops[j], sm.ctx());
+      OpTiming& o = out[first + j];
+      o.graph_index = first + j;
+      o.layer = layer;
+      o.fwd_s = t.fwd_s;
+      o.bwd_s = t.bwd_s;
+      if (k && ops[j].kind == OpKind::kDispatch) o.comm_s = k->ep_dispatch_s;
+      if (k && ops[j].kind == OpKind::kCombine) o.comm_s = k->ep_combine_s;
+    }
+  };
+  fill(table_.pre, 0, -1, nullptr);
+  std::vector<ClassCost> costs;
+  for (const auto& lc : table_.classes) costs.push_back(sm.class_cost(lc));
+  for (size_t i = 0; i < table_.layer_class.size(); ++i) {
+    const size_t ci = static_cast<size_t>(table_.layer_class[i]);
+    fill(table_.classes[ci].ops, graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
+  }
+  fill(table_.head, graph_.head_begin, -1, nullptr);
+  return out;
+}
+
+Prediction predict(const models::LayerGraph& g, const topologies::Cluster& c, const Layout& l, const Calibration& cal) {
+  return Predictor(g, c, cal).predict(l);
+}
+
+nlohmann::json prediction_to_json(const Prediction& p) {
+  nlohmann::json j;
+  j["valid"] = p.valid && p.issues.empty();
+  nlohmann::json issues = nlohmann::json::array();
+  for (const auto& i : p.issues) issues.push_back({{"reason", to_string(i.reason)}, {"detail", i.detail}});
+  j["issues"] = issues;
+  if (!p.valid) return j;
+  j["step_time_s"] = p.step_time_s;
+  j["tokens_per_s"] = p.tokens_per_s;
+  j["tokens_per_step"] = p.tokens_per_step;
+  j["mfu_marin"] = p.mfu;
+  j["hfu"] = p.hfu;
+  j["model_flops_per_token"] = p.model_flops_per_token;
+  j["hardware_flops_per_gpu"] = p.hardware_flops_per_gpu;
+  j["micro_batches"] = p.micro_batches;
+  j["ep_drop_fraction"] = p.drop_fraction;
+  j["ep_drop_source"] = p.drop_source;
+  nlohmann::json bd;
+  for (const auto& [name, v] : p.breakdown.lines()) bd[name] = v;
+  j["breakdown_s"] = bd;
+  nlohmann::json mem;
+  for (const auto& [name, v] : p.memory.lines()) mem[name] = v;
+  mem["device_total"] = p.memory.device_total;
+  mem["device_capacity"] = p.memory.device_capacity;
+  mem["host_total"] = p.memory.host_total;
+  mem["host_capacity"] = p.memory.host_capacity;
+  j["memory_bytes"] = mem;
+  j["fits_device"] = p.memory.fits_device;
+  j["fits_host"] = p.memory.fits_host;
+  return j;
+}
+
+std::string format_prediction(const Prediction& p) {
+  std::string out;
+  char buf[256];
+  const auto line = [&](const char* fmt, auto... args) {
+    std::snprintf(buf, sizeof buf, fmt, args...);
+    out += buf;
+  };
+  if (!p.valid) {
+    out += "invalid layout:\n";
+    for (const auto& i : p.issues) line("  %-20s %s\n", to_string(i.reason), i.detail.c_str());
+    return out;
+  }
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  line("step time            %10.3f s\n", p.step_time_s);
+  line("throughput           %10.0f tokens/s  (%.0f tokens/step, %.0f micro-batches)\n", p.tokens_per_s,
+       p.tokens_per_step, p.micro_batches);
+  line("MFU (Marin)          %10.2f %%\n", 100.0 * p.mfu);
+  line("HFU (hardware)       %10.2f %%\n", 100.0 * p.hfu);
+  if (p.drop_fraction > 0) line("EP drop fraction     %10.2f %%  (%s)\n", 100.0 * p.drop_fraction, p.drop_source);
+  out += "breakdown (sums to the step time):\n";
+  for (const auto& [name, v] : p.breakdown.lines()) {
+    if (v <= 0) continue;
+    line("  %-20s %10.3f s  %5.1f %%\n", name.c_str(), v, 100.0 * v / p.step_time_s);
+  }
+  out += "memory per GPU:\n";
+  for (const auto& [name, v] : p.memory.lines()) {
+    if (v <= 0) continue;
+    line("  %-20s %10.2f GiB\n", name.c_str(), v / gib);
+  }
+  line("  %-20s %10.2f GiB of %.2f GiB HBM%s\n", "device total", p.memory.device_total / gib,
+       p.memory.device_capacity / gib, p.memory.fits_device ? "" : "  DOES NOT FIT");
+  line("  %-20s %10.2f GiB of %.2f GiB host%s\n", "host total", p.memory.host_total / gib,
+       p.memory.host_capacity / gib, p.memory.fits_host ? "" : "  DOES NOT FIT");
+  for (const auto& i : p.issues) line("  not runnable: %s (%s)\n", to_string(i.reason), i.detail.c_str());
+  return out;
+}
+
+}  // namespace rackstep::sim

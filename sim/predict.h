@@ -1,0 +1,151 @@
+// Predict one training step: time, throughput, MFU, memory, for a model on a
+// cluster under a layout.
+//
+// Public API (everything else in sim/cost.h, collectives.h, memory.h is detail):
+//
+//   Predictor p(graph, cluster, cal);              // precomputes the op table (once)
+//   Prediction r = p.predict(layout);              // ~microseconds; thread-safe
+//   r.valid, r.issues                              // why not, when invalid
+//   r.step_time_s, r.tokens_per_s, r.mfu, r.hfu    // MFU: Marin convention
+//   r.breakdown                                    // lines sum to step_time_s
+//   r.memory                                       // sim/memory.h lines, fits_device
+//   Prediction r = predict(graph, cluster, layout);   // one-off convenience
+//
+// For the discrete-event simulator: Predictor::layer_timings(layout) gives each
+// layer's forward / backward / recompute compute time and its communication by
+// kind, for one micro-batch on one GPU; Predictor::op_timings(layout) the same
+// per layer-graph op (index into LayerGraph::ops).
+//
+// The step (per data rank; the most loaded pipeline stage):
+//   per micro-batch  compute fwd + recompute + bwd of the stage's layers (sim/cost.h
+//                    roofline per op) + exposed communication:
+//                      FSDP all-gather of layer l+1 overlaps layer l's compute; the
+//                      gradient reduce-scatter overlaps the next layer's backward;
+//                      EP dispatch/combine (fwd, recompute, bwd): ragged is exposed
+//                      (plus a size exchange), pooled waves hide part of it behind
+//                      other waves' expert GEMMs but send full pools and compute on
+//                      full receiver buffers; TP (sequence-parallel AG/RS) exposed;
+//                      CP ring KV passing overlaps the attention kernel; offloading
+//                      the residual carry overlaps the layer's compute.
+//   pipeline bubble  1F1B (p-1)(F+B); interleaved /v; zero-bubble (H1) /3;
+//                    DualPipeV (p/2-1)(F+B/2); plus stage-boundary sends.
+//   per step         gradient sync across replicas (hierarchical all-reduce; part
+//                    hides behind the last backward), optimizer (Adam: streaming,
+//                    memory-bound; Muon/MuonH: momentum, then Newton–Schulz on whole
+//                    matrices: the gather of sharded matrices to owner GPUs, 5
+//                    iterations of 4m²n+2m³ FLOPs, redistribution; state streamed
+//                    from host when placed there), host stalls (GC pauses on
+//                    staggered processes: pause × P(any process pauses this step)).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/layer_graph.h"
+#include "sim/calibration.h"
+#include "sim/collectives.h"
+#include "sim/cost.h"
+#include "sim/layout.h"
+#include "sim/memory.h"
+#include "topologies/topology.h"
+
+namespace rackstep::sim {
+
+// Seconds per step by cause; the fields sum to the step time.
+struct StepBreakdown {
+  double compute_fwd_s = 0;
+  double compute_recompute_s = 0;
+  double compute_bwd_s = 0;
+  double ep_comm_s = 0;          // exposed dispatch/combine (incl. ragged size exchange)
+  double fsdp_comm_s = 0;        // exposed parameter all-gathers and gradient reduce-scatters
+  double tp_comm_s = 0;
+  double cp_comm_s = 0;
+  double offload_s = 0;          // exposed residual-carry transfers to/from host
+  double pp_bubble_s = 0;
+  double grad_sync_s = 0;        // exposed cross-replica gradient reduction
+  double optimizer_compute_s = 0;
+  double optimizer_comm_s = 0;   // Newton–Schulz gather + redistribution
+  double optimizer_host_s = 0;   // optimizer state streamed host <-> device
+  double host_stall_s = 0;       // GC pauses
+
+  double total() const;
+  std::vector<std::pair<std::string, double>> lines() const;
+};
+
+struct Prediction {
+  bool valid = false;
+  std::vector<LayoutIssue> issues;   // invalid layouts: every reason
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;                    // Marin convention, vs gpu.mfu_peak_flops_per_s
+  double hfu = 0;                    // hardware FLOPs (recompute, padding) vs peak bf16
+  double model_flops_per_token = 0;  // training (3 × forward), Marin convention
+  double hardware_flops_per_gpu = 0; // per step
+  double drop_fraction = 0;          // EP drops used for the expert work
+  const char* drop_source = "none"; // "sim/drops", "fallback" or "none" (no EP)
+  double micro_batches = 0;
+  double tokens_per_step = 0;
+  StepBreakdown breakdown;
+  MemoryBreakdown memory;
+};
+
+// One layer of one micro-batch on one GPU (seconds).
+struct LayerTiming {
+  int32_t layer = 0;
+  double fwd_s = 0, bwd_s = 0, recompute_s = 0;
+  double ep_dispatch_s = 0, ep_combine_s = 0;  // one call each (per pass)
+  double fsdp_gather_s = 0, grad_reduce_scatter_s = 0;
+  double tp_comm_s = 0, cp_comm_s = 0;          // per pass
+};
+
+struct OpTiming {
+  size_t graph_index = 0;            // into LayerGraph::ops
+  int32_t layer = -1;
+  double fwd_s = 0, bwd_s = 0;
+  double comm_s = 0;                 // dispatch / combine all-to-all (per pass)
+};
+
+class Predictor {
+ public:
+  Predictor(const models::LayerGraph& g, const topologies::Cluster& c, const Calibration& cal = default_calibration());
+
+  Prediction predict(const Layout& l) const;
+  // Fast path for sweeps: no issue strings; `reason` set when invalid.
+  Prediction predict_fast(const Layout& l, Reason* reason) const;
+
+  std::vector<LayerTiming> layer_timings(const Layout& l) const;
+  std::vector<OpTiming> op_timings(const Layout& l) const;
+
+  const OpTable& table() const { return table_; }
+  const models::LayerGraph& graph() const { return graph_; }
+  const topologies::Cluster& cluster() const { return cluster_; }
+  const Calibration& calibration() const { return cal_; }
+  const Network& network() const { return net_; }
+
+ private:
+  Prediction run(const Layout& l) const;
+
+  models::LayerGraph graph_;
+  topologies::Cluster cluster_;
+  Calibration cal_;
+  OpTable table_;
+  Network net_;
+};
+
+Prediction predict(const models::LayerGraph& g, const topologies::Cluster& c, const Layout& l,
+                   const Calibration& cal = default_calibration());
+
+// {"valid", "issues", "step_time_s", ..., "breakdown_s": {...}, "memory_bytes": {...}}
+nlohmann::json prediction_to_json(const Prediction& p);
+// Human-readable table (step, throughput, MFU, breakdown with shares, memory in GiB).
+std::string format_prediction(const Prediction& p);
+
+// EP drop fraction used when sim/drops is unavailable or cannot price the settings:
+// the Marin hero's measured 2.67% (pooled, cf 1.10/1.15, spec/calibration.md).
+inline constexpr double kFallbackDropFraction = 0.027;
+
+}  // namespace rackstep::sim
