@@ -54,6 +54,11 @@ void linear_backward(float* dx,          // (N, in) or nullptr to skip
                      const float* w,     // (in, out)
                      int N, int in, int out, bool accumulate_dx = false);
 
+// The machine's measured sgemm rate (FLOP/s), the peak CPU MFU is quoted
+// against: square n x n x n products, repeated for at least min_seconds after
+// one warm-up, best repetition wins. Same GEMM path as linear_forward.
+double measure_sgemm_flops_per_s(int n = 1024, double min_seconds = 0.5);
+
 // ---------------------------------------------------------------------------
 // activations.cpp: residual stream and elementwise helpers.
 
@@ -63,6 +68,9 @@ void residual_forward(float* y, const float* a, const float* b, size_t n);  // (
 void residual_backward(float* da, float* db, const float* dy, size_t n);    // (n) each
 // dst += src.
 void add_inplace(float* dst, const float* src, size_t n);                   // (n) each
+// Index of the first NaN/Inf in x, or n when all are finite (the training
+// loop's "which op produced the first NaN" check).
+size_t first_nonfinite(const float* x, size_t n);                           // (n)
 // h = silu(a1) * a3 (SwiGLU inner product, Shazeer 2020 "GLU variants").
 void swiglu_forward(float* h, const float* a1, const float* a3, size_t n);  // (n) each
 // da1 = dh * a3 * silu'(a1), da3 = dh * silu(a1); both overwritten.

@@ -1,4 +1,6 @@
 // Residual stream and elementwise activations (SwiGLU).
+#include <cmath>
+
 #include "exec/cpu/kernel_util.h"
 #include "exec/kernels.h"
 
@@ -20,6 +22,12 @@ void residual_backward(float* da, float* db, const float* dy, size_t n) {
 void add_inplace(float* dst, const float* src, size_t n) {
 #pragma omp parallel for schedule(static)
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+size_t first_nonfinite(const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return n;
 }
 
 void swiglu_forward(float* h, const float* a1, const float* a3, size_t n) {
