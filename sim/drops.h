@@ -1,0 +1,107 @@
+// Predicted expert-parallel token-drop fractions, split by kind.
+//
+// Two estimators over the routing model of sim/routing.h, cross-checked in tests:
+//
+//   Monte Carlo  samples whole steps (every GPU's per-expert counts) and applies
+//                the exact drop rules of sim/dispatch.h at the count level, which is
+//                exact for sender pools, ragged gates and per-expert capacity (their
+//                drops depend only on counts). For pooled receivers, where drops
+//                also depend on which wave each assignment lands in, it uses the
+//                conditional expectation over wave placement: with exchangeable
+//                order the per-source wave split is hypergeometric, and the sum over
+//                S sources is taken as normal (Rao-Blackwellisation: no bias, less
+//                noise). Reports a 95% confidence interval over samples.
+//   analytic     closed-form moments of the per-GPU counts under the topic-mixture
+//                model (Var = k^2 E[sum n_f^2] Var_t(phi)/(concentration + 1) plus
+//                multinomial noise), then the normal overflow expectation
+//                E[max(0, X - cap)] = s*pdf(z) + (m - cap)*(1 - cdf(z)), z = (cap-m)/s.
+//                Microseconds; used inside the predictor's sweeps.
+//
+// Calibration: the one free parameter is the routing concentration (how specialised
+// documents are). fit_concentration() bisects it to a measured drop fraction; the
+// default, fitted on the Marin hero (2.67%, spec/calibration.md), lives in
+// sim/drop_calibration.json with its source.
+//
+//   DropScenario s;                              // hero defaults: pooled, 1.10 / 1.15
+//   s.context = 16384;
+//   DropCalibration cal = load_drop_calibration();
+//   RoutingGenerator gen(cal.model, s.routing_shape());
+//   DropEstimate mc = estimate_drops_mc(s, gen, {.samples = 16});
+//   double f = predict_drops(384, 8, 64, 65536, 16384, Transport::pooled, 1.10, 1.15).total();
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim/dispatch.h"
+#include "sim/routing.h"
+
+namespace rackstep::sim {
+
+struct DropScenario {
+  DispatchConfig dispatch;  // experts, k, transport, capacity factors, waves, chunks
+  int64_t ep = 64;
+  int64_t tokens_per_gpu = 65536;
+  int64_t context = 4096;
+  int64_t gpus = 0;  // GPUs in the step (a multiple of ep); 0 = one EP group
+
+  int64_t step_gpus() const { return gpus > 0 ? gpus : ep; }
+  RoutingShape routing_shape() const;
+  void validate() const;  // UserError on impossible settings
+};
+
+struct DropFractions {
+  double sender = 0, receiver = 0, padding = 0;  // of tokens * k
+  double total() const { return sender + receiver + padding; }
+};
+
+struct DropEstimate {
+  DropFractions mean;
+  DropFractions ci95;  // half-widths of 95% confidence intervals (0 for analytic)
+  double total_ci95 = 0;
+  int samples = 0;
+  std::string method;  // "monte_carlo" or "analytic"
+};
+
+enum class Method { monte_carlo, analytic };
+
+struct McOptions {
+  int samples = 16;
+  uint64_t seed = 1;
+  int threads = 1;
+};
+
+// Drops of one sampled step from its per-(GPU, expert) counts (step_gpus, n_experts).
+DropFractions drops_from_counts(const DropScenario& s, const std::vector<int32_t>& counts);
+DropEstimate estimate_drops_mc(const DropScenario& s, const RoutingGenerator& gen, const McOptions& opt);
+// Synthetic routing only (a histogram has no closed form): UserError otherwise.
+DropEstimate estimate_drops_analytic(const DropScenario& s, const RoutingGenerator& gen);
+DropEstimate estimate_drops(const DropScenario& s, const RoutingGenerator& gen, Method m, const McOptions& opt);
+
+// Bisection on log(concentration) so the predicted total drop equals target.
+// UserError when the target lies outside what the model can reach here.
+double fit_concentration(const DropScenario& s, RoutingModel model, double target, Method m, const McOptions& opt);
+
+// The fitted default routing model and the settings it was fitted at.
+struct DropCalibration {
+  RoutingModel model;
+  DropScenario scenario;
+  double target_drop = 0;
+  double achieved_drop = 0;
+  std::string method = "monte_carlo";
+  int samples = 0;
+  uint64_t seed = 1;
+  std::string source;
+};
+std::string default_drop_calibration_path();  // <source dir>/sim/drop_calibration.json
+DropCalibration load_drop_calibration(const std::string& path = default_drop_calibration_path());
+void write_drop_calibration(const std::string& path, const DropCalibration& cal);
+
+// The predictor's entry point: analytic estimate under the default calibration,
+// cached per argument set (thread-safe). UserError on impossible settings.
+DropFractions predict_drops(int64_t n_experts, int top_k, int64_t ep, int64_t tokens_per_gpu, int64_t context,
+                            Transport transport, double sender_cf, double receiver_cf, int waves = 3,
+                            int ragged_chunks = 2);
+
+}  // namespace rackstep::sim

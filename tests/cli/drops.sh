@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# `rackstep drops`: output formats, sweeps, histograms, and bad input (one line, exit 2).
+#   bash tests/cli/drops.sh path/to/rackstep     (from the repository root)
+set -u
+RS=${1:?usage: drops.sh path/to/rackstep}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# Expects exit status 2 and exactly one line on stderr mentioning $2.
+expect_user_error() {
+  local what=$1 needle=$2
+  shift 2
+  "$RS" drops "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  [ "$rc" -eq 2 ] || fail "$what: exit $rc, expected 2"
+  [ "$(wc -l <"$TMP/err")" -eq 1 ] || fail "$what: expected one line on stderr, got: $(cat "$TMP/err")"
+  grep -qi -- "$needle" "$TMP/err" || fail "$what: stderr lacks '$needle': $(cat "$TMP/err")"
+}
+
+FAST="--samples 2"
+
+# Plain run: a table with every kind and a total.
+"$RS" drops $FAST >"$TMP/out" 2>"$TMP/err" || fail "default run exited $?: $(cat "$TMP/err")"
+for kind in sender receiver padding total; do
+  grep -q "^$kind " "$TMP/out" || fail "default run: no '$kind' row"
+done
+
+# JSON: parses, total = sender + receiver + padding, a CI is reported.
+"$RS" drops $FAST --json >"$TMP/j" || fail "--json exited $?"
+python3 - "$TMP/j" <<'EOF' || fail "--json content"
+import json, sys
+j = json.load(open(sys.argv[1]))
+p = j["points"][0]
+assert j["scenario"]["transport"] == "pooled", j["scenario"]
+assert 0 < p["total"] < 0.2, p
+assert abs(p["total"] - (p["sender"] + p["receiver"] + p["padding"])) < 1e-12, p
+assert p["total_ci95"] >= 0, p
+EOF
+
+# A context sweep as CSV: one row per value, drops grow with context.
+"$RS" drops $FAST --sweep context=4096,16384,65536 --csv >"$TMP/c" || fail "--sweep --csv exited $?"
+python3 - "$TMP/c" <<'EOF' || fail "context sweep CSV"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert [r["context"] for r in rows] == ["4096", "16384", "65536"], rows
+t = [float(r["total"]) for r in rows]
+assert t[0] < t[1] < t[2], t
+EOF
+
+# A capacity-factor sweep: drops fall as cf rises; ragged never exceeds pooled.
+"$RS" drops --method analytic --sweep cf=1.0,1.1,1.3 --json >"$TMP/cf" || fail "cf sweep exited $?"
+"$RS" drops $FAST --sweep transport=pooled,ragged --json >"$TMP/tr" || fail "transport sweep exited $?"
+python3 - "$TMP/cf" "$TMP/tr" <<'EOF' || fail "cf / transport sweeps"
+import json, sys
+t = [p["total"] for p in json.load(open(sys.argv[1]))["points"]]
+assert t[0] > t[1] > t[2], t
+pooled, ragged = [p["total"] for p in json.load(open(sys.argv[2]))["points"]]
+assert ragged <= pooled, (ragged, pooled)
+EOF
+
+# A measured histogram replaces the synthetic model.
+python3 - "$TMP/hist.json" <<'EOF'
+import json, random, sys
+random.seed(1)
+entries = []
+for _ in range(50):
+    tokens = random.randint(20, 400)
+    counts = [0] * 16
+    for _ in range(tokens):
+        for e in random.sample(range(16), 2):
+            counts[e] += 1
+    entries.append({"tokens": tokens, "counts": counts})
+json.dump({"format": "rackstep.routing_histogram/1", "source": "test", "n_experts": 16, "top_k": 2,
+           "unit": "document", "entries": entries}, open(sys.argv[1], "w"))
+EOF
+"$RS" drops $FAST --experts 16 --top-k 2 --ep 4 --tokens-per-gpu 2048 --context 512 --histogram "$TMP/hist.json" \
+  >"$TMP/out" 2>"$TMP/err" || fail "--histogram run exited $?: $(cat "$TMP/err")"
+grep -q "routing: histogram" "$TMP/out" || fail "--histogram: routing line missing"
+
+# Calibration round trip: fit, write, read back.
+"$RS" drops --method analytic --target-drop 0.02 --write-calibration "$TMP/cal.json" --json >"$TMP/fit" ||
+  fail "--target-drop --write-calibration exited $?"
+"$RS" drops --method analytic --calibration "$TMP/cal.json" --json >"$TMP/refit" || fail "--calibration exited $?"
+python3 - "$TMP/refit" "$TMP/cal.json" <<'EOF' || fail "calibration round trip"
+import json, sys
+p = json.load(open(sys.argv[1]))["points"][0]
+assert abs(p["total"] - 0.02) < 3e-4, p
+cal = json.load(open(sys.argv[2]))
+assert cal["source"] and cal["fit"]["target_drop"] == 0.02, cal
+EOF
+
+# Bad input: one clear line, exit 2.
+expect_user_error "receiver cf 0" "capacity factor" --receiver-cf 0
+expect_user_error "sender cf < 0" "capacity factor" --sender-cf -1
+expect_user_error "k > experts" "top-k" --experts 8 --top-k 9 --ep 8
+expect_user_error "EP does not divide experts" "EP size" --ep 5
+expect_user_error "bad transport" "transport" --transport carrier-pigeon
+expect_user_error "bad sweep" "sweep" --sweep colour=red
+expect_user_error "unreachable target" "target drop" --method analytic --target-drop 0.95
+echo '{"format": "rackstep.routing_histogram/1", "n_experts": 16, "top_k": 2, "entries": [{"tokens": 3, "counts": [1]}]}' >"$TMP/bad.json"
+expect_user_error "malformed histogram" "counts" --experts 16 --top-k 2 --ep 4 --histogram "$TMP/bad.json"
+echo '{"format": "rackstep.routing_histogram/1", "n_experts": 16, ' >"$TMP/trunc.json"
+expect_user_error "truncated histogram" "trunc.json" --experts 16 --top-k 2 --ep 4 --histogram "$TMP/trunc.json"
+expect_user_error "missing histogram" "nope.json" --histogram "$TMP/nope.json"
+
+if [ "$fails" -ne 0 ]; then
+  echo "drops.sh: $fails failure(s)"
+  exit 1
+fi
+echo "drops.sh: all passed"
