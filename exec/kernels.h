@@ -7,7 +7,9 @@
 // (cblas_sgemm), everything else through OpenMP. Results are deterministic for
 // a fixed OpenMP/OpenBLAS thread count: every reduction runs in a fixed order
 // (per-thread partial sums over static row chunks, then summed in thread
-// order), never with atomics.
+// order), never with atomics. OpenMP regions alternate with OpenBLAS's own
+// pthreads; run with OMP_WAIT_POLICY=passive so idle OpenMP threads do not
+// spin against the GEMM threads (measured on a loaded 2-core box: 3-4x slower attention without it).
 //
 // GRADIENT RULE (kept by every backward below):
 //   * parameter gradients   +=  (they accumulate across micro-batches)
@@ -22,13 +24,19 @@
 // heads, hd = head dim, E = experts, k = experts per token, A = N*k
 // assignments, L = latent width, F = expert FFN width, V = vocab.
 //
-// Usage (one attention sub-block, forward):
+// Usage (one local-attention sub-block, forward; each output is its own
+// buffer because the backward reads the inputs again):
 //   rmsnorm_forward(xn, rstd, x, gain, 1e-6f, N, d);
-//   linear_forward(q, xn, wq, nullptr, N, d, H * hd);
-//   rmsnorm_noparam_forward(q, q_rstd, q, 1.3f, 1e-6f, N * H, hd);   // QK-norm
-//   rope_forward(q, q, pos, N, H, hd, hd / 2, 10000.f);             // partial RoPE
+//   linear_forward(q_raw, xn, wq, nullptr, N, d, H * hd);
+//   rmsnorm_noparam_forward(q_n, q_rstd, q_raw, 1.3f, 1e-6f, N * H, hd);  // QK-norm
+//   rope_forward(q, q_n, pos, N, H, hd, hd / 2, 10000.f);                 // partial RoPE
+//   ... the same for k (kv_stored heads) and v ...
 //   attention_forward(o, lse, q, k, v, doc, B, T, H, kv_stored, kv_used, hd,
 //                     window, 1.f / std::sqrt(float(hd)));
+//   xsa_forward(o_x, o, v, N, H, kv_stored, kv_used, hd, 1e-6f);
+//   attn_gate_forward(o_g, g, o_x, xn, w_gate, N, d, H, hd);
+//   linear_forward(attn_out, o_g, wo, nullptr, N, H * hd, d);
+//   residual_forward(x_next, x, attn_out, size_t(N) * d);
 #pragma once
 
 #include <cstddef>
