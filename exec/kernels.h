@@ -9,7 +9,8 @@
 // (per-thread partial sums over static row chunks, then summed in thread
 // order), never with atomics. OpenMP regions alternate with OpenBLAS's own
 // pthreads; run with OMP_WAIT_POLICY=passive so idle OpenMP threads do not
-// spin against the GEMM threads (measured on a loaded 2-core box: 3-4x slower attention without it).
+// spin against the GEMM threads (measured on a loaded 2-core box: attention
+// ran 3-4x slower without it).
 //
 // GRADIENT RULE (kept by every backward below):
 //   * parameter gradients   +=  (they accumulate across micro-batches)
