@@ -49,17 +49,39 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
     return 0.0;
   }
 #ifdef RACKSTEP_HAVE_DROPS
+  // sim/drops caches behind one global mutex; sweeps on several threads repeat the
+  // same few settings, so each thread keeps its own small cache in front of it.
+  struct Entry {
+    int64_t experts, k, ep, tokens, seq, waves, chunks;
+    EpTransport tr;
+    double scf, rcf, value;
+    bool ok;
+  };
+  thread_local std::vector<Entry> cache;
+  const int64_t tokens = static_cast<int64_t>(s.tokens_mb);
+  for (const Entry& e : cache) {
+    if (e.experts == t.experts && e.k == t.top_k && e.ep == l.ep && e.tokens == tokens && e.seq == s.seq &&
+        e.waves == l.waves && e.chunks == l.ragged_chunks && e.tr == l.ep_transport && e.scf == l.sender_cf &&
+        e.rcf == l.receiver_cf) {
+      *source = e.ok ? "sim/drops" : "fallback";
+      return e.value;
+    }
+  }
+  Entry e{t.experts, t.top_k, l.ep, tokens, s.seq, l.waves, l.ragged_chunks, l.ep_transport,
+          l.sender_cf, l.receiver_cf, kFallbackDropFraction, false};
   try {
     const Transport tr = l.ep_transport == EpTransport::kPooled ? Transport::pooled : Transport::ragged;
-    const double f = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, static_cast<int64_t>(s.tokens_mb), s.seq,
-                                   tr, l.sender_cf, l.receiver_cf, static_cast<int>(l.waves),
-                                   static_cast<int>(l.ragged_chunks))
-                         .total();
-    *source = "sim/drops";
-    return f;
+    e.value = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, tokens, s.seq, tr, l.sender_cf, l.receiver_cf,
+                            static_cast<int>(l.waves), static_cast<int>(l.ragged_chunks))
+                  .total();
+    e.ok = true;
   } catch (const std::exception&) {
-    // Settings the drop model cannot price: fall through to the measured default.
+    // Settings the drop model cannot price: the measured default below.
   }
+  if (cache.size() >= 64) cache.erase(cache.begin());
+  cache.push_back(e);
+  *source = e.ok ? "sim/drops" : "fallback";
+  return e.value;
 #endif
   *source = "fallback";
   return kFallbackDropFraction;
