@@ -244,3 +244,10 @@ TEST_CASE("whole routed MoE chain: gradients to x and W_router match finite diff
   check_gradient("dw_router", wr, dwr, loss, 1e-3);
   check_gradient("dw2", w2, dw2, loss, 1e-3);
 }
+
+TEST_CASE("router z-loss is the mean squared logsumexp", "[exec][kernels][router]") {
+  std::vector<float> logits{0, 0, 0, 0, 1, 2, 3, 4};  // (2 tokens, 4 experts)
+  const double a = std::log(4.0);
+  const double b = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(4.0));
+  CHECK(router_z_loss(logits.data(), 2, 4) == Approx((a * a + b * b) / 2));
+}
