@@ -197,6 +197,20 @@ struct Later {
 
 enum class Phase : uint8_t { kWaiting, kLatency, kFlowing, kDone };
 
+// Everything the event loop touches per task, in one cache line: the engine's
+// Task records (names, links) are only read when a flow starts or ends.
+struct Hot {
+  double duration_s;  // after jitter
+  double start_s;
+  int32_t on;         // serial resource or -1
+  int32_t pending;    // unfinished predecessors
+  int32_t crit_pred;  // the task whose end let this one start
+  uint32_t version;   // bumped when a flow is rescheduled
+  Phase phase;
+  bool ready_order;   // `on` is a ready-order resource
+  bool has_bytes;
+};
+
 }  // namespace
 
 class Run {
@@ -206,19 +220,20 @@ class Run {
   RunResult go() {
     setup();
     for (int32_t t = 0; t < n_; ++t) {
-      if (pending_[t] == 0) make_ready(t, -1);
+      if (hot_[t].pending == 0) make_ready(t, -1);
     }
     drain();
     while (!heap_.empty()) {
       Event ev = heap_.top();
       heap_.pop();
       ++r_.events;
-      if (ev.version != version_[ev.task]) continue;  // a flow rescheduled since
+      Hot& h = hot_[ev.task];
+      if (ev.version != h.version) continue;  // a flow rescheduled since
       now_ = ev.t;
-      if (phase_[ev.task] == Phase::kLatency) {
+      if (h.phase == Phase::kLatency) {
         after_latency(ev.task);
       } else {
-        RS_CHECK(phase_[ev.task] == Phase::kFlowing, "event for a task that is not running");
+        RS_CHECK(h.phase == Phase::kFlowing, "event for a task that is not running");
         end_flow(ev.task);
         finish(ev.task);
       }
@@ -235,15 +250,15 @@ class Run {
   void setup() {
     n_ = static_cast<int32_t>(e_.tasks_.size());
     const size_t nr = e_.resources_.size();
-    r_.start_s.assign(n_, 0);
     r_.end_s.assign(n_, 0);
     r_.busy_s.assign(nr, 0);
     r_.bytes_moved.assign(nr, 0);
-    pending_.assign(n_, 0);
-    phase_.assign(n_, Phase::kWaiting);
-    version_.assign(n_, 0);
-    crit_pred_.assign(n_, -1);
-    duration_.assign(n_, 0);
+    hot_.resize(n_);
+    for (int32_t t = 0; t < n_; ++t) {
+      const Task& k = e_.tasks_[t];
+      hot_[t] = {k.duration_s, 0.0, k.on, 0, -1, 0, Phase::kWaiting,
+                 k.on >= 0 && e_.resources_[k.on].order == Order::kReadyOrder, k.bytes > 0};
+    }
     // Successors in CSR form: explicit dependencies plus in-order stream edges.
     succ_begin_.assign(n_ + 1, 0);
     for (auto [b, a] : e_.deps_) ++succ_begin_[b + 1];
@@ -255,13 +270,13 @@ class Run {
     std::vector<uint32_t> fill(succ_begin_.begin(), succ_begin_.end() - 1);
     for (auto [b, a] : e_.deps_) {
       succ_[fill[b]++] = a;
-      ++pending_[a];
+      ++hot_[a].pending;
     }
     for (int32_t t = 0; t < n_; ++t) {
       int32_t p = e_.tasks_[t].stream_prev;
       if (p < 0) continue;
       succ_[fill[p]++] = t;
-      ++pending_[t];
+      ++hot_[t].pending;
     }
     // Durations with jitter, stragglers and slow processes drawn up front.
     std::vector<double> slow(e_.processes_.size(), 1.0);
@@ -272,7 +287,7 @@ class Run {
       }
       slow[p] = f;
     }
-    for (int32_t t = 0; t < n_; ++t) duration_[t] = effective_duration(t, slow);
+    for (int32_t t = 0; t < n_; ++t) hot_[t].duration_s = effective_duration(t, slow);
     // Links: capacity scales with the multiplicity of the process that owns them.
     cap_.assign(nr, 0);
     for (size_t l = 0; l < nr; ++l) {
@@ -287,11 +302,15 @@ class Run {
     link_mark_.assign(nr, 0);
     cap_left_.assign(nr, 0);
     w_left_.assign(nr, 0);
-    flow_mark_.assign(n_, 0);
-    remaining_.assign(n_, 0);
-    rate_.assign(n_, 0);
-    last_.assign(n_, 0);
-    new_rate_.assign(n_, 0);
+    // Flow state is per task but only needed when some task moves bytes.
+    const bool any_flow = std::any_of(hot_.begin(), hot_.end(), [](const Hot& h) { return h.has_bytes; });
+    if (any_flow) {
+      flow_mark_.assign(n_, 0);
+      remaining_.assign(n_, 0);
+      rate_.assign(n_, 0);
+      last_.assign(n_, 0);
+      new_rate_.assign(n_, 0);
+    }
   }
 
   double effective_duration(int32_t t, const std::vector<double>& slow) const {
@@ -309,13 +328,14 @@ class Run {
     return d * slow[home];
   }
 
-  void push(double t, int32_t task) { heap_.push({t, task, version_[task]}); }
+  void push(double t, int32_t task) { heap_.push({t, task, hot_[task].version}); }
 
   // A task whose dependencies are done: start it, or queue it on a busy resource.
   void make_ready(int32_t t, int32_t cause) {
-    crit_pred_[t] = cause;
-    const int32_t on = e_.tasks_[t].on;
-    if (on >= 0 && e_.resources_[on].order == Order::kReadyOrder) {
+    Hot& h = hot_[t];
+    h.crit_pred = cause;
+    if (h.ready_order) {
+      const int32_t on = h.on;
       if (in_use_[on] >= e_.resources_[on].slots) {
         queue_[on].push_back(t);
         return;
@@ -335,17 +355,18 @@ class Run {
   }
 
   void start(int32_t t) {
-    r_.start_s[t] = now_;
-    if (duration_[t] > 0) {
-      phase_[t] = Phase::kLatency;
-      push(now_ + duration_[t], t);
+    Hot& h = hot_[t];
+    h.start_s = now_;
+    if (h.duration_s > 0) {
+      h.phase = Phase::kLatency;
+      push(now_ + h.duration_s, t);
       return;
     }
     after_latency(t);
   }
 
   void after_latency(int32_t t) {
-    if (e_.tasks_[t].bytes > 0) {
+    if (hot_[t].has_bytes) {
       begin_flow(t);
       return;
     }
@@ -353,17 +374,17 @@ class Run {
   }
 
   void finish(int32_t t) {
-    phase_[t] = Phase::kDone;
+    Hot& h = hot_[t];
+    h.phase = Phase::kDone;
     r_.end_s[t] = now_;
     ++finished_;
-    const int32_t on = e_.tasks_[t].on;
-    if (on >= 0) {
-      r_.busy_s[on] += now_ - r_.start_s[t];
-      if (e_.resources_[on].order == Order::kReadyOrder) release_slot(on, t);
+    if (h.on >= 0) {
+      r_.busy_s[h.on] += now_ - h.start_s;
+      if (h.ready_order) release_slot(h.on, t);
     }
     for (uint32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i) {
       int32_t s = succ_[i];
-      if (--pending_[s] == 0) make_ready(s, t);
+      if (--hot_[s].pending == 0) make_ready(s, t);
     }
   }
 
@@ -379,7 +400,7 @@ class Run {
       q.clear();
       head = 0;
     }
-    crit_pred_[next] = t;  // it waited for this task's slot
+    hot_[next].crit_pred = t;  // it waited for this task's slot
     ready_.push_back(next);
   }
 
@@ -387,7 +408,7 @@ class Run {
 
   void begin_flow(int32_t t) {
     const Task& k = e_.tasks_[t];
-    phase_[t] = Phase::kFlowing;
+    hot_[t].phase = Phase::kFlowing;
     remaining_[t] = k.bytes;
     rate_[t] = 0;
     last_[t] = now_;
@@ -495,7 +516,7 @@ class Run {
     remaining_[f] = std::max(0.0, remaining_[f] - rate_[f] * (now_ - last_[f]));
     last_[f] = now_;
     rate_[f] = nr;
-    ++version_[f];
+    ++hot_[f].version;
     RS_CHECK(nr > 0, "a flow got no bandwidth");
     push(now_ + remaining_[f] / nr, f);
   }
@@ -512,7 +533,9 @@ class Run {
       }
     }
     r_.makespan_s = makespan;
-    for (int32_t t = last; t >= 0; t = crit_pred_[t]) r_.critical_path.push_back({t});
+    r_.start_s.resize(n_);
+    for (int32_t t = 0; t < n_; ++t) r_.start_s[t] = hot_[t].start_s;
+    for (int32_t t = last; t >= 0; t = hot_[t].crit_pred) r_.critical_path.push_back({t});
     std::reverse(r_.critical_path.begin(), r_.critical_path.end());
   }
 
@@ -525,14 +548,14 @@ class Run {
       if (e_.tasks_[t].stream_prev >= 0) preds[t].push_back(e_.tasks_[t].stream_prev);
     }
     int32_t t = 0;
-    while (phase_[t] == Phase::kDone) ++t;
+    while (hot_[t].phase == Phase::kDone) ++t;
     std::vector<int32_t> seen_at(n_, -1), walk;
     while (seen_at[t] < 0) {
       seen_at[t] = static_cast<int32_t>(walk.size());
       walk.push_back(t);
       int32_t next = -1;
       for (int32_t p : preds[t]) {
-        if (phase_[p] != Phase::kDone) {
+        if (hot_[p].phase != Phase::kDone) {
           next = p;
           break;
         }
@@ -588,11 +611,7 @@ class Run {
   std::vector<int32_t> ready_;
   std::vector<uint32_t> succ_begin_;
   std::vector<int32_t> succ_;
-  std::vector<int32_t> pending_;
-  std::vector<Phase> phase_;
-  std::vector<uint32_t> version_;
-  std::vector<int32_t> crit_pred_;
-  std::vector<double> duration_;
+  std::vector<Hot> hot_;
   // Serial resources.
   std::vector<int> in_use_;
   std::vector<std::vector<int32_t>> queue_;

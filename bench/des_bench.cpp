@@ -1,0 +1,98 @@
+// Event-engine throughput (issue 4 target: >= 5 million events/s on one core).
+//
+//   build-des/bench/des_bench --benchmark_counters_tabular=true
+//
+// "events/s" counts heap events popped (task completions, latency ends and
+// flow reschedules) per second of Engine::run(); graph building is excluded.
+#include <benchmark/benchmark.h>
+
+#include <string>
+#include <vector>
+
+#include "sim/des.h"
+
+using namespace rackstep::sim;
+
+namespace {
+
+double pseudo_duration(uint64_t i) {
+  // Deterministic spread of kernel lengths, 50-150 us, so events rarely tie.
+  uint64_t x = i * 0x9e3779b97f4a7c15ULL;
+  x ^= x >> 29;
+  return 50e-6 + 100e-6 * static_cast<double>(x % 1000) / 1000.0;
+}
+
+// A pipeline-like compute graph: `gpus` ranks x `per_gpu` kernels on a
+// compute stream; every 8th kernel waits for the same kernel on the previous
+// rank (a send/recv edge).
+Engine compute_graph(int gpus, int per_gpu) {
+  Engine e;
+  std::vector<ResourceId> stream;
+  for (int g = 0; g < gpus; ++g) {
+    int p = e.add_process("gpu" + std::to_string(g));
+    stream.push_back(e.add_resource(p, "compute", ResourceKind::kComputeStream));
+  }
+  std::vector<TaskId> prev_rank(per_gpu);
+  for (int g = 0; g < gpus; ++g) {
+    for (int i = 0; i < per_gpu; ++i) {
+      TaskId t = e.add_compute(stream[g], "k", "forward", pseudo_duration(g * per_gpu + i));
+      if (g > 0 && i % 8 == 0) e.add_dependency(prev_rank[i], t);
+      prev_rank[i] = t;
+    }
+  }
+  return e;
+}
+
+// Compute plus communication: each rank alternates kernels with transfers
+// over its NIC and one of 4 shared fabric links, so flows contend.
+Engine mixed_graph(int gpus, int per_gpu) {
+  Engine e;
+  int fab = e.add_process("fabric");
+  std::vector<ResourceId> uplinks;
+  for (int i = 0; i < 4; ++i) {
+    uplinks.push_back(e.add_resource(fab, "uplink" + std::to_string(i), ResourceKind::kFabricLink, 200e9));
+  }
+  for (int g = 0; g < gpus; ++g) {
+    int p = e.add_process("gpu" + std::to_string(g));
+    ResourceId compute = e.add_resource(p, "compute", ResourceKind::kComputeStream);
+    ResourceId comm = e.add_resource(p, "comm", ResourceKind::kCommStream);
+    ResourceId nic = e.add_resource(p, "nic", ResourceKind::kNic, 50e9);
+    TaskId last_comm;
+    for (int i = 0; i < per_gpu; ++i) {
+      TaskId k = e.add_compute(compute, "k", "forward", pseudo_duration(g * per_gpu + i));
+      if (i % 4 != 0) continue;
+      TaskId c = e.add_transfer("x", "ep_dispatch", {nic, uplinks[g % 4]}, 2e6, comm, 5e-6);
+      e.add_dependency(k, c);
+      if (last_comm.valid()) e.add_dependency(last_comm, k);
+      last_comm = c;
+    }
+  }
+  return e;
+}
+
+void run_bench(benchmark::State& state, const Engine& e) {
+  uint64_t events = 0;
+  for (auto _ : state) {
+    RunResult r = e.run();
+    events += r.events;
+    benchmark::DoNotOptimize(r.makespan_s);
+  }
+  state.counters["events/s"] = benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
+  state.counters["tasks"] = static_cast<double>(e.num_tasks());
+}
+
+void BM_ComputeGraph(benchmark::State& state) {
+  Engine e = compute_graph(static_cast<int>(state.range(0)), static_cast<int>(state.range(1)));
+  run_bench(state, e);
+}
+BENCHMARK(BM_ComputeGraph)->Args({64, 4096})->Args({704, 1024})->Unit(benchmark::kMillisecond);
+
+void BM_MixedGraph(benchmark::State& state) {
+  Engine e = mixed_graph(static_cast<int>(state.range(0)), static_cast<int>(state.range(1)));
+  run_bench(state, e);
+}
+BENCHMARK(BM_MixedGraph)->Args({64, 4096})->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
