@@ -115,7 +115,7 @@ rackstep::cli::Registration reg{
       CLI::App* build = app.add_subcommand(
           "build",
           "Tokenise text into shards. Documents: one per file (--split file) or per blank-line-separated "
-          "paragraph (--split blank-lines); each ends with the EOD token (id 256). Eval documents are "
+          "paragraph (--split blank-lines); each ends with the EOD token (id 0; files with NUL bytes are skipped as binary). Eval documents are "
           "picked by content hash.");
       build->add_option("--from", a->build.from, "text files or directories (recursed, sorted; binary files skipped)");
       build->add_flag("--default", a->build.use_default_corpus,
@@ -123,7 +123,7 @@ rackstep::cli::Registration reg{
       build->add_option("--out", a->build.out_dir, "dataset directory (created; may hold an earlier dataset)")
           ->required();
       build->add_option("--tokenizer", a->build.tokenizer, "byte or bpe")->check(CLI::IsMember({"byte", "bpe"}));
-      build->add_option("--vocab", a->build.vocab_size, "bpe vocabulary size (257 + merges)");
+      build->add_option("--vocab", a->build.vocab_size, "bpe vocabulary size (256 + merges)");
       build->add_option("--shard-tokens", a->build.shard_tokens, "tokens per shard (documents are not split)");
       build->add_option("--eval-fraction", a->build.eval_fraction, "fraction of documents held out for eval");
       build->add_option("--split", a->build.split, "document rule: file or blank-lines")

@@ -307,8 +307,8 @@ BuildSummary build_dataset(const BuildOptions& o) {
   if (o.split != "file" && o.split != "blank-lines") throw UserError("--split: expected file or blank-lines, found " + o.split);
   if (!(o.eval_fraction >= 0 && o.eval_fraction < 1)) throw UserError("--eval-fraction: expected a value in [0, 1)");
   if (o.shard_tokens < 1024) throw UserError("--shard-tokens: expected at least 1024, found " + std::to_string(o.shard_tokens));
-  if (o.tokenizer == "bpe" && (o.vocab_size < 258 || o.vocab_size > 65536)) {
-    throw UserError("--vocab: expected 258..65536 for bpe, found " + std::to_string(o.vocab_size));
+  if (o.tokenizer == "bpe" && (o.vocab_size < 257 || o.vocab_size > 65536)) {
+    throw UserError("--vocab: expected 257..65536 for bpe, found " + std::to_string(o.vocab_size));
   }
   auto progress = [&](const std::string& line) {
     if (o.progress) o.progress(line);
@@ -430,7 +430,7 @@ DatasetInfo read_dataset_info(const std::string& dir) {
   DatasetInfo info;
   info.dir = dir;
   info.tokenizer = Tokenizer::load((fs::path(dir) / r.string("tokenizer")).string());
-  const int64_t vocab = r.integer("vocab_size", {257, std::nullopt, std::nullopt});
+  const int64_t vocab = r.integer("vocab_size", {256, std::nullopt, std::nullopt});
   if (vocab != info.tokenizer.vocab_size()) {
     r.fail("vocab_size", "the tokenizer's " + std::to_string(info.tokenizer.vocab_size()), std::to_string(vocab));
   }

@@ -63,8 +63,8 @@ void Tokenizer::build_tables() {
   token_bytes_.clear();
   merge_rank_.clear();
   cache_.clear();
-  for (int b = 0; b < 256; ++b) token_bytes_.emplace_back(1, static_cast<char>(b));
-  token_bytes_.emplace_back();  // end of document decodes to nothing
+  token_bytes_.emplace_back();  // id 0, end of document, decodes to nothing
+  for (int b = 1; b < 256; ++b) token_bytes_.emplace_back(1, static_cast<char>(b));
   for (size_t r = 0; r < merges_.size(); ++r) {
     const auto [a, b] = merges_[r];
     const uint32_t id = kFirstMergeId + static_cast<uint32_t>(r);
@@ -141,7 +141,7 @@ void Tokenizer::save(const std::string& path) const {
   nlohmann::json doc = {{"kind", kind()},
                         {"vocab_size", vocab_size()},
                         {"eod_id", kEodId},
-                        {"comment", "ids 0-255 bytes, 256 end of document, 257+ merges in rank order"},
+                        {"comment", "id 0 end of document, 1-255 bytes, 256+ merges in rank order"},
                         {"merges", merges}};
   write_json_file_atomic(path, doc, 0);
 }
@@ -150,7 +150,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const nlohmann::json doc = load_json_file(path);
   JsonReader r(doc, path);
   const std::string kind = r.choice("kind", {"byte", "bpe"}, "byte");
-  const int64_t vocab = r.integer("vocab_size", {257, std::nullopt, 1u << 24});
+  const int64_t vocab = r.integer("vocab_size", {256, std::nullopt, 1u << 24});
   r.integer("eod_id", {kEodId, std::nullopt, kEodId});
   r.ignore("comment");
   std::vector<std::pair<uint32_t, uint32_t>> merges;
@@ -177,7 +177,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
                     std::to_string(merges.size()) + " merges");
   }
   if (vocab != kFirstMergeId + static_cast<int64_t>(merges.size())) {
-    throw UserError(path, "/vocab_size", "257 + merges = " + std::to_string(kFirstMergeId + merges.size()),
+    throw UserError(path, "/vocab_size", "256 + merges = " + std::to_string(kFirstMergeId + merges.size()),
                     std::to_string(vocab));
   }
   return bpe(std::move(merges));
@@ -200,11 +200,13 @@ void count_pairs(const Word& word, int64_t sign, std::unordered_map<uint64_t, in
 }  // namespace
 
 Tokenizer train_bpe(const std::vector<std::string_view>& texts, uint32_t vocab_size) {
-  RS_CHECK(vocab_size >= Tokenizer::kFirstMergeId, "BPE vocabulary below 257");
+  RS_CHECK(vocab_size >= Tokenizer::kFirstMergeId, "BPE vocabulary below 256");
   // Unique chunks with counts; an ordered map keeps training deterministic.
   std::map<std::string_view, int64_t> chunk_counts;
   for (std::string_view t : texts) {
-    for (std::string_view c : pretokenize(t)) ++chunk_counts[c];
+    for (std::string_view c : pretokenize(t)) {
+      if (c.find('\0') == std::string_view::npos) ++chunk_counts[c];  // id 0 is end of document
+    }
   }
   std::vector<Word> words;
   words.reserve(chunk_counts.size());

@@ -1,9 +1,12 @@
 // Tokenizers for the training data: bytes, or byte-level BPE trained on the
-// corpus. Ids 0..255 are the raw bytes, 256 is the end-of-document token that
-// closes every document in a shard, BPE merges follow from 257 on.
+// corpus. Ids 1..255 are the raw bytes; id 0 is the end-of-document token that
+// closes every document in a shard (the NUL byte never occurs in text: the
+// builder skips files holding it as binary), so a byte tokenizer's vocabulary
+// is exactly 256, as the byte-level models in models/zoo expect. BPE merges
+// follow from 256 on.
 //
-//   Tokenizer t = Tokenizer::bytes();                   // vocab 257
-//   Tokenizer b = train_bpe(texts, /*vocab_size=*/1024); // 767 merges
+//   Tokenizer t = Tokenizer::bytes();                   // vocab 256
+//   Tokenizer b = train_bpe(texts, /*vocab_size=*/1024); // 768 merges
 //   std::vector<uint32_t> ids = b.encode("def f(x):\n");
 //   std::string back = b.decode(ids);                   // == the input
 //   b.save("data/tokenizer.json");  Tokenizer::load("data/tokenizer.json");
@@ -20,8 +23,8 @@ namespace rackstep::exec {
 
 class Tokenizer {
  public:
-  static constexpr uint32_t kEodId = 256;
-  static constexpr uint32_t kFirstMergeId = 257;
+  static constexpr uint32_t kEodId = 0;
+  static constexpr uint32_t kFirstMergeId = 256;
 
   static Tokenizer bytes();
   // Merges in rank order: merge i makes id kFirstMergeId + i from (left, right).
@@ -35,7 +38,8 @@ class Tokenizer {
   uint32_t eod_id() const { return kEodId; }
   const std::vector<std::pair<uint32_t, uint32_t>>& merges() const { return merges_; }
 
-  // Appends the ids of `text` (no end-of-document token) to `out`.
+  // Appends the ids of `text` (no end-of-document token) to `out`. Text must
+  // not hold NUL bytes: they would read as end of document.
   void encode_into(std::string_view text, std::vector<uint32_t>& out);
   std::vector<uint32_t> encode(std::string_view text);
   std::string decode(const std::vector<uint32_t>& ids) const;

@@ -142,7 +142,8 @@ TEST_CASE("pretokenize covers the text exactly", "[data][tokenizer]") {
 
 TEST_CASE("byte and BPE tokenizers round-trip; BPE compresses", "[data][tokenizer]") {
   Tokenizer bytes = Tokenizer::bytes();
-  CHECK(bytes.vocab_size() == 257);
+  CHECK(bytes.vocab_size() == 256);
+  CHECK(bytes.eod_id() == 0);
   const std::string text = "import os\nimport sys\n\ndef main():\n    print(os.getcwd(), sys.argv)\n";
   const auto ids = bytes.encode(text);
   CHECK(ids.size() == text.size());
@@ -167,7 +168,7 @@ TEST_CASE("byte and BPE tokenizers round-trip; BPE compresses", "[data][tokenize
   Tokenizer loaded = Tokenizer::load(dir.file("tokenizer.json"));
   CHECK(loaded.merges() == bpe.merges());
   CHECK(loaded.encode(corpus) == bids);
-  write_text(dir.file("bad.json"), R"({"kind": "bpe", "vocab_size": 258, "eod_id": 256, "merges": [[300, 1]]})");
+  write_text(dir.file("bad.json"), R"({"kind": "bpe", "vocab_size": 257, "eod_id": 0, "merges": [[300, 1]]})");
   CHECK_THROWS_AS(Tokenizer::load(dir.file("bad.json")), rackstep::UserError);
 }
 

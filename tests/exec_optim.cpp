@@ -9,6 +9,8 @@
 
 #include "exec/arena.h"
 #include "exec/optim.h"
+#include "models/layer_graph.h"
+#include "models/model.h"
 
 using namespace rackstep::exec;
 
@@ -416,4 +418,35 @@ TEST_CASE("group norms and state sizes per group", "[optim]") {
   for (const TensorSpec& s : layout->specs()) state_bytes += optimizer_state_bytes_per_param(s.group) * numel(s.shape);
   const double arena_bytes = 4.0 * (st.momentum.layout().param_count() + st.second_moment.layout().param_count());
   CHECK(state_bytes == arena_bytes);
+}
+
+TEST_CASE("the tiny model's layer graph gives an arena the optimizers can step", "[optim][arena]") {
+  using namespace rackstep::models;
+  const LayerGraph g = build_layer_graph(load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json"));
+  auto layout = std::make_shared<ArenaLayout>(arena_specs_from_graph(g));
+  double learnable = 0, buffers = 0;
+  for (const Op& op : g.ops)
+    for (const ParamTensor& p : op.params) (p.learnable ? learnable : buffers) += static_cast<double>(p.numel());
+  CHECK(static_cast<double>(layout->param_count()) == learnable);
+  CHECK(learnable + buffers == count_params(g).total);
+  int experts = 0, heads = 0;
+  for (const TensorSpec& s : layout->specs()) {
+    if (s.shape.size() == 3) {
+      CHECK(s.group == OptGroup::kMuonH);  // routed experts: per-expert Muon
+      ++experts;
+    }
+    if (s.group == OptGroup::kAdamH) ++heads;
+  }
+  CHECK(experts > 0);
+  CHECK(heads == 1);  // the LM head
+  CHECK(layout->spec(static_cast<size_t>(layout->find("embedding.w"))).group == OptGroup::kAdam);
+
+  Arena params(layout), grads(layout);
+  fill_random(params, 21, 0.05f);
+  fill_random(grads, 22, 0.01f);
+  OptimizerState st = init_optimizer_state(params);
+  Optimizer opt(default_optimizer_config(100, g.model.d_model, 8 * 256));
+  opt.step(params, grads, st);
+  const TensorView head = params.view(static_cast<size_t>(layout->find("lm_head.w")));
+  CHECK(frobenius(head.data, head.numel) == Approx(st.w0_norm[st.w0_index[layout->find("lm_head.w")]]).epsilon(1e-5));
 }

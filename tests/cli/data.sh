@@ -27,7 +27,7 @@ grep -q "tokenised train" "$tmp/progress" || fail "no progress lines on stderr"
 python3 - "$tmp/summary.json" <<'EOF' || fail "default corpus summary out of range"
 import json, sys
 s = json.load(open(sys.argv[1]))
-assert s["tokenizer"] == "byte" and s["vocab_size"] == 257, s
+assert s["tokenizer"] == "byte" and s["vocab_size"] == 256, s
 assert s["tokens"]["train"] > 4_000_000, s["tokens"]
 assert s["documents"]["train"] > 300 and s["documents"]["eval"] > 0, s["documents"]
 assert s["shards"]["train"] >= 1 and s["shards"]["eval"] >= 1, s["shards"]
@@ -46,7 +46,7 @@ for i in 1 2 3 4 5 6; do
 done
 "$bin" data build --from "$tmp/src" --out "$tmp/bpe" --tokenizer bpe --vocab 300 --split blank-lines \
   --eval-fraction 0.3 --json --quiet >"$tmp/bpe.json"
-python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["tokenizer"]=="bpe" and 257<s["vocab_size"]<=300 and s["documents"]["train"]+s["documents"]["eval"]==12, s' \
+python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["tokenizer"]=="bpe" and 256<s["vocab_size"]<=300 and s["documents"]["train"]+s["documents"]["eval"]==12, s' \
   "$tmp/bpe.json" || fail "bpe build summary"
 
 # 3. Damaged shards: one flipped byte, a truncated file.
