@@ -27,6 +27,7 @@ class GanttWidget : public QWidget {
 
   void fit();
   void set_dim_noncritical(bool dim);
+  const GanttView& view() const { return v_; }
   // Called with a slice's description when the pointer rests on it or it is clicked.
   std::function<void(const std::string&)> on_details;
 

@@ -163,6 +163,8 @@ QWidget* sizing_tab(const SizingResult& s) {
   const ScatterSpec days = days_loss_chart(s);
   charts->addWidget(chart_or_note([&] { return build_stacked_bars(mem); }, "No memory breakdown in this file."));
   charts->addWidget(chart_or_note([&] { return build_scatter(days); }, "No candidate with both days and forecast loss."));
+  const HistogramSpec finish = finish_chart(s);
+  if (!finish.samples.empty()) charts->addWidget(chart_or_note([&] { return build_histogram(finish); }, ""));
   split->addWidget(charts);
   split->setSizes({250, 650});
   return split;

@@ -19,6 +19,7 @@ class MainWindow : public QMainWindow {
   MainWindow();
   // Opens `path` in a new tab and shows it; the kind is read from the content.
   void open_file(const std::string& path);
+  QTabWidget* tabs() const { return tabs_; }
 
  private:
   void open_dialog();

@@ -28,7 +28,8 @@ std::string strip(const std::string& s, const std::string& suffix) {
 std::string cell_text(const json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
-  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  // Counts such as parameters stay sortable as numbers but short: 5.35e+11.
+  if (v.is_number_integer() && std::abs(v.get<double>()) < 1e7) return std::to_string(v.get<int64_t>());
   if (v.is_number()) {
     char buf[48];
     std::snprintf(buf, sizeof buf, "%.4g", v.get<double>());
@@ -102,7 +103,8 @@ void read_memory(const json& c, SizingCandidate& out) {
   }
 }
 
-// Scalars become cells; objects are flattened one level ("best.mfu"), except memory.
+// Scalars become cells; small objects (a few scalars) are flattened one level
+// ("best.mfu"); memory and large objects (a whole layout) are left to their own views.
 void read_cells(const json& c, SizingCandidate& out, std::vector<std::string>& columns) {
   auto add = [&](const std::string& col, const json& v) {
     out.cells.emplace_back(col, cell_text(v));
@@ -111,7 +113,7 @@ void read_cells(const json& c, SizingCandidate& out, std::vector<std::string>& c
   for (auto it = c.begin(); it != c.end(); ++it) {
     if (it->is_primitive() && !it->is_null()) {
       add(it.key(), *it);
-    } else if (it->is_object() && it.key().find("memory") == std::string::npos) {
+    } else if (it->is_object() && it->size() <= 4 && it.key().find("memory") == std::string::npos) {
       for (auto jt = it->begin(); jt != it->end(); ++jt) {
         if (jt->is_primitive() && !jt->is_null()) add(it.key() + "." + jt.key(), *jt);
       }
@@ -165,10 +167,11 @@ SizingResult parse_sizing(const json& doc, const std::string& path) {
     if (w != doc.end() && w->is_string()) winner = w->get<std::string>();
     if (w != doc.end() && w->is_object() && w->contains("name") && (*w)["name"].is_string())
       winner = (*w)["name"].get<std::string>();
-    s.deadline_days = number_at(doc, {"deadline_days", "training_days", "days_budget"});
+    const auto deadline_keys = {"deadline_days", "training_days_available", "training_days", "days_budget"};
+    s.deadline_days = number_at(doc, deadline_keys);
     auto sc = doc.find("scenario");
     if (!std::isfinite(s.deadline_days) && sc != doc.end() && sc->is_object())
-      s.deadline_days = number_at(*sc, {"deadline_days", "training_days", "days_budget"});
+      s.deadline_days = number_at(*sc, deadline_keys);
   }
   s.table.columns.push_back("name");
   for (size_t i = 0; i < list.size(); ++i) {
@@ -189,6 +192,12 @@ SizingResult parse_sizing(const json& doc, const std::string& path) {
     out.days = number_at(c, {"days", "days_to_train", "train_days", "days_p50"});
     out.loss = number_at(c, {"forecast_loss", "loss"});
     out.p_finish = number_at(c, {"p_finish", "p_finish_by_deadline"});
+    auto fd = c.find("finish_days");
+    if (fd != c.end() && fd->is_array()) {
+      for (const json& x : *fd) {
+        if (x.is_number()) out.finish_days.push_back(x.get<double>());
+      }
+    }
     const double rank = number_at(c, {"rank"});
     auto w = c.find("winner");
     out.winner = out.name == winner || rank == 1 || (w != c.end() && w->is_boolean() && w->get<bool>());
@@ -242,6 +251,22 @@ ScatterSpec days_loss_chart(const SizingResult& s) {
   for (const auto& c : s.candidates) {
     if (std::isfinite(c.days) && std::isfinite(c.loss)) spec.points.push_back({c.name, c.days, c.loss, c.winner});
   }
+  return spec;
+}
+
+HistogramSpec finish_chart(const SizingResult& s) {
+  HistogramSpec spec;
+  spec.deadline_x = s.deadline_days;
+  spec.deadline_label = "deadline";
+  const SizingCandidate* pick = nullptr;
+  for (const auto& c : s.candidates) {
+    if (c.finish_days.empty()) continue;
+    if (pick == nullptr || c.winner) pick = &c;
+    if (c.winner) break;
+  }
+  if (pick == nullptr) return spec;
+  spec.title = "Days to finish: " + pick->name;
+  spec.samples = pick->finish_days;
   return spec;
 }
 

@@ -41,6 +41,7 @@ struct SizingCandidate {
   double days = kNone;      // days to the token budget
   double loss = kNone;      // forecast loss
   double p_finish = kNone;  // P(finish by the deadline)
+  std::vector<double> finish_days;  // Monte Carlo samples of days to finish ("finish_days")
   bool winner = false;
 };
 
@@ -57,6 +58,8 @@ struct SizingResult {
 SizingResult parse_sizing(const nlohmann::ordered_json& doc, const std::string& path);
 StackedBarSpec memory_chart(const SizingResult& s);
 ScatterSpec days_loss_chart(const SizingResult& s);  // candidates with days and loss
+// The winner's (else the first candidate's) finish-day samples; no samples when none has them.
+HistogramSpec finish_chart(const SizingResult& s);
 
 struct DropsResult {
   std::string sweep;       // the swept key, empty for one point

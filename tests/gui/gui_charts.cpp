@@ -16,6 +16,7 @@
 #include "gui/result_files.h"
 #include "gui/trace_model.h"
 #include "models/check.h"
+#include "sim/trace.h"
 #include "tests/gui/png_stats.h"
 
 namespace g = rackstep::gui;
@@ -213,6 +214,31 @@ TEST_CASE("trace model: rows, critical slices and exposed communication", "[gui]
   CHECK(m.metadata.at(0).first == "model");
 }
 
+TEST_CASE("trace model: reads what the simulator's TraceWriter writes", "[gui][trace]") {
+  rackstep::sim::TraceWriter w;
+  const int gpu = w.process("gpu0 (x64)");
+  const int compute = w.thread(gpu, "compute");
+  const int comm = w.thread(gpu, "nvlink");
+  const int fabric = w.process("fabric");
+  const int link = w.thread(fabric, "rack0->rack1");
+  w.complete(gpu, compute, "L0.fwd", "forward", 0.0, 1.5e-3, {{"mb", 0}, {"critical", true}});
+  w.complete(gpu, comm, "allgather", "fsdp", 1.0e-3, 1.0e-3);
+  w.complete(fabric, link, "grad reduce", "cross_rack", 1.0e-3, 2.0e-3);
+  w.flow(gpu, compute, 0.5e-3, gpu, comm, 1.5e-3, "dep");
+  w.counter(gpu, "hbm_bytes", 0.0, 1e9);
+  w.metadata("layout", "ep64");
+  const auto m = g::parse_trace(nlohmann::ordered_json::parse(w.to_string()), "writer");
+  REQUIRE(m.rows.size() == 3);
+  CHECK(m.rows[0].process_name == "gpu0 (x64)");
+  CHECK(m.rows[1].thread_name == "nvlink");
+  CHECK(m.rows[1].comm);
+  CHECK_FALSE(m.rows[2].comm);  // the fabric has no compute stream: not a GPU
+  CHECK(m.rows[0].events[0].dur_us == Approx(1500));
+  CHECK(m.n_critical == 1);
+  CHECK(m.rows[1].exposed_total_us == Approx(500));  // allgather [1000, 2000) us, compute ends at 1500
+  CHECK(m.metadata.at(0).second == "ep64");
+}
+
 TEST_CASE("trace model: begin/end pairs and a bare event array", "[gui][trace]") {
   const auto m = g::load_trace(write_file("be.json", R"([
 {"ph":"B","pid":3,"tid":7,"ts":10,"name":"step"},
@@ -267,11 +293,12 @@ TEST_CASE("timeline PNG: critical outline and exposed communication are drawn", 
 
 TEST_CASE("sizing results are read defensively", "[gui][files]") {
   const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(R"({
-    "scenario": {"deadline_days": 80, "gpus": 768},
+    "scenario": {"training_days_available": 80, "gpus": 768},
     "winner": "535B-A23B",
     "candidates": [
       {"name": "535B-A23B", "mfu": 0.42, "step_time_s": 7.1, "days": 71.5, "p_finish": 0.93, "forecast_loss": 1.912,
-       "best": {"layout": "ep64", "fits": true},
+       "best": {"layout": "ep64", "fits": true}, "total_params": 535000000000,
+       "layout": {"dp": 11, "ep": 64, "tp": 1, "pp": 1, "cp": 1}, "finish_days": [70, 72, 75, 81],
        "memory": {"weights_bytes": 32212254720, "optimizer_bytes": 64424509440, "activations_bytes": 53687091200,
                   "total_bytes": 150323855360, "capacity_bytes": 199715979264},
        "something_new": [1, 2, 3]},
@@ -289,7 +316,14 @@ TEST_CASE("sizing results are read defensively", "[gui][files]") {
   CHECK(s.candidates[0].memory_gib[0].second == Approx(30.0));
   CHECK(s.candidates[0].hbm_gib == Approx(186.0).epsilon(0.01));
   CHECK(s.table.columns[0] == "name");
-  CHECK(std::find(s.table.columns.begin(), s.table.columns.end(), "best.layout") != s.table.columns.end());
+  auto has_column = [&](const char* c) { return std::find(s.table.columns.begin(), s.table.columns.end(), c) != s.table.columns.end(); };
+  CHECK(has_column("best.layout"));
+  CHECK_FALSE(has_column("layout.dp"));  // a whole layout is too big for a cell
+  CHECK(s.table.rows[0][std::find(s.table.columns.begin(), s.table.columns.end(), "total_params") - s.table.columns.begin()] == "5.35e+11");
+  CHECK(s.candidates[0].finish_days.size() == 4);
+  const auto fin = g::finish_chart(s);
+  CHECK(fin.samples.size() == 4);
+  CHECK(fin.deadline_x == 80);
 
   const auto bars = g::memory_chart(s);
   CHECK(bars.categories.size() == 2);
