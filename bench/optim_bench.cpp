@@ -1,7 +1,8 @@
-// Optimizer and checkpoint speed: Newton–Schulz GFLOP/s (cblas_sgemm inside),
+// Optimizer and checkpoint speed (wall-clock rates: OpenBLAS runs its own threads):
+// Newton–Schulz GFLOP/s (cblas_sgemm inside),
 // Adam and MuonH steps per parameter, checkpoint save/load bandwidth.
 //
-//   build-data/optim_bench --benchmark_filter=NewtonSchulz
+//   build-data/bench/optim_bench --benchmark_filter=NewtonSchulz
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -42,7 +43,7 @@ void BM_NewtonSchulz(benchmark::State& state) {
       benchmark::Counter(ns_flops(rows, cols, 5) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_NewtonSchulz)->Args({256, 256})->Args({512, 1536})->Args({1536, 512})->Args({1024, 1024})
-    ->Unit(benchmark::kMillisecond);
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // One optimizer step of a single group over n parameters.
 void BM_OptimizerStep(benchmark::State& state, OptGroup group, std::vector<int64_t> shape) {
@@ -61,13 +62,13 @@ void BM_OptimizerStep(benchmark::State& state, OptGroup group, std::vector<int64
                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK_CAPTURE(BM_OptimizerStep, adam_4M, OptGroup::kAdam, std::vector<int64_t>{4096, 1024})
-    ->Unit(benchmark::kMillisecond);
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_OptimizerStep, adamh_4M, OptGroup::kAdamH, std::vector<int64_t>{1024, 4096})
-    ->Unit(benchmark::kMillisecond);
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_OptimizerStep, muonh_512x1536, OptGroup::kMuonH, std::vector<int64_t>{512, 1536})
-    ->Unit(benchmark::kMillisecond);
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_OptimizerStep, muonh_experts_16x256x256, OptGroup::kMuonH, std::vector<int64_t>{16, 256, 256})
-    ->Unit(benchmark::kMillisecond);
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_Checkpoint(benchmark::State& state) {
   const bool load = state.range(1) != 0;
@@ -88,7 +89,7 @@ void BM_Checkpoint(benchmark::State& state) {
   std::filesystem::remove(path);
   state.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Checkpoint)->Args({4096, 0})->Args({4096, 1})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Checkpoint)->Args({4096, 0})->Args({4096, 1})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_Checksum(benchmark::State& state) {
   std::vector<float> x(static_cast<size_t>(state.range(0)));
@@ -97,7 +98,7 @@ void BM_Checksum(benchmark::State& state) {
   state.counters["bytes/s"] = benchmark::Counter(static_cast<double>(x.size() * sizeof(float)),
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_Checksum)->Arg(1 << 22);
+BENCHMARK(BM_Checksum)->Arg(1 << 22)->UseRealTime();
 
 }  // namespace
 
