@@ -1,0 +1,477 @@
+"""The Marin MoE architecture in PyTorch: the reference the C++ engine is checked against.
+
+Written from spec/marin-architecture.md and the layer graph (models/layer_graph.cpp),
+independently of exec/: plain autograd over float64 tensors, no fused kernels, dense
+masks. Parameter names and shapes are the layer graph's ("layers.3.attn.q_proj.w",
+(in, out); routed experts (E, in, out)), so a C++ dump maps onto it one to one.
+
+    cfg = ModelConfig.from_json("models/zoo/tiny-moe.json")
+    params = {name: torch.tensor(...) for name, shape, group in param_specs(cfg)}
+    model = MarinRef(cfg, consts)
+    out = model.forward(params, buffers, batch)          # logits, ce, z_loss, loss
+    out["loss"].backward()                              # every gradient
+    after = optimizer_step(cfg, params, grads, hyper)   # MuonH / AdamH / Adam, one update
+
+Constants the spec leaves to the implementation (norm eps, XSA eps, RoPE theta, the
+attention scale) come from `consts`, which the test fills from the dump's metadata.
+"""
+
+import json
+import math
+
+import torch
+
+# ---------------------------------------------------------------------------
+# Model description: the subset of models/model.h this architecture needs, with
+# the same defaults as models/model.cpp.
+
+MUONH, MUON, ADAMH, ADAM = "muonh", "muon", "adamh", "adam"
+
+
+class ModelConfig:
+    def __init__(self, doc):
+        self.name = doc["name"]
+        self.vocab = doc["vocab"]
+        self.tied = doc.get("tied_embeddings", False)
+        self.d = doc["d_model"]
+        self.layers = doc["layers"]
+        self.seq_len = doc.get("seq_len", 4096)
+        self.z_weight = doc.get("logit_z_loss_weight", 0.0)
+        a = doc["attention"]
+        if a.get("kind", "gqa") != "gqa":
+            raise ValueError("the reference implements GQA attention only")
+        self.heads = a["heads"]
+        self.head_dim = a.get("head_dim", self.d // self.heads)
+        self.kv_heads = a.get("kv_heads", self.heads)
+        self.local = self._layer_kind(a.get("local", {}))
+        self.glob = self._layer_kind(a.get("global", {}))
+        self.global_every = a.get("global_every", 1)
+        self.last_layer_global = a.get("last_layer_global", False)
+        self.rope_theta = a.get("rope_theta", 10000.0)
+        self.qk_norm = a.get("qk_norm", False)
+        self.qk_mult = a.get("qk_norm_multiplier", 1.0)
+        self.xsa = a.get("xsa", False)
+        self.gate = a.get("gate", False)
+        s = doc.get("sconv", {})
+        self.sconv_k = s.get("kernel", 0)
+        sites = s.get("sites", [])
+        self.sconv_k_site = "k" in sites
+        self.sconv_attn_out = "attn_out" in sites
+        self.sconv_moe_out = "moe_out" in sites
+        n = doc.get("norm", {})
+        if n.get("kind", "rmsnorm") != "rmsnorm":
+            raise ValueError("the reference implements RMSNorm only")
+        self.norm_eps = n.get("eps", 1e-6)
+        self.gated_rank = n.get("gated_rank", 0)
+        gsites = n.get("gated_sites", [])
+        self.gated_pre_attention = "pre_attention" in gsites
+        self.gated_pre_mlp = "pre_mlp" in gsites
+        self.gated_embedding = "embedding" in gsites
+        self.gated_final = "final" in gsites
+        self.embedding_norm = n.get("embedding_norm", self.gated_embedding)
+        m = doc.get("moe", {})
+        self.experts = m.get("experts", 0)
+        if self.experts == 0 or m.get("dense_layers", 0) != 0:
+            raise ValueError("the reference implements all-MoE models only")
+        self.top_k = m["top_k"]
+        self.expert_width = m["expert_width"]
+        self.latent = m.get("latent", 0)
+        self.shared_experts = m.get("shared_experts", 0)
+        self.shared_width = m.get("shared_width", self.expert_width if self.shared_experts else 0)
+        if m.get("router", "sigmoid") != "sigmoid":
+            raise ValueError("the reference implements the sigmoid router only")
+        self.weight_sum = m.get("routing_weight_sum", 1.0)
+        self.balancing = m.get("balancing", "quantile")
+        if m.get("router_z_loss_applied", False):
+            raise ValueError("the reference logs the router z-loss; applying it is not implemented")
+        r = doc.get("recipe", {})
+        o = r.get("optimizer", {})
+        self.opt_block = o.get("block_matrices", MUONH)
+        self.opt_lm_head = o.get("lm_head", ADAMH)
+        self.opt_embedding = o.get("embedding", ADAM)
+        self.opt_other = o.get("other", ADAM)
+        self.beta1 = r.get("beta1", 0.9062)
+        self.beta2 = r.get("beta2", 0.95)
+        self.ns_steps = r.get("newton_schulz_steps", 5)
+
+    def _layer_kind(self, k):
+        window = k.get("window", 0)
+        pos = k.get("position", "rope")
+        frac = k.get("rope_fraction", 1.0) if pos == "rope" else 0.0
+        return {"kv_heads": k.get("kv_heads", self.kv_heads),
+                "window": 0 if window == "full" else window, "rope_fraction": frac}
+
+    @staticmethod
+    def from_json(path):
+        with open(path) as f:
+            return ModelConfig(json.load(f))
+
+    def is_global(self, layer):
+        if self.global_every > 0 and (layer + 1) % self.global_every == 0:
+            return True
+        return self.last_layer_global and layer == self.layers - 1
+
+    def kind(self, layer):
+        return self.glob if self.is_global(layer) else self.local
+
+    def moe_width(self):
+        return self.latent if self.latent > 0 else self.d
+
+
+def param_specs(cfg):
+    """Every learnable parameter, in layer-graph order: (name, shape, optimizer).
+
+    Mirrors models/layer_graph.cpp. The QB router bias is a buffer (set from
+    routing statistics), so it is not listed when balancing is "quantile"."""
+    specs = []
+    d, r = cfg.d, cfg.gated_rank
+    block = cfg.opt_block
+
+    def norm_site(prefix, width, gated):
+        specs.append((prefix + ".gain", (width,), cfg.opt_other))
+        if gated and r > 0:
+            specs.append((prefix + "_gate.w_down", (d, r), block))
+            specs.append((prefix + "_gate.w_up", (r, d), block))
+
+    specs.append(("embedding.w", (cfg.vocab, d), cfg.opt_embedding))
+    if cfg.embedding_norm:
+        norm_site("embedding_norm", d, cfg.gated_embedding)
+    hd, H = cfg.head_dim, cfg.heads
+    for l in range(cfg.layers):
+        p = "layers.%d." % l
+        norm_site(p + "attn_norm", d, cfg.gated_pre_attention)
+        specs.append((p + "attn.q_proj.w", (d, H * hd), block))
+        specs.append((p + "attn.k_proj.w", (d, cfg.kv_heads * hd), block))
+        specs.append((p + "attn.v_proj.w", (d, cfg.kv_heads * hd), block))
+        if cfg.sconv_k and cfg.sconv_k_site:
+            specs.append((p + "attn.k_sconv.kernel", (cfg.kv_heads * hd, cfg.sconv_k), cfg.opt_other))
+        if cfg.gate:
+            specs.append((p + "attn.gate.w", (d, H), cfg.opt_other))
+        specs.append((p + "attn.o_proj.w", (H * hd, d), block))
+        if cfg.sconv_k and cfg.sconv_attn_out:
+            specs.append((p + "attn.out_sconv.kernel", (d, cfg.sconv_k), cfg.opt_other))
+        norm_site(p + "mlp_norm", d, cfg.gated_pre_mlp)
+        E, L, F = cfg.experts, cfg.moe_width(), cfg.expert_width
+        specs.append((p + "moe.router.w", (d, E), cfg.opt_other))
+        if cfg.balancing != "quantile":
+            specs.append((p + "moe.router.bias", (E,), cfg.opt_other))
+        if cfg.latent > 0:
+            specs.append((p + "moe.latent_down.w", (d, cfg.latent), block))
+            specs.append((p + "moe.latent_norm.gain", (cfg.latent,), cfg.opt_other))
+        specs.append((p + "moe.experts.w1", (E, L, F), block))
+        specs.append((p + "moe.experts.w3", (E, L, F), block))
+        specs.append((p + "moe.experts.w2", (E, F, L), block))
+        if cfg.latent > 0:
+            specs.append((p + "moe.latent_up.w", (cfg.latent, d), block))
+        if cfg.shared_experts > 0:
+            sw = cfg.shared_experts * cfg.shared_width
+            specs.append((p + "moe.shared.w1", (d, sw), block))
+            specs.append((p + "moe.shared.w3", (d, sw), block))
+            specs.append((p + "moe.shared.w2", (sw, d), block))
+        if cfg.sconv_k and cfg.sconv_moe_out:
+            specs.append((p + "moe.out_sconv.kernel", (d, cfg.sconv_k), cfg.opt_other))
+    norm_site("final_norm", d, cfg.gated_final)
+    if not cfg.tied:
+        specs.append(("lm_head.w", (d, cfg.vocab), cfg.opt_lm_head))
+    return specs
+
+
+# ---------------------------------------------------------------------------
+# Ops, each written from its definition in the spec.
+
+def rmsnorm(x, gain, eps, multiplier=1.0):
+    """x / sqrt(mean(x^2) + eps) * gain * multiplier over the last dim (Zhang & Sennrich 2019)."""
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * multiplier
+    return y * gain if gain is not None else y
+
+
+def gated_norm(x, w_down, w_up):
+    """Spec "norms": x * sigmoid(silu(x W_down) W_up)."""
+    return x * torch.sigmoid(torch.nn.functional.silu(x @ w_down) @ w_up)
+
+
+def swiglu(x, w1, w3, w2):
+    """(silu(x W1) * (x W3)) W2 (Shazeer 2020)."""
+    return (torch.nn.functional.silu(x @ w1) * (x @ w3)) @ w2
+
+
+def sconv(x, kernel, doc):
+    """Depthwise causal conv along the sequence, taps masked at document boundaries.
+
+    x (B, T, C), kernel (C, K), doc (B, T). Tap j (of K) reads token t - (K-1-j);
+    tap K-1 is the token itself (spec "short conv": identity-initialised)."""
+    B, T, C = x.shape
+    K = kernel.shape[1]
+    y = torch.zeros_like(x)
+    for j in range(K):
+        shift = K - 1 - j
+        if shift >= T:
+            continue
+        src = torch.zeros_like(x)
+        src[:, shift:, :] = x[:, :T - shift, :]
+        live = torch.zeros(B, T, dtype=torch.bool)
+        live[:, shift:] = doc[:, shift:] == doc[:, :T - shift]
+        y = y + torch.where(live.unsqueeze(-1), src, torch.zeros_like(src)) * kernel[:, j]
+    return y
+
+
+def rope(x, pos, rot_dims, theta):
+    """Partial rotary embedding, GPT-NeoX rotate-half pairing inside the first rot_dims dims.
+
+    x (B, T, heads, hd); pair (i, i + rot_dims/2) rotates by pos * theta^(-2i/rot_dims)."""
+    if rot_dims == 0:
+        return x
+    half = rot_dims // 2
+    inv_freq = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / rot_dims)
+    ang = pos.to(torch.float64).unsqueeze(-1) * inv_freq  # (B, T, half)
+    c = torch.cos(ang).unsqueeze(2).to(x.dtype)
+    s = torch.sin(ang).unsqueeze(2).to(x.dtype)
+    x1, x2, rest = x[..., :half], x[..., half:rot_dims], x[..., rot_dims:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
+
+
+def attention_mask(doc, window):
+    """(B, T, T) visibility: causal, inside the window (0 = full), same document."""
+    T = doc.shape[1]
+    i = torch.arange(T).unsqueeze(1)
+    j = torch.arange(T).unsqueeze(0)
+    m = j <= i
+    if window > 0:
+        m = m & (j > i - window)
+    return m.unsqueeze(0) & (doc.unsqueeze(2) == doc.unsqueeze(1))
+
+
+def attention(q, k, v, mask, scale):
+    """softmax(scale q k^T) v per head. q (B, T, H, hd), k/v (B, T, kv, hd): query head h
+    reads kv head h // (H / kv)."""
+    H, kv = q.shape[2], k.shape[2]
+    group = H // kv
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    s = s.masked_fill(~mask.unsqueeze(1), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("bhij,bjhd->bihd", p, v)
+
+
+def xsa(o, v, eps):
+    """Exclusive self attention: o - (o.v / (v.v + eps)) v with v the token's own value
+    vector of the kv head the query head reads. o (B, T, H, hd), v (B, T, kv, hd)."""
+    v = v.repeat_interleave(o.shape[2] // v.shape[2], dim=2)
+    c = (o * v).sum(-1, keepdim=True) / ((v * v).sum(-1, keepdim=True) + eps)
+    return o - c * v
+
+
+# ---------------------------------------------------------------------------
+# The model.
+
+class RoutingMismatch(Exception):
+    pass
+
+
+class MarinRef:
+    def __init__(self, cfg, consts):
+        """consts: norm_eps, qk_norm_eps, xsa_eps, rope_theta, attn_scale (None = 1/sqrt(hd)),
+        rot_dims_local / rot_dims_global (None = rope_fraction * hd rounded down to even),
+        tie_margin (biased-score gap below which a different expert choice counts as an
+        fp32 near-tie, resolved to the engine's choice)."""
+        self.cfg = cfg
+        self.c = consts
+        self.routing_report = {"near_ties": 0, "tokens": 0}
+
+    def rot_dims(self, layer):
+        kind = self.cfg.kind(layer)
+        key = "rot_dims_global" if self.cfg.is_global(layer) else "rot_dims_local"
+        if self.c.get(key) is not None:
+            return self.c[key]
+        return int(kind["rope_fraction"] * self.cfg.head_dim) // 2 * 2
+
+    def norm_site(self, P, prefix, x, gated):
+        x = rmsnorm(x, P[prefix + ".gain"], self.c["norm_eps"])
+        if gated and self.cfg.gated_rank > 0:
+            x = gated_norm(x, P[prefix + "_gate.w_down"], P[prefix + "_gate.w_up"])
+        return x
+
+    def forward(self, P, buffers, batch, routes=None):
+        """P: name -> tensor (float64); buffers: QB biases by name; batch: tokens, targets,
+        doc, pos (B, T) int64; routes: optional name -> (N, k) engine choices."""
+        cfg, c = self.cfg, self.c
+        tokens, doc, pos = batch["tokens"], batch["doc"], batch["pos"]
+        B, T = tokens.shape
+        x = P["embedding.w"][tokens]  # (B, T, d)
+        if cfg.embedding_norm:
+            x = self.norm_site(P, "embedding_norm", x, cfg.gated_embedding)
+        self.router_z = []
+        for l in range(cfg.layers):
+            x = x + self.attention_block(P, l, x, doc, pos)
+            x = x + self.moe_block(P, buffers, l, x, doc, routes)
+        x = self.norm_site(P, "final_norm", x, cfg.gated_final)
+        w_head = P["embedding.w"].t() if cfg.tied else P["lm_head.w"]
+        logits = x @ w_head  # (B, T, V)
+        targets = batch["targets"]
+        counted = targets >= 0
+        lse = torch.logsumexp(logits, dim=-1)  # (B, T)
+        tgt = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        n = counted.sum()
+        ce = ((lse - tgt) * counted).sum() / n
+        z = cfg.z_weight * (lse.pow(2) * counted).sum() / n
+        return {"logits": logits, "ce": ce, "z_loss": z, "loss": ce + z}
+
+    def attention_block(self, P, l, x, doc, pos):
+        cfg, c = self.cfg, self.c
+        p = "layers.%d." % l
+        B, T, d = x.shape
+        H, hd = cfg.heads, cfg.head_dim
+        kind = cfg.kind(l)
+        kv = kind["kv_heads"]
+        h = self.norm_site(P, p + "attn_norm", x, cfg.gated_pre_attention)
+        q = (h @ P[p + "attn.q_proj.w"]).view(B, T, H, hd)
+        # Layers that use fewer KV heads than stored read the first `kv` (spec, KV heads).
+        k = h @ P[p + "attn.k_proj.w"][:, :kv * hd]
+        v = (h @ P[p + "attn.v_proj.w"][:, :kv * hd]).view(B, T, kv, hd)
+        if cfg.sconv_k and cfg.sconv_k_site:
+            k = sconv(k, P[p + "attn.k_sconv.kernel"][:kv * hd], doc)
+        k = k.view(B, T, kv, hd)
+        if cfg.qk_norm:
+            q = rmsnorm(q, None, c["qk_norm_eps"], cfg.qk_mult)
+            k = rmsnorm(k, None, c["qk_norm_eps"], cfg.qk_mult)
+        rd = self.rot_dims(l)
+        if rd > 0:
+            q = rope(q, pos, rd, c["rope_theta"])
+            k = rope(k, pos, rd, c["rope_theta"])
+        scale = c["attn_scale"] if c.get("attn_scale") is not None else 1.0 / math.sqrt(hd)
+        o = attention(q, k, v, attention_mask(doc, kind["window"]), scale)  # (B, T, H, hd)
+        if cfg.xsa:
+            o = xsa(o, v, c["xsa_eps"])
+        if cfg.gate:
+            g = 2.0 * torch.sigmoid(h @ P[p + "attn.gate.w"])  # (B, T, H)
+            o = o * g.unsqueeze(-1)
+        y = o.reshape(B, T, H * hd) @ P[p + "attn.o_proj.w"]
+        if cfg.sconv_k and cfg.sconv_attn_out:
+            y = sconv(y, P[p + "attn.out_sconv.kernel"], doc)
+        return y
+
+    def select_experts(self, l, logits, bias, engine_choice):
+        """Top-k of the biased scores (ties to the lower id). Where the engine's choice
+        differs only by an fp32 near-tie, take the engine's; otherwise raise."""
+        cfg = self.cfg
+        k = cfg.top_k
+        score = logits.detach() + (bias if bias is not None else 0.0)
+        # Stable descending sort: equal scores keep the lower expert id first.
+        order = torch.sort(score, dim=-1, descending=True, stable=True).indices
+        chosen = order[:, :k]
+        self.routing_report["tokens"] += logits.shape[0]
+        if engine_choice is None:
+            return chosen
+        mine = torch.zeros_like(score, dtype=torch.bool).scatter_(1, chosen, True)
+        theirs = torch.zeros_like(score, dtype=torch.bool).scatter_(1, engine_choice, True)
+        differ = (mine != theirs).any(dim=1).nonzero().flatten().tolist()
+        for t in differ:
+            s = score[t]
+            gap = (s[order[t, k - 1]] - s[order[t, k]]).item() if k < score.shape[1] else float("inf")
+            # The engine's pick must be among the near-tied: its lowest chosen score
+            # is within the margin of our k-th.
+            low = s[engine_choice[t]].min().item()
+            if gap > self.c["tie_margin"] or s[order[t, k - 1]].item() - low > self.c["tie_margin"]:
+                raise RoutingMismatch(
+                    "layer %d token %d: engine chose %s, reference %s (biased scores %s)"
+                    % (l, t, sorted(engine_choice[t].tolist()), sorted(chosen[t].tolist()),
+                       [round(v, 6) for v in s.tolist()]))
+            self.routing_report["near_ties"] += 1
+        return engine_choice
+
+    def moe_block(self, P, buffers, l, x, doc, routes):
+        cfg = self.cfg
+        p = "layers.%d." % l
+        B, T, d = x.shape
+        N = B * T
+        h = self.norm_site(P, p + "mlp_norm", x, cfg.gated_pre_mlp).reshape(N, d)
+        logits = h @ P[p + "moe.router.w"]  # (N, E)
+        self.router_z.append((torch.logsumexp(logits.detach(), -1) ** 2).mean().item())
+        bias = buffers.get(p + "moe.router.bias")
+        if bias is None and cfg.balancing != "quantile":
+            bias = P.get(p + "moe.router.bias")
+        engine = routes.get(p + "moe.expert") if routes else None
+        chosen = self.select_experts(l, logits, bias, engine)  # (N, k)
+        # Combine weights: sigmoid of the unbiased logits of the chosen k, renormalised
+        # to sum to weight_sum (spec, "router").
+        u = torch.sigmoid(logits.gather(1, chosen))  # (N, k)
+        w = cfg.weight_sum * u / u.sum(-1, keepdim=True)
+        dense_w = torch.zeros(N, cfg.experts, dtype=logits.dtype).scatter(1, chosen, w)  # (N, E)
+        z = h
+        if cfg.latent > 0:
+            z = rmsnorm(h @ P[p + "moe.latent_down.w"], P[p + "moe.latent_norm.gain"], self.c["norm_eps"])
+        w1, w3, w2 = P[p + "moe.experts.w1"], P[p + "moe.experts.w3"], P[p + "moe.experts.w2"]
+        # Every expert on every token, weighted by 0 where not chosen: the same sum
+        # as routing, and the same gradients (the zero weights stop them).
+        a1 = torch.einsum("nl,elf->enf", z, w1)
+        a3 = torch.einsum("nl,elf->enf", z, w3)
+        ye = torch.einsum("enf,efl->enl", torch.nn.functional.silu(a1) * a3, w2)  # (E, N, L)
+        comb = torch.einsum("ne,enl->nl", dense_w, ye)
+        y = comb @ P[p + "moe.latent_up.w"] if cfg.latent > 0 else comb
+        if cfg.shared_experts > 0:
+            y = y + swiglu(h, P[p + "moe.shared.w1"], P[p + "moe.shared.w3"], P[p + "moe.shared.w2"])
+        y = y.view(B, T, d)
+        if cfg.sconv_k and cfg.sconv_moe_out:
+            y = sconv(y, P[p + "moe.out_sconv.kernel"], doc)
+        return y
+
+
+# ---------------------------------------------------------------------------
+# One optimizer update from zero state (spec, "Optimizer (param groups)").
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)  # Jordan et al., "Muon" (2024)
+
+
+def newton_schulz(u, steps):
+    """Quintic Newton-Schulz orthogonalisation of u (rows, cols), on the wide orientation."""
+    a, b, c = NS_COEFFS
+    x = u.t() if u.shape[0] > u.shape[1] else u
+    x = x / (x.norm() + 1e-7)
+    for _ in range(steps):
+        A = x @ x.t()
+        x = a * x + (b * A + c * A @ A) @ x
+    return x.t() if u.shape[0] > u.shape[1] else x
+
+
+def hyperball(w, u, lr, w0_norm):
+    """W <- Norm(W - lr ||W0|| Norm(u)) ||W0||, Norm(x) = x / ||x||_F."""
+    un = u.norm()
+    if un > 0:
+        w = w - lr * w0_norm * u / un
+    return w * (w0_norm / w.norm())
+
+
+def optimizer_step(cfg, specs, params, grads, hyper):
+    """The first update (step 0, zero moments) of every parameter.
+
+    hyper: lr {muonh, adamh, adam, muon}, beta1, beta2, adam_eps, adam_weight_decay,
+    ns_steps. Returns name -> updated tensor."""
+    b1, b2, eps = hyper["beta1"], hyper["beta2"], hyper["adam_eps"]
+    t = 1
+    c1, c2 = 1.0 / (1.0 - b1 ** t), 1.0 / (1.0 - b2 ** t)
+    out = {}
+    for name, shape, group in specs:
+        w, g = params[name], grads[name]
+        lr = hyper["lr"][group]
+        if group in (MUONH, MUON):
+            m = (1 - b1) * g  # momentum from zero
+            u = (1 - b1) * g + b1 * m  # Nesterov look-ahead
+            mats = [(w, u)] if w.dim() == 2 else [(w[e], u[e]) for e in range(w.shape[0])]
+            new = []
+            for we, ue in mats:
+                o = newton_schulz(ue, hyper["ns_steps"])
+                if group == MUONH:
+                    new.append(hyperball(we, o, lr, we.norm()))
+                else:
+                    new.append(we - lr * math.sqrt(max(1.0, we.shape[0] / we.shape[1])) * o)
+            out[name] = new[0] if w.dim() == 2 else torch.stack(new)
+            continue
+        m = (1 - b1) * g
+        v = (1 - b2) * g * g
+        u = (m * c1) / (torch.sqrt(v * c2) + eps)
+        if group == ADAMH:
+            out[name] = hyperball(w, u, lr, w.norm())
+            continue
+        out[name] = w - lr * u - lr * hyper["adam_weight_decay"] * w
+    return out

@@ -1,0 +1,258 @@
+"""The C++ engine against the PyTorch reference, tensor by tensor (issue 7, Correctness).
+
+    /usr/bin/python3 tests/reference/test_reference.py build/rackstep [--keep DIR] [--dump DIR]
+
+Runs one training step of models/zoo/tiny-moe.json with `rackstep train --reference-dump`,
+recomputes it in float64 PyTorch from the same weights and batch (tests/reference/marin_ref.py),
+and compares logits, loss, every parameter gradient, and every parameter after one update of
+each optimizer kind (MuonH, AdamH, Adam), by normalised error
+    err = max|engine - reference| / max|reference|
+(for the updates, also of the update itself: after - before, whose tolerance is
+max(1e-4, 4 x its fp32 rounding floor)). Exits 1 on any error above the tolerance (1e-4; fp32
+engine vs float64 reference), 0 when everything matches. Prints
+"SKIP: ..." and exits 0 only when the binary has no `train --reference-dump` at all.
+--dump DIR compares an existing dump instead of running the binary (debugging).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import marin_ref  # noqa: E402
+from dump import read_dump  # noqa: E402
+
+MODEL = os.path.join(REPO, "models", "zoo", "tiny-moe.json")
+TOLERANCE = 1e-4
+# Text the corpus is built from: files of this repository (always present, real prose and code).
+CORPUS_FILES = ["README.md", "models/model.h", "models/layer_graph.h", "exec/kernels.h", "exec/optim.h"]
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def has_reference_dump(rackstep):
+    r = run([rackstep, "train", "--help"])
+    return r.returncode == 0 and "--reference-dump" in r.stdout
+
+
+def make_dump(rackstep, work):
+    """Builds a small multi-document corpus and runs one reference step; returns the dump dir."""
+    data = os.path.join(work, "data")
+    files = [os.path.join(REPO, f) for f in CORPUS_FILES if os.path.exists(os.path.join(REPO, f))]
+    r = run([rackstep, "data", "build", "--from", *files, "--out", data, "--split", "blank-lines",
+             "--quiet"])
+    if r.returncode != 0:
+        sys.exit("FAIL: rackstep data build failed:\n" + r.stdout)
+    out = os.path.join(work, "dump")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    cmd = [rackstep, "train", "--model", MODEL, "--data", data, "--out", os.path.join(work, "run"),
+           "--reference-dump", out]
+    print("$ " + " ".join(cmd), flush=True)
+    r = run(cmd, env=env, cwd=REPO)
+    if r.returncode != 0:
+        sys.exit("FAIL: rackstep train --reference-dump exited %d:\n%s" % (r.returncode, r.stdout))
+    return out
+
+
+def f64(a):
+    return torch.from_numpy(np.asarray(a, dtype=np.float64))
+
+
+def consts_from_meta(cfg, meta):
+    """Constants the spec leaves to the implementation, as the engine used them."""
+    def get(key, default):
+        return meta[key] if key in meta else default
+    return {
+        "norm_eps": get("norm_eps", cfg.norm_eps),
+        "qk_norm_eps": get("qk_norm_eps", get("norm_eps", cfg.norm_eps)),
+        "xsa_eps": get("xsa_eps", 1e-6),
+        "rope_theta": get("rope_theta", cfg.rope_theta),
+        "attn_scale": get("attn_scale", None),
+        "rot_dims_local": get("rot_dims_local", None),
+        "rot_dims_global": get("rot_dims_global", None),
+        # fp32 logits carry ~1e-6 relative error; a choice that flips within this
+        # gap of biased scores is a near-tie, not a bug.
+        "tie_margin": 1e-4,
+    }
+
+
+def hyper_from_meta(cfg, meta):
+    lr = meta["lr"]
+    return {
+        "lr": {marin_ref.MUONH: lr["muonh"], marin_ref.MUON: lr.get("muon", lr["muonh"]),
+               marin_ref.ADAMH: lr["adamh"], marin_ref.ADAM: lr["adam"]},
+        "beta1": meta.get("beta1", cfg.beta1),
+        "beta2": meta.get("beta2", cfg.beta2),
+        "adam_eps": meta.get("adam_eps", 1e-8),
+        "adam_weight_decay": meta.get("adam_weight_decay", 0.0),
+        "ns_steps": meta.get("ns_steps", cfg.ns_steps),
+    }
+
+
+def norm_err(engine, ref):
+    engine = np.asarray(engine, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if engine.shape != ref.shape:
+        return float("inf")
+    scale = np.max(np.abs(ref)) if ref.size else 0.0
+    diff = np.max(np.abs(engine - ref)) if ref.size else 0.0
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else float("inf")
+    return float(diff / scale)
+
+
+class Table:
+    def __init__(self):
+        self.rows = []  # (kind, name, err, tolerance, note)
+
+    def add(self, kind, name, err, tol=TOLERANCE, note=""):
+        self.rows.append((kind, name, err, tol, note))
+
+    def failures(self):
+        return [r for r in self.rows if not (r[2] <= r[3])]
+
+    def print(self):
+        print("%-8s %-42s %12s %10s  %s" % ("what", "tensor", "max rel err", "tolerance", ""))
+        for kind, name, err, tol, note in self.rows:
+            flag = "ok" if err <= tol else "MISMATCH"
+            print("%-8s %-42s %12.3e %10.0e  %s %s" % (kind, name, err, tol, flag, note))
+        by_kind = {}
+        for kind, _, err, _, _ in self.rows:
+            by_kind[kind] = max(by_kind.get(kind, 0.0), err)
+        print("max by kind: " + ", ".join("%s %.3e" % kv for kv in by_kind.items()))
+
+
+def check_names(cfg, dump, table):
+    """The dump's parameters are exactly the layer graph's, with the same shapes."""
+    specs = marin_ref.param_specs(cfg)
+    want = {n: tuple(s) for n, s, _ in specs}
+    have = {n: tuple(a.shape) for n, a in dump.with_prefix("param.").items()}
+    problems = []
+    for n in want:
+        if n not in have:
+            problems.append("missing param." + n)
+        elif have[n] != want[n]:
+            problems.append("param.%s shape %s, reference %s" % (n, have[n], want[n]))
+    problems += ["unexpected param." + n for n in have if n not in want]
+    for p in problems:
+        print("  " + p)
+    table.add("names", "param names and shapes", 0.0 if not problems else float("inf"),
+              note="%d tensors" % len(want))
+    return specs, not problems
+
+
+def compare(dump):
+    meta = dump.meta
+    cfg = marin_ref.ModelConfig.from_json(MODEL)
+    table = Table()
+    specs, names_ok = check_names(cfg, dump, table)
+    if not names_ok:
+        return table
+    consts = consts_from_meta(cfg, meta)
+    params = {n: f64(dump["param." + n]).requires_grad_(True) for n, _, _ in specs}
+    buffers = {n: f64(a) for n, a in dump.with_prefix("buffer.").items()}
+    routes = {n: torch.from_numpy(a.astype(np.int64)) for n, a in dump.with_prefix("route.").items()}
+    batch = {k: torch.from_numpy(dump["batch." + k].astype(np.int64)) for k in ("tokens", "targets", "doc", "pos")}
+
+    model = marin_ref.MarinRef(cfg, consts)
+    try:
+        out = model.forward(params, buffers, batch, routes)
+    except marin_ref.RoutingMismatch as e:
+        print("routing differs beyond an fp32 near-tie: %s" % e)
+        table.add("route", "expert choice", float("inf"))
+        return table
+    out["loss"].backward()
+    rr = model.routing_report
+    table.add("route", "expert choice", 0.0,
+              note="%d tokens x layers, %d fp32 near-ties resolved to the engine's choice%s" % (
+                  rr["tokens"], rr["near_ties"], "" if routes else " (no route.* in dump)"))
+
+    table.add("forward", "logits", norm_err(dump["logits"], out["logits"].detach().numpy()))
+    for name in ("loss", "ce", "z_loss"):
+        if name in dump:
+            table.add("forward", name, norm_err(dump[name], out[name].detach().numpy()),
+                      note="engine %.8f ref %.8f" % (float(dump[name]), out[name].item()))
+    for n, _, group in specs:
+        if "grad." + n not in dump:
+            table.add("grad", n, float("inf"), note="missing from dump")
+            continue
+        table.add("grad", n, norm_err(dump["grad." + n], params[n].grad.numpy()))
+
+    # One update of each optimizer kind, from the engine's own gradients, so this
+    # checks the optimizer alone (the gradients were checked above).
+    hyper = hyper_from_meta(cfg, meta)
+    before = {n: f64(dump["param." + n]) for n, _, _ in specs}
+    grads = {n: f64(dump["grad." + n]) for n, _, _ in specs if "grad." + n in dump}
+    after_ref = marin_ref.optimizer_step(cfg, [s for s in specs if s[0] in grads], before, grads, hyper)
+    for n, _, group in specs:
+        if "after." + n not in dump or n not in after_ref:
+            table.add("step", n, float("inf"), note="missing from dump")
+            continue
+        engine_after = dump["after." + n].astype(np.float64)
+        ref_after = after_ref[n].numpy()
+        table.add("step:" + group, n, norm_err(engine_after, ref_after))
+        ref_delta = ref_after - before[n].numpy()
+        floor = fp32_floor(ref_after, ref_delta)
+        table.add("delta:" + group, n, norm_err(engine_after - before[n].numpy(), ref_delta),
+                  tol=max(TOLERANCE, DELTA_FLOOR_FACTOR * floor), note="update itself; fp32 floor %.1e" % floor)
+    return table
+
+
+# The update after - before is ~lr times smaller than the weights (lr ~ 2e-4 at
+# the first warmup step), so the engine cannot hold it more exactly than the
+# fp32 rounding of the weights allows: floor = 2^-24 max|W| / max|update|. The
+# weights are rounded twice (the step, then the hyperball rescale), so the
+# update may err by a few floors; a wrong LR, sign or normalisation errs by ~1.
+DELTA_FLOOR_FACTOR = 4.0
+
+
+def fp32_floor(after, delta):
+    scale = np.max(np.abs(delta))
+    return float(2.0 ** -24 * np.max(np.abs(after)) / scale) if scale > 0 else 0.0
+
+
+def main():
+    args = sys.argv[1:]
+    if not args:
+        sys.exit("usage: test_reference.py <rackstep binary> [--keep DIR] [--dump DIR]")
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    rackstep = args[0]
+    keep = args[args.index("--keep") + 1] if "--keep" in args else None
+    given = args[args.index("--dump") + 1] if "--dump" in args else None
+    work = None
+    if given:
+        dump_dir = given
+    else:
+        if not has_reference_dump(rackstep):
+            print("SKIP: %s has no `train --reference-dump` (the training command is not built yet); "
+                  "nothing compared" % rackstep)
+            return 0
+        work = keep or tempfile.mkdtemp(prefix="rackstep_ref_")
+        os.makedirs(work, exist_ok=True)
+        dump_dir = make_dump(rackstep, work)
+    try:
+        table = compare(read_dump(dump_dir))
+    finally:
+        if work and not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    table.print()
+    bad = table.failures()
+    if bad:
+        print("FAIL: %d of %d comparisons above tolerance" % (len(bad), len(table.rows)))
+        return 1
+    print("PASS: %d comparisons within tolerance" % len(table.rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
