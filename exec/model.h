@@ -1,0 +1,209 @@
+// The CPU model: runs a layer graph's ops for real, forward and backward, fp32.
+//
+// Built from the one layer graph (models/layer_graph.h): the parameter arena
+// holds every learnable tensor of graph.ops[*].params (exec/arena.h), the
+// activation arena one (N, width) buffer per op output ("slot"), N = batch*seq
+// tokens, sized when the model is built. forward() walks graph.ops in order
+// and calls each op's kernel (exec/kernels.h); backward() walks them back.
+// What reads what (the data flow the flat op list leaves implicit: Q/K/V all
+// read the attention branch input, the residual stream skips the branch, the
+// shared experts add to the routed output) is worked out once, when the model
+// is built, into a per-op plan of slots; the passes then read top to bottom.
+//
+// GRADIENT RULE (as in exec/kernels.h): parameter gradients += (call
+// zero_grads() before a step), activation gradients =, the residual stream +=.
+// An activation read by several ops (the branch input feeds Q, K, V, the gate,
+// the router, latent-down and the shared experts) gets "=" from the first
+// reader in backward order and "+=" from the others.
+//
+// Conventions the PyTorch reference must share (also in the reference dump's
+// meta): RoPE position = token index inside its sequence; attention scale
+// 1/sqrt(qk head dim); QK-norm eps = norm eps; XSA eps kXsaEps; K and V are
+// projected at the stored KV width on every layer (global layers read the first
+// kv_used heads, the unused heads' gradients are zero); QB bias from the
+// previous step's histogram of router logits over [kQbLo, kQbHi].
+//
+// Not runnable here (UserError when the model is built): MLA attention,
+// LayerNorm, auxiliary-loss balancing, an applied router z-loss, tied
+// embeddings.
+//
+//   LayerGraph g = build_layer_graph(load_model("models/zoo/tiny-moe.json"));
+//   CpuModel m(g, /*batch=*/8, /*seq=*/256);
+//   m.init_params(/*seed=*/1);
+//   m.zero_grads();
+//   LossResult l = m.forward(batch.inputs.data(), batch.targets.data(), batch.doc_ids.data());
+//   m.backward();                          // m.grads() now holds d loss / d params
+//   m.update_balancing();                  // QB bias for the next step
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "exec/arena.h"
+#include "models/layer_graph.h"
+#include "sim/dispatch.h"
+
+namespace rackstep::exec {
+
+constexpr float kXsaEps = 1e-6f;
+// Router-logit range of the quantile-balancing histogram; logits outside land
+// in the edge bins (exec/kernels.h, qb_histogram).
+constexpr float kQbLo = -8.0f, kQbHi = 8.0f;
+
+// Which routed assignments the experts compute. Single process, EP = 1: no
+// drops (enabled = false). With `enabled`, the batch's tokens are split into
+// `ep` contiguous virtual GPUs of N/ep tokens and the shared dispatch library
+// (sim/dispatch.h) decides every assignment's fate with `config` (pooled waves
+// with sender/receiver cf, ragged, or per-expert capacity); the experts then
+// skip exactly the assignments it drops.
+struct DispatchOptions {
+  bool enabled = false;
+  int64_t ep = 1;
+  sim::DispatchConfig config;
+};
+
+struct LossResult {
+  double loss = 0;    // ce + z_loss (the optimised value)
+  double ce = 0;      // mean cross-entropy, nats per token
+  double z_loss = 0;  // weighted logit z-loss
+  double router_z_loss = 0;  // mean over MoE layers (logged, not applied)
+  sim::DropCounts drops;     // summed over MoE layers
+};
+
+// Per-op callbacks for the profiler: phase 0 = forward, 1 = backward.
+using OpTimer = std::function<void(size_t op, int phase, std::chrono::steady_clock::time_point start,
+                                   std::chrono::steady_clock::time_point end)>;
+
+class CpuModel {
+ public:
+  // Throws UserError when the graph uses a feature this backend cannot run.
+  CpuModel(const models::LayerGraph& graph, int64_t batch, int64_t seq);
+
+  const models::LayerGraph& graph() const { return graph_; }
+  int64_t batch() const { return B_; }
+  int64_t seq() const { return T_; }
+  int64_t tokens() const { return N_; }
+
+  Arena& params() { return params_; }
+  const Arena& params() const { return params_; }
+  Arena& grads() { return grads_; }
+  const Arena& grads() const { return grads_; }
+  size_t activation_bytes() const { return 2 * act_.size() * sizeof(float); }  // values + gradients
+
+  // Normal(0, init_std_scale / sqrt(d)) for every matrix (embedding and LM
+  // head included), identity SConv kernels, gains 1, zero QB bias. A pure
+  // function of the seed (own Box–Muller over splitmix64: no libstdc++
+  // distribution in the way of bitwise reproducibility).
+  void init_params(uint64_t seed);
+  void zero_grads() { grads_.zero(); }
+
+  void set_dispatch(const DispatchOptions& d);
+  // Quantile balancing: `training` forwards add their router logits to the
+  // layer's histogram; update_balancing() turns it into next step's bias.
+  void set_training(bool training) { training_ = training; }
+  void update_balancing();
+  // The QB selection bias of every MoE layer, (moe layers, E), for checkpoints.
+  std::vector<float> balancing_state() const;
+  void set_balancing_state(const std::vector<float>& bias);  // UserError on a size mismatch
+
+  // inputs, targets, doc_ids: (batch, seq); doc_ids may be nullptr (one document).
+  LossResult forward(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);
+  void backward();
+
+  // With check_finite, forward/backward stop at the first op whose output
+  // (forward) or input gradient / parameter gradient (backward) holds a NaN or
+  // Inf and return its name; "" when everything is finite. Used to name the
+  // culprit after a step's loss or gradient norm came out non-finite.
+  // find_nonfinite_backward needs the forward state of that step and zeroes
+  // the gradients itself.
+  std::string find_nonfinite_forward(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);
+  std::string find_nonfinite_backward();
+
+  void set_op_timer(OpTimer timer) { timer_ = std::move(timer); }
+
+  // Forward results, for dumps and tests.
+  const float* logits() const;                    // (N, V)
+  const int32_t* positions() const { return pos_.data(); }  // (N)
+  // Chosen experts of MoE layer `layer`, (N, k); nullptr for a dense layer.
+  const int32_t* routed_experts(int layer) const;
+  const float* balancing_bias(int layer) const;    // (E) or nullptr
+  // The forward output of op `i`, (N, out width), and its width.
+  const float* op_output(size_t i, int64_t* width = nullptr) const;
+
+ private:
+  struct Slot {
+    int64_t offset = 0;  // floats into act_ / dact_
+    int64_t width = 0;   // per token
+  };
+  // Slots an op reads and writes, and parameter indices; -1 = none.
+  struct OpPlan {
+    int in = -1, in2 = -1, in3 = -1;  // main input, second and third input
+    int out = -1, out2 = -1;           // output (QK-norm, RoPE: out = q, out2 = k)
+    int save = -1, save2 = -1, save3 = -1;  // buffers kept for backward
+    bool acc_in = false, acc_in2 = false, acc_in3 = false;  // backward: "+=" into that input's gradient
+    int p0 = -1, p1 = -1, p2 = -1;     // parameter arena tensors in op.params order
+    int moe = -1;                      // index into moe_ of the op's layer
+    int rot_dims = 0;                  // RoPE
+    bool site_norm = false;            // RmsNorm reading the residual stream
+  };
+  // Routing state of one MoE layer.
+  struct MoeState {
+    int layer = -1;
+    int E = 0, k = 0, L = 0, F = 0;
+    std::vector<int32_t> expert;      // (N, k)
+    std::vector<float> threshold;     // (N)
+    std::vector<int32_t> sorted_pos;  // (A)
+    std::vector<int32_t> offsets;     // (E + 1)
+    std::vector<uint8_t> keep;        // (A) grouped order; empty = keep all
+    std::vector<float> bias;          // (E) QB selection bias (when not a parameter)
+    std::vector<int64_t> hist;        // (E, bins) this step's router-logit histogram
+    int bias_param = -1;              // arena tensor of a learnable bias, else -1
+    double router_z = 0;
+    sim::DropCounts drops;
+  };
+
+  void plan(const models::LayerGraph& g);
+  int new_slot(int64_t width);
+  float* A(int slot) { return act_.data() + slots_[slot].offset; }
+  float* D(int slot) { return dact_.data() + slots_[slot].offset; }
+  float* P(int p) { return params_.view(static_cast<size_t>(p)).data; }
+  float* G(int p) { return grads_.view(static_cast<size_t>(p)).data; }
+
+  void forward_op(size_t i, const int32_t* inputs, const int32_t* targets, const int32_t* doc);
+  void backward_op(size_t i);
+  void dispatch_layer(MoeState& m, const float* weights);  // weights: (N, k)
+  // Backward helpers for an input gradient: where the kernel writes, and the
+  // fix-up that turns a "=" kernel into "+=" when this op is not the first writer.
+  float* grad_dst(int slot, bool accumulate, int staging = 0);
+  void grad_done(int slot, bool accumulate, int staging = 0);
+  void zero_if_first(int slot, bool accumulate);
+
+  bool op_output_finite(size_t i);
+  bool op_grads_finite(size_t i);
+
+  models::LayerGraph graph_;
+  int64_t B_ = 0, T_ = 0, N_ = 0;
+  Arena params_, grads_;
+  std::vector<Slot> slots_;
+  std::vector<OpPlan> plan_;
+  std::vector<MoeState> moe_;
+  std::vector<float> act_, dact_;   // activation arena and its gradients
+  std::vector<float> scratch_;      // kernel scratch and "=" -> "+=" staging
+  std::vector<float> scratch2_;
+  std::vector<int32_t> pos_;        // (N) RoPE positions
+  const int32_t* tokens_ = nullptr;
+  const int32_t* targets_ = nullptr;
+  const int32_t* doc_ = nullptr;
+  int64_t counted_targets_ = 0;
+  double last_ce_ = 0, last_z_ = 0;  // the loss op's result
+  int logits_slot_ = -1;
+  int lse_slot_ = -1;
+  bool training_ = true;
+  DispatchOptions dispatch_;
+  OpTimer timer_;
+};
+
+}  // namespace rackstep::exec

@@ -1,0 +1,233 @@
+// The CPU model as a whole (exec/model.h): loss at init, whole-model gradients
+// against finite differences, overfitting one batch, determinism, bad models.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "exec/model.h"
+#include "exec/optim.h"
+#include "models/check.h"
+#include "models/json_io.h"
+#include "models/layer_graph.h"
+
+using namespace rackstep;
+using namespace rackstep::exec;
+
+namespace {
+
+models::LayerGraph tiny_graph() {
+  return models::build_layer_graph(models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json"));
+}
+
+// A batch of pseudo-random tokens with two documents per sequence.
+struct TestBatch {
+  std::vector<int32_t> inputs, targets, docs;  // (B, T) each
+};
+TestBatch make_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  TestBatch b;
+  uint64_t s = seed;
+  for (int64_t i = 0; i < B * T + 1; ++i) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    b.inputs.push_back(static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab)));
+  }
+  b.targets.assign(b.inputs.begin() + 1, b.inputs.end());
+  b.inputs.pop_back();
+  for (int64_t i = 0; i < B * T; ++i) b.docs.push_back(static_cast<int32_t>((i / T) * 2 + ((i % T) >= T / 3)));
+  return b;
+}
+
+double loss_of(CpuModel& m, const TestBatch& b) {
+  return m.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss;
+}
+
+}  // namespace
+
+TEST_CASE("loss at init is about ln(vocab)", "[exec][model]") {
+  const models::LayerGraph g = tiny_graph();
+  CpuModel m(g, 2, 64);
+  m.init_params(1);
+  const TestBatch b = make_batch(2, 64, g.model.vocab, 7);
+  const LossResult r = m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  // Logits at init have std ~ init_std_scale (unit-RMS input times 0.5/sqrt(d) weights),
+  // so the expected cross-entropy is ln V plus about var/2.
+  CHECK(r.ce == Approx(std::log(static_cast<double>(g.model.vocab))).margin(0.4));
+  CHECK(r.z_loss > 0.0);
+  CHECK(r.z_loss < 1e-2);
+  CHECK(r.drops.assignments == 2 * 64 * g.model.moe.top_k * g.model.layers);
+  CHECK(r.drops.dropped() == 0);
+}
+
+TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradcheck]") {
+  const models::LayerGraph g = tiny_graph();
+  CpuModel m(g, 1, 48);
+  m.init_params(3);
+  const TestBatch b = make_batch(1, 48, g.model.vocab, 11);
+  auto routing = [&](const CpuModel& model) {
+    std::vector<int32_t> all;
+    for (int l = 0; l < g.model.layers; ++l) {
+      const int32_t* e = model.routed_experts(l);
+      all.insert(all.end(), e, e + 48 * g.model.moe.top_k);
+    }
+    return all;
+  };
+  m.zero_grads();
+  loss_of(m, b);
+  const std::vector<int32_t> base_routing = routing(m);
+  m.backward();
+  // A directional derivative along a +-1 direction over the whole tensor:
+  // the analytic value g.u against (L(w + h u) - L(w - h u)) / 2h, in double
+  // from fp32 losses. Many elements at once keep the signal far above fp32 noise.
+  const char* names[] = {"embedding.w",
+                         "embedding_norm_gate.w_down",
+                         "layers.0.attn_norm.gain",
+                         "layers.0.attn.q_proj.w",
+                         "layers.1.attn.k_proj.w",
+                         "layers.0.attn.v_proj.w",
+                         "layers.0.attn.k_sconv.kernel",
+                         "layers.1.attn.gate.w",
+                         "layers.0.attn.o_proj.w",
+                         "layers.2.attn.out_sconv.kernel",
+                         "layers.0.moe.router.w",
+                         "layers.1.moe.latent_down.w",
+                         "layers.1.moe.latent_norm.gain",
+                         "layers.0.moe.experts.w1",
+                         "layers.3.moe.experts.w2",
+                         "layers.2.moe.latent_up.w",
+                         "layers.0.moe.shared.w3",
+                         "layers.3.moe.out_sconv.kernel",
+                         "final_norm_gate.w_up",
+                         "lm_head.w"};
+  for (const char* name : names) {
+    INFO(name);
+    TensorView w = m.params().view(name);
+    const float* grad = m.grads().view(name).data;
+    std::vector<float> saved(w.data, w.data + w.numel);
+    std::vector<float> u(static_cast<size_t>(w.numel));
+    uint64_t s = 12345;
+    double gu = 0.0, wnorm = 0.0;
+    for (int64_t i = 0; i < w.numel; ++i) {
+      // Along sign(g) (ties at random): g.u = |g|_1, the largest signal a +-1 step can get.
+      s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+      u[i] = grad[i] > 0 ? 1.0f : grad[i] < 0 ? -1.0f : ((s >> 63) ? 1.0f : -1.0f);
+      gu += static_cast<double>(grad[i]) * u[i];
+      wnorm += static_cast<double>(saved[i]) * saved[i];
+    }
+    // Step: about 1e-3 of the typical element magnitude. Top-k selection is
+    // piecewise constant: a step that flips any token's experts measures the
+    // jump, not the derivative, so the step shrinks until routing stays put.
+    double h = std::max(1e-3 * std::sqrt(wnorm / static_cast<double>(w.numel)), 1e-4);
+    auto shifted = [&](double by) {
+      for (int64_t i = 0; i < w.numel; ++i) w.data[i] = static_cast<float>(saved[i] + by * u[i]);
+      const double l = loss_of(m, b);
+      return std::pair{l, routing(m) == base_routing};
+    };
+    double fd = 0.0;
+    bool stable = false;
+    for (int tries = 0; tries < 6 && !stable; ++tries, h /= 4) {
+      const auto [lp, sp] = shifted(h);
+      const auto [lm, sm] = shifted(-h);
+      fd = (lp - lm) / (2 * h);
+      stable = sp && sm;
+    }
+    std::memcpy(w.data, saved.data(), saved.size() * sizeof(float));
+    CHECK(stable);
+    CHECK(std::abs(gu) > 1e-6);  // the tensor matters to the loss
+    CHECK(fd == Approx(gu).epsilon(0.03).margin(2e-4));
+  }
+}
+
+TEST_CASE("training on one batch drives its loss down", "[exec][model]") {
+  const models::LayerGraph g = tiny_graph();
+  CpuModel m(g, 2, 64);
+  m.init_params(5);
+  const TestBatch b = make_batch(2, 64, g.model.vocab, 13);
+  OptimizerConfig cfg = default_optimizer_config(40, g.model.d_model, 2 * 64);
+  Optimizer opt(cfg);
+  OptimizerState st = init_optimizer_state(m.params());
+  double first = 0, last = 0;
+  for (int step = 0; step < 40; ++step) {
+    m.zero_grads();
+    last = loss_of(m, b);
+    if (step == 0) first = last;
+    m.backward();
+    opt.step(m.params(), m.grads(), st);
+    m.update_balancing();
+  }
+  INFO("first " << first << " last " << last);
+  CHECK(last < 0.6 * first);
+}
+
+TEST_CASE("same seed and threads give bitwise the same losses", "[exec][model]") {
+  const models::LayerGraph g = tiny_graph();
+  const TestBatch b = make_batch(2, 32, g.model.vocab, 17);
+  auto run = [&] {
+    CpuModel m(g, 2, 32);
+    m.init_params(9);
+    Optimizer opt(default_optimizer_config(10, g.model.d_model, 64));
+    OptimizerState st = init_optimizer_state(m.params());
+    std::vector<double> losses;
+    for (int step = 0; step < 3; ++step) {
+      m.zero_grads();
+      losses.push_back(loss_of(m, b));
+      m.backward();
+      opt.step(m.params(), m.grads(), st);
+      m.update_balancing();
+    }
+    return losses;
+  };
+  const std::vector<double> a = run(), c = run();
+  REQUIRE(a.size() == c.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(std::memcmp(&a[i], &c[i], sizeof(double)) == 0);
+  CHECK(a[2] != a[0]);  // it did train
+}
+
+TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", "[exec][model][drops]") {
+  const models::LayerGraph g = tiny_graph();
+  CpuModel m(g, 2, 64);
+  m.init_params(1);
+  DispatchOptions d;
+  d.enabled = true;
+  d.ep = 4;
+  d.config.n_experts = g.model.moe.experts;
+  d.config.top_k = static_cast<int>(g.model.moe.top_k);
+  d.config.transport = sim::Transport::capacity;
+  d.config.receiver_cf = 0.5;  // tight: drops for sure
+  m.set_dispatch(d);
+  const TestBatch b = make_batch(2, 64, g.model.vocab, 21);
+  const LossResult r = m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  CHECK(r.drops.dropped() > 0);
+  // Recompute layer 0's decision from its chosen experts with the library itself.
+  const int32_t* e = m.routed_experts(0);
+  const int64_t k = g.model.moe.top_k, per = 2 * 64 / 4;
+  std::vector<sim::GpuAssignments> gpus(4);
+  for (int q = 0; q < 4; ++q) gpus[q].experts.assign(e + q * per * k, e + (q + 1) * per * k);
+  const sim::DispatchResult ref = sim::dispatch(d.config, gpus);
+  CHECK(ref.counts.dropped() > 0);
+  CHECK(r.drops.dropped() >= ref.counts.dropped());  // summed over layers
+  // Bad EP sizes are user errors.
+  d.ep = 3;
+  CHECK_THROWS_AS(m.set_dispatch(d), UserError);
+}
+
+TEST_CASE("a model the CPU backend cannot run is a clear user error", "[exec][model]") {
+  models::ModelConfig cfg = models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json");
+  cfg.tied_embeddings = true;
+  const models::LayerGraph g = models::build_layer_graph(cfg);
+  try {
+    CpuModel m(g, 1, 16);
+    FAIL("expected a UserError");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("tied_embeddings") != std::string::npos);
+  }
+  cfg.tied_embeddings = false;
+  cfg.attention.kind = models::AttentionKind::kMla;
+  try {
+    CpuModel m(models::build_layer_graph(cfg), 1, 16);
+    FAIL("expected a UserError");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("MLA") != std::string::npos);
+  }
+}
