@@ -91,6 +91,28 @@ cal = json.load(open(sys.argv[2]))
 assert cal["source"] and cal["fit"]["target_drop"] == 0.02, cal
 EOF
 
+# --model and --layout fill experts, k, context, EP size, GPUs, transport, capacity
+# factors and tokens per dispatch (micro-batch x seq / cp); explicit flags win.
+MODEL=models/zoo/marin-535b-a23b.json
+LAYOUT=sim/layouts/hero-pooled.json
+if [ -f "$MODEL" ] && [ -f "$LAYOUT" ]; then
+  "$RS" drops --model "$MODEL" --layout "$LAYOUT" --method analytic --json >"$TMP/ml" 2>"$TMP/err" ||
+    fail "--model --layout exited $?: $(cat "$TMP/err")"
+  "$RS" drops --model "$MODEL" --layout "$LAYOUT" --transport ragged --ep 32 --method analytic --json >"$TMP/ml2" ||
+    fail "--model --layout with overrides exited $?"
+  python3 - "$TMP/ml" "$TMP/ml2" <<'EOF' || fail "--model/--layout scenario"
+import json, sys
+s = json.load(open(sys.argv[1]))["scenario"]
+want = {"experts": 384, "top_k": 8, "ep": 64, "gpus": 704, "tokens_per_gpu": 65536, "context": 4096,
+        "transport": "pooled", "sender_cf": 1.1, "receiver_cf": 1.15, "waves": 3}
+assert all(s[k] == v for k, v in want.items()), s
+o = json.load(open(sys.argv[2]))["scenario"]
+assert o["transport"] == "ragged" and o["ep"] == 32 and o["experts"] == 384, o
+EOF
+else
+  echo "SKIP: $MODEL or $LAYOUT missing; --model/--layout not exercised"
+fi
+
 # Bad input: one clear line, exit 2.
 expect_user_error "receiver cf 0" "capacity factor" --receiver-cf 0
 expect_user_error "sender cf < 0" "capacity factor" --sender-cf -1
@@ -104,6 +126,8 @@ expect_user_error "malformed histogram" "counts" --experts 16 --top-k 2 --ep 4 -
 echo '{"format": "rackstep.routing_histogram/1", "n_experts": 16, ' >"$TMP/trunc.json"
 expect_user_error "truncated histogram" "trunc.json" --experts 16 --top-k 2 --ep 4 --histogram "$TMP/trunc.json"
 expect_user_error "missing histogram" "nope.json" --histogram "$TMP/nope.json"
+expect_user_error "missing model" "nomodel.json" --model "$TMP/nomodel.json"
+expect_user_error "both formats" "at most one" --json --csv
 
 if [ "$fails" -ne 0 ]; then
   echo "drops.sh: $fails failure(s)"
