@@ -1,0 +1,104 @@
+// `rackstep train`: train a model of the zoo on a token-shard dataset with the
+// CPU engine (exec/train.h), or write a reference dump of one step.
+//
+//   rackstep data build --default --out data/py
+//   rackstep train --model models/zoo/tiny-moe.json --data data/py --steps 300 --out runs/tiny
+//       --eval-every 50 --checkpoint-every 100    (one command line)
+//   rackstep train --model models/zoo/tiny-moe.json --data data/py --steps 300 --out runs/tiny --resume
+//   rackstep train --model models/zoo/tiny-moe.json --data data/py --steps 20 --out runs/p --profile
+//   rackstep train --model models/zoo/tiny-moe.json --data data/py --reference-dump /tmp/ref
+//   rackstep train ... --dispatch pooled --ep 4 --sender-cf 1.1 --receiver-cf 1.15   # simulated EP drops
+#include <memory>
+#include <string>
+
+#include "exec/train.h"
+#include "models/check.h"
+#include "sim/cli/command.h"
+
+namespace rackstep::exec {
+namespace {
+
+struct TrainArgs {
+  TrainOptions o;
+  bool json = false;
+  std::string reference_dump;
+  std::string dispatch = "none";
+  int64_t ep = 1;
+  double sender_cf = 1.10, receiver_cf = 1.15;
+  int waves = 3;
+};
+
+int run(TrainArgs& a) {
+  if (a.dispatch != "none") {
+    a.o.dispatch.enabled = true;
+    a.o.dispatch.ep = a.ep;
+    a.o.dispatch.config.transport = sim::parse_transport(a.dispatch);
+    a.o.dispatch.config.sender_cf = a.sender_cf;
+    a.o.dispatch.config.receiver_cf = a.receiver_cf;
+    a.o.dispatch.config.waves = a.waves;
+    const models::ModelConfig m = models::load_model(a.o.model_path);
+    a.o.dispatch.config.n_experts = m.moe.experts;
+    a.o.dispatch.config.top_k = static_cast<int>(m.moe.top_k);
+    if (m.moe.experts == 0) throw UserError(a.o.model_path, "/moe/experts", "routed experts for --dispatch", "0");
+  } else if (a.ep != 1) {
+    throw UserError("train: --ep " + std::to_string(a.ep) + " needs --dispatch pooled|ragged|capacity");
+  }
+  if (a.o.checkpoint_every > 0 && a.o.out_dir.empty()) {
+    throw UserError("train: --checkpoint-every needs --out <run dir>");
+  }
+  if (a.o.profile && a.o.out_dir.empty()) throw UserError("train: --profile needs --out <run dir>");
+  if (!a.reference_dump.empty()) {
+    write_reference_dump(a.o, a.reference_dump);
+    if (!a.json) std::printf("reference dump written to %s\n", a.reference_dump.c_str());
+    return 0;
+  }
+  TrainOutput out;
+  out.json = a.json;
+  out.progress = !a.json && rackstep::cli::stdout_is_terminal();
+  return run_training(a.o, out);
+}
+
+rackstep::cli::Registration reg{
+    "train", "Train a model on a token-shard dataset with the CPU engine (fp32, OpenBLAS + OpenMP)",
+    [](CLI::App& app) {
+      auto a = std::make_shared<TrainArgs>();
+      app.add_option("--model", a->o.model_path, "model JSON (models/zoo/*.json)")->required();
+      app.add_option("--data", a->o.data_dir, "dataset directory from `rackstep data build`")->required();
+      app.add_option("--steps", a->o.steps, "schedule length in steps (default: the model recipe's)")
+          ->check(CLI::PositiveNumber);
+      app.add_option("--out", a->o.out_dir, "run directory: run.json, log.jsonl, checkpoints, profile");
+      app.add_flag("--resume", a->o.resume, "continue from the newest checkpoint in --out (bitwise identical)");
+      app.add_option("--eval-every", a->o.eval_every, "eval loss on held-out shards every N steps (and at the end)")
+          ->check(CLI::NonNegativeNumber);
+      app.add_option("--eval-batches", a->o.eval_batches, "batches per evaluation")->check(CLI::PositiveNumber);
+      app.add_option("--checkpoint-every", a->o.checkpoint_every, "checkpoint every N steps (and at the end)")
+          ->check(CLI::NonNegativeNumber);
+      app.add_option("--stop-after", a->o.stop_after, "end this invocation after N steps (schedule unchanged)")
+          ->check(CLI::NonNegativeNumber);
+      app.add_flag("--profile", a->o.profile,
+                   "per-op Chrome trace, op_measurements.json and routing histograms in --out");
+      app.add_option("--profile-steps", a->o.profile_steps, "steps profiled (from the first)")
+          ->check(CLI::PositiveNumber);
+      app.add_option("--seed", a->o.seed, "parameter init and data order");
+      app.add_option("--threads", a->o.threads, "OpenMP / OpenBLAS threads (results are bitwise reproducible per count)")
+          ->check(CLI::NonNegativeNumber);
+      app.add_option("--batch", a->o.batch, "sequences per step (default: the recipe's)")->check(CLI::PositiveNumber);
+      app.add_option("--seq", a->o.seq, "tokens per sequence (default: the model's seq_len)")->check(CLI::PositiveNumber);
+      app.add_option("--lr-scale", a->o.lr_scale, "multiplies the fitted peak learning rates")
+          ->check(CLI::PositiveNumber);
+      app.add_option("--dispatch", a->dispatch,
+                     "simulate EP drops with the shared dispatch library: none (default), pooled, ragged, capacity")
+          ->check(CLI::IsMember({"none", "pooled", "ragged", "capacity"}));
+      app.add_option("--ep", a->ep, "virtual EP group size the batch is split over (with --dispatch)")
+          ->check(CLI::PositiveNumber);
+      app.add_option("--sender-cf", a->sender_cf, "pooled sender capacity factor");
+      app.add_option("--receiver-cf", a->receiver_cf, "receiver / per-expert capacity factor");
+      app.add_option("--waves", a->waves, "pooled waves");
+      app.add_option("--reference-dump", a->reference_dump,
+                     "instead of training: write one step's tensors (exec/dump.h) for the PyTorch reference");
+      app.add_flag("--json", a->json, "one JSON document at the end instead of text");
+      return [a] { return run(*a); };
+    }};
+
+}  // namespace
+}  // namespace rackstep::exec

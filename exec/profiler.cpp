@@ -1,0 +1,193 @@
+#include "exec/profiler.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "models/json_io.h"
+#include "sim/trace.h"
+
+namespace rackstep::exec {
+
+using models::OpClass;
+
+Profiler::Profiler(const models::LayerGraph& graph, int64_t batch, int64_t seq, int threads)
+    : graph_(&graph), batch_(batch), seq_(seq), threads_(threads), origin_(Clock::now()) {}
+
+void Profiler::attach(CpuModel& model) {
+  model.set_op_timer([this](size_t op, int phase, Clock::time_point s, Clock::time_point e) { on_op(op, phase, s, e); });
+}
+
+void Profiler::begin_step(int64_t step) { step_ = step; }
+void Profiler::end_step() { ++steps_; }
+
+void Profiler::on_op(size_t op, int phase, Clock::time_point start, Clock::time_point end) {
+  slices_.push_back({op, phase, step_, since_origin(start), std::chrono::duration<double>(end - start).count()});
+}
+
+void Profiler::record_optimizer(Clock::time_point start, Clock::time_point end) {
+  slices_.push_back({0, 2, step_, since_origin(start), std::chrono::duration<double>(end - start).count()});
+}
+
+void Profiler::record_routing(const CpuModel& model, const int32_t* doc_ids) {
+  const auto& m = graph_->model;
+  const int k = static_cast<int>(m.moe.top_k);
+  const int64_t E = m.moe.experts;
+  for (int layer = 0; layer < m.layers; ++layer) {
+    const int32_t* expert = model.routed_experts(layer);  // (N, k)
+    if (!expert) continue;
+    for (auto* h : {&by_sequence_[layer], &by_document_[layer]}) {
+      h->n_experts = E;
+      h->top_k = k;
+      h->source = "rackstep train, model " + m.name + ", layer " + std::to_string(layer) + ", profiled steps";
+    }
+    by_sequence_[layer].unit = "sequence";
+    by_document_[layer].unit = "document";
+    for (int64_t b = 0; b < batch_; ++b) {
+      std::vector<int32_t> seq_counts(static_cast<size_t>(E), 0);
+      std::vector<int32_t> doc_counts(static_cast<size_t>(E), 0);
+      int64_t doc_tokens = 0;
+      auto flush_doc = [&] {
+        if (doc_tokens == 0) return;
+        auto& h = by_document_[layer];
+        h.tokens.push_back(doc_tokens);
+        h.counts.insert(h.counts.end(), doc_counts.begin(), doc_counts.end());
+        std::fill(doc_counts.begin(), doc_counts.end(), 0);
+        doc_tokens = 0;
+      };
+      for (int64_t t = 0; t < seq_; ++t) {
+        const int64_t n = b * seq_ + t;
+        if (t > 0 && doc_ids && doc_ids[n] != doc_ids[n - 1]) flush_doc();
+        for (int j = 0; j < k; ++j) {
+          ++seq_counts[static_cast<size_t>(expert[n * k + j])];
+          ++doc_counts[static_cast<size_t>(expert[n * k + j])];
+        }
+        ++doc_tokens;
+      }
+      flush_doc();
+      auto& h = by_sequence_[layer];
+      h.tokens.push_back(seq_);
+      h.counts.insert(h.counts.end(), seq_counts.begin(), seq_counts.end());
+    }
+  }
+}
+
+namespace {
+
+bool is_gemm(OpClass c) { return c == OpClass::kGemm || c == OpClass::kGroupedGemm; }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+std::map<std::string, double> Profiler::seconds_by_class() const {
+  std::map<std::string, double> out;
+  for (const Slice& s : slices_) {
+    const std::string key = s.phase == 2 ? "optimizer" : models::to_string(graph_->ops[s.op].op_class);
+    out[key] += s.duration_s;
+  }
+  return out;
+}
+
+double Profiler::gemm_flops() const {
+  double flops = 0.0;
+  for (const Slice& s : slices_) {
+    if (s.phase == 2 || !is_gemm(graph_->ops[s.op].op_class)) continue;
+    const models::OpCost c = models::op_cost(graph_->ops[s.op], batch_, seq_, 4.0, 4.0);
+    flops += s.phase == 0 ? c.fwd_flops : c.bwd_flops;
+  }
+  return flops;
+}
+
+double Profiler::total_seconds() const {
+  double t = 0.0;
+  for (const Slice& s : slices_) t += s.duration_s;
+  return t;
+}
+
+void Profiler::write(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw UserError(dir, "", "a directory for the profile", ec.message());
+
+  sim::TraceWriter w;
+  const int pid = w.process("cpu0");
+  const int tid = w.thread(pid, "compute");
+  static const char* kPhase[] = {"forward", "backward", "optimizer"};
+  for (const Slice& s : slices_) {
+    if (s.phase == 2) {
+      w.complete(pid, tid, "optimizer", kPhase[2], s.start_s, s.duration_s, {{"step", s.step}});
+      continue;
+    }
+    const models::Op& op = graph_->ops[s.op];
+    w.complete(pid, tid, op.name + (s.phase == 0 ? ".fwd" : ".bwd"), kPhase[s.phase], s.start_s, s.duration_s,
+               {{"step", s.step}, {"kind", models::to_string(op.kind)}, {"class", models::to_string(op.op_class)}});
+  }
+  w.metadata("model", graph_->model.name);
+  w.metadata("device", "cpu");
+  w.metadata("threads", threads_);
+  w.metadata("batch", batch_);
+  w.metadata("seq", seq_);
+  w.write((fs::path(dir) / "trace.json").string());
+
+  // Median seconds per (op, phase).
+  std::map<std::pair<size_t, int>, std::vector<double>> samples;
+  for (const Slice& s : slices_) samples[{s.op, s.phase}].push_back(s.duration_s);
+  nlohmann::json ops = nlohmann::json::array();
+  for (const auto& [key, secs] : samples) {
+    const auto [i, phase] = key;
+    if (phase == 2) {
+      ops.push_back({{"op", "optimizer"}, {"kind", "optimizer"}, {"class", "optimizer"}, {"phase", "optimizer"},
+                     {"seconds", median(secs)}, {"seconds_min", *std::min_element(secs.begin(), secs.end())},
+                     {"samples", secs.size()}});
+      continue;
+    }
+    const models::Op& op = graph_->ops[i];
+    const models::OpCost c = models::op_cost(op, batch_, seq_, 4.0, 4.0);
+    const double flops = phase == 0 ? c.fwd_flops : c.bwd_flops;
+    // Backward reads what forward read plus the output gradient, and writes the input gradients.
+    const double bytes = phase == 0 ? c.bytes_read + c.bytes_written : 2.0 * (c.bytes_read + c.bytes_written);
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& p : op.params) params.push_back(p.shape);
+    const double sec = median(secs);
+    ops.push_back({{"op", op.name},
+                   {"kind", models::to_string(op.kind)},
+                   {"class", models::to_string(op.op_class)},
+                   {"layer", op.layer},
+                   {"phase", kPhase[phase]},
+                   {"in_shape", op.in_shape(batch_, seq_)},
+                   {"out_shape", op.out_shape(batch_, seq_)},
+                   {"param_shapes", params},
+                   {"flops", flops},
+                   {"bytes", bytes},
+                   {"seconds", sec},
+                   {"seconds_min", *std::min_element(secs.begin(), secs.end())},
+                   {"samples", secs.size()},
+                   {"gflop_per_s", sec > 0 ? flops / sec / 1e9 : 0.0}});
+  }
+  const nlohmann::json doc = {{"format", "rackstep.op_measurements/1"},
+                              {"device", "cpu"},
+                              {"dtype", "f32"},
+                              {"threads", threads_},
+                              {"model", graph_->model.name},
+                              {"batch", batch_},
+                              {"seq", seq_},
+                              {"steps", steps_},
+                              {"ops", ops}};
+  write_json_file_atomic((fs::path(dir) / "op_measurements.json").string(), doc);
+
+  for (const auto* hists : {&by_sequence_, &by_document_}) {
+    for (const auto& [layer, h] : *hists) {
+      if (h.tokens.empty()) continue;
+      sim::write_routing_histogram(
+          (fs::path(dir) / ("routing-layer" + std::to_string(layer) + "-" + h.unit + ".json")).string(), h);
+    }
+  }
+}
+
+}  // namespace rackstep::exec

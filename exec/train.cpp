@@ -1,0 +1,511 @@
+#include "exec/train.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "exec/dump.h"
+#include "models/json_io.h"
+
+namespace rackstep::exec {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// --- machine ---------------------------------------------------------------------
+
+void set_threads(int threads) {
+  if (threads <= 0) return;
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+}
+
+int current_threads() { return omp_get_max_threads(); }
+
+double measure_sgemm_peak_flops() {
+  constexpr int n = 1024;
+  std::vector<float> a(static_cast<size_t>(n) * n), b(a.size()), c(a.size());  // (n, n) each
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f;
+    b[i] = static_cast<float>((i * 104729) % 1000) * 1e-3f;
+  }
+  double best_s = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {  // the first call warms caches and threads
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (rep > 0) best_s = std::min(best_s, s);
+  }
+  return 2.0 * n * n * static_cast<double>(n) / best_s;
+}
+
+// --- logs ------------------------------------------------------------------------
+
+nlohmann::json StepLog::to_json() const {
+  return {{"step", step},
+          {"loss", loss},
+          {"ce", ce},
+          {"z_loss", z_loss},
+          {"router_z_loss", router_z_loss},
+          {"grad_norm",
+           {{"muonh", grad_norm[0]}, {"muon", grad_norm[1]}, {"adamh", grad_norm[2]}, {"adam", grad_norm[3]}}},
+          {"lr", {{"adam", lr_adam}, {"muonh", lr_muonh}}},
+          {"drops",
+           {{"assignments", drops.assignments},
+            {"sender", drops.sender},
+            {"receiver", drops.receiver},
+            {"padding", drops.padding},
+            {"fraction", drops.fraction()}}},
+          {"step_s", step_s},
+          {"tokens_per_s", tokens_per_s},
+          {"mfu", mfu}};
+}
+
+// --- trainer ---------------------------------------------------------------------
+
+namespace {
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ckpt-%08lld.rsck", static_cast<long long>(step));
+  return buf;
+}
+
+std::vector<uint8_t> to_bytes(const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  return {b, b + n};
+}
+
+nlohmann::json run_settings(const TrainOptions& o, const models::LayerGraph& g, uint64_t fingerprint, int64_t steps,
+                            int64_t batch, int64_t seq) {
+  return {{"model", o.model_path},
+          {"model_name", g.model.name},
+          {"fingerprint", std::to_string(fingerprint)},
+          {"data", o.data_dir},
+          {"steps", steps},
+          {"batch", batch},
+          {"seq", seq},
+          {"seed", o.seed},
+          {"lr_scale", o.lr_scale},
+          {"dispatch",
+           {{"enabled", o.dispatch.enabled},
+            {"ep", o.dispatch.ep},
+            {"transport", sim::transport_name(o.dispatch.config.transport)},
+            {"sender_cf", o.dispatch.config.sender_cf},
+            {"receiver_cf", o.dispatch.config.receiver_cf}}}};
+}
+
+}  // namespace
+
+std::string Trainer::latest_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return "";
+  static const std::regex kName(R"(ckpt-(\d{8})\.rsck)");
+  std::string best;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, kName) && name > fs::path(best).filename().string()) best = e.path().string();
+  }
+  return best;
+}
+
+Trainer::Trainer(TrainOptions options) : o_(std::move(options)) {
+  set_threads(o_.threads);
+  if (o_.model_path.empty()) throw UserError("train: expected --model <model JSON>, found none");
+  if (o_.data_dir.empty()) throw UserError("train: expected --data <dataset dir>, found none");
+  graph_ = models::build_layer_graph(models::load_model(o_.model_path));
+  const auto& m = graph_.model;
+  const int64_t seq = o_.seq > 0 ? o_.seq : m.seq_len;
+  const int64_t batch = o_.batch > 0 ? o_.batch : m.recipe.batch_seqs;
+  if (batch < 1) throw UserError(o_.model_path, "/recipe/batch_seqs", "a batch (or --batch)", "none");
+  model_ = std::make_unique<CpuModel>(graph_, batch, seq);  // UserError for what this backend cannot run
+  model_->set_dispatch(o_.dispatch);
+
+  const DatasetInfo info = read_dataset_info(o_.data_dir);
+  if (info.tokenizer.vocab_size() > m.vocab) {
+    throw UserError(o_.model_path, "/vocab",
+                    "at least the dataset's vocabulary of " + std::to_string(info.tokenizer.vocab_size()) + " (" +
+                        o_.data_dir + ")",
+                    std::to_string(m.vocab));
+  }
+  unigram_nats_ = info.unigram_entropy_bits_per_token * std::log(2.0);
+  train_ = std::make_unique<TokenLoader>(o_.data_dir, Split::kTrain, seq, o_.seed);
+  if (info.eval_tokens > seq) eval_ = std::make_unique<TokenLoader>(o_.data_dir, Split::kEval, seq, o_.seed);
+
+  total_steps_ = o_.steps > 0 ? o_.steps : models::recipe_steps(graph_);
+  if (total_steps_ < 1) throw UserError("train: expected --steps >= 1, found " + std::to_string(total_steps_));
+  OptimizerConfig cfg = default_optimizer_config(total_steps_, m.d_model, batch * seq);
+  if (m.recipe.adam_lr > 0) {
+    cfg.adam_lr = m.recipe.adam_lr;
+    cfg.muonh_lr = m.recipe.adam_lr * m.recipe.muonh_lr_ratio;
+  }
+  cfg.adam_lr *= o_.lr_scale;
+  cfg.muonh_lr *= o_.lr_scale;
+  cfg.beta1 = m.recipe.beta1;
+  cfg.beta2 = m.recipe.beta2;
+  cfg.ns_steps = static_cast<int>(m.recipe.newton_schulz_steps);
+  cfg.warmup_fraction = m.recipe.warmup_fraction;
+  cfg.final_lr_fraction = m.recipe.final_lr_fraction;
+  optimizer_ = std::make_unique<Optimizer>(cfg);
+
+  model_->init_params(o_.seed);
+  opt_state_ = init_optimizer_state(model_->params());
+  if (o_.resume) {
+    if (o_.out_dir.empty()) throw UserError("train: --resume needs --out <run dir> holding the checkpoints");
+    const std::string latest = latest_checkpoint(o_.out_dir);
+    if (latest.empty()) throw UserError(o_.out_dir, "", "a checkpoint ckpt-*.rsck to resume from", "none");
+    resume_from(latest);
+  } else if (!o_.out_dir.empty()) {
+    const std::string existing = latest_checkpoint(o_.out_dir);
+    if (!existing.empty()) {
+      throw UserError(o_.out_dir, "", "an empty run directory (or --resume)", "checkpoint " + existing);
+    }
+  }
+  started_at_ = opt_state_.step;
+  peak_flops_ = measure_sgemm_peak_flops();
+  flops_per_token_ = models::count_flops(graph_, seq, models::FlopConvention::kMarin).training;
+  if (o_.profile) {
+    profiler_ = std::make_unique<Profiler>(graph_, batch, seq, current_threads());
+    profiler_->attach(*model_);
+  }
+  if (!o_.out_dir.empty()) write_run_json();
+}
+
+void Trainer::write_run_json() const {
+  std::error_code ec;
+  fs::create_directories(o_.out_dir, ec);
+  if (ec) throw UserError(o_.out_dir, "", "a creatable run directory", ec.message());
+  write_json_file_atomic((fs::path(o_.out_dir) / "run.json").string(),
+                         run_settings(o_, graph_, model_->params().layout().fingerprint(), total_steps_,
+                                      model_->batch(), model_->seq()));
+}
+
+void Trainer::resume_from(const std::string& path) {
+  // The run's settings must match: the schedule, batch and data order define the run.
+  const std::string run_path = (fs::path(o_.out_dir) / "run.json").string();
+  std::error_code ec;
+  if (!fs::exists(run_path, ec)) throw UserError(run_path, "", "the run's settings (written by rackstep train)", "no such file");
+  const nlohmann::json was = load_json_file(run_path);
+  const nlohmann::json now =
+      run_settings(o_, graph_, model_->params().layout().fingerprint(), total_steps_, model_->batch(), model_->seq());
+  for (const char* key : {"fingerprint", "steps", "batch", "seq", "seed", "lr_scale", "dispatch"}) {
+    if (!was.contains(key) || was[key] != now[key]) {
+      throw UserError(run_path, std::string("/") + key, "the value of this invocation, " + now[key].dump(),
+                      was.contains(key) ? was[key].dump() : "none");
+    }
+  }
+  CheckpointMeta meta;
+  load_checkpoint(path, model_->params(), opt_state_, meta);  // validates everything before writing
+  if (meta.rng_state != to_bytes(&o_.seed, sizeof o_.seed)) {
+    throw UserError(path, "", "a checkpoint of a run with seed " + std::to_string(o_.seed), "another seed");
+  }
+  if (meta.qb_state.size() % sizeof(float) != 0) throw UserError(path, "", "a whole number of QB biases", "a ragged QB section");
+  std::vector<float> qb(meta.qb_state.size() / sizeof(float));
+  std::memcpy(qb.data(), meta.qb_state.data(), meta.qb_state.size());
+  model_->set_balancing_state(qb);
+  train_->set_position(meta.data_position);
+}
+
+bool Trainer::done() const {
+  if (opt_state_.step >= total_steps_) return true;
+  return o_.stop_after > 0 && opt_state_.step - started_at_ >= o_.stop_after;
+}
+
+StepLog Trainer::step() {
+  StepLog s;
+  const Batch b = train_->next_batch(model_->batch());
+  const bool profiling = profiler_ && opt_state_.step - started_at_ < o_.profile_steps;
+  if (profiling) profiler_->begin_step(opt_state_.step);
+  if (!profiling && profiler_) model_->set_op_timer(nullptr);
+  const auto t0 = Clock::now();
+  model_->zero_grads();
+  model_->set_training(true);
+  const LossResult r = model_->forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());
+  const int64_t step_no = opt_state_.step + 1;
+  if (!std::isfinite(r.loss)) {
+    const std::string op = model_->find_nonfinite_forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());
+    throw NonFiniteError("train: step " + std::to_string(step_no) + ": loss is " + std::to_string(r.loss) +
+                         "; first op with a non-finite output: " + (op.empty() ? "none found" : op));
+  }
+  model_->backward();
+  const GroupNorms gn = group_norms(model_->grads());
+  for (int g = 0; g < 4; ++g) {
+    if (std::isfinite(gn.by_group[g])) continue;
+    const std::string op = model_->find_nonfinite_backward();
+    throw NonFiniteError("train: step " + std::to_string(step_no) + ": " + to_string(static_cast<OptGroup>(g)) +
+                         " gradient norm is not finite; first op with a non-finite gradient: " +
+                         (op.empty() ? "none found" : op));
+  }
+  s.lr_adam = optimizer_->lr(OptGroup::kAdam, opt_state_.step);
+  s.lr_muonh = optimizer_->lr(OptGroup::kMuonH, opt_state_.step);
+  const auto t_opt = Clock::now();
+  optimizer_->step(model_->params(), model_->grads(), opt_state_);
+  model_->update_balancing();
+  const auto t1 = Clock::now();
+  if (profiling) {
+    profiler_->record_optimizer(t_opt, t1);
+    profiler_->record_routing(*model_, b.doc_ids.data());
+    profiler_->end_step();
+  }
+  s.step = opt_state_.step;
+  s.loss = r.loss;
+  s.ce = r.ce;
+  s.z_loss = r.z_loss;
+  s.router_z_loss = r.router_z_loss;
+  for (int g = 0; g < 4; ++g) s.grad_norm[g] = gn.by_group[g];
+  s.drops = r.drops;
+  s.step_s = std::chrono::duration<double>(t1 - t0).count();
+  s.tokens_per_s = static_cast<double>(model_->tokens()) / s.step_s;
+  s.mfu = flops_per_token_ * s.tokens_per_s / peak_flops_;
+  return s;
+}
+
+double Trainer::evaluate() {
+  if (!eval_) return std::nan("");
+  const int64_t n = std::min(o_.eval_batches, eval_->eval_batches(model_->batch()));
+  if (n < 1) return std::nan("");
+  model_->set_training(false);
+  model_->set_op_timer(nullptr);  // evals are not part of the step profile
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const Batch b = eval_->eval_batch(i, model_->batch());
+    sum += model_->forward(b.inputs.data(), b.targets.data(), b.doc_ids.data()).ce;
+  }
+  model_->set_training(true);
+  if (profiler_ && opt_state_.step - started_at_ < o_.profile_steps) profiler_->attach(*model_);
+  return sum / static_cast<double>(n);
+}
+
+std::string Trainer::save_checkpoint() {
+  if (o_.out_dir.empty()) throw UserError("train: checkpoints need --out <run dir>");
+  CheckpointMeta meta;
+  meta.step = opt_state_.step;
+  meta.rng_state = to_bytes(&o_.seed, sizeof o_.seed);
+  meta.data_position = train_->position();
+  const std::vector<float> qb = model_->balancing_state();
+  meta.qb_state = to_bytes(qb.data(), qb.size() * sizeof(float));
+  const std::string path = (fs::path(o_.out_dir) / checkpoint_name(opt_state_.step)).string();
+  exec::save_checkpoint(path, model_->params(), opt_state_, meta);
+  return path;
+}
+
+void Trainer::append_log(const nlohmann::json& line) const {
+  if (o_.out_dir.empty()) return;
+  std::ofstream f(fs::path(o_.out_dir) / "log.jsonl", std::ios::app);
+  f << line.dump() << "\n";
+}
+
+void Trainer::write_profile() const {
+  if (!profiler_ || o_.out_dir.empty()) return;
+  profiler_->write(o_.out_dir);
+}
+
+// --- the command -------------------------------------------------------------------
+
+namespace {
+
+std::string step_line(const StepLog& s, int64_t total) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "step %5lld/%-5lld loss %.4f (ce %.4f z %.5f) rz %.3f |g| muonh %.3f adamh %.3f adam %.3f "
+                "drop %.2f%% %7.0f tok/s MFU %5.1f%% %6.0f ms",
+                static_cast<long long>(s.step), static_cast<long long>(total), s.loss, s.ce, s.z_loss,
+                s.router_z_loss, s.grad_norm[0], s.grad_norm[2], s.grad_norm[3], 100.0 * s.drops.fraction(),
+                s.tokens_per_s, 100.0 * s.mfu, 1e3 * s.step_s);
+  return buf;
+}
+
+}  // namespace
+
+int run_training(const TrainOptions& options, const TrainOutput& out) {
+  Trainer t(options);
+  const auto& m = t.graph().model;
+  const models::ParamCounts pc = models::count_params(t.graph());
+  if (!out.json) {
+    std::printf("model %s: %.2fM params (%.2fM active), %lld x %lld tokens/step, %.3f MFLOP/token (training, Marin)\n",
+                m.name.c_str(), pc.total / 1e6, pc.active / 1e6, static_cast<long long>(t.model().batch()),
+                static_cast<long long>(t.model().seq()), t.model_flops_per_token() / 1e6);
+    std::printf("threads %d, measured sgemm peak %.1f GFLOP/s, unigram entropy %.4f nats/token, steps %lld%s\n",
+                current_threads(), t.peak_flops() / 1e9, t.unigram_entropy_nats(),
+                static_cast<long long>(t.total_steps()),
+                options.resume ? (", resumed at step " + std::to_string(t.step_index())).c_str() : "");
+    std::fflush(stdout);
+  }
+  nlohmann::json history = nlohmann::json::array(), evals = nlohmann::json::array(),
+                 checkpoints = nlohmann::json::array();
+  double last_eval = std::nan("");
+  int64_t last_eval_step = -1, last_ckpt_step = -1;
+  double tok_s_sum = 0, mfu_sum = 0;
+  int64_t counted = 0;
+  StepLog last;
+  bool first = true;
+  const int64_t newline_every = std::max<int64_t>(1, t.total_steps() / 20);
+  auto run_eval = [&] {
+    last_eval = t.evaluate();
+    last_eval_step = t.step_index();
+    if (std::isnan(last_eval)) return;
+    const nlohmann::json e = {{"step", t.step_index()}, {"eval_loss", last_eval}};
+    evals.push_back(e);
+    t.append_log(e);
+    if (!out.json) {
+      if (out.progress) std::printf("\r\x1b[K");
+      std::printf("eval  %5lld        loss %.4f (unigram entropy %.4f)\n", static_cast<long long>(t.step_index()),
+                  last_eval, t.unigram_entropy_nats());
+      std::fflush(stdout);
+    }
+  };
+  auto checkpoint = [&] {
+    const std::string path = t.save_checkpoint();
+    last_ckpt_step = t.step_index();
+    checkpoints.push_back(path);
+    if (!out.json) {
+      if (out.progress) std::printf("\r\x1b[K");
+      std::printf("checkpoint %s\n", path.c_str());
+      std::fflush(stdout);
+    }
+  };
+  while (!t.done()) {
+    last = t.step();
+    if (!first) {  // the first step of an invocation runs cold (page faults, thread start)
+      tok_s_sum += last.tokens_per_s;
+      mfu_sum += last.mfu;
+      ++counted;
+    }
+    first = false;
+    history.push_back(last.to_json());
+    t.append_log(last.to_json());
+    if (!out.json) {
+      const std::string line = step_line(last, t.total_steps());
+      if (out.progress) {
+        const bool keep = last.step % newline_every == 0 || t.done();
+        std::printf("\r\x1b[K%s%s", line.c_str(), keep ? "\n" : "");
+      } else {
+        std::printf("%s\n", line.c_str());
+      }
+      std::fflush(stdout);
+    }
+    if (options.eval_every > 0 && last.step % options.eval_every == 0) run_eval();
+    if (options.checkpoint_every > 0 && !options.out_dir.empty() && last.step % options.checkpoint_every == 0) {
+      checkpoint();
+    }
+  }
+  if (last_eval_step != t.step_index()) run_eval();
+  if (!options.out_dir.empty() && last_ckpt_step != t.step_index()) checkpoint();
+  t.write_profile();
+  if (out.json) {
+    nlohmann::json doc = {{"model", m.name},
+                          {"params", pc.total},
+                          {"batch", t.model().batch()},
+                          {"seq", t.model().seq()},
+                          {"threads", current_threads()},
+                          {"sgemm_peak_flops_per_s", t.peak_flops()},
+                          {"model_flops_per_token", t.model_flops_per_token()},
+                          {"unigram_entropy_nats_per_token", t.unigram_entropy_nats()},
+                          {"total_steps", t.total_steps()},
+                          {"steps", history},
+                          {"evals", evals},
+                          {"checkpoints", checkpoints},
+                          {"final",
+                           {{"step", t.step_index()},
+                            {"loss", history.empty() ? nlohmann::json(nullptr) : nlohmann::json(last.loss)},
+                            {"eval_loss", std::isnan(last_eval) ? nlohmann::json(nullptr) : nlohmann::json(last_eval)},
+                            {"mean_tokens_per_s", counted ? tok_s_sum / counted : 0.0},
+                            {"mean_mfu", counted ? mfu_sum / counted : 0.0}}}};
+    std::printf("%s\n", doc.dump(2).c_str());
+    return 0;
+  }
+  if (counted > 0) {
+    std::printf("done: %lld steps, mean %.0f tokens/s, MFU %.1f%% of the measured sgemm peak",
+                static_cast<long long>(t.step_index()), tok_s_sum / counted, 100.0 * mfu_sum / counted);
+    if (!std::isnan(last_eval)) std::printf(", eval loss %.4f vs unigram %.4f nats", last_eval, t.unigram_entropy_nats());
+    std::printf("\n");
+  }
+  return 0;
+}
+
+// --- reference dump ----------------------------------------------------------------
+
+void write_reference_dump(const TrainOptions& options, const std::string& dir) {
+  TrainOptions o = options;
+  o.out_dir.clear();
+  o.resume = false;
+  o.profile = false;
+  Trainer t(o);
+  CpuModel& model = t.model();
+  const auto& m = t.graph().model;
+  const int64_t B = model.batch(), T = model.seq(), N = model.tokens();
+  const Batch b = t.loader().next_batch(B);
+
+  TensorDump dump;
+  dump.add_i32("batch.tokens", {B, T}, b.inputs.data());
+  dump.add_i32("batch.targets", {B, T}, b.targets.data());
+  dump.add_i32("batch.doc", {B, T}, b.doc_ids.data());
+  dump.add_i32("batch.pos", {B, T}, model.positions());
+  dump.add_arena("param.", model.params());
+  for (int l = 0; l < m.layers; ++l) {
+    if (const float* bias = model.balancing_bias(l)) {
+      dump.add_f32("buffer.layers." + std::to_string(l) + ".moe.router.bias", {m.moe.experts}, bias);
+    }
+  }
+  model.zero_grads();
+  model.set_training(true);
+  const LossResult r = model.forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());
+  model.backward();
+  for (int l = 0; l < m.layers; ++l) {
+    if (const int32_t* e = model.routed_experts(l)) {
+      dump.add_i32("route.layers." + std::to_string(l) + ".moe.expert", {N, m.moe.top_k}, e);
+    }
+  }
+  dump.add_f32("logits", {B, T, m.vocab}, model.logits());
+  dump.add_scalar("loss", r.loss);
+  dump.add_scalar("ce", r.ce);
+  dump.add_scalar("z_loss", r.z_loss);
+  dump.add_arena("grad.", model.grads());
+  const Optimizer& opt = t.optimizer();
+  nlohmann::json lr = {{"muonh", opt.lr(OptGroup::kMuonH, 0)},
+                       {"muon", opt.lr(OptGroup::kMuon, 0)},
+                       {"adamh", opt.lr(OptGroup::kAdamH, 0)},
+                       {"adam", opt.lr(OptGroup::kAdam, 0)}};
+  Optimizer step_opt(opt.config());
+  step_opt.step(model.params(), model.grads(), t.optimizer_state());
+  dump.add_arena("after.", model.params());
+  auto& meta = dump.meta();
+  meta["model"] = o.model_path;
+  meta["model_name"] = m.name;
+  meta["seed"] = o.seed;
+  meta["threads"] = current_threads();
+  meta["lr"] = lr;
+  meta["beta1"] = opt.config().beta1;
+  meta["beta2"] = opt.config().beta2;
+  meta["adam_eps"] = opt.config().eps;
+  meta["adam_weight_decay"] = opt.config().adam_weight_decay;
+  meta["ns_steps"] = opt.config().ns_steps;
+  meta["norm_eps"] = m.norm.eps;
+  meta["qk_norm_eps"] = m.norm.eps;
+  meta["qk_norm_multiplier"] = m.attention.qk_norm_multiplier;
+  meta["xsa_eps"] = kXsaEps;
+  meta["rope_theta"] = m.attention.rope_theta;
+  auto rot_dims = [&](const models::AttentionLayerKind& k) {
+    return k.position == models::PositionKind::kRope ? std::lround(k.rope_fraction * static_cast<double>(m.attention.head_dim)) : 0L;
+  };
+  meta["rot_dims_local"] = rot_dims(m.attention.local);
+  meta["rot_dims_global"] = rot_dims(m.attention.global);
+  meta["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(m.attention.head_dim));
+  meta["logit_z_loss_weight"] = m.logit_z_loss_weight;
+  meta["routing_weight_sum"] = m.moe.routing_weight_sum;
+  meta["router_z_loss"] = r.router_z_loss;
+  meta["positions"] = "token index inside its sequence";
+  meta["kv_projection"] = "K and V projected at the stored KV width; global layers read the first kv_used heads";
+  meta["qb_bias"] = "zero at the first step; afterwards from the previous step's logit histogram";
+  dump.write(dir);
+}
+
+}  // namespace rackstep::exec

@@ -1,0 +1,152 @@
+// The training loop of the CPU engine: `rackstep train`.
+//
+// One step: next batch -> zero_grads -> forward -> backward -> (NaN/Inf check)
+// -> optimizer step (exec/optim.h, Marin's groups and schedule) -> quantile-
+// balancing bias for the next step. Logged per step: loss, logit z-loss, router
+// z-loss, gradient norm per optimizer group, drop fraction (sim/dispatch.h:
+// zero on one process unless a dispatch is simulated, see DispatchOptions),
+// tokens/s and MFU = model FLOPs/s (Marin convention, models::count_flops) over
+// the measured fp32 sgemm peak of this machine (measure_sgemm_peak_flops).
+//
+// A run directory (--out RUN) holds run.json (the settings a resume must
+// share), log.jsonl (one JSON object per step and per eval), checkpoints
+// ckpt-NNNNNNNN.rsck (exec/checkpoint.h: atomic, checksummed) and, with
+// --profile, the profiler's outputs (exec/profiler.h). --resume loads the
+// newest checkpoint and continues bitwise identically to an uninterrupted run:
+// parameters, optimizer moments and step, data position and QB bias all come
+// back; nothing else carries state between steps.
+//
+// A non-finite loss or gradient stops the run with NonFiniteError naming the
+// step and the first op (forward order, then backward order) whose output
+// holds a NaN/Inf: the step is re-run op by op to find it (deterministic).
+//
+//   TrainOptions o;  o.model_path = "models/zoo/tiny-moe.json";  o.data_dir = "data/py";
+//   o.steps = 200;  o.out_dir = "runs/tiny";  o.checkpoint_every = 50;
+//   Trainer t(o);
+//   while (!t.done()) { StepLog s = t.step(); ... }
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "exec/checkpoint.h"
+#include "exec/data.h"
+#include "exec/model.h"
+#include "exec/optim.h"
+#include "exec/profiler.h"
+#include "models/check.h"
+
+namespace rackstep::exec {
+
+struct TrainOptions {
+  std::string model_path;
+  std::string data_dir;
+  std::string out_dir;          // "" = no run directory: no log, checkpoints or profile
+  int64_t steps = 0;            // schedule length; 0 = the model recipe's steps
+  int64_t stop_after = 0;       // end this invocation after this many steps (schedule unchanged); 0 = at `steps`
+  int64_t batch = 0;            // sequences per step; 0 = the recipe's batch_seqs
+  int64_t seq = 0;              // 0 = the model's seq_len
+  int64_t eval_every = 0;       // 0 = only at the end (when eval data exists)
+  int64_t eval_batches = 4;     // eval batches per evaluation (fewer if the split is small)
+  int64_t checkpoint_every = 0; // 0 = only at the end (with --out)
+  bool resume = false;
+  bool profile = false;
+  int64_t profile_steps = 10;   // profile the first N steps of this invocation
+  uint64_t seed = 1;            // parameter init and data order
+  int threads = 0;              // 0 = the OpenMP default
+  double lr_scale = 1.0;        // multiplies both fitted peak LRs
+  DispatchOptions dispatch;
+};
+
+struct StepLog {
+  int64_t step = 0;             // 1-based: steps completed after this one
+  double loss = 0, ce = 0, z_loss = 0, router_z_loss = 0;
+  double grad_norm[4] = {0, 0, 0, 0};  // by OptGroup
+  double lr_adam = 0, lr_muonh = 0;
+  sim::DropCounts drops;
+  double step_s = 0, tokens_per_s = 0, mfu = 0;
+  nlohmann::json to_json() const;
+};
+
+class NonFiniteError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
+// Best of a few 1024^3 cblas_sgemm calls, FLOP/s, with the current thread count.
+double measure_sgemm_peak_flops();
+// OpenMP and OpenBLAS thread counts (0 = leave the defaults).
+void set_threads(int threads);
+int current_threads();
+
+class Trainer {
+ public:
+  // Loads model and data, builds the model, then initialises it from the seed
+  // or (resume) from the newest checkpoint of out_dir. UserError on bad input;
+  // nothing in out_dir is overwritten before the first checkpoint is due.
+  explicit Trainer(TrainOptions options);
+
+  bool done() const;
+  int64_t step_index() const { return opt_state_.step; }  // steps completed
+  int64_t total_steps() const { return total_steps_; }
+  StepLog step();
+  // Mean cross-entropy over the held-out batches; NaN when there is no eval split.
+  double evaluate();
+  // Writes out_dir/ckpt-<step>.rsck (UserError without out_dir).
+  std::string save_checkpoint();
+  void append_log(const nlohmann::json& line) const;
+  void write_profile() const;  // no-op without --profile and --out
+
+  CpuModel& model() { return *model_; }
+  const TrainOptions& options() const { return o_; }
+  const models::LayerGraph& graph() const { return graph_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
+  OptimizerState& optimizer_state() { return opt_state_; }
+  TokenLoader& loader() { return *train_; }
+  double peak_flops() const { return peak_flops_; }
+  double model_flops_per_token() const { return flops_per_token_; }
+  double unigram_entropy_nats() const { return unigram_nats_; }
+  const Profiler* profiler() const { return profiler_.get(); }
+
+  // The newest ckpt-*.rsck in dir, "" when none.
+  static std::string latest_checkpoint(const std::string& dir);
+
+ private:
+  void resume_from(const std::string& path);
+  void write_run_json() const;
+
+  TrainOptions o_;
+  models::LayerGraph graph_;
+  std::unique_ptr<CpuModel> model_;
+  std::unique_ptr<TokenLoader> train_, eval_;
+  std::unique_ptr<Optimizer> optimizer_;
+  OptimizerState opt_state_;
+  std::unique_ptr<Profiler> profiler_;
+  int64_t total_steps_ = 0;
+  int64_t started_at_ = 0;      // step index when this invocation began
+  double peak_flops_ = 0;
+  double flops_per_token_ = 0;
+  double unigram_nats_ = 0;
+};
+
+// The whole command: train with progress output, evals, checkpoints and the
+// final summary. Returns the exit status.
+struct TrainOutput {
+  bool json = false;            // one JSON document at the end instead of text
+  bool progress = false;        // a live progress line (terminals)
+};
+int run_training(const TrainOptions& options, const TrainOutput& out);
+
+// `--reference-dump DIR`: one batch, no training loop. Writes (exec/dump.h)
+// every parameter, the batch, RoPE positions, QB bias and chosen experts,
+// logits, loss / ce / z_loss, every gradient, and every parameter after one
+// optimizer step, with the constants the reference needs in meta.
+void write_reference_dump(const TrainOptions& options, const std::string& dir);
+
+}  // namespace rackstep::exec

@@ -1,0 +1,207 @@
+// The training loop (exec/train.h): checkpoint -> resume is bitwise identical
+// to an uninterrupted run; corrupt or foreign checkpoints are clear errors that
+// change nothing; a NaN stops the run naming the step and the op.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "exec/data.h"
+#include "exec/train.h"
+#include "models/check.h"
+#include "models/json_io.h"
+
+using namespace rackstep;
+using namespace rackstep::exec;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTiny = std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json";
+
+// A small dataset of generated text, built once per test binary run.
+std::string test_dataset() {
+  static const std::string dir = [] {
+    const fs::path root = fs::temp_directory_path() / ("rackstep-train-test-" + std::to_string(::getpid()));
+    fs::create_directories(root / "text");
+    const char* words[] = {"the", "model", "trains", "on", "text", "and", "its", "loss", "falls", "while",
+                           "experts", "route", "tokens", "to", "layers", "of", "a", "rack"};
+    uint64_t s = 1;
+    for (int f = 0; f < 40; ++f) {
+      std::ofstream out(root / "text" / ("doc" + std::to_string(f) + ".txt"));
+      for (int w = 0; w < 90; ++w) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        out << words[(s >> 33) % 18] << ((w % 11 == 10) ? ".\n" : " ");
+      }
+    }
+    BuildOptions o;
+    o.from = {(root / "text").string()};
+    o.out_dir = (root / "data").string();
+    o.eval_fraction = 0.2;
+    build_dataset(o);
+    return o.out_dir;
+  }();
+  return dir;
+}
+
+TrainOptions small_options(const std::string& out) {
+  TrainOptions o;
+  o.model_path = kTiny;
+  o.data_dir = test_dataset();
+  o.out_dir = out;
+  o.steps = 6;
+  o.batch = 2;
+  o.seq = 64;
+  o.seed = 4;
+  o.eval_batches = 1;
+  return o;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("rackstep-train-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p.string();
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+TEST_CASE("checkpoint then resume continues bitwise identically", "[exec][train][checkpoint]") {
+  // Uninterrupted: 6 steps.
+  std::vector<double> straight;
+  std::vector<float> straight_params;
+  {
+    Trainer t(small_options(fresh_dir("straight")));
+    while (!t.done()) straight.push_back(t.step().loss);
+    straight_params.assign(t.model().params().data(), t.model().params().data() + t.model().params().total_floats());
+  }
+  REQUIRE(straight.size() == 6);
+  // Interrupted after 3 steps, then resumed from the checkpoint by a new process-like Trainer.
+  const std::string dir = fresh_dir("resume");
+  std::vector<double> resumed;
+  {
+    TrainOptions o = small_options(dir);
+    o.stop_after = 3;
+    Trainer t(o);
+    while (!t.done()) resumed.push_back(t.step().loss);
+    t.save_checkpoint();
+  }
+  {
+    TrainOptions o = small_options(dir);
+    o.resume = true;
+    Trainer t(o);
+    CHECK(t.step_index() == 3);
+    while (!t.done()) resumed.push_back(t.step().loss);
+    REQUIRE(resumed.size() == straight.size());
+    for (size_t i = 0; i < straight.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(same_bits(resumed[i], straight[i]));
+    }
+    const Arena& p = t.model().params();
+    REQUIRE(static_cast<size_t>(p.total_floats()) == straight_params.size());
+    CHECK(std::memcmp(p.data(), straight_params.data(), straight_params.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("corrupt or foreign checkpoints are clear errors and change nothing", "[exec][train][checkpoint]") {
+  const std::string dir = fresh_dir("corrupt");
+  std::string ckpt;
+  {
+    TrainOptions o = small_options(dir);
+    o.stop_after = 1;
+    Trainer t(o);
+    t.step();
+    ckpt = t.save_checkpoint();
+  }
+  SECTION("a flipped byte") {
+    std::vector<char> bytes = read_bytes(ckpt);
+    bytes[bytes.size() / 2] ^= 0x5a;
+    { std::ofstream(ckpt, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size())); }
+    TrainOptions o = small_options(dir);
+    o.resume = true;
+    try {
+      Trainer t(o);
+      FAIL("expected a UserError");
+    } catch (const UserError& e) {
+      CHECK(std::string(e.what()).find(ckpt) != std::string::npos);
+    }
+    CHECK(read_bytes(ckpt) == bytes);  // left as it was
+  }
+  SECTION("a truncated file") {
+    std::vector<char> bytes = read_bytes(ckpt);
+    bytes.resize(bytes.size() - 100);
+    { std::ofstream(ckpt, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size())); }
+    TrainOptions o = small_options(dir);
+    o.resume = true;
+    CHECK_THROWS_AS(Trainer(o), UserError);
+    CHECK(read_bytes(ckpt) == bytes);
+  }
+  SECTION("another model's run") {
+    nlohmann::json doc = load_json_file(kTiny);
+    doc["layers"] = 2;
+    const std::string other = (fs::path(dir) / "other-model.json").string();
+    write_json_file_atomic(other, doc);
+    const std::vector<char> before = read_bytes(ckpt);
+    TrainOptions o = small_options(dir);
+    o.model_path = other;
+    o.resume = true;
+    CHECK_THROWS_AS(Trainer(o), UserError);
+    CHECK(read_bytes(ckpt) == before);
+    // The checkpoint loader itself refuses the foreign layout too.
+    const models::LayerGraph g = models::build_layer_graph(models::load_model(other));
+    CpuModel m(g, 1, 16);
+    m.init_params(1);
+    OptimizerState st = init_optimizer_state(m.params());
+    CheckpointMeta meta;
+    CHECK_THROWS_AS(load_checkpoint(ckpt, m.params(), st, meta), UserError);
+  }
+  SECTION("a fresh run into a used directory") {
+    CHECK_THROWS_AS(Trainer(small_options(dir)), UserError);
+    CHECK(fs::exists(ckpt));
+  }
+}
+
+TEST_CASE("a NaN stops training naming the step and the first op", "[exec][train][nan]") {
+  Trainer t(small_options(""));
+  t.step();
+  TensorView w = t.model().params().view("layers.1.attn.q_proj.w");
+  w.data[5] = std::nanf("");
+  try {
+    t.step();
+    FAIL("expected a NonFiniteError");
+  } catch (const NonFiniteError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("step 2") != std::string::npos);
+    CHECK(msg.find("layers.1.attn.q_proj") != std::string::npos);
+  }
+}
+
+TEST_CASE("eval loss and logs", "[exec][train]") {
+  const std::string dir = fresh_dir("eval");
+  TrainOptions o = small_options(dir);
+  Trainer t(o);
+  const double e0 = t.evaluate();
+  CHECK(std::isfinite(e0));
+  const StepLog s = t.step();
+  CHECK(s.step == 1);
+  CHECK(s.tokens_per_s > 0);
+  CHECK(s.mfu > 0);
+  CHECK(s.grad_norm[static_cast<int>(OptGroup::kMuonH)] > 0);
+  CHECK(s.grad_norm[static_cast<int>(OptGroup::kAdamH)] > 0);
+  CHECK(s.grad_norm[static_cast<int>(OptGroup::kAdam)] > 0);
+  CHECK(t.evaluate() == Approx(t.evaluate()));  // evals do not move the model
+}
