@@ -7,6 +7,8 @@
 #include <fstream>
 #include <string>
 
+#include <unistd.h>
+
 #include "exec/dump.h"
 #include "models/check.h"
 #include "models/json_io.h"
