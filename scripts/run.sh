@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-./build/rackstep params models/zoo/marin-535b-a23b.json "$@"
+./build/rackstep size "$@"

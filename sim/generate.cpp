@@ -57,8 +57,12 @@ Counts counts(const models::ModelConfig& m) {
   return {p.total, p.active};
 }
 
+// Shapes within 1.5% of both targets always beat shapes outside; the family
+// preferences (EP-friendly expert counts, depth rule, top-k) break ties.
 double score(const Counts& c, const ShapeTarget& t) {
-  return std::fabs(std::log(c.total / t.total_params)) + std::fabs(std::log(c.active / t.active_params));
+  const double et = std::fabs(std::log(c.total / t.total_params));
+  const double ea = std::fabs(std::log(c.active / t.active_params));
+  return et + ea + (std::max(et, ea) > 0.015 ? 1.0 : 0.0);
 }
 
 }  // namespace
@@ -74,7 +78,7 @@ GeneratedShape generate_shape(const ShapeTarget& t, const models::ModelConfig& b
   bool found = false;
   GeneratedShape best;
   double best_score = 1e300;
-  for (int64_t d = 1024; d <= 12288; d += 128) {
+  for (int64_t d = 1024; d <= 12288; d += 512) {  // heads = d/128 a multiple of 4
     for (int64_t k : t.top_k_choices) for (int64_t wdiv : {2, 4}) {
       // Parameters are affine in the expert count and in the depth (per
       // local/global period): small graphs fix both lines; the winner is
