@@ -52,8 +52,8 @@ check "sweep exits 0" "[ $rc -eq 0 ]"
 check "sweep shows the fastest" "grep -q 'fastest' <<<\"\$out\""
 check "sweep shows the Pareto front" "grep -q 'Pareto' <<<\"\$out\""
 check "sweep --explain counts reasons" "grep -q 'rejected, by reason' <<<\"\$out\""
-# Zero valid layouts: a batch that cannot be split says so and why.
-out=$("$bin" sweep --model $M --cluster topologies/zoo/gb200-nvl72.json --tokens-per-step 4096 2>&1); rc=$?
+# Zero valid layouts: the 535B cannot fit on one 8-GPU node; the sweep says so and why.
+out=$("$bin" sweep --model $M --cluster topologies/zoo/hgx-h100.json 2>&1); rc=$?
 check "empty sweep exits 2" "[ $rc -eq 2 ]"
 check "empty sweep says so" "grep -q 'no valid layout' <<<\"\$out\""
 
