@@ -83,7 +83,11 @@ void evaluate(const Scenario& s, CandidateResult& c, size_t index) {
   req.deadline_days = s.training_days_available();
   req.runs = s.goodput_runs;
   req.seed = s.seed + index;
-  c.goodput = simulate_goodput(req, s.goodput);
+  GoodputConfig cfg = s.goodput;
+  cfg.checkpoint_bytes = s.checkpoint_bytes_per_param * c.total_params;
+  // The predicted step already carries the GC pauses (breakdown.host_stall_s).
+  if (c.prediction.breakdown.host_stall_s > 0) cfg.gc_stall_fraction = 0;
+  c.goodput = simulate_goodput(req, cfg);
   c.meets_target_days = s.target_training_days <= 0 || c.goodput.p50_days <= s.target_training_days;
 }
 
@@ -123,7 +127,9 @@ void rank(SizeResult& r) {
     if (eligible(ca) != eligible(cb)) return eligible(ca);
     if (ca.runnable != cb.runnable) return ca.runnable;
     if (!ca.runnable) return false;
-    if (!eligible(ca)) return ca.goodput.p_finish_by_deadline > cb.goodput.p_finish_by_deadline;
+    if (!eligible(ca) && ca.goodput.p_finish_by_deadline != cb.goodput.p_finish_by_deadline) {
+      return ca.goodput.p_finish_by_deadline > cb.goodput.p_finish_by_deadline;
+    }
     return utility(s, ca) < utility(s, cb);
   });
   if (cs.empty()) return;

@@ -20,6 +20,7 @@ json small_scenario() {
     "cluster": {"file": "topologies/zoo/gb200-nvl72.json", "domains": 1},
     "start_date": "2026-07-15", "deadline": "2026-12-01", "bringup_days": 25,
     "token_budget": 1e12, "tokens_per_step": 4194304, "goodput_runs": 50,
+    "goodput": {"hang": {"mean_steps_between": 0}},
     "candidates": [{"model": "models/zoo/marin-ladder-d768.json"},
                    {"model": "models/zoo/marin-ladder-d1024.json"}]
   })");
