@@ -158,6 +158,16 @@ void rank(SizeResult& r) {
   r.winner_reason = why;
 }
 
+// A Markdown table cell: pipes would end the cell.
+std::string md_cell(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '|') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
 }  // namespace
 
 SizeResult size(const Scenario& s, const std::function<void(const SizeProgress&)>& progress) {
@@ -327,13 +337,13 @@ std::string format_size_report(const SizeResult& r, const std::vector<std::pair<
     const auto& c = r.candidates[r.ranking[i]];
     if (!c.runnable) {
       std::snprintf(buf, sizeof buf, "| %zu | %s | %.0fB | %.1fB | — | | | | | | | | | %s |\n", i + 1, c.name.c_str(),
-                    c.total_params / 1e9, c.active_params / 1e9, c.verdict.c_str());
+                    c.total_params / 1e9, c.active_params / 1e9, md_cell(c.verdict).c_str());
       o << buf;
       continue;
     }
     std::snprintf(buf, sizeof buf,
                   "| %zu | %s | %.0fB | %.1fB | %s | %.1f%% | %.2f | %.1f | %.1f | %.2f | %.1f | %.2f%% | %.3f | %s |\n",
-                  i + 1, c.name.c_str(), c.total_params / 1e9, c.active_params / 1e9, describe(c.layout).c_str(),
+                  i + 1, c.name.c_str(), c.total_params / 1e9, c.active_params / 1e9, md_cell(describe(c.layout)).c_str(),
                   100 * c.prediction.mfu, c.prediction.step_time_s, c.goodput.p50_days, c.goodput.p90_days,
                   c.goodput.p_finish_by_deadline, c.prediction.memory.device_total / kGiB,
                   100 * c.prediction.drop_fraction, c.forecast_loss, c.verdict.c_str());

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# rackstep size as a user runs it: the default scenario, a report, bad scenarios.
+set -u
+bin=${1:?usage: size.sh path/to/rackstep}
+fail=0
+check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; fi; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export QT_QPA_PLATFORM=offscreen
+
+"$bin" size --json --runs 100 >"$tmp/size.json"
+check "size --json exits 0" "[ $? -eq 0 ]"
+/usr/bin/python3 - "$tmp/size.json" <<'PY' || fail=1
+import json, sys
+j = json.load(open(sys.argv[1]))
+c = j["candidates"]
+assert len(c) == 5, len(c)
+names = {x["name"] for x in c}
+assert {"marin-535b-a23b", "marin-360b-fsdp", "129b-a15b", "707b-a23b", "360b-a21b-mla"} == names, names
+assert j["winner"] == c[0]["name"] and j["winner_reason"].startswith(j["winner"])
+assert [x["rank"] for x in c] == list(range(1, 6))
+for x in c:
+    assert x["runnable"], x
+    assert 0 < x["mfu"] < 1 and x["step_time_s"] > 0 and x["days_p50"] > 0
+    assert 0 <= x["p_finish"] <= 1
+    assert x["peak_memory_bytes"] <= x["hbm_bytes"]
+PY
+
+"$bin" size --report "$tmp/rep" --runs 100 --quiet >"$tmp/table.txt"
+check "size --report exits 0" "[ $? -eq 0 ]"
+check "report.md written" "[ -s \"$tmp/rep/report.md\" ]"
+check "table names the winner" "grep -q ' wins: ' \"$tmp/table.txt\""
+if ldd "$bin" | grep -q libQt6Charts; then
+  for png in days_vs_loss memory finish_days; do
+    check "$png.png rendered" "[ -s \"$tmp/rep/$png.png\" ]"
+  done
+fi
+
+"$bin" size --csv --runs 100 --rank-by fastest >"$tmp/size.csv"
+check "csv has a header and five rows" "[ \$(wc -l <\"$tmp/size.csv\") -eq 6 ]"
+
+# Bad scenarios: one line, exit 2.
+cat >"$tmp/bad.json" <<'JSON'
+{"name": "bad", "cluster": {"file": "topologies/zoo/gb200-nvl72.json", "domains": 2},
+ "start_date": "2026-07-15", "deadline": "2026-06-01", "token_budget": 1e12,
+ "candidates": [{"model": "models/zoo/marin-ladder-d768.json"}]}
+JSON
+"$bin" size --scenario "$tmp/bad.json" >/dev/null 2>"$tmp/err"
+check "deadline before start exits 2" "[ $? -eq 2 ]"
+check "deadline error is one line" "[ \$(wc -l <\"$tmp/err\") -eq 1 ]"
+check "deadline error names the path" "grep -q '/deadline: expected a date after start_date' \"$tmp/err\""
+sed 's/2026-06-01/2026-12-01/; s/marin-ladder-d768/nope/' "$tmp/bad.json" >"$tmp/bad2.json"
+"$bin" size --scenario "$tmp/bad2.json" >/dev/null 2>"$tmp/err"
+check "unknown candidate file exits 2" "[ $? -eq 2 ]"
+check "unknown candidate named" "grep -q 'candidates/0/model: expected an existing model file' \"$tmp/err\""
+"$bin" size --scenario "$tmp/missing.json" >/dev/null 2>"$tmp/err"
+check "missing scenario exits 2" "[ $? -eq 2 ]"
+exit $fail
