@@ -12,22 +12,12 @@
 
 #include "exec/checkpoint.h"
 #include "models/check.h"
+#include "tests/temp_dir.h"
 
 using namespace rackstep::exec;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("rackstep-ckpt-" + name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& n) const { return (path / n).string(); }
-};
 
 std::shared_ptr<const ArenaLayout> layout_a() {
   return std::make_shared<ArenaLayout>(std::vector<TensorSpec>{
@@ -104,7 +94,7 @@ std::string load_error(const std::string& path, Arena& params, OptimizerState& o
 }  // namespace
 
 TEST_CASE("save then load gives bitwise identical state", "[checkpoint]") {
-  TempDir dir("roundtrip");
+  TempDir dir("ckpt", "roundtrip");
   Trained t(layout_a());
   const CheckpointMeta meta = sample_meta();
   save_checkpoint(dir.file("c.rsck"), t.params, t.opt, meta);
@@ -135,7 +125,7 @@ TEST_CASE("save then load gives bitwise identical state", "[checkpoint]") {
 }
 
 TEST_CASE("resume from a checkpoint continues bitwise identically", "[checkpoint]") {
-  TempDir dir("resume");
+  TempDir dir("ckpt", "resume");
   Trained straight(layout_a(), 6);
 
   Trained first(layout_a(), 3);
@@ -150,7 +140,7 @@ TEST_CASE("resume from a checkpoint continues bitwise identically", "[checkpoint
 }
 
 TEST_CASE("a corrupt, truncated or foreign checkpoint is a clear error and changes nothing", "[checkpoint]") {
-  TempDir dir("bad");
+  TempDir dir("ckpt", "bad");
   Trained t(layout_a());
   const std::string good = dir.file("good.rsck");
   save_checkpoint(good, t.params, t.opt, sample_meta());
@@ -219,7 +209,7 @@ TEST_CASE("a corrupt, truncated or foreign checkpoint is a clear error and chang
 }
 
 TEST_CASE("a failed save leaves the previous checkpoint intact", "[checkpoint]") {
-  TempDir dir("failsave");
+  TempDir dir("ckpt", "failsave");
   Trained t(layout_a());
   save_checkpoint(dir.file("c.rsck"), t.params, t.opt, sample_meta());
   const std::string before = read_bytes(dir.file("c.rsck"));

@@ -12,22 +12,12 @@
 #include "exec/data.h"
 #include "exec/tokenizer.h"
 #include "models/check.h"
+#include "tests/temp_dir.h"
 
 using namespace rackstep::exec;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("rackstep-data-" + name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& n) const { return (path / n).string(); }
-};
 
 void write_text(const std::string& path, const std::string& text) {
   fs::create_directories(fs::path(path).parent_path());
@@ -65,7 +55,7 @@ void write_corpus(const fs::path& dir, int files) {
 }  // namespace
 
 TEST_CASE("shards round-trip in uint16 and uint32", "[data][shard]") {
-  TempDir dir("roundtrip");
+  TempDir dir("data", "roundtrip");
   for (uint32_t vocab : {257u, 70000u}) {
     CAPTURE(vocab);
     Shard s;
@@ -83,7 +73,7 @@ TEST_CASE("shards round-trip in uint16 and uint32", "[data][shard]") {
 }
 
 TEST_CASE("corrupt and truncated shards are one clear error each", "[data][shard]") {
-  TempDir dir("bad");
+  TempDir dir("data", "bad");
   Shard s;
   s.vocab_size = 257;
   for (uint32_t i = 0; i < 1000; ++i) s.tokens.push_back(i % 256);
@@ -163,7 +153,7 @@ TEST_CASE("byte and BPE tokenizers round-trip; BPE compresses", "[data][tokenize
   const std::string unseen = "zebra\x01\xff quux";
   CHECK(bpe.decode(bpe.encode(unseen)) == unseen);
 
-  TempDir dir("tok");
+  TempDir dir("data", "tok");
   bpe.save(dir.file("tokenizer.json"));
   Tokenizer loaded = Tokenizer::load(dir.file("tokenizer.json"));
   CHECK(loaded.merges() == bpe.merges());
@@ -173,7 +163,7 @@ TEST_CASE("byte and BPE tokenizers round-trip; BPE compresses", "[data][tokenize
 }
 
 TEST_CASE("build a dataset and load (batch, seq) windows with document ids", "[data][loader]") {
-  TempDir dir("build");
+  TempDir dir("data", "build");
   write_corpus(dir.path / "src", 12);
   BuildOptions o;
   o.from = {(dir.path / "src").string()};
@@ -251,7 +241,7 @@ TEST_CASE("build a dataset and load (batch, seq) windows with document ids", "[d
 }
 
 TEST_CASE("unigram entropy and blank-line documents", "[data][build]") {
-  TempDir dir("entropy");
+  TempDir dir("data", "entropy");
   write_text(dir.file("src/a.txt"), "abab");
   BuildOptions o;
   o.from = {dir.file("src")};
