@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "exec/dump.h"
+#include "exec/kernels.h"
 #include "models/json_io.h"
 
 namespace rackstep::exec {
@@ -29,23 +30,6 @@ void set_threads(int threads) {
 }
 
 int current_threads() { return omp_get_max_threads(); }
-
-double measure_sgemm_peak_flops() {
-  constexpr int n = 1024;
-  std::vector<float> a(static_cast<size_t>(n) * n), b(a.size()), c(a.size());  // (n, n) each
-  for (size_t i = 0; i < a.size(); ++i) {
-    a[i] = static_cast<float>((i * 7919) % 1000) * 1e-3f;
-    b[i] = static_cast<float>((i * 104729) % 1000) * 1e-3f;
-  }
-  double best_s = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {  // the first call warms caches and threads
-    const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (rep > 0) best_s = std::min(best_s, s);
-  }
-  return 2.0 * n * n * static_cast<double>(n) / best_s;
-}
 
 // --- logs ------------------------------------------------------------------------
 
@@ -170,7 +154,7 @@ Trainer::Trainer(TrainOptions options) : o_(std::move(options)) {
     }
   }
   started_at_ = opt_state_.step;
-  peak_flops_ = measure_sgemm_peak_flops();
+  peak_flops_ = measure_sgemm_flops_per_s(1024, 0.2);  // exec/kernels.h: best of timed sgemms
   flops_per_token_ = models::count_flops(graph_, seq, models::FlopConvention::kMarin).training;
   if (o_.profile) {
     profiler_ = std::make_unique<Profiler>(graph_, batch, seq, current_threads());
