@@ -6,7 +6,8 @@
 // z-loss, gradient norm per optimizer group, drop fraction (sim/dispatch.h:
 // zero on one process unless a dispatch is simulated, see DispatchOptions),
 // tokens/s and MFU = model FLOPs/s (Marin convention, models::count_flops) over
-// the measured fp32 sgemm peak of this machine (measure_sgemm_peak_flops).
+// the measured fp32 sgemm peak of this machine (exec/kernels.h,
+// measure_sgemm_flops_per_s).
 //
 // A run directory (--out RUN) holds run.json (the settings a resume must
 // share), log.jsonl (one JSON object per step and per eval), checkpoints
@@ -79,8 +80,6 @@ class NonFiniteError : public UserError {
   using UserError::UserError;
 };
 
-// Best of a few 1024^3 cblas_sgemm calls, FLOP/s, with the current thread count.
-double measure_sgemm_peak_flops();
 // OpenMP and OpenBLAS thread counts (0 = leave the defaults).
 void set_threads(int threads);
 int current_threads();
