@@ -18,6 +18,7 @@ static void BM_HeroGoodput1000Runs(benchmark::State& state) {
   req.tokens_per_step = 46137344;
   req.tokens = 18e12;  // 390,140 steps
   req.gpus = 704;
+  req.total_params = 535.48e9;
   req.runs = 1000;
   double interruptions = 0;
   for (auto _ : state) {

@@ -3,7 +3,7 @@
 // distribution (percentiles, P(finish by deadline), histogram).
 //
 //   rackstep goodput --step-time-s 17.15 --tokens-per-step 46137344 --tokens 18e12
-//                    --gpus 704 --deadline-days 80 [--runs 1000] [--seed 0] [--config FILE] [--json]
+//                    --gpus 704 --params 535.48e9 --deadline-days 80 [--runs 1000] [--seed 0] [--config FILE] [--json]
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -50,6 +50,8 @@ rackstep::cli::Registration reg{
           ->required();
       app.add_option("--tokens", a->req.tokens, "token budget, e.g. 18e12")->required();
       app.add_option("--gpus", a->req.gpus, "GPUs in the job")->required();
+      app.add_option("--params", a->req.total_params, "model parameters, e.g. 535.48e9 (checkpoint size scales with them)")
+          ->required();
       app.add_option("--deadline-days", a->req.deadline_days, "report P(finish within this many days)");
       app.add_option("--runs", a->req.runs, "Monte Carlo runs (default 1000)");
       app.add_option("--seed", a->req.seed, "random seed (default 0)");

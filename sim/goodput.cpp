@@ -68,7 +68,7 @@ void apply_goodput_json(GoodputConfig& c, const nlohmann::json& doc, const std::
   JsonReader ck = section("checkpoint");
   ck.ignore("source");
   num(ck, "interval_s", c.checkpoint_interval_s, kPositive);
-  num(ck, "bytes", c.checkpoint_bytes, kNonNegative);
+  num(ck, "bytes_per_param", c.checkpoint_bytes_per_param, kNonNegative);
   num(ck, "write_bytes_per_s", c.checkpoint_write_bytes_per_s, kPositive);
   num(ck, "blocking_fraction", c.checkpoint_blocking_fraction, kFraction);
   num(ck, "failure_probability", c.checkpoint_failure_probability, kBelowOne);
@@ -102,7 +102,7 @@ nlohmann::json goodput_config_json(const GoodputConfig& c) {
       {"restart", {{"median_s", c.restart_median_s}, {"log_sigma", c.restart_log_sigma}}},
       {"checkpoint",
        {{"interval_s", c.checkpoint_interval_s},
-        {"bytes", c.checkpoint_bytes},
+        {"bytes_per_param", c.checkpoint_bytes_per_param},
         {"write_bytes_per_s", c.checkpoint_write_bytes_per_s},
         {"blocking_fraction", c.checkpoint_blocking_fraction},
         {"failure_probability", c.checkpoint_failure_probability}}},
@@ -160,7 +160,8 @@ Model make_model(const GoodputRequest& req, const GoodputConfig& c, double inter
   // stretches by 1 / (1 - share).
   m.step_s = req.step_time_s / (1.0 - c.gc_stall_fraction);
   m.k = std::max<int64_t>(1, std::llround(interval_s / m.step_s));
-  m.save_s = c.checkpoint_blocking_fraction * c.checkpoint_bytes / c.checkpoint_write_bytes_per_s;
+  m.save_s = c.checkpoint_blocking_fraction * c.checkpoint_bytes_per_param * req.total_params /
+             c.checkpoint_write_bytes_per_s;
   const double g = static_cast<double>(req.gpus);
   m.lambda_gpu = c.gpu_failure_mtbf_gpu_days > 0 ? g / (c.gpu_failure_mtbf_gpu_days * kDay) : 0;
   m.lambda_link = c.link_failure_mtbf_gpu_days > 0 ? g / (c.link_failure_mtbf_gpu_days * kDay) : 0;
@@ -264,6 +265,7 @@ void validate(const GoodputRequest& req) {
   if (!(req.tokens > 0) || !std::isfinite(req.tokens)) bad("--tokens", "a budget > 0", req.tokens);
   if (req.tokens / req.tokens_per_step > 1e12) bad("--tokens", "at most 1e12 steps' worth", req.tokens);
   if (req.gpus < 1) bad("--gpus", "at least 1", static_cast<double>(req.gpus));
+  if (!(req.total_params > 0) || !std::isfinite(req.total_params)) bad("--params", "a parameter count > 0", req.total_params);
   if (!(req.deadline_days >= 0) || !std::isfinite(req.deadline_days)) {
     bad("--deadline-days", "days >= 0 (0 = none)", req.deadline_days);
   }

@@ -13,6 +13,7 @@
 //   rackstep::sim::GoodputRequest req;
 //   req.step_time_s = 17.15; req.tokens_per_step = 46137344; req.tokens = 18e12;
 //   req.gpus = 704; req.deadline_days = 80;
+//   req.total_params = 535.48e9;
 //   rackstep::sim::GoodputResult r = rackstep::sim::simulate_goodput(req, cfg);
 //   // r.p50_days, r.p_finish_by_deadline, r.histogram ...
 #pragma once
@@ -34,7 +35,7 @@ struct GoodputConfig {
   double restart_median_s = 0;                // median time from crash to training again
   double restart_log_sigma = 0;               // lognormal spread of restart time
   double checkpoint_interval_s = 3600;        // running time between saves
-  double checkpoint_bytes = 0;
+  double checkpoint_bytes_per_param = 0;      // saved bytes = this x GoodputRequest::total_params
   double checkpoint_write_bytes_per_s = 1;
   double checkpoint_blocking_fraction = 1;    // share of the write that stalls training
   double checkpoint_failure_probability = 0;  // per save: the save crashes the job
@@ -55,6 +56,7 @@ struct GoodputRequest {
   double tokens_per_step = 0;
   double tokens = 0;            // the token budget
   int64_t gpus = 0;
+  double total_params = 0;      // the model's parameters: the checkpoint scales with them
   double deadline_days = 0;     // 0 = no deadline
   int64_t runs = 1000;
   uint64_t seed = 0;

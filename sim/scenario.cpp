@@ -186,7 +186,6 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
     apply_goodput_json(s.goodput, r.raw().at("goodput"), file, false);
     r.ignore("goodput");
   }
-  s.checkpoint_bytes_per_param = r.number("checkpoint_bytes_per_param", s.checkpoint_bytes_per_param, kPositive);
   s.goodput_runs = r.integer("goodput_runs", 400, {.min = 10});
   s.seed = static_cast<uint64_t>(r.integer("seed", 1, kNonNegative));
   s.law = parse_scaling_law(r.object_or_empty("scaling_law"));

@@ -12,7 +12,6 @@
 //    "token_budget": tokens | "tokens_per_active_param": r,
 //    "unique_tokens": tokens, "max_epochs": e, "tokens_per_step": n,
 //    "goodput": {sim/goodput_defaults.json keys}, "goodput_runs": n, "seed": n,
-//    "checkpoint_bytes_per_param": b,
 //    "scaling_law": {"E", "A", "alpha", "optimal_tokens_per_active_param", "overtrain_10x_efficiency"},
 //    "rank_by": "lowest_loss" | "fastest" | "highest_mfu", "min_p_finish": p,
 //    "candidates": [{"model": path} | {"inline": {model}} |
@@ -58,9 +57,6 @@ struct Scenario {
   double max_epochs = 1;
   int64_t tokens_per_step = 0;   // 0 = each model's recipe
   GoodputConfig goodput;
-  // Checkpoint size scales with the model: the hero wrote 4.29 TB for 535.48B
-  // parameters (spec/calibration.md), 8.01 bytes per parameter.
-  double checkpoint_bytes_per_param = 4.29e12 / 535.48e9;
   int64_t goodput_runs = 400;
   uint64_t seed = 1;
   ScalingLaw law;

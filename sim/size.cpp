@@ -80,11 +80,11 @@ void evaluate(const Scenario& s, CandidateResult& c, size_t index) {
   req.tokens_per_step = tokens_per_step;
   req.tokens = c.tokens;
   req.gpus = s.cluster.gpus();
+  req.total_params = c.total_params;
   req.deadline_days = s.training_days_available();
   req.runs = s.goodput_runs;
   req.seed = s.seed + index;
   GoodputConfig cfg = s.goodput;
-  cfg.checkpoint_bytes = s.checkpoint_bytes_per_param * c.total_params;
   // The predicted step already carries the GC pauses (breakdown.host_stall_s).
   if (c.prediction.breakdown.host_stall_s > 0) cfg.gc_stall_fraction = 0;
   c.goodput = simulate_goodput(req, cfg);

@@ -19,7 +19,7 @@ namespace {
 GoodputConfig quiet() {
   GoodputConfig c;
   c.checkpoint_interval_s = 100;
-  c.checkpoint_bytes = 0;
+  c.checkpoint_bytes_per_param = 0;
   c.checkpoint_write_bytes_per_s = 1;
   return c;
 }
@@ -28,6 +28,7 @@ GoodputConfig quiet() {
 GoodputRequest small_run(int64_t runs = 2000) {
   GoodputRequest r;
   r.step_time_s = 1.0;
+  r.total_params = 1;  // so checkpoint_bytes_per_param is the bytes per save
   r.tokens_per_step = 1000;
   r.tokens = 1e7;
   r.gpus = 1;
@@ -81,7 +82,7 @@ TEST_CASE("checkpoint failures redo their segment", "[goodput]") {
   // 99 saves of 5 s each fail with p = 0.1 and cost a restart of 30 s:
   // E[segment with save] = (T + s) / (1 - p) + R p / (1 - p); the last segment has no save.
   GoodputConfig c = quiet();
-  c.checkpoint_bytes = 5;
+  c.checkpoint_bytes_per_param = 5;
   c.checkpoint_failure_probability = 0.1;
   c.restart_median_s = 30;
   GoodputResult r = simulate_goodput(small_run(4000), c);
@@ -146,7 +147,7 @@ TEST_CASE("Young/Daly intervals sit at the simulated optimum", "[goodput][young]
   CHECK(daly_interval_s(30000, 10000) == 10000);  // save cost >= 2 MTBF: checkpoint every MTBF
   GoodputConfig c = quiet();
   c.gpu_failure_mtbf_gpu_days = 2000.0 / kDay;  // MTBF 2,000 s
-  c.checkpoint_bytes = 20;                      // 20 s per save
+  c.checkpoint_bytes_per_param = 20;            // 20 s per save
   c.restart_median_s = 30;
   GoodputRequest req = small_run(1000);
   req.tokens = 1e8;  // 100,000 steps
@@ -170,7 +171,7 @@ TEST_CASE("the defaults file carries the spec's rates", "[goodput][config]") {
   CHECK(c.gpu_failure_mtbf_gpu_days == 2770);
   CHECK(c.restart_median_s == 660);
   CHECK(c.checkpoint_interval_s == 3600);
-  CHECK(c.checkpoint_bytes == 4.29e12);
+  CHECK(c.checkpoint_bytes_per_param * 535.48e9 == Approx(4.29e12).epsilon(1e-4));
   CHECK(c.gc_stall_fraction == 0.0383);
   CHECK(c.hang_mean_steps_between == 1500);
 }
@@ -181,6 +182,7 @@ TEST_CASE("hero run: 390k steps, hourly checkpoints every ~200 steps", "[goodput
   req.tokens_per_step = 46137344;
   req.tokens = 18e12;
   req.gpus = 704;
+  req.total_params = 535.48e9;
   req.runs = 200;
   GoodputResult r = simulate_goodput(req, default_goodput_config());
   CHECK(r.steps == 390140);
@@ -190,6 +192,11 @@ TEST_CASE("hero run: 390k steps, hourly checkpoints every ~200 steps", "[goodput
   CHECK(r.ideal_days == Approx(390140 * 17.15 / kDay));
   CHECK(r.goodput_fraction < 1.0);
   CHECK(r.goodput_fraction > 0.7);
+  // calibration.md: 4.29 TB at 2 TB/s.
+  CHECK(r.save_cost_s == Approx(4.29e12 / 2e12).epsilon(1e-3));
+  // A model half the size saves in half the time.
+  req.total_params /= 2;
+  CHECK(simulate_goodput(req, default_goodput_config()).save_cost_s == Approx(r.save_cost_s / 2));
 }
 
 TEST_CASE("bad requests and configs are user errors", "[goodput][errors]") {
@@ -198,6 +205,9 @@ TEST_CASE("bad requests and configs are user errors", "[goodput][errors]") {
   CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("--step-time-s"));
   req = small_run(0);
   CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("--runs"));
+  req = small_run(10);
+  req.total_params = 0;
+  CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("--params"));
   req = small_run(10);
   req.gpus = 0;
   CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("--gpus"));

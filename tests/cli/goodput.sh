@@ -7,7 +7,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-args=(--step-time-s 17.15 --tokens-per-step 46137344 --tokens 18e12 --gpus 704 --runs 200)
+args=(--step-time-s 17.15 --tokens-per-step 46137344 --tokens 18e12 --gpus 704 --params 535.48e9 --runs 200)
 
 out=$("$bin" goodput "${args[@]}" --deadline-days 95) || fail "text run exited $?"
 for want in "p10 / p50 / p90" "P(finish by 95.0 days)" "goodput fraction" "Young" "wall-clock days"; do
@@ -44,8 +44,9 @@ expect_error() {
   [ "$(wc -l <<<"$err")" -eq 1 ] || fail "expected one error line for '$*': $err"
   grep -qF -- "$want" <<<"$err" || fail "error for '$*' lacks '$want': $err"
 }
-expect_error "--step-time-s" --step-time-s 0 --tokens-per-step 1 --tokens 10 --gpus 1
-expect_error "--gpus" --step-time-s 1 --tokens-per-step 1 --tokens 10 --gpus 0
+expect_error "--step-time-s" --step-time-s 0 --tokens-per-step 1 --tokens 10 --gpus 1 --params 1e9
+expect_error "--gpus" --step-time-s 1 --tokens-per-step 1 --tokens 10 --gpus 0 --params 1e9
+expect_error "--params" --step-time-s 1 --tokens-per-step 1 --tokens 10 --gpus 1 --params 0
 echo '{"hang": {"steps": 5}}' >"$tmp/bad.json"
 expect_error "bad.json" "${args[@]}" --config "$tmp/bad.json"
 expect_error "missing.json" "${args[@]}" --config "$tmp/missing.json"
