@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "models/check.h"
 #include "models/layer_graph.h"
 #include "sim/calibration.h"
 #include "sim/cli/command.h"
@@ -65,7 +66,13 @@ int run_timeline(TimelineArgs a) {
   a.graph.gc_stalls = !a.no_gc;
   StepGraph sg = build_step_graph(pred, l, a.graph);
   const auto t1 = clock::now();
-  RunResult r = sg.engine.run(a.run);
+  RunResult r;
+  try {
+    r = sg.engine.run(a.run);
+  } catch (const UserError& e) {
+    // A schedule that cannot run: name the layout and schedule, keep the engine's first offending dependency.
+    throw UserError("timeline: layout '" + l.name + "' (" + to_string(l.schedule) + ") cannot run: " + e.what());
+  }
   const auto t2 = clock::now();
   const StepSummary s = summarize(sg.engine, r);
   if (!a.out.empty()) {
@@ -116,6 +123,12 @@ rackstep::cli::Registration reg{
       app.add_option("--straggler-prob", a->run.straggler_probability, "chance a kernel straggles");
       app.add_option("--straggler-slowdown", a->run.straggler_slowdown, "how much slower a straggler is");
       app.add_flag("--no-gc", a->no_gc, "leave out garbage-collection pauses");
+      app.add_flag("!--no-contention", a->graph.contention,
+                   "give every comm stream links of its own (the analytic model's view)");
+      app.add_option("--fabric-oversubscription", a->graph.fabric_oversubscription,
+                     "scale-out fabric carries GPUs x NIC bandwidth / this (default 1: non-blocking)");
+      app.add_option("--checkpoint-every", a->graph.checkpoint_every,
+                     "steps between checkpoint saves; step k saves when k % N == 0 (default 0: none)");
       app.add_option("-o,--output", a->out, "Chrome trace JSON to write (atomic)");
       app.add_flag("--json", a->json, "print the summary as JSON");
       return [a] { return run_timeline(*a); };

@@ -3,33 +3,129 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "models/check.h"
+#include "sim/goodput.h"
+#include "sim/memory.h"
 
 namespace rackstep::sim {
 
 namespace {
 
-// One representative GPU: its streams and resources.
-struct Rank {
-  int process = -1;
-  ResourceId compute, ag, rs, ep, tp, cp, pp_send, pp_recv, dp, copy, host;
+// ------------------------------------------------------------ communication
+
+// One collective call as the engine runs it: a fixed latency, then per-GPU
+// bytes over the NVLink port and over the NIC, streaming together; alone on
+// their links both tiers finish after bw_s.
+struct Comm {
+  double latency_s = 0;
+  double bw_s = 0;
+  double nvlink_bytes = 0;  // per GPU
+  double nic_bytes = 0;     // per GPU, leaves the NVLink domain
+  double time_s() const { return latency_s + bw_s; }
+  Comm scaled(double f) const { return {latency_s * f, bw_s * f, nvlink_bytes * f, nic_bytes * f}; }
 };
 
-// Costs from the predictor, per layer and per step.
+// Real per-GPU bytes of an algorithm per tier, and the predictor's time for
+// moving them (its time for the payload minus its time for a 1-byte message).
+struct Traffic {
+  double nvlink_bytes = 0, nic_bytes = 0, bw_s = 0;
+  Traffic& operator+=(const Traffic& o) {
+    nvlink_bytes += o.nvlink_bytes;
+    nic_bytes += o.nic_bytes;
+    bw_s += o.bw_s;
+    return *this;
+  }
+};
+
+constexpr double kOneByte = 1.0;
+
+using RingTime = double (*)(const Network&, const Group&, double);
+
+// Hierarchical ring (NCCL): inside each domain every GPU sends (n-1)/n of the
+// buffer per pass over NVLink; across domains the 1/inner shard goes round a
+// rail ring over the NIC. passes: 1 for all-gather / reduce-scatter, 2 for all-reduce.
+Traffic ring_traffic(const Network& net, const Group& g, double full_bytes, double passes, RingTime fn) {
+  Traffic t;
+  if (g.size <= 1 || full_bytes <= 0) return t;
+  const double inner = static_cast<double>(g.per_domain());
+  const double domains = static_cast<double>(g.domains);
+  t.nvlink_bytes = passes * (inner - 1.0) / inner * full_bytes;
+  t.nic_bytes = passes * (domains - 1.0) / domains * full_bytes / inner;
+  t.bw_s = fn(net, g, full_bytes) - fn(net, g, kOneByte);
+  return t;
+}
+
+// All-to-all: each rank's payload is spread evenly; the share to peers in its
+// domain crosses NVLink, the rest its NIC.
+Traffic a2a_traffic(const Network& net, const Group& g, double bytes_per_rank, double link_eff) {
+  Traffic t;
+  if (g.size <= 1 || bytes_per_rank <= 0) return t;
+  const double n = static_cast<double>(g.size);
+  const double inner = static_cast<double>(g.per_domain());
+  t.nvlink_bytes = (inner - 1.0) / n * bytes_per_rank;
+  t.nic_bytes = (n - inner) / n * bytes_per_rank;
+  t.bw_s = all_to_all_s(net, g, bytes_per_rank, link_eff) - all_to_all_s(net, g, kOneByte, link_eff);
+  return t;
+}
+
+Traffic send_traffic(const Network& net, bool cross_domain, double bytes) {
+  Traffic t;
+  if (bytes <= 0) return t;
+  (cross_domain ? t.nic_bytes : t.nvlink_bytes) = bytes;
+  t.bw_s = send_recv_s(net, cross_domain, bytes) - send_recv_s(net, cross_domain, kOneByte);
+  return t;
+}
+
+// The predictor's time t for a call split into latency and bandwidth time
+// for the traffic's bytes (the bandwidth part never exceeds t).
+Comm fit(double t_s, const Traffic& tr) {
+  Comm c;
+  if (!(t_s > 0)) return c;
+  c.nvlink_bytes = tr.nvlink_bytes;
+  c.nic_bytes = tr.nic_bytes;
+  c.bw_s = c.nvlink_bytes + c.nic_bytes > 0 ? std::clamp(tr.bw_s, 0.0, t_s) : 0.0;
+  if (c.bw_s <= 0) c.nvlink_bytes = c.nic_bytes = 0;
+  c.latency_s = t_s - c.bw_s;
+  return c;
+}
+
+// ------------------------------------------------------------ costs
+
+// One layer: compute split around the routed experts, and its collectives.
+struct LayerCost {
+  LayerTiming t;
+  bool ep = false;  // routed experts behind an EP all-to-all
+  // Forward / backward seconds before the dispatch, of the expert GEMMs, and
+  // from the combine on; *_w: their weight-gradient part (zero-bubble W).
+  double pre_fwd = 0, exp_fwd = 0, post_fwd = 0;
+  double pre_bwd = 0, exp_bwd = 0, post_bwd = 0;
+  double pre_w = 0, exp_w = 0, post_w = 0;
+  Comm gather, reduce_scatter, dispatch, combine, tp, cp_fwd, cp_bwd;
+  std::vector<Comm> grad_sync;  // all-reduces of this layer's gradients across replicas
+  double w_s() const { return pre_w + exp_w + post_w; }
+};
+
 struct Costs {
-  std::vector<LayerTiming> layers;
+  std::vector<LayerCost> layers;
   double pre_fwd_s = 0, pre_bwd_s = 0, head_fwd_s = 0, head_bwd_s = 0;
-  double send_s = 0;  // activation (or gradient) across a stage boundary
+  Comm send;                      // activation (or gradient) across a stage boundary
+  Comm edge_sync, replicated_sync;  // LM head / embedding gradients across replicas
+  Comm ns_gather, ns_redistribute;  // Muon: shards to matrix owners and back
+  double ep_overlap_eff = 1.0;
+  int64_t waves = 1;              // EP waves per pass
   StepBreakdown step;
+  double checkpoint_bytes_per_gpu = 0, checkpoint_blocking = 1, storage_bw = 0;
 };
 
-Costs gather_costs(const Predictor& p, const Layout& l, const Prediction& pred) {
-  Costs c;
-  c.layers = p.layer_timings(l);
+// Splits each layer's op times around the dispatch and combine ops.
+void split_layers(const Predictor& p, const Layout& l, Costs& c) {
   const models::LayerGraph& g = p.graph();
-  std::vector<OpTiming> ops = p.op_timings(l);
+  const std::vector<OpTiming> ops = p.op_timings(l);
   const size_t first_block = g.block_begin.empty() ? g.head_begin : g.block_begin.front();
   for (const OpTiming& o : ops) {
     if (o.layer >= 0) continue;
@@ -41,14 +137,167 @@ Costs gather_costs(const Predictor& p, const Layout& l, const Prediction& pred) 
       c.head_bwd_s += o.bwd_s;
     }
   }
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    LayerCost& k = c.layers[i];
+    const size_t end = i + 1 < g.block_begin.size() ? g.block_begin[i + 1] : g.head_begin;
+    int part = 0;  // 0 before the dispatch, 1 the experts, 2 from the combine on
+    for (size_t j = g.block_begin[i]; j < end; ++j) {
+      const models::Op& op = g.ops[j];
+      if (k.ep && op.kind == models::OpKind::kDispatch) part = 1;
+      if (k.ep && op.kind == models::OpKind::kCombine) part = 2;
+      // GEMM backward = dgrad + wgrad of equal FLOPs; the wgrad half is W.
+      const bool gemm = op.op_class == models::OpClass::kGemm || op.op_class == models::OpClass::kGroupedGemm;
+      const double w = gemm ? 0.5 * ops[j].bwd_s : 0.0;
+      double* fwd[] = {&k.pre_fwd, &k.exp_fwd, &k.post_fwd};
+      double* bwd[] = {&k.pre_bwd, &k.exp_bwd, &k.post_bwd};
+      double* wg[] = {&k.pre_w, &k.exp_w, &k.post_w};
+      *fwd[part] += ops[j].fwd_s;
+      *bwd[part] += ops[j].bwd_s;
+      *wg[part] += w;
+    }
+  }
+}
+
+void price_layer_comm(const Predictor& p, const Layout& l, const LayoutShape& s, LayerCost& k) {
+  const Network& net = p.network();
+  const OpTable& tab = p.table();
+  const LayerClass& lc = tab.classes[static_cast<size_t>(tab.layer_class[static_cast<size_t>(k.t.layer)])];
+  const double tp = static_cast<double>(l.tp);
+  // FSDP gather (bf16) and gradient reduce-scatter, plus ZeRO over the expert-data axis.
+  Traffic gather, rs;
+  if (l.fsdp > 1) {
+    const Group g = group_of(net, l.fsdp, l.tp * l.cp);
+    gather += ring_traffic(net, g, lc.dense_params / tp * 2.0, 1.0, all_gather_s);
+    rs += ring_traffic(net, g, lc.dense_params / tp * s.grad_bytes, 1.0, reduce_scatter_s);
+  }
+  if (s.expert_zero > 1.0) {
+    const Group g = group_of(net, static_cast<int64_t>(s.expert_zero), l.tp * l.cp * l.ep);
+    const double local = lc.expert_params / (static_cast<double>(l.ep) * tp);
+    gather += ring_traffic(net, g, local * 2.0, 1.0, all_gather_s);
+    rs += ring_traffic(net, g, local * s.grad_bytes, 1.0, reduce_scatter_s);
+  }
+  k.gather = fit(k.t.fsdp_gather_s, gather);
+  k.reduce_scatter = fit(k.t.grad_reduce_scatter_s, rs);
+  if (k.ep) {
+    // Pooled sends whole pools (sender_cf x A rows); ragged the rows it has; bf16 rows of the expert input width.
+    const bool pooled = l.ep_transport == EpTransport::kPooled;
+    const double rows = (pooled ? l.sender_cf : 1.0) * s.routed_rows_mb;
+    const double bytes = rows * static_cast<double>(tab.moe_width) * 2.0;
+    const Group g = group_of(net, l.ep, l.tp * l.cp);
+    k.dispatch = fit(k.t.ep_dispatch_s, a2a_traffic(net, g, bytes, ep_dispatch_eff(p.calibration(), l.ep)));
+    k.combine = fit(k.t.ep_combine_s, a2a_traffic(net, g, bytes, ep_combine_eff(p.calibration(), l.ep)));
+  }
+  if (l.tp > 1) {
+    // Sequence parallel: all-gather before and reduce-scatter after attention and MLP.
+    const Group g = group_of(net, l.tp, 1);
+    const double act = s.tokens_mb * static_cast<double>(tab.d_model) * 2.0;
+    Traffic t = ring_traffic(net, g, act, 1.0, all_gather_s);
+    t += ring_traffic(net, g, act, 1.0, reduce_scatter_s);
+    t += t;
+    k.tp = fit(k.t.tp_comm_s, t);
+  }
+  if (l.cp > 1) {
+    // KV blocks passed round the ring (or gathered) for every attention op.
+    const Group g = group_of(net, l.cp, l.tp);
+    const bool cross = g.domains > 1;
+    Traffic t;
+    for (const OpEntry& e : lc.ops) {
+      if (e.kind != models::OpKind::kAttention) continue;
+      const double kv = s.tokens_mb * e.kv_heads * (e.qk_head_dim + e.head_dim) * 2.0 / tp;
+      if (l.cp_kind == CpKind::kAllGatherKv) {
+        t += ring_traffic(net, g, kv * static_cast<double>(l.cp), 1.0, all_gather_s);
+        continue;
+      }
+      const double chunk = static_cast<double>(s.seq) / static_cast<double>(l.cp);
+      double steps = static_cast<double>(l.cp - 1);
+      if (e.window > 0) steps = std::min(steps, std::ceil(static_cast<double>(e.window) / chunk));
+      Traffic one = send_traffic(net, cross, kv);
+      t.nvlink_bytes += steps * one.nvlink_bytes;
+      t.nic_bytes += steps * one.nic_bytes;
+      t.bw_s += steps * one.bw_s;
+    }
+    k.cp_fwd = fit(k.t.cp_comm_s, t);
+    k.cp_bwd = k.cp_fwd.scaled(2.0);  // KV forward and dKV back
+  }
+}
+
+// One all-reduce at the predictor's time for it.
+Comm all_reduce(const Network& net, const Group& g, double bytes) {
+  if (g.size <= 1 || bytes <= 0) return {};
+  return fit(all_reduce_s(net, g, bytes), ring_traffic(net, g, bytes, 2.0, all_reduce_s));
+}
+
+// Gradient all-reduce across replicas, per layer as the last micro-batch's
+// backward releases it (dense shards over data/fsdp, experts over
+// data/max(ep, fsdp)); the LM head's first, a replicated embedding's last.
+// As sim/predict.cpp's exposed_grad_sync with one-layer buckets: the buckets
+// queue on the gradient stream and whatever runs past the backward is exposed.
+void price_grad_sync(const Predictor& p, const Layout& l, const LayoutShape& s, Costs& c) {
+  const Network& net = p.network();
+  const OpTable& tab = p.table();
+  const int64_t tp = l.tp, cp = l.cp;
+  const int64_t split = std::max(l.ep, l.fsdp);
+  const Group dense_g = group_of(net, l.data / l.fsdp * cp, tp * l.fsdp);
+  const Group expert_g = group_of(net, l.data / split * cp, tp * split);
+  for (LayerCost& k : c.layers) {
+    const LayerClass& lc = tab.classes[static_cast<size_t>(tab.layer_class[static_cast<size_t>(k.t.layer)])];
+    k.grad_sync.push_back(all_reduce(net, dense_g, lc.dense_params / s.dense_shard * s.grad_bytes));
+    k.grad_sync.push_back(all_reduce(net, expert_g, lc.expert_params / s.expert_shard * s.grad_bytes));
+  }
+  c.edge_sync = all_reduce(net, dense_g, s.edge_params / s.dense_shard * s.grad_bytes);
+  c.replicated_sync = all_reduce(net, group_of(net, l.data * cp, tp), s.replicated_params * s.grad_bytes);
+}
+
+// Muon: gather the shards of each matrix to its owner and send the result
+// back; one all-to-all each way, fitted to the breakdown's optimizer_comm line.
+void price_muon_comm(const Predictor& p, const Layout& l, const LayoutShape& s, Costs& c) {
+  const Network& net = p.network();
+  const int64_t tp = l.tp, cp = l.cp;
+  Traffic one;
+  double t_one = 0;
+  auto a2a = [&](const Group& g, double bytes) {
+    if (g.size <= 1 || bytes <= 0) return;
+    one += a2a_traffic(net, g, bytes, 1.0);
+    t_one += all_to_all_s(net, g, bytes);
+  };
+  if (s.dense_shard > 1.0) a2a(group_of(net, l.fsdp * tp, cp), s.muon_dense_local * 2.0);
+  if (s.expert_zero > 1.0) a2a(group_of(net, static_cast<int64_t>(s.expert_zero), tp * cp * l.ep), s.muon_expert_local * 2.0);
+  const double each_s = 0.5 * c.step.optimizer_comm_s;
+  if (!(t_one > 0) || !(each_s > 0)) return;
+  one.bw_s *= each_s / t_one;
+  c.ns_gather = c.ns_redistribute = fit(each_s, one);
+}
+
+Costs gather_costs(const Predictor& p, const Layout& l, const Prediction& pred, const StepGraphOptions& o) {
+  Costs c;
+  c.step = pred.breakdown;
+  const LayoutShape s = layout_shape(p.table(), p.cluster(), l);
+  for (const LayerTiming& t : p.layer_timings(l)) {
+    LayerCost k;
+    k.t = t;
+    k.ep = t.ep_dispatch_s > 0 || t.ep_combine_s > 0;
+    c.layers.push_back(k);
+  }
+  split_layers(p, l, c);
+  for (LayerCost& k : c.layers) price_layer_comm(p, l, s, k);
+  price_grad_sync(p, l, s, c);
+  price_muon_comm(p, l, s, c);
+  const bool pooled = l.ep_transport == EpTransport::kPooled;
+  c.waves = pooled ? std::max<int64_t>(1, l.waves) : 1;
+  c.ep_overlap_eff = pooled ? p.calibration().ep_wave_overlap_eff : 1.0;
   if (l.pp > 1) {
     // The predictor's stage-boundary message: one micro-batch of activations in bf16.
-    const double tokens_mb = static_cast<double>(l.micro_batch_seqs * l.seq(g.model)) / static_cast<double>(l.cp);
-    const double act_bytes = tokens_mb * static_cast<double>(g.model.d_model) * 2.0 / static_cast<double>(l.tp);
+    const double act_bytes = s.tokens_mb * static_cast<double>(p.graph().model.d_model) * 2.0 / static_cast<double>(l.tp);
     const bool cross = l.data * l.tp * l.cp >= p.network().gpus_per_domain;
-    c.send_s = send_recv_s(p.network(), cross, act_bytes);
+    c.send = fit(send_recv_s(p.network(), cross, act_bytes), send_traffic(p.network(), cross, act_bytes));
   }
-  c.step = pred.breakdown;
+  if (o.checkpoint_every > 0) {
+    const GoodputConfig g = default_goodput_config();
+    const double total = p.table().total_params * g.checkpoint_bytes_per_param;
+    c.checkpoint_bytes_per_gpu = total / static_cast<double>(l.gpus());
+    c.checkpoint_blocking = g.checkpoint_blocking_fraction;
+    c.storage_bw = g.checkpoint_write_bytes_per_s;
+  }
   return c;
 }
 
@@ -58,16 +307,163 @@ std::string num(const char* prefix, int64_t v) {
   return s;
 }
 
+// ------------------------------------------------------------ schedules
+
+using Pass = PipelinePass;
+using Slot = PipelineSlot;
+
+// Megatron-LM's schedule (Narayanan et al. 2021): warm-up forwards, then one
+// forward / one backward, then cool-down backwards; virtual micro-batch k runs
+// chunk (k / p) mod v of micro-batch (k / pv) p + k mod p.
+std::vector<Slot> one_f_one_b(int64_t p, int64_t v, int64_t m, int64_t s) {
+  const int64_t total = m * v;
+  const int64_t warmup = v == 1 ? std::min(p - 1 - s, m) : std::min((p - 1 - s) * 2 + (v - 1) * p, total);
+  auto chunk = [&](int64_t k) { return (k / p) % v; };
+  auto vmb = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
+  std::vector<Slot> out;
+  int64_t f = 0, b = 0;
+  for (; f < warmup; ++f) out.push_back({Pass::kForward, chunk(f), vmb(f)});
+  while (b < total) {
+    if (f < total) {
+      out.push_back({Pass::kForward, chunk(f), vmb(f)});
+      ++f;
+    }
+    out.push_back({Pass::kBackward, v - 1 - chunk(b), vmb(b)});
+    ++b;
+  }
+  return out;
+}
+
+// ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism"): 1F1B's order
+// with the backward split into B (input gradient, on the critical path between
+// stages) and W (weight gradient, needed by no other stage). Stage s defers up
+// to p-1-s W passes in the steady state (1F1B's activation memory) and runs one
+// W after every cool-down B, filling the waits for the next stage's gradient.
+std::vector<Slot> zero_bubble_h1(int64_t p, int64_t m, int64_t s) {
+  const int64_t warmup = std::min(p - 1 - s, m);
+  const size_t defer = static_cast<size_t>(s);
+  std::vector<Slot> out;
+  std::deque<int64_t> pending;
+  int64_t f = 0;
+  for (; f < warmup; ++f) out.push_back({Pass::kForward, 0, f});
+  for (int64_t b = 0; b < m; ++b) {
+    const bool steady = f < m;
+    if (steady) out.push_back({Pass::kForward, 0, f++});
+    out.push_back({Pass::kInputGrad, 0, b});
+    pending.push_back(b);
+    if (!steady || pending.size() > defer) {
+      out.push_back({Pass::kWeightGrad, 0, pending.front()});
+      pending.pop_front();
+    }
+  }
+  for (int64_t w : pending) out.push_back({Pass::kWeightGrad, 0, w});
+  return out;
+}
+
+// DualPipeV (DeepSeek-AI, DualPipe repository, dualpipev.py: the "cut-in-half"
+// DualPipe): rank r of p holds chunk 0 = model chunk r and chunk 1 = model
+// chunk 2p-1-r, so a micro-batch goes down the ranks and back up. The eight
+// phases below are that file's step counts; overlapped F&B pairs run one after
+// the other on the compute stream (their transfers still overlap), and
+// zero-bubble backwards leave their W to a FIFO drained later.
+std::vector<Slot> dualpipe_v(int64_t p, int64_t m, int64_t r) {
+  std::vector<Slot> out;
+  int64_t next_f[2] = {0, 0}, next_b[2] = {0, 0};
+  std::deque<std::pair<int64_t, int64_t>> w;  // (chunk, mb) whose weight grads wait
+  auto F = [&](int64_t c) { out.push_back({Pass::kForward, c, next_f[c]++}); };
+  auto B = [&](int64_t c, bool zb) {
+    const int64_t mb = next_b[c]++;
+    out.push_back({zb ? Pass::kInputGrad : Pass::kBackward, c, mb});
+    if (zb) w.emplace_back(c, mb);
+  };
+  auto W = [&] {
+    RS_CHECK(!w.empty(), "DualPipeV: a W pass with no deferred weight gradient");
+    out.push_back({Pass::kWeightGrad, w.front().first, w.front().second});
+    w.pop_front();
+  };
+  for (int64_t i = 0; i < (p - r - 1) * 2; ++i) F(0);  // 1: nF0
+  for (int64_t i = 0; i < r + 1; ++i) {                 // 2: nF0F1
+    F(0);
+    F(1);
+  }
+  for (int64_t i = 0; i < p - r - 1; ++i) {  // 3: nB1W1F1 (zero bubble)
+    B(1, true);
+    W();
+    F(1);
+  }
+  for (int64_t i = 0; i < m - 2 * p + r + 1; ++i) {  // 4: nF0B1F1B0 (main)
+    F(0);
+    B(1, false);
+    F(1);
+    B(0, false);
+  }
+  for (int64_t i = 0; i < p - r - 1; ++i) {  // 5: nB1F1B0
+    B(1, false);
+    F(1);
+    B(0, false);
+  }
+  bool zb = false;
+  const int64_t step6 = r + 1;
+  for (int64_t i = 0; i < step6; ++i) {  // 6: nB1B0, zero bubble from the middle on
+    if (i == step6 / 2 && r % 2 == 1) zb = true;
+    B(1, zb);
+    if (i == step6 / 2 && r % 2 == 0) zb = true;
+    B(0, zb);
+  }
+  for (int64_t i = 0; i < p - r - 1; ++i) {  // 7: nWB0
+    W();
+    B(0, true);
+  }
+  while (!w.empty()) W();  // 8: nW
+  return out;
+}
+
+}  // namespace
+
+std::vector<PipelineSlot> pipeline_order(PpSchedule s, int64_t pp, int64_t virtual_stages, int64_t micro_batches,
+                                         int64_t stage) {
+  switch (s) {
+    case PpSchedule::kZeroBubble: return zero_bubble_h1(pp, micro_batches, stage);
+    case PpSchedule::kDualPipeV: return dualpipe_v(pp, micro_batches, stage);
+    case PpSchedule::kInterleaved1F1B: return one_f_one_b(pp, virtual_stages, micro_batches, stage);
+    case PpSchedule::k1F1B: return one_f_one_b(pp, 1, micro_batches, stage);
+  }
+  return {};
+}
+
+int64_t pipeline_model_chunk(PpSchedule s, int64_t pp, int64_t stage, int64_t chunk) {
+  if (s == PpSchedule::kDualPipeV) return chunk == 0 ? stage : 2 * pp - 1 - stage;
+  return chunk * pp + stage;
+}
+
+namespace {
+
+// ------------------------------------------------------------ the graph
+
+// One representative GPU: its streams and links.
+struct Rank {
+  int process = -1;
+  ResourceId compute, ag, rs, ep, ep2, tp, cp, pp_send, pp_recv, dp, copy, host, ckpt;
+  ResourceId nvlink, nic;  // shared by every stream (contention on)
+};
+
+enum class Tier { kNvlink, kNic };
+
 class Builder {
  public:
-  // lps: layers per model chunk; chunks: model chunks per stage (virtual stages).
-  Builder(Engine& e, const Costs& c, const Layout& l, int64_t stages, int64_t chunks, int64_t lps,
-          int64_t micro_batches)
-      : e_(e), c_(c), l_(l), stages_(stages), v_(chunks), lps_(lps), m_(micro_batches) {}
+  // chunks: model chunks per stage; lpc: layers per model chunk.
+  Builder(Engine& e, const Costs& c, const Layout& l, const topologies::Cluster& cl, const StepGraphOptions& o,
+          int64_t stages, int64_t chunks, int64_t lpc, int64_t micro_batches)
+      : e_(e), c_(c), l_(l), cl_(cl), o_(o), stages_(stages), v_(chunks), lpc_(lpc), m_(micro_batches) {
+    v_shape_ = l.schedule == PpSchedule::kDualPipeV && l.pp > 1;
+  }
 
-  // Representative ranks, stage-major.
+  // Representative ranks, stage-major; the shared fabric and storage.
   void add_ranks(int64_t ranks_per_stage, int64_t multiplicity) {
     n_ = ranks_per_stage;
+    const auto& sys = cl_.system;
+    nvlink_bw_ = std::max(sys.domain.link_bw_bytes_per_s, sys.domain.link_bw_measured_bytes_per_s);
+    nic_bw_ = sys.scale_out.nic_bw_bytes_per_s;
     for (int64_t s = 0; s < stages_; ++s) {
       for (int64_t r = 0; r < n_; ++r) {
         std::string name = "stage" + std::to_string(s) + ".rank" + std::to_string(r);
@@ -78,6 +474,7 @@ class Builder {
         k.ag = stream("fsdp_allgather", ResourceKind::kCommStream);
         k.rs = stream("fsdp_reduce_scatter", ResourceKind::kCommStream);
         k.ep = stream("ep_all_to_all", ResourceKind::kCommStream);
+        k.ep2 = stream("ep_all_to_all_2", ResourceKind::kCommStream);
         k.tp = stream("tp", ResourceKind::kCommStream);
         k.cp = stream("cp_ring", ResourceKind::kCommStream);
         k.pp_send = stream("pp_send", ResourceKind::kCommStream);
@@ -86,37 +483,42 @@ class Builder {
         k.dp = stream("grad_sync", ResourceKind::kCommStream);
         k.copy = stream("host_copy", ResourceKind::kCopyEngine);
         k.host = e_.add_resource(k.process, "host_cpu", ResourceKind::kHostCpu, 0, Order::kReadyOrder, 1);
+        k.ckpt = stream("checkpoint", ResourceKind::kCopyEngine);
+        if (nvlink_bw_ > 0) k.nvlink = e_.add_resource(k.process, "nvlink_port", ResourceKind::kNvlinkPort, nvlink_bw_);
+        if (nic_bw_ > 0) k.nic = e_.add_resource(k.process, "nic", ResourceKind::kNic, nic_bw_);
         ranks_.push_back(k);
       }
     }
     gate_.assign(ranks_.size(), TaskId{});
+    if (nic_bw_ > 0 && cl_.domains > 1 && o_.contention) {
+      // The scale-out fabric as one shared link: non-blocking carries every NIC at full rate.
+      const int f = e_.add_process("fabric");
+      fabric_ = e_.add_resource(f, "scale_out_fabric", ResourceKind::kFabricLink,
+                                static_cast<double>(cl_.gpus()) * nic_bw_ / o_.fabric_oversubscription);
+    }
+    if (c_.checkpoint_bytes_per_gpu > 0) {
+      const int st = e_.add_process("storage");
+      storage_ = e_.add_resource(st, "checkpoint_storage", ResourceKind::kFabricLink, c_.storage_bw);
+    }
   }
 
-  // One step: every stage runs its (interleaved) 1F1B schedule in order on its
-  // compute stream, then the per-step tail.
+  // One step: every stage runs its schedule in order on its compute stream,
+  // then the per-step tail.
   TaskId step(int64_t index, bool gc) {
     step_ = index;
-    const size_t slots = static_cast<size_t>(stages_ * v_ * m_ * n_);
+    const size_t slots = static_cast<size_t>(chunks_total() * m_ * n_);
     recv_fwd_.assign(slots, {});
     recv_bwd_.assign(slots, {});
     last_fwd_.assign(slots, {});
     last_bwd_.assign(slots, {});
     for (int64_t s = 0; s < stages_; ++s) {
-      // Megatron-LM's schedule (Narayanan et al. 2021): warm-up forwards, then
-      // one forward / one backward, then cool-down backwards; virtual
-      // micro-batch k runs chunk (k / p) mod v of micro-batch (k / pv) p + k mod p.
-      const int64_t total = m_ * v_;
-      const int64_t warmup = v_ == 1 ? std::min(stages_ - 1 - s, m_)
-                                     : std::min((stages_ - 1 - s) * 2 + (v_ - 1) * stages_, total);
-      int64_t f = 0, b = 0;
-      for (; f < warmup; ++f) forward(s, fwd_chunk(f), vmb(f));
-      while (b < total) {
-        if (f < total) {
-          forward(s, fwd_chunk(f), vmb(f));
-          ++f;
+      for (const Slot& x : schedule(s)) {
+        switch (x.pass) {
+          case Pass::kForward: forward(s, x.chunk, x.mb); break;
+          case Pass::kBackward: backward(s, x.chunk, x.mb, false); break;
+          case Pass::kInputGrad: backward(s, x.chunk, x.mb, true); break;
+          case Pass::kWeightGrad: weight_grad(s, x.chunk, x.mb); break;
         }
-        backward(s, v_ - 1 - fwd_chunk(b), vmb(b));
-        ++b;
       }
     }
     link_stages();
@@ -124,15 +526,22 @@ class Builder {
   }
 
  private:
-  Rank& rank(int64_t s, int64_t r) { return ranks_[s * n_ + r]; }
-  int64_t fwd_chunk(int64_t k) const { return (k / stages_) % v_; }
-  int64_t vmb(int64_t k) const { return (k / (stages_ * v_)) * stages_ + k % stages_; }
-  // Model chunk q = c p + s holds layers [q lps, (q + 1) lps); q = 0 embeds, the last one has the head.
-  int64_t chunks_total() const { return stages_ * v_; }
-  size_t slot(int64_t q, int64_t mb, int64_t r) const { return static_cast<size_t>((q * m_ + mb) * n_ + r); }
-  std::vector<TaskId> row(int64_t s, std::vector<TaskId>& all) {
-    return std::vector<TaskId>(all.begin() + s * n_, all.begin() + (s + 1) * n_);
+  std::vector<Slot> schedule(int64_t s) const {
+    if (stages_ == 1) return pipeline_order(PpSchedule::k1F1B, 1, 1, m_, 0);
+    return pipeline_order(l_.schedule, stages_, v_, m_, s);
   }
+
+  Rank& rank(int64_t s, int64_t r) { return ranks_[static_cast<size_t>(s * n_ + r)]; }
+  int64_t chunks_total() const { return stages_ * v_; }
+  // Model chunk q holds layers [q lpc, (q + 1) lpc); q = 0 embeds, the last one has the head.
+  int64_t model_chunk(int64_t s, int64_t c) const {
+    return pipeline_model_chunk(v_shape_ ? PpSchedule::kDualPipeV : PpSchedule::k1F1B, stages_, s, c);
+  }
+  int64_t stage_of(int64_t q) const {
+    if (v_shape_) return q < stages_ ? q : 2 * stages_ - 1 - q;
+    return q % stages_;
+  }
+  size_t slot(int64_t q, int64_t mb, int64_t r) const { return static_cast<size_t>((q * m_ + mb) * n_ + r); }
 
   TaskId task(ResourceId on, std::string name, const char* cat, double d, TaskId after) {
     TaskId t = e_.add_compute(on, std::move(name), cat, d);
@@ -140,34 +549,78 @@ class Builder {
     return t;
   }
 
+  // The links a flow of `tier` from this stream crosses. Without contention
+  // every (stream, tier) gets links of its own.
+  std::vector<ResourceId> links(Rank& k, ResourceId stream, Tier tier) {
+    const bool nv = tier == Tier::kNvlink;
+    if (o_.contention) {
+      std::vector<ResourceId> out{nv ? k.nvlink : k.nic};
+      if (!nv && fabric_.valid()) out.push_back(fabric_);
+      return out;
+    }
+    const auto key = std::make_pair(stream.v, static_cast<int>(tier));
+    auto it = private_.find(key);
+    if (it == private_.end()) {
+      const std::string name = e_.resource_name(stream) + (nv ? ".nvlink" : ".nic");
+      it = private_.emplace(key, e_.add_resource(k.process, name, nv ? ResourceKind::kNvlinkPort : ResourceKind::kNic,
+                                                 nv ? nvlink_bw_ : nic_bw_)).first;
+    }
+    return {it->second};
+  }
+
+  // One rank's part of a call: latency, then the tiers' flows together.
+  TaskId comm_part(Rank& k, ResourceId stream, const std::string& name, const char* cat, const Comm& c,
+                   const std::vector<TaskId>& deps) {
+    auto dep_all = [&](TaskId t) {
+      for (TaskId d : deps) {
+        if (d.valid()) e_.add_dependency(d, t);
+      }
+    };
+    const bool nv = c.nvlink_bytes > 0 && nvlink_bw_ > 0;
+    const bool nic = c.nic_bytes > 0 && nic_bw_ > 0;
+    TaskSpec main;
+    main.name = name;
+    main.category = cat;
+    main.on = stream;
+    main.duration_s = nv || nic ? c.latency_s : c.time_s();
+    if (nv || nic) {
+      const Tier t = nv ? Tier::kNvlink : Tier::kNic;
+      main.bytes = nv ? c.nvlink_bytes : c.nic_bytes;
+      main.links = links(k, stream, t);
+      main.max_rate_bytes_per_s = main.bytes / c.bw_s;
+    }
+    TaskId first = e_.add_task(main);
+    dep_all(first);
+    if (!(nv && nic)) return first;
+    // The NIC share streams beside the NVLink share; the stream waits for both.
+    TaskSpec side;
+    side.name = name + ".nic";
+    side.category = cat;
+    side.duration_s = c.latency_s;
+    side.bytes = c.nic_bytes;
+    side.links = links(k, stream, Tier::kNic);
+    side.max_rate_bytes_per_s = c.nic_bytes / c.bw_s;
+    TaskId second = e_.add_task(side);
+    dep_all(second);
+    TaskId join = task(stream, name + ".join", cat, 0.0, first);
+    e_.add_dependency(second, join);
+    return join;
+  }
+
   // A collective over one stage's ranks: each rank's part starts once every
   // rank is ready (so a late rank holds up everyone). Zero time: nothing.
-  void collective(int64_t s, ResourceId Rank::*stream, const std::string& name, const char* cat, double d,
+  void collective(int64_t s, ResourceId Rank::*stream, const std::string& name, const char* cat, const Comm& c,
                   std::vector<TaskId>& prev, const std::vector<TaskId>& extra = {}) {
-    if (d <= 0) return;
-    std::vector<TaskId> parts(n_);
-    for (int64_t r = 0; r < n_; ++r) {
-      parts[r] = e_.add_compute(rank(s, r).*stream, name, cat, d);
-      for (int64_t q = 0; q < n_; ++q) {
-        if (prev[q].valid()) e_.add_dependency(prev[q], parts[r]);
-        if (!extra.empty() && extra[q].valid()) e_.add_dependency(extra[q], parts[r]);
-      }
-    }
+    if (c.time_s() <= 0) return;
+    std::vector<TaskId> deps = prev;
+    deps.insert(deps.end(), extra.begin(), extra.end());
+    std::vector<TaskId> parts(static_cast<size_t>(n_));
+    for (int64_t r = 0; r < n_; ++r) parts[r] = comm_part(rank(s, r), rank(s, r).*stream, name, cat, c, deps);
     prev = parts;
   }
 
   void compute(int64_t s, const std::string& name, const char* cat, double d, std::vector<TaskId>& prev) {
     for (int64_t r = 0; r < n_; ++r) prev[r] = task(rank(s, r).compute, name, cat, d, prev[r]);
-  }
-
-  // FSDP gather of `layer`'s parameters, allowed to start once `window` (the
-  // compute two layers back, or the previous step's end) is done.
-  std::vector<TaskId> gather(int64_t s, int64_t layer, const std::string& tag, const std::vector<TaskId>& window) {
-    std::vector<TaskId> g = window;
-    collective(s, &Rank::ag, num("L", layer) + "." + tag + ".allgather", "fsdp_allgather",
-               c_.layers[layer].fsdp_gather_s, g);
-    if (c_.layers[layer].fsdp_gather_s <= 0) return std::vector<TaskId>(n_);
-    return g;
   }
 
   void join(std::vector<TaskId>& prev, const std::vector<TaskId>& other) {
@@ -176,29 +629,113 @@ class Builder {
     }
   }
 
-  // EP dispatch + combine after a layer's compute (ragged: exposed).
-  void ep_pass(int64_t s, int64_t layer, const std::string& tag, std::vector<TaskId>& prev) {
-    const LayerTiming& t = c_.layers[layer];
-    collective(s, &Rank::ep, num("L", layer) + "." + tag + ".dispatch", "ep_dispatch", t.ep_dispatch_s, prev);
-    collective(s, &Rank::ep, num("L", layer) + "." + tag + ".combine", "ep_combine", t.ep_combine_s, prev);
+  // FSDP gather of `layer`'s parameters, allowed to start once `window` (the
+  // compute two layers back, or the previous step's end) is done.
+  std::vector<TaskId> gather(int64_t s, int64_t layer, const std::string& tag, const std::vector<TaskId>& window) {
+    const Comm& c = c_.layers[layer].gather;
+    if (c.time_s() <= 0) return std::vector<TaskId>(n_);
+    std::vector<TaskId> g = window;
+    collective(s, &Rank::ag, num("L", layer) + "." + tag + ".allgather", "fsdp_allgather", c, g);
+    return g;
   }
 
-  // TP passes are exposed; a CP ring pass runs beside the layer's compute.
-  void tp_cp(int64_t s, int64_t layer, const std::string& tag, std::vector<TaskId> before, std::vector<TaskId>& prev) {
-    const LayerTiming& t = c_.layers[layer];
-    collective(s, &Rank::tp, num("L", layer) + "." + tag + ".tp", "tp", t.tp_comm_s, prev);
-    if (t.cp_comm_s > 0) {
-      collective(s, &Rank::cp, num("L", layer) + "." + tag + ".cp_ring", "cp_ring", t.cp_comm_s, before);
-      compute(s, num("L", layer) + "." + tag + ".join", "forward", 0.0, prev);
-      join(prev, before);
+  // The routed experts of one pass: W waves of (first all-to-all, expert GEMMs,
+  // second all-to-all). First transfers share one stream, second ones another,
+  // so wave i's dispatch overlaps wave i-1's GEMMs and wave i's combine wave
+  // i+1's. Overlapped transfers take SMs from the GEMMs: each overlapped wave's
+  // GEMMs lose (1 - overlap efficiency) of the overlapped time (calibration).
+  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, bool backward,
+               std::vector<TaskId>& prev) {
+    const LayerCost& k = c_.layers[layer];
+    const double w = static_cast<double>(c_.waves);
+    const Comm first = (backward ? k.combine : k.dispatch).scaled(1.0 / w);
+    const Comm second = (backward ? k.dispatch : k.combine).scaled(1.0 / w);
+    const char* c1 = backward ? "ep_combine" : "ep_dispatch";
+    const char* c2 = backward ? "ep_dispatch" : "ep_combine";
+    const std::string base = num("L", layer) + "." + tag;
+    const std::vector<TaskId> start = prev;
+    const double gemm_s = expert_s / w;
+    const double comm_s = first.time_s() + second.time_s();
+    for (int64_t i = 0; i < c_.waves; ++i) {
+      const std::string wave = c_.waves > 1 ? num(".w", i) : std::string();
+      std::vector<TaskId> x = start;
+      collective(s, &Rank::ep, base + wave + (backward ? ".combine_grad" : ".dispatch"), c1, first, x);
+      const double penalty = i > 0 ? (1.0 - c_.ep_overlap_eff) * std::min(gemm_s, comm_s) : 0.0;
+      for (int64_t r = 0; r < n_; ++r) {
+        TaskId after = x[r].valid() ? x[r] : start[r];
+        x[r] = task(rank(s, r).compute, base + wave + ".experts", backward ? "backward" : "forward",
+                    gemm_s + penalty, after);
+      }
+      collective(s, &Rank::ep2, base + wave + (backward ? ".dispatch_grad" : ".combine"), c2, second, x);
+      prev = x;
     }
   }
 
-  std::vector<TaskId> stage_gate(int64_t s) { return row(s, gate_); }
+  // TP passes are exposed; a CP ring pass runs beside the layer's compute.
+  void tp_cp(int64_t s, int64_t layer, const std::string& tag, const Comm& cp, std::vector<TaskId> before,
+             std::vector<TaskId>& prev) {
+    const LayerCost& k = c_.layers[layer];
+    collective(s, &Rank::tp, num("L", layer) + "." + tag + ".tp", "tp", k.tp, prev);
+    if (cp.time_s() <= 0) return;
+    collective(s, &Rank::cp, num("L", layer) + "." + tag + ".cp_ring", "cp_ring", cp, before);
+    compute(s, num("L", layer) + "." + tag + ".join", "forward", 0.0, prev);
+    join(prev, before);
+  }
+
+  // A forward-shaped pass of one layer (forward, or the full recompute's replay).
+  void layer_forward(int64_t s, int64_t layer, const std::string& tag, const char* cat,
+                     const std::vector<TaskId>& g, std::vector<TaskId>& prev) {
+    const LayerCost& k = c_.layers[layer];
+    const std::vector<TaskId> before = prev;
+    const std::string name = num("L", layer) + "." + tag;
+    if (!k.ep) {
+      compute(s, name, cat, k.t.fwd_s, prev);
+      join(prev, g);
+    } else {
+      compute(s, name + ".pre", cat, k.pre_fwd, prev);
+      join(prev, g);
+      experts(s, layer, tag, k.exp_fwd, false, prev);
+      compute(s, name + ".post", cat, k.post_fwd, prev);
+    }
+    tp_cp(s, layer, tag, k.cp_fwd, before, prev);
+  }
+
+  // Backward of one layer; input_only: the weight-gradient GEMMs are left to a W pass.
+  void layer_backward(int64_t s, int64_t layer, const std::string& tag, bool input_only,
+                      const std::vector<TaskId>& g, std::vector<TaskId>& prev) {
+    const LayerCost& k = c_.layers[layer];
+    const std::vector<TaskId> before = prev;
+    const std::string name = num("L", layer) + "." + tag;
+    const double leave_w = input_only ? 1.0 : 0.0;  // the W pass runs these later
+    if (!k.ep) {
+      compute(s, name, "backward", k.t.bwd_s - leave_w * k.w_s(), prev);
+      join(prev, g);
+    } else {
+      compute(s, name + ".post", "backward", k.post_bwd - leave_w * k.post_w, prev);
+      join(prev, g);
+      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, true, prev);
+      compute(s, name + ".pre", "backward", k.pre_bwd - leave_w * k.pre_w, prev);
+    }
+    tp_cp(s, layer, tag, k.cp_bwd, before, prev);
+  }
+
+  std::vector<TaskId> stage_gate(int64_t s) {
+    return std::vector<TaskId>(gate_.begin() + s * n_, gate_.begin() + (s + 1) * n_);
+  }
+
+  std::string pass_tag(int64_t c, int64_t mb, const char* what) const {
+    return num("mb", mb) + (v_ > 1 ? num(".c", c) : std::string()) + what;
+  }
+
+  // Sends across a stage boundary (nothing when both chunks sit on this stage).
+  void send(int64_t s, int64_t to_q, const std::string& tag, std::vector<TaskId>& prev) {
+    if (stage_of(to_q) == s) return;
+    collective(s, &Rank::pp_send, tag + ".send", "pp_send", c_.send, prev);
+  }
 
   void forward(int64_t s, int64_t c, int64_t mb) {
-    const int64_t q = c * stages_ + s;
-    const std::string tag = num("mb", mb) + (v_ > 1 ? num(".c", c) : std::string()) + ".fwd";
+    const int64_t q = model_chunk(s, c);
+    const std::string tag = pass_tag(c, mb, ".fwd");
     std::vector<TaskId> prev(n_);
     for (int64_t r = 0; r < n_; ++r) {
       if (q > 0) {
@@ -210,29 +747,21 @@ class Builder {
     }
     if (q == 0) compute(s, "embed." + tag, "forward", c_.pre_fwd_s, prev);
     std::vector<std::vector<TaskId>> done;
-    for (int64_t i = 0; i < lps_; ++i) {
-      const int64_t layer = q * lps_ + i;
+    for (int64_t i = 0; i < lpc_; ++i) {
+      const int64_t layer = q * lpc_ + i;
       std::vector<TaskId> window = i >= 2 ? done[i - 2] : stage_gate(s);
       std::vector<TaskId> g = gather(s, layer, tag, window);
-      std::vector<TaskId> before = prev;
-      compute(s, num("L", layer) + "." + tag, "forward", c_.layers[layer].fwd_s, prev);
-      join(prev, g);
-      tp_cp(s, layer, tag, before, prev);
-      ep_pass(s, layer, tag, prev);
+      layer_forward(s, layer, tag, "forward", g, prev);
       done.push_back(prev);
     }
     if (q == chunks_total() - 1) compute(s, "head." + tag, "forward", c_.head_fwd_s, prev);
-    if (q < chunks_total() - 1) {
-      for (int64_t r = 0; r < n_; ++r) {
-        prev[r] = task(rank(s, r).pp_send, tag + ".send", "pp_send", c_.send_s, prev[r]);
-      }
-    }
+    if (q < chunks_total() - 1) send(s, q + 1, tag, prev);
     for (int64_t r = 0; r < n_; ++r) last_fwd_[slot(q, mb, r)] = prev[r];
   }
 
-  void backward(int64_t s, int64_t c, int64_t mb) {
-    const int64_t q = c * stages_ + s;
-    const std::string tag = num("mb", mb) + (v_ > 1 ? num(".c", c) : std::string()) + ".bwd";
+  void backward(int64_t s, int64_t c, int64_t mb, bool input_only) {
+    const int64_t q = model_chunk(s, c);
+    const std::string tag = pass_tag(c, mb, input_only ? ".bwd_input" : ".bwd");
     std::vector<TaskId> prev(n_);
     if (q < chunks_total() - 1) {
       for (int64_t r = 0; r < n_; ++r) {
@@ -242,37 +771,63 @@ class Builder {
     } else {
       for (int64_t r = 0; r < n_; ++r) prev[r] = last_fwd_[slot(q, mb, r)];
       compute(s, "head." + tag, "backward", c_.head_bwd_s, prev);
+      if (mb == m_ - 1) {
+        std::vector<TaskId> head = prev;
+        collective(s, &Rank::dp, "head.grad_sync", "grad_sync", c_.edge_sync, head);
+      }
+    }
+    // A backward on this stage also needs this stage's own forward of the chunk.
+    for (int64_t r = 0; r < n_; ++r) {
+      const TaskId f = last_fwd_[slot(q, mb, r)];
+      if (f.valid() && prev[r].valid() && f.v != prev[r].v) e_.add_dependency(f, prev[r]);
     }
     const bool full = l_.recompute == models::Recompute::kFull;
     std::vector<std::vector<TaskId>> done;
-    for (int64_t i = lps_ - 1; i >= 0; --i) {
-      const int64_t layer = q * lps_ + i;
-      const int64_t k = lps_ - 1 - i;  // position in backward order
+    for (int64_t i = lpc_ - 1; i >= 0; --i) {
+      const int64_t layer = q * lpc_ + i;
+      const int64_t k = lpc_ - 1 - i;  // position in backward order
       std::vector<TaskId> window = k >= 2 ? done[k - 2] : prev;
       std::vector<TaskId> g = gather(s, layer, tag, window);
-      const LayerTiming& t = c_.layers[layer];
-      if (t.recompute_s > 0) {
-        compute(s, num("L", layer) + "." + tag + ".recompute", "recompute", t.recompute_s, prev);
+      const LayerCost& t = c_.layers[layer];
+      if (full) {
+        layer_forward(s, layer, tag + ".recompute", "recompute", g, prev);
+      } else if (t.t.recompute_s > 0) {
+        compute(s, num("L", layer) + "." + tag + ".recompute", "recompute", t.t.recompute_s, prev);
         join(prev, g);
-        if (full) ep_pass(s, layer, tag + ".recompute", prev);
       }
-      std::vector<TaskId> before = prev;
-      compute(s, num("L", layer) + "." + tag, "backward", t.bwd_s, prev);
-      join(prev, g);
-      tp_cp(s, layer, tag, before, prev);
-      std::vector<TaskId> grads = prev;
-      collective(s, &Rank::rs, num("L", layer) + "." + tag + ".reduce_scatter", "fsdp_reduce_scatter",
-                 t.grad_reduce_scatter_s, grads);
-      ep_pass(s, layer, tag, prev);
+      layer_backward(s, layer, tag, input_only, g, prev);
+      if (!input_only) reduce_scatter(s, layer, tag, mb, prev);
       done.push_back(prev);
     }
     if (q == 0) compute(s, "embed." + tag, "backward", c_.pre_bwd_s, prev);
-    if (q > 0) {
-      for (int64_t r = 0; r < n_; ++r) {
-        prev[r] = task(rank(s, r).pp_send, tag + ".send", "pp_send", c_.send_s, prev[r]);
-      }
-    }
+    if (q > 0) send(s, q - 1, tag, prev);
     for (int64_t r = 0; r < n_; ++r) last_bwd_[slot(q, mb, r)] = prev[r];
+  }
+
+  // A layer's gradient reduce-scatter; after the step's last micro-batch, the
+  // reduction across replicas follows on the gradient stream.
+  void reduce_scatter(int64_t s, int64_t layer, const std::string& tag, int64_t mb, const std::vector<TaskId>& ready) {
+    std::vector<TaskId> grads = ready;
+    collective(s, &Rank::rs, num("L", layer) + "." + tag + ".reduce_scatter", "fsdp_reduce_scatter",
+               c_.layers[layer].reduce_scatter, grads);
+    if (mb != m_ - 1) return;
+    for (const Comm& c : c_.layers[layer].grad_sync) {
+      collective(s, &Rank::dp, num("L", layer) + ".grad_sync", "grad_sync", c, grads);
+    }
+  }
+
+  // Zero-bubble W: the weight-gradient GEMMs of a chunk, after its B, then each
+  // layer's gradient reduce-scatter.
+  void weight_grad(int64_t s, int64_t c, int64_t mb) {
+    const int64_t q = model_chunk(s, c);
+    const std::string tag = pass_tag(c, mb, ".bwd_weight");
+    std::vector<TaskId> prev(n_);
+    for (int64_t r = 0; r < n_; ++r) prev[r] = last_bwd_[slot(q, mb, r)];
+    for (int64_t i = lpc_ - 1; i >= 0; --i) {
+      const int64_t layer = q * lpc_ + i;
+      compute(s, num("L", layer) + "." + tag, "backward", c_.layers[layer].w_s(), prev);
+      reduce_scatter(s, layer, tag, mb, prev);
+    }
   }
 
   // Sends feed the next model chunk's receives (added once both exist):
@@ -289,27 +844,37 @@ class Builder {
   }
 
   // After the last backward: a GC pause on one staggered rank per stage holds
-  // up the gradient reduction across replicas; then the optimizer.
+  // up the gradient reduction across replicas; then the optimizer and, on a
+  // checkpoint step, the save.
   TaskId tail(bool gc) {
     TaskId end;
+    const bool save = o_.checkpoint_every > 0 && storage_.valid() && (step_ + 1) % o_.checkpoint_every == 0;
     for (int64_t s = 0; s < stages_; ++s) {
-      std::vector<TaskId> ready(n_), rs_done(n_);
+      std::vector<TaskId> ready(n_), comm_done(n_);
       for (int64_t r = 0; r < n_; ++r) {
         Rank& k = rank(s, r);
         // Zero-time markers: "everything on this stream so far is done".
         ready[r] = task(k.compute, num("step", step_) + ".backward_done", "backward", 0.0, {});
-        rs_done[r] = task(k.rs, num("step", step_) + ".reduce_scatter_done", "fsdp_reduce_scatter", 0.0, {});
+        comm_done[r] = task(k.rs, num("step", step_) + ".reduce_scatter_done", "fsdp_reduce_scatter", 0.0, {});
+        comm_done[r] = task(k.dp, num("step", step_) + ".grad_sync_done", "grad_sync", 0.0, comm_done[r]);
       }
+      join(ready, comm_done);
+      // The host pauses once its GPU work is drained (it launches nothing
+      // meanwhile); the next sync point waits for the paused rank.
       const double stall = gc ? c_.step.host_stall_s : 0.0;
       if (stall > 0) {
         const int64_t who = step_ % n_;
         ready[who] = task(rank(s, who).host, num("step", step_) + ".gc_pause", "gc_stall", stall, ready[who]);
       }
-      collective(s, &Rank::dp, num("step", step_) + ".grad_sync", "grad_sync", c_.step.grad_sync_s, ready, rs_done);
-      join(ready, rs_done);
+      // The embedding's gradients come last.
+      collective(s, &Rank::dp, num("step", step_) + ".embedding_grad_sync", "grad_sync", c_.replicated_sync, ready);
+      barrier(s, ready);
+      // Muon: gather the shards of each matrix to its owner, Newton–Schulz and
+      // the element-wise updates, send the orthogonalised result back.
+      collective(s, &Rank::dp, num("step", step_) + ".newton_schulz_gather", "optimizer_comm", c_.ns_gather, ready);
       compute(s, num("step", step_) + ".optimizer", "optimizer", c_.step.optimizer_compute_s, ready);
-      collective(s, &Rank::dp, num("step", step_) + ".newton_schulz_comm", "optimizer_comm",
-                 c_.step.optimizer_comm_s, ready);
+      collective(s, &Rank::dp, num("step", step_) + ".newton_schulz_redistribute", "optimizer_comm",
+                 c_.ns_redistribute, ready);
       if (c_.step.optimizer_host_s > 0) {
         for (int64_t r = 0; r < n_; ++r) {
           ready[r] = task(rank(s, r).copy, num("step", step_) + ".optimizer_state_h2d", "optimizer_host",
@@ -322,6 +887,7 @@ class Builder {
           ready[r] = task(rank(s, r).copy, num("step", step_) + ".offload", "offload", c_.step.offload_s, ready[r]);
         }
       }
+      if (save) checkpoint(s, ready);
       for (int64_t r = 0; r < n_; ++r) {
         gate_[s * n_ + r] = ready[r];
         end = ready[r];
@@ -334,15 +900,81 @@ class Builder {
     return barrier;
   }
 
+  // Each rank of a stage continues once every rank is here.
+  void barrier(int64_t s, std::vector<TaskId>& ready) {
+    if (n_ == 1) return;
+    std::vector<TaskId> all = ready;
+    for (int64_t r = 0; r < n_; ++r) {
+      ready[r] = task(rank(s, r).compute, num("step", step_) + ".sync", "optimizer", 0.0, {});
+      for (TaskId t : all) e_.add_dependency(t, ready[r]);
+    }
+  }
+
+  // Every GPU writes its shard to shared storage; the blocking share holds up
+  // the next step, the rest drains behind it.
+  void checkpoint(int64_t s, std::vector<TaskId>& ready) {
+    const double bytes = c_.checkpoint_bytes_per_gpu;
+    const double blocking = std::clamp(c_.checkpoint_blocking, 0.0, 1.0);
+    for (int64_t r = 0; r < n_; ++r) {
+      Rank& k = rank(s, r);
+      auto save = [&](const char* what, double b) {
+        return e_.add_transfer(num("step", step_) + what, "checkpoint", {storage_}, b, k.ckpt);
+      };
+      if (blocking > 0) {
+        TaskId t = save(".checkpoint_save", bytes * blocking);
+        e_.add_dependency(ready[r], t);
+        ready[r] = t;
+      }
+      if (blocking < 1) e_.add_dependency(ready[r], save(".checkpoint_save_async", bytes * (1.0 - blocking)));
+    }
+  }
+
   Engine& e_;
   const Costs& c_;
   const Layout& l_;
-  int64_t stages_, v_, lps_, m_, n_ = 1, step_ = 0;
+  const topologies::Cluster& cl_;
+  const StepGraphOptions& o_;
+  int64_t stages_, v_, lpc_, m_, n_ = 1, step_ = 0;
+  bool v_shape_ = false;
+  double nvlink_bw_ = 0, nic_bw_ = 0;
+  ResourceId fabric_, storage_;
+  std::map<std::pair<int32_t, int>, ResourceId> private_;  // (stream, tier) -> its own link
   std::vector<Rank> ranks_;
   std::vector<TaskId> gate_;  // per rank: previous step's end
   // Per (model chunk, micro-batch, rank): receive tasks and last tasks of each pass.
   std::vector<TaskId> recv_fwd_, recv_bwd_, last_fwd_, last_bwd_;
 };
+
+// Schedules that cannot run with these micro-batches or layers, in one line.
+void check_schedule(const Layout& l, int64_t layers, int64_t m) {
+  if (l.pp <= 1) return;
+  const std::string p = std::to_string(l.pp), mb = std::to_string(m);
+  switch (l.schedule) {
+    case PpSchedule::kInterleaved1F1B:
+      if (m % l.pp != 0) {
+        throw UserError("timeline: interleaved 1F1B needs micro-batches (" + mb + ") to be a multiple of pp (" + p + ")");
+      }
+      return;
+    case PpSchedule::kDualPipeV:
+      if (l.pp_virtual > 2) {
+        throw UserError("timeline: dualpipev places 2 model chunks per stage (V shape), found pp_virtual " +
+                        std::to_string(l.pp_virtual));
+      }
+      if (layers % (2 * l.pp) != 0) {
+        throw UserError("timeline: dualpipev needs 2 x pp (" + std::to_string(2 * l.pp) + ") to divide the " +
+                        std::to_string(layers) + " layers");
+      }
+      if (m < 2 * l.pp) {
+        throw UserError("timeline: dualpipev needs at least 2 x pp (" + std::to_string(2 * l.pp) +
+                        ") micro-batches, found " + mb);
+      }
+      return;
+    case PpSchedule::kZeroBubble:
+      if (l.pp_virtual > 1) throw UserError("timeline: zero_bubble (ZB-H1) takes one model chunk per stage");
+      return;
+    case PpSchedule::k1F1B: return;
+  }
+}
 
 }  // namespace
 
@@ -354,29 +986,28 @@ StepGraph build_step_graph(const Predictor& p, const Layout& l, const StepGraphO
     for (const auto& i : sg.prediction.issues) why += (why.empty() ? "" : "; ") + i.detail;
     throw UserError("timeline: layout '" + l.name + "' is invalid: " + why);
   }
-  const bool interleaved = l.schedule == PpSchedule::kInterleaved1F1B;
-  if (l.pp > 1 && l.schedule != PpSchedule::k1F1B && !interleaved) {
-    throw UserError(std::string("timeline: pipeline schedule '") + to_string(l.schedule) +
-                    "' is not simulated yet; the DES builds 1f1b and interleaved_1f1b");
-  }
   if (o.steps < 1 || o.ranks_per_stage < 1) {
     throw UserError("timeline: expected --steps >= 1 and --ranks-per-stage >= 1");
+  }
+  if (!(o.fabric_oversubscription >= 1.0) || o.checkpoint_every < 0) {
+    throw UserError("timeline: expected --fabric-oversubscription >= 1 and --checkpoint-every >= 0");
   }
   const int64_t per_stage = l.gpus() / l.pp;
   if (per_stage % o.ranks_per_stage != 0) {
     throw UserError("timeline: --ranks-per-stage " + std::to_string(o.ranks_per_stage) +
                     " must divide the " + std::to_string(per_stage) + " GPUs of a stage");
   }
-  const Costs costs = gather_costs(p, l, sg.prediction);
+  const Costs costs = gather_costs(p, l, sg.prediction, o);
+  const int64_t layers = static_cast<int64_t>(costs.layers.size());
   sg.stages = l.pp;
-  const int64_t chunks = l.pp > 1 ? l.pp_virtual : 1;
-  sg.layers_per_stage = static_cast<int64_t>(costs.layers.size()) / l.pp;
   sg.micro_batches = std::max<int64_t>(1, std::llround(sg.prediction.micro_batches));
-  if (chunks > 1 && sg.micro_batches % l.pp != 0) {
-    throw UserError("timeline: interleaved 1F1B needs micro-batches (" + std::to_string(sg.micro_batches) +
-                    ") to be a multiple of pp (" + std::to_string(l.pp) + ")");
-  }
-  Builder b(sg.engine, costs, l, sg.stages, chunks, sg.layers_per_stage / chunks, sg.micro_batches);
+  check_schedule(l, layers, sg.micro_batches);
+  int64_t chunks = 1;
+  if (l.pp > 1 && l.schedule == PpSchedule::kInterleaved1F1B) chunks = l.pp_virtual;
+  if (l.pp > 1 && l.schedule == PpSchedule::kDualPipeV) chunks = 2;
+  sg.layers_per_stage = layers / l.pp;
+  sg.checkpoint_bytes = costs.checkpoint_bytes_per_gpu * static_cast<double>(l.gpus());
+  Builder b(sg.engine, costs, l, p.cluster(), o, sg.stages, chunks, sg.layers_per_stage / chunks, sg.micro_batches);
   b.add_ranks(o.ranks_per_stage, per_stage / o.ranks_per_stage);
   for (int64_t s = 0; s < o.steps; ++s) sg.step_end.push_back(b.step(s, o.gc_stalls));
   return sg;

@@ -3,21 +3,41 @@
 // Built from the layer graph, a layout and a cluster, priced with the
 // predictor's per-layer costs (Predictor::layer_timings, op_timings and the
 // per-step lines of its breakdown) so the DES and the analytic model share
-// every cost and differ only in how the pieces overlap and wait:
+// every cost and differ only in how the pieces overlap, wait and share links:
 //   - per micro-batch and layer: forward, (full or selective) recompute,
-//     backward on the compute stream;
+//     backward on the compute stream, split around the routed experts;
 //   - FSDP parameter all-gathers on their own stream, prefetched one layer
 //     ahead (a gather waits for the compute two layers back: a memory window);
-//     gradient reduce-scatters on another stream after each layer's backward;
-//   - EP dispatch and combine after each layer's forward, recompute and
-//     backward (the compute waits for them: ragged transport is exposed);
+//     gradient reduce-scatters on another stream after each layer's backward
+//     (after its weight-gradient pass under zero-bubble schedules);
+//   - EP dispatch / expert GEMMs / combine per wave: ragged is one wave
+//     (exposed); pooled runs W waves, wave i's transfers overlapping wave i±1's
+//     expert GEMMs, with the SM share the transfers take (calibration's
+//     ep_wave_overlap_efficiency) charged to the overlapped GEMMs;
 //   - TP passes exposed; CP ring passes beside each layer's compute;
-//   - pipeline stages with real 1F1B or interleaved-1F1B dependencies (virtual
-//     stages as model chunks) and sends at every chunk boundary
-//     (each stage's compute stream runs its schedule in order);
+//   - pipeline stages with real dependencies: 1F1B, interleaved 1F1B (model
+//     chunk q on stage q mod p), zero-bubble ZB-H1 (backward split into
+//     input-gradient B and weight-gradient W; W deferred into the cool-down
+//     bubbles, Qi et al. 2024) and DualPipeV (V-shaped placement: stage s holds
+//     chunks s and 2p-1-s; DeepSeek's DualPipe "cut-in-half" step order);
 //   - per step: GC stall on one staggered rank (host CPU) that holds up the
-//     gradient reduction across replicas, then the optimizer (compute,
-//     Newton-Schulz gather / redistribute, host state streaming).
+//     gradient reduction across replicas; the optimizer: Muon's gather of
+//     sharded matrices, Newton–Schulz and element-wise updates, redistribution,
+//     host state streaming; a checkpoint save on checkpoint steps.
+//
+// Communication is bytes over links, not durations: every collective is a
+// fixed latency followed by byte flows over the GPU's NVLink port and (for
+// traffic leaving the NVLink domain) its NIC and the shared scale-out fabric.
+// Each flow carries the real per-GPU bytes of the algorithm (ring: (n-1)/n of
+// the buffer per tier; all-to-all: the share to peers in / out of the domain),
+// at a per-flow rate cap chosen so that, alone on its links, the collective
+// takes exactly the predictor's time (the latency is the predictor's time for
+// a 1-byte message). Concurrent collectives then share a link's bandwidth
+// max-min fairly (EP all-to-all beside an FSDP gather, several replicas'
+// gradient rings on an oversubscribed fabric): contention is simulated.
+// Per-tier ring phases are aggregated into one flow per tier (they stream
+// concurrently in NCCL's pipelined rings).
+//
 // Symmetry: one process per (stage, representative rank) stands for
 // gpus / (pp x ranks_per_stage) GPUs, so a 704-GPU step is a few thousand tasks.
 //
@@ -39,6 +59,15 @@ struct StepGraphOptions {
   int64_t steps = 1;
   int64_t ranks_per_stage = 1;  // explicit data ranks per stage (the rest by multiplicity)
   bool gc_stalls = true;
+  // true: a GPU's collectives share its NVLink port and NIC (and the fabric);
+  // false: every comm stream has links of its own (the analytic model's view).
+  bool contention = true;
+  // The scale-out fabric carries (GPUs x NIC bandwidth) / this; 1 = non-blocking.
+  double fabric_oversubscription = 1.0;
+  // Steps k (1-based) with k % checkpoint_every == 0 end with a checkpoint save
+  // (0 = none); cost from sim/goodput_defaults.json (bytes per parameter,
+  // storage write bandwidth shared by every GPU, blocking fraction).
+  int64_t checkpoint_every = 0;
 };
 
 struct StepGraph {
@@ -48,10 +77,28 @@ struct StepGraph {
   int64_t stages = 0;
   int64_t layers_per_stage = 0;
   std::vector<TaskId> step_end;   // last task of each step
+  double checkpoint_bytes = 0;    // whole-model bytes of one save (when any step saves)
 };
 
+// One entry of a pipeline stage's compute order: a pass of micro-batch `mb`
+// through the stage's model chunk `chunk` (0..v-1 interleaved; 0 and 1 for
+// DualPipeV's V). kBackward computes input and weight gradients; zero-bubble
+// schedules split it into kInputGrad (B) and a later kWeightGrad (W).
+enum class PipelinePass { kForward, kBackward, kInputGrad, kWeightGrad };
+struct PipelineSlot {
+  PipelinePass pass;
+  int64_t chunk, mb;
+};
+// The order stage `stage` of `pp` runs its passes in, for `micro_batches`
+// micro-batches (`virtual_stages` model chunks per stage when interleaved).
+std::vector<PipelineSlot> pipeline_order(PpSchedule s, int64_t pp, int64_t virtual_stages, int64_t micro_batches,
+                                         int64_t stage);
+// The model chunk (0 .. chunks-1, in layer order) that stage `stage`'s chunk
+// `chunk` holds: c*pp + stage, or for DualPipeV's V stage / 2pp-1-stage.
+int64_t pipeline_model_chunk(PpSchedule s, int64_t pp, int64_t stage, int64_t chunk);
+
 // Throws UserError for an invalid layout (with the predictor's reasons) or a
-// pipeline schedule the DES does not build yet.
+// pipeline schedule that cannot run with these micro-batches / layers.
 StepGraph build_step_graph(const Predictor& p, const Layout& l, const StepGraphOptions& o);
 
 }  // namespace rackstep::sim

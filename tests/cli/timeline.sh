@@ -33,11 +33,36 @@ assert abs(j["des_vs_predicted"]) < 0.05, j["des_vs_predicted"]
 assert j["exposed_s_by_kind"]["ep_dispatch"] > 0
 PY
 
-# A schedule the DES does not build: one line, exit 2.
-sed 's/"interleaved_1f1b"/"dualpipev"/' sim/layouts/h100-longctx-pp24.json >"$tmp/dpv.json"
-err=$("$bin" timeline --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/hgx-h100.json \
-      --domains 96 --layout "$tmp/dpv.json" 2>&1 >/dev/null); rc=$?
-[ "$rc" -eq 2 ] || fail "expected exit 2 for dualpipev, got $rc"
+# Links: without contention the step is no slower; a checkpoint step saves.
+python3 - "$bin" <<'PY' || fail "contention / checkpoint"
+import json, subprocess, sys
+hero = ["--model", "models/zoo/marin-535b-a23b.json", "--cluster", "topologies/zoo/gb200-11-racks.json",
+        "--layout", "sim/layouts/hero-ragged.json", "--no-gc", "--json"]
+run = lambda *extra: json.loads(subprocess.run([sys.argv[1], "timeline", *hero, *extra], check=True,
+                                               capture_output=True, text=True).stdout)
+shared, own = run(), run("--no-contention")
+assert shared["makespan_s"] >= own["makespan_s"] * (1 - 1e-9), (shared["makespan_s"], own["makespan_s"])
+thin = run("--fabric-oversubscription", "32")
+assert thin["makespan_s"] > shared["makespan_s"] * 1.05, (thin["makespan_s"], shared["makespan_s"])
+saved = run("--steps", "2", "--checkpoint-every", "2")
+two = run("--steps", "2")
+assert saved["makespan_s"] > two["makespan_s"] + 1.0, (saved["makespan_s"], two["makespan_s"])
+PY
+
+# Every pipeline schedule runs on the PP example.
+for s in 1f1b zero_bubble dualpipev; do
+  sed "s/\"1f1b\"/\"$s\"/" sim/layouts/gb200-pp6.json >"$tmp/pp.json"
+  "$bin" timeline --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/gb200-12-racks.json \
+      --layout "$tmp/pp.json" >"$tmp/pp.txt" || fail "schedule $s exited $?"
+  grep -qF "6 stages" "$tmp/pp.txt" || fail "schedule $s: no 6-stage run"
+done
+
+# A schedule that cannot run with these micro-batches: one line, exit 2.
+sed -e 's/"1f1b"/"dualpipev"/' -e 's/"tokens_per_step": 50331648/"tokens_per_step": 16777216/' \
+    sim/layouts/gb200-pp6.json >"$tmp/dpv.json"
+err=$("$bin" timeline --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/gb200-12-racks.json \
+      --layout "$tmp/dpv.json" 2>&1 >/dev/null); rc=$?
+[ "$rc" -eq 2 ] || fail "expected exit 2 for dualpipev with 8 micro-batches, got $rc"
 [ "$(wc -l <<<"$err")" -eq 1 ] || fail "expected one error line: $err"
-grep -qF "not simulated yet" <<<"$err" || fail "error lacks the reason: $err"
+grep -qF "micro-batches" <<<"$err" || fail "error lacks the reason: $err"
 echo "timeline.sh: ok"
