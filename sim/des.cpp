@@ -9,9 +9,9 @@
 #include "sim/des.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
-#include <queue>
 #include <sstream>
 
 #include "models/check.h"
@@ -82,7 +82,6 @@ TaskId Engine::add_task(TaskSpec spec) {
   }
 
   Task t;
-  t.name = std::move(spec.name);
   auto it = category_ids_.find(spec.category);
   if (it == category_ids_.end()) {
     it = category_ids_.emplace(spec.category, static_cast<uint32_t>(categories_.size())).first;
@@ -102,7 +101,8 @@ TaskId Engine::add_task(TaskSpec spec) {
   t.links_begin = static_cast<uint32_t>(links_.size());
   for (ResourceId l : spec.links) links_.push_back(l.v);
   t.links_end = static_cast<uint32_t>(links_.size());
-  tasks_.push_back(std::move(t));
+  tasks_.push_back(t);
+  task_names_.push_back(std::move(spec.name));
   Task& added = tasks_.back();
   const int owner = resources_[task_home({id}).v].process;
   added.weight = spec.weight > 0 ? spec.weight : static_cast<double>(processes_[owner].multiplicity);
@@ -157,7 +157,7 @@ TaskClass Engine::task_class(TaskId t) const {
 
 std::string Engine::describe(TaskId t) const {
   ResourceId h = task_home(t);
-  return "'" + tasks_[t.v].name + "' (" + processes_[resources_[h.v].process].name + "/" +
+  return "'" + task_names_[t.v] + "' (" + processes_[resources_[h.v].process].name + "/" +
          resources_[h.v].name + ")";
 }
 
@@ -183,33 +183,116 @@ double normal(uint64_t seed, uint64_t task) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+// An event sorts by (time, task, version) as one 128-bit unsigned integer:
+// times are finite and >= 0, and the bits of such doubles order like the
+// numbers. Ties break by task id, so a run does not depend on the order events
+// were pushed in (the version only ever separates a live event from stale
+// copies of the same task, which are skipped whatever their order).
+__extension__ typedef unsigned __int128 EventKey;
+
 struct Event {
-  double t;
-  int32_t task;
-  uint32_t version;
-};
-struct Later {
-  bool operator()(const Event& a, const Event& b) const {
-    if (a.t != b.t) return a.t > b.t;
-    return a.task > b.task;
+  EventKey key;
+  static Event at(double t, int32_t task, uint32_t version) {
+    const uint64_t t_bits = std::bit_cast<uint64_t>(t);
+    return {(static_cast<EventKey>(t_bits) << 64) | (static_cast<EventKey>(static_cast<uint32_t>(task)) << 32) |
+            version};
   }
+  double t() const { return std::bit_cast<double>(static_cast<uint64_t>(key >> 64)); }
+  int32_t task() const { return static_cast<int32_t>(static_cast<uint32_t>(key >> 32)); }
+  uint32_t version() const { return static_cast<uint32_t>(key); }
+};
+
+// A 4-ary min-heap of events. Half the depth of a binary heap, and a node's
+// four children sit side by side (64 bytes), so a sift touches fewer lines.
+// take() hands out the earliest event but leaves a hole at the root; the next
+// push() fills the hole with one sift-down (the common case: a task ends and
+// its stream successor starts), instead of a pop's sift-down plus a push's
+// sift-up. The next take() or empty() closes a hole no push filled.
+class EventHeap {
+ public:
+  bool empty() {
+    settle();
+    return a_.empty();
+  }
+  Event take() {
+    settle();
+    hole_ = true;
+    return a_.front();
+  }
+  void push(const Event& e) {
+    if (hole_) {
+      hole_ = false;
+      sift_down(e);
+      return;
+    }
+    size_t i = a_.size();
+    a_.push_back(e);
+    while (i > 0) {
+      const size_t parent = (i - 1) / 4;
+      if (!(e.key < a_[parent].key)) break;
+      a_[i] = a_[parent];
+      i = parent;
+    }
+    a_[i] = e;
+  }
+
+ private:
+  void settle() {
+    if (!hole_) return;
+    hole_ = false;
+    const Event last = a_.back();
+    a_.pop_back();
+    if (!a_.empty()) sift_down(last);
+  }
+  // Places e at the root and moves it down to where it belongs.
+  void sift_down(const Event& e) {
+    const size_t n = a_.size();
+    size_t i = 0;
+    for (;;) {
+      const size_t first = 4 * i + 1;
+      if (first + 4 > n) {
+        // The last, partial family (or none).
+        if (first >= n) break;
+        size_t best = first;
+        for (size_t c = first + 1; c < n; ++c) best = a_[c].key < a_[best].key ? c : best;
+        if (a_[best].key < e.key) {
+          a_[i] = a_[best];
+          i = best;
+        }
+        break;
+      }
+      // Smallest of four without branches on the keys.
+      const size_t b01 = first + (a_[first + 1].key < a_[first].key);
+      const size_t b23 = first + 2 + (a_[first + 3].key < a_[first + 2].key);
+      const size_t best = a_[b23].key < a_[b01].key ? b23 : b01;
+      if (!(a_[best].key < e.key)) break;
+      a_[i] = a_[best];
+      i = best;
+    }
+    a_[i] = e;
+  }
+
+  std::vector<Event> a_;
+  bool hole_ = false;
 };
 
 enum class Phase : uint8_t { kWaiting, kLatency, kFlowing, kDone };
 
-// Everything the event loop touches per task, in one cache line: the engine's
-// Task records (names, links) are only read when a flow starts or ends.
-struct Hot {
-  double duration_s;  // after jitter
-  double start_s;
-  int32_t on;         // serial resource or -1
-  int32_t pending;    // unfinished predecessors
-  int32_t crit_pred;  // the task whose end let this one start
-  uint32_t version;   // bumped when a flow is rescheduled
+// Everything the event loop touches per task besides its start and end times
+// (written straight into the result), in half a cache line: the engine's Task
+// records (links, bytes) are only read when a flow starts or ends.
+struct alignas(32) Hot {
+  double duration_s;    // after jitter
+  uint32_t succ_begin;  // successors: succ_[succ_begin, next task's succ_begin)
+  int32_t pending;      // unfinished predecessors
+  int32_t crit_pred;    // the task whose end let this one start
+  uint32_t version;     // bumped when a flow is rescheduled
+  int32_t on;           // serial resource or -1
   Phase phase;
-  bool ready_order;   // `on` is a ready-order resource
+  bool ready_order;     // `on` is a ready-order resource
   bool has_bytes;
 };
+static_assert(sizeof(Hot) == 32, "Hot should stay at 32 bytes: the event loop is bound by its cache lines");
 
 }  // namespace
 
@@ -224,18 +307,18 @@ class Run {
     }
     drain();
     while (!heap_.empty()) {
-      Event ev = heap_.top();
-      heap_.pop();
+      const Event ev = heap_.take();
       ++r_.events;
-      Hot& h = hot_[ev.task];
-      if (ev.version != h.version) continue;  // a flow rescheduled since
-      now_ = ev.t;
+      const int32_t t = ev.task();
+      Hot& h = hot_[t];
+      if (ev.version() != h.version) continue;  // a flow rescheduled since
+      now_ = ev.t();
       if (h.phase == Phase::kLatency) {
-        after_latency(ev.task);
+        after_latency(t);
       } else {
         RS_CHECK(h.phase == Phase::kFlowing, "event for a task that is not running");
-        end_flow(ev.task);
-        finish(ev.task);
+        end_flow(t);
+        finish(t);
       }
       drain();
     }
@@ -250,44 +333,26 @@ class Run {
   void setup() {
     n_ = static_cast<int32_t>(e_.tasks_.size());
     const size_t nr = e_.resources_.size();
-    r_.end_s.assign(n_, 0);
     r_.busy_s.assign(nr, 0);
     r_.bytes_moved.assign(nr, 0);
-    hot_.resize(n_);
+    r_.start_s.assign(n_, 0);
+    r_.end_s.assign(n_, 0);
+    // One pass over the task records, counting stream successors on the way
+    // (see build_successors). Stream predecessors wait in crit_pred until the
+    // successor lists are filled; make_ready sets crit_pred for real.
+    hot_.resize(static_cast<size_t>(n_) + 1);
+    any_flow_ = false;
     for (int32_t t = 0; t < n_; ++t) {
       const Task& k = e_.tasks_[t];
-      hot_[t] = {k.duration_s, 0.0, k.on, 0, -1, 0, Phase::kWaiting,
-                 k.on >= 0 && e_.resources_[k.on].order == Order::kReadyOrder, k.bytes > 0};
-    }
-    // Successors in CSR form: explicit dependencies plus in-order stream edges.
-    succ_begin_.assign(n_ + 1, 0);
-    for (auto [b, a] : e_.deps_) ++succ_begin_[b + 1];
-    for (int32_t t = 0; t < n_; ++t) {
-      if (e_.tasks_[t].stream_prev >= 0) ++succ_begin_[e_.tasks_[t].stream_prev + 1];
-    }
-    for (int32_t t = 0; t < n_; ++t) succ_begin_[t + 1] += succ_begin_[t];
-    succ_.resize(succ_begin_[n_]);
-    std::vector<uint32_t> fill(succ_begin_.begin(), succ_begin_.end() - 1);
-    for (auto [b, a] : e_.deps_) {
-      succ_[fill[b]++] = a;
-      ++hot_[a].pending;
-    }
-    for (int32_t t = 0; t < n_; ++t) {
-      int32_t p = e_.tasks_[t].stream_prev;
-      if (p < 0) continue;
-      succ_[fill[p]++] = t;
+      const bool ready_order = k.on >= 0 && e_.resources_[k.on].order == Order::kReadyOrder;
+      hot_[t] = {k.duration_s, 0, 0, k.stream_prev, 0, k.on, Phase::kWaiting, ready_order, k.bytes > 0};
+      any_flow_ = any_flow_ || k.bytes > 0;
+      if (k.stream_prev < 0) continue;
+      ++hot_[k.stream_prev].succ_begin;
       ++hot_[t].pending;
     }
-    // Durations with jitter, stragglers and slow processes drawn up front.
-    std::vector<double> slow(e_.processes_.size(), 1.0);
-    for (auto [p, f] : o_.slow_processes) {
-      if (p < 0 || p >= static_cast<int>(slow.size()) || !(f > 0)) {
-        throw UserError("slow process " + std::to_string(p) + " x" + std::to_string(f) +
-                        ": expected a declared process and a factor > 0");
-      }
-      slow[p] = f;
-    }
-    for (int32_t t = 0; t < n_; ++t) hot_[t].duration_s = effective_duration(t, slow);
+    build_successors();
+    draw_durations();
     // Links: capacity scales with the multiplicity of the process that owns them.
     cap_.assign(nr, 0);
     for (size_t l = 0; l < nr; ++l) {
@@ -303,14 +368,56 @@ class Run {
     cap_left_.assign(nr, 0);
     w_left_.assign(nr, 0);
     // Flow state is per task but only needed when some task moves bytes.
-    const bool any_flow = std::any_of(hot_.begin(), hot_.end(), [](const Hot& h) { return h.has_bytes; });
-    if (any_flow) {
+    if (any_flow_) {
       flow_mark_.assign(n_, 0);
       remaining_.assign(n_, 0);
       rate_.assign(n_, 0);
       last_.assign(n_, 0);
       new_rate_.assign(n_, 0);
+      flow_start_.assign(n_, 0);
     }
+  }
+
+  // Successors in CSR form: each task's explicit dependents in the order they
+  // were added, then its stream successor. finish() releases them in this
+  // order, which fixes the order of ready-order queues, so it must not change.
+  // setup() has counted stream successors into succ_begin; with the explicit
+  // ones added, an inclusive prefix sum turns each count into the end of the
+  // task's range, and filling backwards (last edge first, decrementing) leaves
+  // each succ_begin at its range's start. The extra entry closes the last range.
+  void build_successors() {
+    for (auto [b, a] : e_.deps_) {
+      ++hot_[b].succ_begin;
+      ++hot_[a].pending;
+    }
+    for (int32_t t = 1; t < n_; ++t) hot_[t].succ_begin += hot_[t - 1].succ_begin;
+    const uint32_t total = n_ > 0 ? hot_[n_ - 1].succ_begin : 0;
+    hot_[n_] = {0.0, total, 0, -1, 0, -1, Phase::kDone, false, false};
+    succ_.resize(total);
+    for (int32_t t = n_ - 1; t >= 0; --t) {
+      const int32_t p = hot_[t].crit_pred;  // stream predecessor, see setup()
+      if (p < 0) continue;
+      succ_[--hot_[p].succ_begin] = t;
+      hot_[t].crit_pred = -1;
+    }
+    for (size_t i = e_.deps_.size(); i-- > 0;) {
+      auto [b, a] = e_.deps_[i];
+      succ_[--hot_[b].succ_begin] = a;
+    }
+  }
+
+  // Durations with jitter, stragglers and slow processes drawn up front.
+  void draw_durations() {
+    std::vector<double> slow(e_.processes_.size(), 1.0);
+    for (auto [p, f] : o_.slow_processes) {
+      if (p < 0 || p >= static_cast<int>(slow.size()) || !(f > 0)) {
+        throw UserError("slow process " + std::to_string(p) + " x" + std::to_string(f) +
+                        ": expected a declared process and a factor > 0");
+      }
+      slow[p] = f;
+    }
+    if (o_.jitter_sigma <= 0 && o_.straggler_probability <= 0 && o_.slow_processes.empty()) return;
+    for (int32_t t = 0; t < n_; ++t) hot_[t].duration_s = effective_duration(t, slow);
   }
 
   double effective_duration(int32_t t, const std::vector<double>& slow) const {
@@ -328,7 +435,7 @@ class Run {
     return d * slow[home];
   }
 
-  void push(double t, int32_t task) { heap_.push({t, task, hot_[task].version}); }
+  void push(double t, int32_t task) { heap_.push(Event::at(t, task, hot_[task].version)); }
 
   // A task whose dependencies are done: start it, or queue it on a busy resource.
   void make_ready(int32_t t, int32_t cause) {
@@ -356,7 +463,7 @@ class Run {
 
   void start(int32_t t) {
     Hot& h = hot_[t];
-    h.start_s = now_;
+    r_.start_s[t] = now_;
     if (h.duration_s > 0) {
       h.phase = Phase::kLatency;
       push(now_ + h.duration_s, t);
@@ -379,11 +486,12 @@ class Run {
     r_.end_s[t] = now_;
     ++finished_;
     if (h.on >= 0) {
-      r_.busy_s[h.on] += now_ - h.start_s;
+      r_.busy_s[h.on] += now_ - r_.start_s[t];
       if (h.ready_order) release_slot(h.on, t);
     }
-    for (uint32_t i = succ_begin_[t]; i < succ_begin_[t + 1]; ++i) {
-      int32_t s = succ_[i];
+    const uint32_t end = hot_[t + 1].succ_begin;
+    for (uint32_t i = h.succ_begin; i < end; ++i) {
+      const int32_t s = succ_[i];
       if (--hot_[s].pending == 0) make_ready(s, t);
     }
   }
@@ -409,6 +517,7 @@ class Run {
   void begin_flow(int32_t t) {
     const Task& k = e_.tasks_[t];
     hot_[t].phase = Phase::kFlowing;
+    flow_start_[t] = now_;
     remaining_[t] = k.bytes;
     rate_[t] = 0;
     last_[t] = now_;
@@ -533,10 +642,14 @@ class Run {
       }
     }
     r_.makespan_s = makespan;
-    r_.start_s.resize(n_);
-    for (int32_t t = 0; t < n_; ++t) r_.start_s[t] = hot_[t].start_s;
     for (int32_t t = last; t >= 0; t = hot_[t].crit_pred) r_.critical_path.push_back({t});
     std::reverse(r_.critical_path.begin(), r_.critical_path.end());
+    // When each task's bytes began to flow: its end when it moves none.
+    if (!any_flow_) return;
+    r_.flow_start_s = r_.end_s;
+    for (int32_t t = 0; t < n_; ++t) {
+      if (hot_[t].has_bytes) r_.flow_start_s[t] = flow_start_[t];
+    }
   }
 
   // Every unfinished task waits on an unfinished predecessor, so walking
@@ -606,10 +719,10 @@ class Run {
   RunResult r_;
   int32_t n_ = 0;
   int32_t finished_ = 0;
+  bool any_flow_ = false;
   double now_ = 0;
-  std::priority_queue<Event, std::vector<Event>, Later> heap_;
+  EventHeap heap_;
   std::vector<int32_t> ready_;
-  std::vector<uint32_t> succ_begin_;
   std::vector<int32_t> succ_;
   std::vector<Hot> hot_;
   // Serial resources.
@@ -620,7 +733,7 @@ class Run {
   std::vector<double> cap_;
   std::vector<std::vector<int32_t>> link_flows_;
   std::vector<double> link_active_since_;
-  std::vector<double> remaining_, rate_, last_, new_rate_;
+  std::vector<double> remaining_, rate_, last_, new_rate_, flow_start_;
   // Scratch for rebalance().
   uint32_t epoch_ = 0;
   std::vector<uint32_t> link_mark_, flow_mark_;

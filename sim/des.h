@@ -101,6 +101,8 @@ struct RunResult {
   std::vector<double> busy_s;           // per resource: serial held time; links: time with >= 1 flow
   std::vector<double> bytes_moved;      // per resource (all copies)
   std::vector<TaskId> critical_path;    // first task .. last-finishing task
+  std::vector<double> flow_start_s;     // per task: when its bytes began to flow (end_s if it moves
+                                        // none); empty when no task moves bytes
   uint64_t events = 0;                  // events popped from the queue (incl. stale reschedules)
   uint64_t rate_updates = 0;            // flow-rate recomputations
 };
@@ -135,7 +137,7 @@ class Engine {
   ResourceKind resource_kind(ResourceId r) const { return resources_[r.v].kind; }
   int resource_process(ResourceId r) const { return resources_[r.v].process; }
   double resource_bw(ResourceId r) const { return resources_[r.v].bw_bytes_per_s; }
-  const std::string& task_name(TaskId t) const { return tasks_[t.v].name; }
+  const std::string& task_name(TaskId t) const { return task_names_[t.v]; }
   const std::string& task_category(TaskId t) const { return categories_[tasks_[t.v].category]; }
   TaskClass task_class(TaskId t) const;
   // The resource a task is drawn on: its serial resource, else its first link.
@@ -159,8 +161,8 @@ class Engine {
     double bw_bytes_per_s;
     int32_t last_task;  // last task issued on an in-order resource
   };
+  // Names live apart (task_names_) so the records a run reads stay small.
   struct Task {
-    std::string name;
     uint32_t category;
     int32_t on;
     int32_t stream_prev;  // previous task on the same in-order resource, or -1
@@ -176,6 +178,7 @@ class Engine {
   std::vector<Process> processes_;
   std::vector<Resource> resources_;
   std::vector<Task> tasks_;
+  std::vector<std::string> task_names_;  // per task
   std::vector<int32_t> links_;
   std::vector<std::pair<int32_t, int32_t>> deps_;  // (before, after)
   std::vector<std::string> categories_;
