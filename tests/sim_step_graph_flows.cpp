@@ -74,7 +74,9 @@ StepSummary run_schedule(const Predictor& p, Layout l, PpSchedule sch, int64_t v
 // stage each take 1 (split evenly over the stage's model chunks), and the
 // pipeline's real dependencies: forward q after forward q-1, backward q after
 // backward q+1 and forward q, W after its B.
-double unit_bubble(PpSchedule sch, int64_t p, int64_t v, int64_t m) {
+using Orders = std::vector<std::vector<PipelineSlot>>;
+
+double unit_bubble(PpSchedule sch, int64_t p, int64_t v, int64_t m, const Orders& orders) {
   Engine e;
   const int64_t chunks = sch == PpSchedule::kDualPipeV ? 2 : v;
   const double unit = 1.0 / static_cast<double>(chunks);
@@ -84,10 +86,12 @@ double unit_bubble(PpSchedule sch, int64_t p, int64_t v, int64_t m) {
   for (int64_t s = 0; s < p; ++s) {
     ResourceId stream = e.add_resource(e.add_process("stage" + std::to_string(s)), "compute",
                                        ResourceKind::kComputeStream);
-    for (const PipelineSlot& x : pipeline_order(sch, p, v, m, s)) {
+    for (const PipelineSlot& x : orders[static_cast<size_t>(s)]) {
       const int64_t q = pipeline_model_chunk(sch, p, s, x.chunk);
       const double d = x.pass == PipelinePass::kBackward ? 2 * unit : unit;
-      TaskId t = e.add_compute(stream, "pass", "forward", d);
+      const char* kind[] = {"F", "BW", "B", "W"};
+      TaskId t = e.add_compute(stream, std::string(kind[static_cast<int>(x.pass)]) + ".q" + std::to_string(q) +
+                                           ".mb" + std::to_string(x.mb), "forward", d);
       auto key = std::make_tuple(0, q, x.mb);
       if (x.pass == PipelinePass::kForward) fwd[key] = t;
       if (x.pass == PipelinePass::kBackward || x.pass == PipelinePass::kInputGrad) bwd[key] = t;
@@ -109,6 +113,12 @@ double unit_bubble(PpSchedule sch, int64_t p, int64_t v, int64_t m) {
   REQUIRE(static_cast<int64_t>(fwd.size()) == q_total * m);
   REQUIRE(static_cast<int64_t>(bwd.size()) == q_total * m);
   return e.run().makespan_s - 3.0 * static_cast<double>(m);
+}
+
+double unit_bubble(PpSchedule sch, int64_t p, int64_t v, int64_t m) {
+  Orders orders;
+  for (int64_t s = 0; s < p; ++s) orders.push_back(pipeline_order(sch, p, v, m, s));
+  return unit_bubble(sch, p, v, m, orders);
 }
 
 }  // namespace
@@ -250,4 +260,25 @@ TEST_CASE("pipeline orders meet their closed-form bubbles with unit costs", "[st
   CHECK(dpv < inter);
   CHECK(one > inter);
   CHECK(inter > zb);
+}
+
+TEST_CASE("a pipeline order that deadlocks is reported with its first offending dependency", "[step_graph][errors]") {
+  const int64_t p = 4, m = 8;
+  Orders orders;
+  for (int64_t s = 0; s < p; ++s) orders.push_back(pipeline_order(PpSchedule::k1F1B, p, 1, m, s));
+  // Stage 2 waits for micro-batch 1's gradient before it has sent micro-batch 1 forward.
+  auto& o = orders[2];
+  auto f1 = std::find_if(o.begin(), o.end(), [](const PipelineSlot& x) { return x.pass == PipelinePass::kForward && x.mb == 1; });
+  auto b1 = std::find_if(o.begin(), o.end(), [](const PipelineSlot& x) { return x.pass == PipelinePass::kBackward && x.mb == 1; });
+  REQUIRE(f1 < b1);
+  std::iter_swap(f1, b1);
+  try {
+    unit_bubble(PpSchedule::k1F1B, p, 1, m, orders);
+    FAIL("a deadlocked schedule ran");
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Contains("first offending dependency"));
+    CHECK(what.find('\n') == std::string::npos);
+    CHECK_THAT(what, Contains("BW.q2.mb1"));
+  }
 }
