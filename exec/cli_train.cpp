@@ -8,9 +8,13 @@
 //   rackstep train --model models/zoo/tiny-moe.json --data data/py --steps 20 --out runs/p --profile
 //   rackstep train --model models/zoo/tiny-moe.json --data data/py --reference-dump /tmp/ref
 //   rackstep train ... --dispatch pooled --ep 4 --sender-cf 1.1 --receiver-cf 1.15   # simulated EP drops
+//   mpirun -np 4 rackstep train --model models/zoo/tiny-moe.json --data data/py --batch 8   # data parallel
+//   mpirun -np 4 rackstep train ... --dispatch pooled --ep 4 [--verify-dispatch]   # real expert parallel
+#include <cstdio>
 #include <memory>
 #include <string>
 
+#include "exec/dist.h"
 #include "exec/train.h"
 #include "models/check.h"
 #include "sim/cli/command.h"
@@ -28,7 +32,7 @@ struct TrainArgs {
   int waves = 3;
 };
 
-int run(TrainArgs& a) {
+int run_on(TrainArgs& a, const Comm& world) {
   if (a.dispatch != "none") {
     a.o.dispatch.enabled = true;
     a.o.dispatch.ep = a.ep;
@@ -48,6 +52,7 @@ int run(TrainArgs& a) {
   }
   if (a.o.profile && a.o.out_dir.empty()) throw UserError("train: --profile needs --out <run dir>");
   if (!a.reference_dump.empty()) {
+    if (world.size() > 1) throw UserError("train: --reference-dump runs in one process (not under mpirun)");
     write_reference_dump(a.o, a.reference_dump);
     if (!a.json) std::printf("reference dump written to %s\n", a.reference_dump.c_str());
     return 0;
@@ -55,7 +60,21 @@ int run(TrainArgs& a) {
   TrainOutput out;
   out.json = a.json;
   out.progress = !a.json && rackstep::cli::stdout_is_terminal();
-  return run_training(a.o, out);
+  return run_training(a.o, out, &world);
+}
+
+// Under mpirun a rank's error cannot just return: the other ranks may wait in a
+// collective. Print it (with the rank) and take the whole job down.
+int run(TrainArgs& a) {
+  Comm world = Comm::world();  // UserError when launched as several processes without MPI
+  if (world.size() == 1) return run_on(a, world);
+  try {
+    return run_on(a, world);
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "rackstep: rank %d: %s\n", world.rank(), e.what());
+    std::fflush(stderr);
+    world.abort(2);
+  }
 }
 
 rackstep::cli::Registration reg{
@@ -89,8 +108,12 @@ rackstep::cli::Registration reg{
       app.add_option("--dispatch", a->dispatch,
                      "simulate EP drops with the shared dispatch library: none (default), pooled, ragged, capacity")
           ->check(CLI::IsMember({"none", "pooled", "ragged", "capacity"}));
-      app.add_option("--ep", a->ep, "virtual EP group size the batch is split over (with --dispatch)")
+      app.add_option("--ep", a->ep,
+                     "EP group size (with --dispatch): under mpirun, real expert parallelism over that many "
+                     "processes; in one process, virtual GPUs the batch is split over")
           ->check(CLI::PositiveNumber);
+      app.add_flag("--verify-dispatch", a->o.verify_dispatch,
+                   "expert parallel under mpirun: check every layer's drops against sim/dispatch (all-gather)");
       app.add_option("--sender-cf", a->sender_cf, "pooled sender capacity factor");
       app.add_option("--receiver-cf", a->receiver_cf, "receiver / per-expert capacity factor");
       app.add_option("--waves", a->waves, "pooled waves");

@@ -389,6 +389,33 @@ void CpuModel::set_balancing_state(const std::vector<float>& bias) {
   }
 }
 
+std::vector<std::pair<int64_t*, size_t>> CpuModel::balancing_histograms() {
+  std::vector<std::pair<int64_t*, size_t>> out;
+  for (MoeState& s : moe_)
+    if (!s.hist.empty()) out.emplace_back(s.hist.data(), s.hist.size());
+  return out;
+}
+
+ExpertLayer CpuModel::expert_layer(const OpPlan& p) {
+  const MoeState& s = moe_[static_cast<size_t>(p.moe)];
+  ExpertLayer l;
+  l.moe = p.moe;
+  l.tokens = static_cast<int>(N_);
+  l.E = s.E;
+  l.k = s.k;
+  l.L = s.L;
+  l.F = s.F;
+  l.expert = s.expert.data();
+  l.sorted_pos = s.sorted_pos.data();
+  l.w1 = P(p.p0);
+  l.w3 = P(p.p1);
+  l.w2 = P(p.p2);
+  l.dw1 = G(p.p0);
+  l.dw3 = G(p.p1);
+  l.dw2 = G(p.p2);
+  return l;
+}
+
 const float* CpuModel::logits() const { return act_.data() + slots_[static_cast<size_t>(logits_slot_)].offset; }
 
 const int32_t* CpuModel::routed_experts(int layer) const {
@@ -426,6 +453,10 @@ LossResult CpuModel::forward(const int32_t* inputs, const int32_t* targets, cons
     }
     counted_targets_ += targets[t] >= 0;
   }
+  if (loss_tokens_ > 0) {
+    RS_CHECK(loss_tokens_ >= counted_targets_, "the global batch has fewer targets than this slice");
+    counted_targets_ = loss_tokens_;
+  }
   if (counted_targets_ == 0) throw UserError("batch: expected at least one target token, found none");
   LossResult r;
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
@@ -449,6 +480,7 @@ LossResult CpuModel::forward(const int32_t* inputs, const int32_t* targets, cons
 
 void CpuModel::dispatch_layer(MoeState& s, const float* weights) {
   const int64_t A = N_ * s.k;
+  if (experts_) return;  // the expert backend decides while it ships the rows
   if (!dispatch_.enabled) {
     s.keep.clear();
     s.drops = sim::DropCounts{};
@@ -540,6 +572,11 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
     }
     case OpKind::kExpertMlp: {
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
+      if (experts_) {
+        s.keep.resize(static_cast<size_t>(N_ * s.k));
+        experts_->forward(expert_layer(p), A(p.in), A(p.out), s.keep.data(), s.drops);
+        return;
+      }
       experts_forward(A(p.out), A(p.save), A(p.save2), A(p.save3), A(p.in), s.offsets.data(),
                       s.keep.empty() ? nullptr : s.keep.data(), P(p.p0), P(p.p1), P(p.p2), N * s.k, s.E, s.L, s.F);
       return;
@@ -644,6 +681,11 @@ void CpuModel::backward_op(size_t i) {
     case OpKind::kExpertMlp: {
       const MoeState& s = moe_[static_cast<size_t>(p.moe)];
       float* dxs = grad_dst(p.in, p.acc_in);
+      if (experts_) {
+        experts_->backward(expert_layer(p), D(p.out), dxs);
+        grad_done(p.in, p.acc_in);
+        return;
+      }
       experts_backward(dxs, G(p.p0), G(p.p1), G(p.p2), D(p.out), A(p.in), A(p.save), A(p.save2), A(p.save3),
                        s.offsets.data(), s.keep.empty() ? nullptr : s.keep.data(), P(p.p0), P(p.p1), P(p.p2),
                        scratch_.data(), N * s.k, s.E, s.L, s.F);
@@ -778,9 +820,11 @@ std::string CpuModel::find_nonfinite_forward(const int32_t* inputs, const int32_
   const bool was_training = training_;
   training_ = false;  // a diagnosis must not move the QB histogram
   std::string culprit;
-  for (size_t i = 0; i < graph_.ops.size() && culprit.empty(); ++i) {
+  // With an expert backend every op runs (its exchanges are collectives all
+  // ranks must join); the first culprit is kept.
+  for (size_t i = 0; i < graph_.ops.size() && (culprit.empty() || experts_); ++i) {
     forward_op(i, inputs, targets, doc_ids);
-    if (!op_output_finite(i)) culprit = graph_.ops[i].name;
+    if (culprit.empty() && !op_output_finite(i)) culprit = graph_.ops[i].name;
   }
   training_ = was_training;
   return culprit;
@@ -788,11 +832,13 @@ std::string CpuModel::find_nonfinite_forward(const int32_t* inputs, const int32_
 
 std::string CpuModel::find_nonfinite_backward() {
   zero_grads();
+  std::string culprit;
   for (size_t i = graph_.ops.size(); i-- > 0;) {
     backward_op(i);
-    if (!op_grads_finite(i)) return graph_.ops[i].name + " (backward)";
+    if (culprit.empty() && !op_grads_finite(i)) culprit = graph_.ops[i].name + " (backward)";
+    if (!culprit.empty() && !experts_) break;
   }
-  return "";
+  return culprit;
 }
 
 }  // namespace rackstep::exec

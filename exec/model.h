@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exec/arena.h"
@@ -63,6 +64,32 @@ struct DispatchOptions {
   bool enabled = false;
   int64_t ep = 1;
   sim::DispatchConfig config;
+};
+
+// Routed experts computed elsewhere: expert parallelism (exec/dist.h,
+// MpiExperts). The model hands over one MoE layer's rows grouped by expert
+// (its dispatch output) and gets back each row's expert output; the backend
+// decides which assignments are dropped (keep = 0, output row 0).
+struct ExpertLayer {
+  int moe = 0;                  // MoE layer index (0 = the first MoE layer)
+  int tokens = 0, E = 0, k = 0, L = 0, F = 0;
+  const int32_t* expert = nullptr;      // (tokens, k) chosen experts
+  const int32_t* sorted_pos = nullptr;  // (tokens * k) grouped row of each assignment
+  const float* w1 = nullptr;            // (E, L, F) every expert; a backend uses its own
+  const float* w3 = nullptr;            // (E, L, F)
+  const float* w2 = nullptr;            // (E, F, L)
+  float* dw1 = nullptr;                 // (E, L, F) +=
+  float* dw3 = nullptr;                 // (E, L, F) +=
+  float* dw2 = nullptr;                 // (E, F, L) +=
+};
+class ExpertBackend {
+ public:
+  virtual ~ExpertBackend() = default;
+  // xs, ys: (tokens * k, L) grouped rows; keep: (tokens * k) grouped order.
+  // drops: this process's assignments (assignments, sender, receiver).
+  virtual void forward(const ExpertLayer& l, const float* xs, float* ys, uint8_t* keep, sim::DropCounts& drops) = 0;
+  // dys -> dxs (grouped rows, "="), expert weight gradients "+=".
+  virtual void backward(const ExpertLayer& l, const float* dys, float* dxs) = 0;
 };
 
 struct LossResult {
@@ -101,6 +128,16 @@ class CpuModel {
   void zero_grads() { grads_.zero(); }
 
   void set_dispatch(const DispatchOptions& d);
+  // Expert parallelism: routed experts run through `backend` (not owned;
+  // nullptr = here). Replaces the simulated dispatch.
+  void set_expert_backend(ExpertBackend* backend) { experts_ = backend; }
+  // Data parallelism: the loss is a mean over `n` targets of the global batch
+  // (this process holds a slice), so ranks' losses and gradients add up.
+  // 0 = this batch's own target count.
+  void set_loss_tokens(int64_t n) { loss_tokens_ = n; }
+  // This step's router-logit histogram of every MoE layer, (E, bins) each, for
+  // data-parallel ranks to sum before update_balancing().
+  std::vector<std::pair<int64_t*, size_t>> balancing_histograms();
   // Quantile balancing: `training` forwards add their router logits to the
   // layer's histogram; update_balancing() turns it into next step's bias.
   void set_training(bool training) { training_ = training; }
@@ -175,6 +212,7 @@ class CpuModel {
   void forward_op(size_t i, const int32_t* inputs, const int32_t* targets, const int32_t* doc);
   void backward_op(size_t i);
   void dispatch_layer(MoeState& m, const float* weights);  // weights: (N, k)
+  ExpertLayer expert_layer(const OpPlan& p);  // the kExpertMlp op's layer for the backend
   // Backward helpers for an input gradient: where the kernel writes, and the
   // fix-up that turns a "=" kernel into "+=" when this op is not the first writer.
   float* grad_dst(int slot, bool accumulate, int staging = 0);
@@ -203,6 +241,8 @@ class CpuModel {
   int lse_slot_ = -1;
   bool training_ = true;
   DispatchOptions dispatch_;
+  ExpertBackend* experts_ = nullptr;
+  int64_t loss_tokens_ = 0;
   OpTimer timer_;
 };
 

@@ -101,7 +101,8 @@ std::string Trainer::latest_checkpoint(const std::string& dir) {
   return best;
 }
 
-Trainer::Trainer(TrainOptions options) : o_(std::move(options)) {
+Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)) {
+  comm_ = comm;
   set_threads(o_.threads);
   if (o_.model_path.empty()) throw UserError("train: expected --model <model JSON>, found none");
   if (o_.data_dir.empty()) throw UserError("train: expected --data <dataset dir>, found none");
@@ -110,8 +111,25 @@ Trainer::Trainer(TrainOptions options) : o_(std::move(options)) {
   const int64_t seq = o_.seq > 0 ? o_.seq : m.seq_len;
   const int64_t batch = o_.batch > 0 ? o_.batch : m.recipe.batch_seqs;
   if (batch < 1) throw UserError(o_.model_path, "/recipe/batch_seqs", "a batch (or --batch)", "none");
-  model_ = std::make_unique<CpuModel>(graph_, batch, seq);  // UserError for what this backend cannot run
-  model_->set_dispatch(o_.dispatch);
+  global_batch_ = batch;
+  const auto [first_seq, end_seq] = sequence_slice(batch, world(), comm_ ? comm_->rank() : 0);
+  // UserError for what this backend cannot run
+  model_ = std::make_unique<CpuModel>(graph_, end_seq - first_seq, seq);
+  const int64_t ep = o_.dispatch.enabled ? o_.dispatch.ep : 1;
+  if (distributed() && ep > 1) {
+    if (world() % ep != 0) {
+      throw UserError("train: expected --ep to divide the " + std::to_string(world()) + " processes, found " +
+                      std::to_string(ep));
+    }
+    experts_ = std::make_unique<MpiExperts>(comm_->split(comm_->rank() / static_cast<int>(ep)), o_.dispatch.config,
+                                            o_.verify_dispatch);
+    model_->set_expert_backend(experts_.get());
+  } else {
+    if (o_.verify_dispatch) {
+      throw UserError("train: --verify-dispatch checks expert parallelism across processes (mpirun and --ep > 1)");
+    }
+    model_->set_dispatch(o_.dispatch);
+  }
 
   const DatasetInfo info = read_dataset_info(o_.data_dir);
   if (info.tokenizer.vocab_size() > m.vocab) {
@@ -141,7 +159,11 @@ Trainer::Trainer(TrainOptions options) : o_(std::move(options)) {
   optimizer_ = std::make_unique<Optimizer>(cfg);
 
   model_->init_params(o_.seed);
-  opt_state_ = init_optimizer_state(model_->params());
+  if (distributed()) {
+    setup_shards();
+  } else {
+    opt_state_ = init_optimizer_state(model_->params());
+  }
   if (o_.resume) {
     if (o_.out_dir.empty()) throw UserError("train: --resume needs --out <run dir> holding the checkpoints");
     const std::string latest = latest_checkpoint(o_.out_dir);
@@ -155,21 +177,82 @@ Trainer::Trainer(TrainOptions options) : o_(std::move(options)) {
   }
   started_at_ = opt_state_.step;
   peak_flops_ = measure_sgemm_flops_per_s(1024, 0.2);  // exec/kernels.h: best of timed sgemms
+  // Ranks measure at the same time, sharing the machine: their sum is the
+  // peak of the whole run.
+  if (comm_) comm_->allreduce_sum(&peak_flops_, 1);
   flops_per_token_ = models::count_flops(graph_, seq, models::FlopConvention::kMarin).training;
-  if (o_.profile) {
-    profiler_ = std::make_unique<Profiler>(graph_, batch, seq, current_threads());
+  if (o_.profile && is_root()) {  // rank 0 profiles its own slice
+    profiler_ = std::make_unique<Profiler>(graph_, model_->batch(), seq, current_threads());
     profiler_->attach(*model_);
   }
-  if (!o_.out_dir.empty()) write_run_json();
+  if (!o_.out_dir.empty() && is_root()) write_run_json();
 }
+
+// --- data parallel -----------------------------------------------------------------
+
+void Trainer::setup_shards() {
+  shards_ = make_shard_plan(model_->params().layout(), world());
+  const ParamShard& my = shards_.shards[static_cast<size_t>(comm_->rank())];
+  const auto layout = shard_layout(model_->params().layout(), my);
+  shard_params_ = Arena(layout);
+  shard_grads_ = Arena(layout);
+  std::copy_n(model_->params().data() + my.offset, my.floats, shard_params_.data());
+  opt_state_ = init_optimizer_state(shard_params_);  // ||W0|| of this rank's matrices only
+}
+
+Batch Trainer::my_slice(const Batch& global) const {
+  if (!distributed()) return global;
+  const auto [first, end] = sequence_slice(global.batch, world(), comm_->rank());
+  Batch b;
+  b.batch = end - first;
+  b.seq = global.seq;
+  const auto from = static_cast<std::ptrdiff_t>(first * global.seq), to = static_cast<std::ptrdiff_t>(end * global.seq);
+  b.inputs.assign(global.inputs.begin() + from, global.inputs.begin() + to);
+  b.targets.assign(global.targets.begin() + from, global.targets.begin() + to);
+  b.doc_ids.assign(global.doc_ids.begin() + from, global.doc_ids.begin() + to);
+  return b;
+}
+
+int64_t Trainer::target_count(const Batch& b) {
+  return std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t >= 0; });
+}
+
+// Reduce-scatter the gradients into this rank's shard, step the shard, all-gather
+// the parameters. `norms` gets the global gradient norms per group.
+void Trainer::reduce_and_step(GroupNorms& norms, int64_t step_no) {
+  const std::vector<int> counts = shards_.floats();
+  comm_->reduce_scatter_sum(model_->grads().data(), shard_grads_.data(), counts);
+  double sq[4] = {0, 0, 0, 0};
+  for (size_t i = 0; i < shard_grads_.layout().size(); ++i) {
+    const TensorView t = shard_grads_.view(i);
+    double s = 0;
+    for (int64_t j = 0; j < t.numel; ++j) s += static_cast<double>(t.data[j]) * t.data[j];
+    sq[static_cast<int>(t.spec->group)] += s;
+  }
+  comm_->allreduce_sum(sq, 4);
+  for (int g = 0; g < 4; ++g) norms.by_group[g] = std::sqrt(sq[g]);
+  for (int g = 0; g < 4; ++g) {
+    if (std::isfinite(norms.by_group[g])) continue;
+    const std::string op = model_->find_nonfinite_backward();  // every rank: the backward's exchanges are collective
+    throw NonFiniteError("train: step " + std::to_string(step_no) + ": " + to_string(static_cast<OptGroup>(g)) +
+                         " gradient norm is not finite; first op with a non-finite gradient on rank " +
+                         std::to_string(comm_->rank()) + ": " + (op.empty() ? "none found" : op));
+  }
+  const ParamShard& my = shards_.shards[static_cast<size_t>(comm_->rank())];
+  std::copy_n(model_->params().data() + my.offset, my.floats, shard_params_.data());
+  optimizer_->step(shard_params_, shard_grads_, opt_state_);
+  comm_->allgatherv(shard_params_.data(), model_->params().data(), counts);
+}
+
 
 void Trainer::write_run_json() const {
   std::error_code ec;
   fs::create_directories(o_.out_dir, ec);
   if (ec) throw UserError(o_.out_dir, "", "a creatable run directory", ec.message());
-  write_json_file_atomic((fs::path(o_.out_dir) / "run.json").string(),
-                         run_settings(o_, graph_, model_->params().layout().fingerprint(), total_steps_,
-                                      model_->batch(), model_->seq()));
+  nlohmann::json settings =
+      run_settings(o_, graph_, model_->params().layout().fingerprint(), total_steps_, global_batch_, model_->seq());
+  settings["processes"] = world();  // informational: any rank count may resume
+  write_json_file_atomic((fs::path(o_.out_dir) / "run.json").string(), settings);
 }
 
 void Trainer::resume_from(const std::string& path) {
@@ -179,7 +262,7 @@ void Trainer::resume_from(const std::string& path) {
   if (!fs::exists(run_path, ec)) throw UserError(run_path, "", "the run's settings (written by rackstep train)", "no such file");
   const nlohmann::json was = load_json_file(run_path);
   const nlohmann::json now =
-      run_settings(o_, graph_, model_->params().layout().fingerprint(), total_steps_, model_->batch(), model_->seq());
+      run_settings(o_, graph_, model_->params().layout().fingerprint(), total_steps_, global_batch_, model_->seq());
   for (const char* key : {"fingerprint", "steps", "batch", "seq", "seed", "lr_scale", "dispatch"}) {
     if (!was.contains(key) || was[key] != now[key]) {
       throw UserError(run_path, std::string("/") + key, "the value of this invocation, " + now[key].dump(),
@@ -187,7 +270,19 @@ void Trainer::resume_from(const std::string& path) {
     }
   }
   CheckpointMeta meta;
-  load_checkpoint(path, model_->params(), opt_state_, meta);  // validates everything before writing
+  if (!distributed()) {
+    load_checkpoint(path, model_->params(), opt_state_, meta);  // validates everything before writing
+  } else {
+    // Every rank reads the whole (single-process format) file and keeps its shard.
+    OptimizerState full = init_optimizer_state(model_->params());
+    load_checkpoint(path, model_->params(), full, meta);
+    const ParamShard& my = shards_.shards[static_cast<size_t>(comm_->rank())];
+    std::copy_n(model_->params().data() + my.offset, my.floats, shard_params_.data());
+    opt_state_.step = full.step;
+    std::copy_n(full.momentum.data() + my.offset, my.floats, opt_state_.momentum.data());
+    std::copy_n(full.second_moment.data() + my.v_offset, my.v_floats, opt_state_.second_moment.data());
+    std::copy_n(full.w0_norm.begin() + my.w0_offset, my.w0_count, opt_state_.w0_norm.begin());
+  }
   if (meta.rng_state != to_bytes(&o_.seed, sizeof o_.seed)) {
     throw UserError(path, "", "a checkpoint of a run with seed " + std::to_string(o_.seed), "another seed");
   }
@@ -205,33 +300,57 @@ bool Trainer::done() const {
 
 StepLog Trainer::step() {
   StepLog s;
-  const Batch b = train_->next_batch(model_->batch());
+  const Batch global = train_->next_batch(global_batch_);
+  const Batch b = my_slice(global);
+  if (distributed()) model_->set_loss_tokens(target_count(global));
   const bool profiling = profiler_ && opt_state_.step - started_at_ < o_.profile_steps;
   if (profiling) profiler_->begin_step(opt_state_.step);
   if (!profiling && profiler_) model_->set_op_timer(nullptr);
   const auto t0 = Clock::now();
   model_->zero_grads();
   model_->set_training(true);
-  const LossResult r = model_->forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());
+  LossResult r = model_->forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());
   const int64_t step_no = opt_state_.step + 1;
+  if (distributed()) {
+    // Slices' losses are shares of the global mean; drops are each rank's own assignments.
+    double sums[4] = {r.ce, r.z_loss, r.router_z_loss / world(), 0};
+    comm_->allreduce_sum(sums, 4);
+    r.ce = sums[0];
+    r.z_loss = sums[1];
+    r.router_z_loss = sums[2];
+    r.loss = r.ce + r.z_loss;
+    int64_t d[4] = {r.drops.assignments, r.drops.sender, r.drops.receiver, r.drops.padding};
+    comm_->allreduce_sum(d, 4);
+    r.drops = {d[0], d[1], d[2], d[3]};
+  }
   if (!std::isfinite(r.loss)) {
     const std::string op = model_->find_nonfinite_forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());
     throw NonFiniteError("train: step " + std::to_string(step_no) + ": loss is " + std::to_string(r.loss) +
                          "; first op with a non-finite output: " + (op.empty() ? "none found" : op));
   }
   model_->backward();
-  const GroupNorms gn = group_norms(model_->grads());
-  for (int g = 0; g < 4; ++g) {
-    if (std::isfinite(gn.by_group[g])) continue;
-    const std::string op = model_->find_nonfinite_backward();
-    throw NonFiniteError("train: step " + std::to_string(step_no) + ": " + to_string(static_cast<OptGroup>(g)) +
-                         " gradient norm is not finite; first op with a non-finite gradient: " +
-                         (op.empty() ? "none found" : op));
-  }
   s.lr_adam = optimizer_->lr(OptGroup::kAdam, opt_state_.step);
   s.lr_muonh = optimizer_->lr(OptGroup::kMuonH, opt_state_.step);
-  const auto t_opt = Clock::now();
-  optimizer_->step(model_->params(), model_->grads(), opt_state_);
+  if (distributed()) {
+    // Quantile balancing counts the whole global batch (integer sums: exact).
+    for (auto& [hist, n] : model_->balancing_histograms()) comm_->allreduce_sum(hist, static_cast<int>(n));
+  }
+  GroupNorms gn;
+  auto t_opt = Clock::now();
+  if (distributed()) {
+    reduce_and_step(gn, step_no);  // checks the norms itself
+  } else {
+    gn = group_norms(model_->grads());
+    for (int g = 0; g < 4; ++g) {
+      if (std::isfinite(gn.by_group[g])) continue;
+      const std::string op = model_->find_nonfinite_backward();
+      throw NonFiniteError("train: step " + std::to_string(step_no) + ": " + to_string(static_cast<OptGroup>(g)) +
+                           " gradient norm is not finite; first op with a non-finite gradient: " +
+                           (op.empty() ? "none found" : op));
+    }
+    t_opt = Clock::now();
+    optimizer_->step(model_->params(), model_->grads(), opt_state_);
+  }
   model_->update_balancing();
   const auto t1 = Clock::now();
   if (profiling) {
@@ -247,22 +366,26 @@ StepLog Trainer::step() {
   for (int g = 0; g < 4; ++g) s.grad_norm[g] = gn.by_group[g];
   s.drops = r.drops;
   s.step_s = std::chrono::duration<double>(t1 - t0).count();
-  s.tokens_per_s = static_cast<double>(model_->tokens()) / s.step_s;
+  if (comm_) comm_->allreduce_max(&s.step_s, 1);  // the step ends when the slowest rank does
+  s.tokens_per_s = static_cast<double>(global_batch_ * model_->seq()) / s.step_s;
   s.mfu = flops_per_token_ * s.tokens_per_s / peak_flops_;
   return s;
 }
 
 double Trainer::evaluate() {
   if (!eval_) return std::nan("");
-  const int64_t n = std::min(o_.eval_batches, eval_->eval_batches(model_->batch()));
+  const int64_t n = std::min(o_.eval_batches, eval_->eval_batches(global_batch_));
   if (n < 1) return std::nan("");
   model_->set_training(false);
   model_->set_op_timer(nullptr);  // evals are not part of the step profile
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    const Batch b = eval_->eval_batch(i, model_->batch());
+    const Batch global = eval_->eval_batch(i, global_batch_);
+    const Batch b = my_slice(global);
+    if (distributed()) model_->set_loss_tokens(target_count(global));
     sum += model_->forward(b.inputs.data(), b.targets.data(), b.doc_ids.data()).ce;
   }
+  if (comm_) comm_->allreduce_sum(&sum, 1);
   model_->set_training(true);
   if (profiler_ && opt_state_.step - started_at_ < o_.profile_steps) profiler_->attach(*model_);
   return sum / static_cast<double>(n);
@@ -270,6 +393,18 @@ double Trainer::evaluate() {
 
 std::string Trainer::save_checkpoint() {
   if (o_.out_dir.empty()) throw UserError("train: checkpoints need --out <run dir>");
+  std::unique_ptr<OptimizerState> gathered;
+  const OptimizerState* state = &opt_state_;
+  if (distributed()) {
+    // Rank 0 assembles the single-process state: shards tile every arena in rank order.
+    if (is_root()) gathered = std::make_unique<OptimizerState>(init_optimizer_state(model_->params()));
+    comm_->gatherv(opt_state_.momentum.data(), gathered ? gathered->momentum.data() : nullptr, shards_.floats());
+    comm_->gatherv(opt_state_.second_moment.data(), gathered ? gathered->second_moment.data() : nullptr,
+                   shards_.v_floats());
+    comm_->gatherv(opt_state_.w0_norm.data(), gathered ? gathered->w0_norm.data() : nullptr, shards_.w0_counts());
+    if (gathered) gathered->step = opt_state_.step;
+    state = gathered.get();
+  }
   CheckpointMeta meta;
   meta.step = opt_state_.step;
   meta.rng_state = to_bytes(&o_.seed, sizeof o_.seed);
@@ -277,12 +412,13 @@ std::string Trainer::save_checkpoint() {
   const std::vector<float> qb = model_->balancing_state();
   meta.qb_state = to_bytes(qb.data(), qb.size() * sizeof(float));
   const std::string path = (fs::path(o_.out_dir) / checkpoint_name(opt_state_.step)).string();
-  exec::save_checkpoint(path, model_->params(), opt_state_, meta);
+  if (is_root()) exec::save_checkpoint(path, model_->params(), *state, meta);
+  if (comm_) comm_->barrier();  // the file exists for every rank once this returns
   return path;
 }
 
 void Trainer::append_log(const nlohmann::json& line) const {
-  if (o_.out_dir.empty()) return;
+  if (o_.out_dir.empty() || !is_root()) return;
   std::ofstream f(fs::path(o_.out_dir) / "log.jsonl", std::ios::app);
   f << line.dump() << "\n";
 }
@@ -309,18 +445,28 @@ std::string step_line(const StepLog& s, int64_t total) {
 
 }  // namespace
 
-int run_training(const TrainOptions& options, const TrainOutput& out) {
-  Trainer t(options);
+int run_training(const TrainOptions& options, const TrainOutput& out, const Comm* comm) {
+  Trainer t(options, comm);
+  const bool root = t.is_root();  // only rank 0 prints (and writes, see Trainer)
   const auto& m = t.graph().model;
   const models::ParamCounts pc = models::count_params(t.graph());
-  if (!out.json) {
+  if (!out.json && root) {
     std::printf("model %s: %.2fM params (%.2fM active), %lld x %lld tokens/step, %.3f MFLOP/token (training, Marin)\n",
-                m.name.c_str(), pc.total / 1e6, pc.active / 1e6, static_cast<long long>(t.model().batch()),
+                m.name.c_str(), pc.total / 1e6, pc.active / 1e6, static_cast<long long>(t.global_batch()),
                 static_cast<long long>(t.model().seq()), t.model_flops_per_token() / 1e6);
     std::printf("threads %d, measured sgemm peak %.1f GFLOP/s, unigram entropy %.4f nats/token, steps %lld%s\n",
                 current_threads(), t.peak_flops() / 1e9, t.unigram_entropy_nats(),
                 static_cast<long long>(t.total_steps()),
                 options.resume ? (", resumed at step " + std::to_string(t.step_index())).c_str() : "");
+    if (t.world() > 1) {
+      const bool ep = options.dispatch.enabled && options.dispatch.ep > 1;
+      std::printf("processes %d: data parallel over %lld sequences each, ZeRO optimizer shards%s\n", t.world(),
+                  static_cast<long long>(t.model().batch()),
+                  ep ? (", expert parallel " + std::to_string(options.dispatch.ep) + " (" +
+                        sim::transport_name(options.dispatch.config.transport) + " transport)")
+                           .c_str()
+                     : "");
+    }
     std::fflush(stdout);
   }
   nlohmann::json history = nlohmann::json::array(), evals = nlohmann::json::array(),
@@ -339,7 +485,7 @@ int run_training(const TrainOptions& options, const TrainOutput& out) {
     const nlohmann::json e = {{"step", t.step_index()}, {"eval_loss", last_eval}};
     evals.push_back(e);
     t.append_log(e);
-    if (!out.json) {
+    if (!out.json && root) {
       if (out.progress) std::printf("\r\x1b[K");
       std::printf("eval  %5lld        loss %.4f (unigram entropy %.4f)\n", static_cast<long long>(t.step_index()),
                   last_eval, t.unigram_entropy_nats());
@@ -350,7 +496,7 @@ int run_training(const TrainOptions& options, const TrainOutput& out) {
     const std::string path = t.save_checkpoint();
     last_ckpt_step = t.step_index();
     checkpoints.push_back(path);
-    if (!out.json) {
+    if (!out.json && root) {
       if (out.progress) std::printf("\r\x1b[K");
       std::printf("checkpoint %s\n", path.c_str());
       std::fflush(stdout);
@@ -366,7 +512,7 @@ int run_training(const TrainOptions& options, const TrainOutput& out) {
     first = false;
     history.push_back(last.to_json());
     t.append_log(last.to_json());
-    if (!out.json) {
+    if (!out.json && root) {
       const std::string line = step_line(last, t.total_steps());
       if (out.progress) {
         const bool keep = last.step % newline_every == 0 || t.done();
@@ -384,10 +530,13 @@ int run_training(const TrainOptions& options, const TrainOutput& out) {
   if (last_eval_step != t.step_index()) run_eval();
   if (!options.out_dir.empty() && last_ckpt_step != t.step_index()) checkpoint();
   t.write_profile();
+  if (!root) return 0;
   if (out.json) {
     nlohmann::json doc = {{"model", m.name},
                           {"params", pc.total},
-                          {"batch", t.model().batch()},
+                          {"batch", t.global_batch()},
+                          {"processes", t.world()},
+                          {"verified_dispatch_layers", t.verified_dispatch_layers()},
                           {"seq", t.model().seq()},
                           {"threads", current_threads()},
                           {"sgemm_peak_flops_per_s", t.peak_flops()},

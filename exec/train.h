@@ -21,6 +21,17 @@
 // step and the first op (forward order, then backward order) whose output
 // holds a NaN/Inf: the step is re-run op by op to find it (deterministic).
 //
+// Multi-process (exec/dist.h): under mpirun every rank builds a Trainer over
+// the world communicator. Data parallel: each rank trains its slice of the
+// same global batch, gradients are reduce-scattered into ZeRO shards (whole
+// tensors), each owner steps its shard and the parameters are all-gathered.
+// With --ep N (N > 1 dividing the rank count) the routed experts are split over
+// EP groups of N ranks and tokens travel through the real pooled / ragged
+// transport. Losses, drop counts and gradient norms are reduced over the world;
+// only rank 0 prints, logs and writes files. Checkpoints gather the shards to
+// rank 0 in the single-process format: any rank count resumes from them, and
+// the same rank count resumes bitwise.
+//
 //   TrainOptions o;  o.model_path = "models/zoo/tiny-moe.json";  o.data_dir = "data/py";
 //   o.steps = 200;  o.out_dir = "runs/tiny";  o.checkpoint_every = 50;
 //   Trainer t(o);
@@ -38,6 +49,7 @@
 
 #include "exec/checkpoint.h"
 #include "exec/data.h"
+#include "exec/dist.h"
 #include "exec/model.h"
 #include "exec/optim.h"
 #include "exec/profiler.h"
@@ -62,7 +74,8 @@ struct TrainOptions {
   uint64_t seed = 1;            // parameter init and data order
   int threads = 0;              // 0 = the OpenMP default
   double lr_scale = 1.0;        // multiplies both fitted peak LRs
-  DispatchOptions dispatch;
+  DispatchOptions dispatch;     // with several processes, dispatch.ep > 1 = real expert parallelism
+  bool verify_dispatch = false; // EP across processes: check every layer against sim::dispatch
 };
 
 struct StepLog {
@@ -89,7 +102,8 @@ class Trainer {
   // Loads model and data, builds the model, then initialises it from the seed
   // or (resume) from the newest checkpoint of out_dir. UserError on bad input;
   // nothing in out_dir is overwritten before the first checkpoint is due.
-  explicit Trainer(TrainOptions options);
+  // `comm`: the process group (not owned; nullptr = this process alone).
+  explicit Trainer(TrainOptions options, const Comm* comm = nullptr);
 
   bool done() const;
   int64_t step_index() const { return opt_state_.step; }  // steps completed
@@ -97,12 +111,18 @@ class Trainer {
   StepLog step();
   // Mean cross-entropy over the held-out batches; NaN when there is no eval split.
   double evaluate();
-  // Writes out_dir/ckpt-<step>.rsck (UserError without out_dir).
+  // Writes out_dir/ckpt-<step>.rsck (UserError without out_dir). Collective
+  // with several processes: every rank calls it, rank 0 writes.
   std::string save_checkpoint();
   void append_log(const nlohmann::json& line) const;
   void write_profile() const;  // no-op without --profile and --out
 
   CpuModel& model() { return *model_; }
+  int64_t global_batch() const { return global_batch_; }  // sequences per step over all ranks
+  int world() const { return comm_ ? comm_->size() : 1; }
+  bool is_root() const { return !comm_ || comm_->root(); }
+  // Layers checked against sim::dispatch so far (--verify-dispatch), this rank.
+  int64_t verified_dispatch_layers() const { return experts_ ? experts_->verified_layers() : 0; }
   const TrainOptions& options() const { return o_; }
   const models::LayerGraph& graph() const { return graph_; }
   const Optimizer& optimizer() const { return *optimizer_; }
@@ -119,6 +139,17 @@ class Trainer {
  private:
   void resume_from(const std::string& path);
   void write_run_json() const;
+  bool distributed() const { return world() > 1; }
+  Batch my_slice(const Batch& global) const;       // this rank's sequences
+  static int64_t target_count(const Batch& b);
+  void setup_shards();
+  void reduce_and_step(GroupNorms& norms, int64_t step_no);  // DP: reduce-scatter, owner step, all-gather
+
+  const Comm* comm_ = nullptr;
+  int64_t global_batch_ = 0;
+  std::unique_ptr<MpiExperts> experts_;
+  ShardPlan shards_;
+  Arena shard_params_, shard_grads_;   // this rank's tensors (ZeRO owner range)
 
   TrainOptions o_;
   models::LayerGraph graph_;
@@ -140,7 +171,7 @@ struct TrainOutput {
   bool json = false;            // one JSON document at the end instead of text
   bool progress = false;        // a live progress line (terminals)
 };
-int run_training(const TrainOptions& options, const TrainOutput& out);
+int run_training(const TrainOptions& options, const TrainOutput& out, const Comm* comm = nullptr);
 
 // `--reference-dump DIR`: one batch, no training loop. Writes (exec/dump.h)
 // every parameter, the batch, RoPE positions, QB bias and chosen experts,

@@ -1,0 +1,210 @@
+// Multi-process training: data parallelism with ZeRO-sharded optimizer state,
+// and expert parallelism with the real fixed-capacity transports (MPI).
+//
+// Data parallel. Every rank reads the same global batch and trains on its own
+// contiguous slice of sequences (sequence_slice), so the global batch, the data
+// position and the results do not depend on the rank count. The loss is
+// normalised by the global batch's target count, so per-rank gradients simply
+// add. Gradients are reduced with MPI_Reduce_scatter into each rank's shard,
+// the owner applies the optimizer to its shard, and MPI_Allgatherv brings every
+// rank the updated parameters (ZeRO stage 1/2). Shards are WHOLE TENSORS
+// (partition_tensors in exec/arena.h): MuonH orthogonalises a whole matrix
+// (Newton–Schulz needs all of it), so a matrix — or a stack of expert matrices
+// — has one owner rank, which holds its momentum (and Adam moments) and no
+// other rank does. Because arena tensors start on 16-float boundaries, a
+// shard's own arena (the layout of just its tensors) is byte-for-byte the
+// range [offset(begin), offset(end)) of the full arena: reduce-scatter and
+// all-gather move plain float ranges. Checkpoints gather the shards on rank 0
+// into the single-process format, so any rank count can load them.
+//
+// Expert parallel. Ranks form EP groups of `ep` consecutive ranks; rank g of a
+// group owns experts [g*E/ep, (g+1)*E/ep). Each MoE layer ships its routed
+// rows to the experts' owners and back (MpiExperts, an ExpertBackend of
+// exec/model.h):
+//   pooled  W waves of MPI_Alltoall, fixed blocks of P = sender pool rows per
+//           destination; a row is a header (the local expert id, -1 = empty)
+//           followed by L floats. The sender places assignment rank r of its
+//           destination at wave r mod W, slot r div W and drops slots past the
+//           logical pool limit; the receiver grants each local expert its
+//           per-wave capacity slot-major, source-minor and drops the rest.
+//   ragged  one MPI_Alltoall of row counts, then MPI_Alltoallv of every
+//           assignment (no sender pools), rows ordered by (expert, position);
+//           the receiver gate is split across expert chunks (sim/dispatch.h).
+// The combine returns each row in the same slot with a kept flag in its
+// header; backward runs the same two exchanges on the gradients. Capacities
+// and limits come from sim/dispatch.h (physical_capacity, scaled_capacity),
+// every token counts as valid (the CPU engine has no sequence padding). The
+// decisions are made locally by sender and receiver, as on a real machine;
+// with verification on, every layer also all-gathers its group's assignments,
+// runs sim::dispatch and checks that exactly the same assignments were dropped.
+//
+// Limits: expert weights stay replicated in every rank's parameter arena (the
+// arena is one layout per model); a rank computes, and has gradients for, only
+// its own experts, and the reduce-scatter sums the owners' gradients.
+//
+//   Comm world = Comm::world();                 // MPI_Init when started by mpirun
+//   ShardPlan plan = make_shard_plan(layout, world.size());
+//   auto [b0, b1] = sequence_slice(global_batch, world.size(), world.rank());
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/arena.h"
+#include "exec/model.h"
+#include "sim/dispatch.h"
+
+namespace rackstep::exec {
+
+// True when this binary was built with MPI (RACKSTEP_HAVE_MPI).
+bool mpi_available();
+// Rank count announced by an MPI launcher's environment (OMPI_COMM_WORLD_SIZE,
+// PMI_SIZE, PMIX_SIZE...), 1 when none.
+int launcher_world_size();
+
+// A communicator: MPI_COMM_WORLD (or a split of it), or a single process
+// without MPI. Every collective is a plain copy on one rank.
+class Comm {
+ public:
+  // The world. Initialises MPI (MPI_THREAD_FUNNELED) when the launcher
+  // started more than one rank; UserError when it did and MPI is not
+  // compiled in. Finalises MPI when the last world Comm is destroyed.
+  static Comm world();
+  Comm() = default;  // one process
+  Comm(Comm&&) noexcept;
+  Comm& operator=(Comm&&) noexcept;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  ~Comm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool root() const { return rank_ == 0; }
+
+  // Ranks with the same color form a new communicator, ordered by rank.
+  Comm split(int color) const;
+
+  void allreduce_sum(double* x, int n) const;
+  void allreduce_sum(int64_t* x, int n) const;
+  void allreduce_max(double* x, int n) const;
+  // recv (counts[rank]) = the sum over ranks of send's range [displs[rank], +counts[rank]).
+  void reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) const;
+  // recv (sum counts) = every rank's send (counts[r]) at displs (prefix sums).
+  void allgatherv(const float* send, float* recv, const std::vector<int>& counts) const;
+  // Like allgatherv, to rank 0 only (recv unused elsewhere).
+  void gatherv(const float* send, float* recv, const std::vector<int>& counts) const;
+  void gatherv(const double* send, double* recv, const std::vector<int>& counts) const;
+  void allgather(const int32_t* send, int count, int32_t* recv) const;
+  // Fixed blocks of `count` floats to every rank.
+  void alltoall(const float* send, float* recv, int count) const;
+  void alltoall(const int32_t* send, int32_t* recv, int count) const;
+  // Variable blocks: send_counts[r] floats to rank r, recv_counts[r] from it.
+  void alltoallv(const float* send, const std::vector<int>& send_counts, float* recv,
+                 const std::vector<int>& recv_counts) const;
+  void barrier() const;
+  [[noreturn]] void abort(int code) const;
+
+ private:
+  int rank_ = 0, size_ = 1;
+  void* comm_ = nullptr;     // MPI_Comm* when MPI is in use
+  bool owns_world_ = false;  // finalise MPI in the destructor
+};
+
+// --- data parallel ------------------------------------------------------------------
+
+// Rows [first, second) of a global batch of `batch` sequences for `rank`.
+// UserError unless `world` divides the batch.
+std::pair<int64_t, int64_t> sequence_slice(int64_t batch, int world, int rank);
+
+// Which rank owns (and updates) which parameter tensors.
+struct ParamShard {
+  size_t begin = 0, end = 0;          // tensor range [begin, end)
+  int64_t offset = 0, floats = 0;     // float range in the params arena
+  int64_t v_offset = 0, v_floats = 0; // float range in the Adam second-moment arena
+  int64_t w0_offset = 0, w0_count = 0;// entries of OptimizerState::w0_norm
+};
+struct ShardPlan {
+  std::vector<ParamShard> shards;  // (world)
+  std::vector<int> floats() const;    // per rank, for the collectives
+  std::vector<int> v_floats() const;
+  std::vector<int> w0_counts() const;
+};
+ShardPlan make_shard_plan(const ArenaLayout& layout, int world);
+// The layout of just one shard's tensors (its own arena and optimizer state).
+std::shared_ptr<const ArenaLayout> shard_layout(const ArenaLayout& layout, const ParamShard& shard);
+
+// --- expert parallel: the transports' decisions (pure, tested without MPI) ------------
+
+// Where one rank's assignments go. pooled: rows = W * S * P, row
+// ((w * S + d) * P + slot); ragged: rows grouped by destination in
+// (expert, position) order, rows_to[d] of them for destination d.
+struct SendPlan {
+  std::vector<int64_t> row_of;  // (A) send-buffer row of assignment a, -1 = sender drop
+  std::vector<int> rows_to;     // (S) rows for each destination
+  int64_t rows = 0;             // rows in the send buffer
+};
+SendPlan plan_pooled_send(const int32_t* expert, int64_t A, int64_t S, int64_t local, int64_t waves,
+                          int64_t pool_rows, int64_t pool_limit);
+SendPlan plan_ragged_send(const int32_t* expert, int64_t A, int64_t S, int64_t local);
+
+// What a receiver computes. `header` (rows): local expert id of each received
+// row, -1 = empty slot. pooled rows are ((w * S + s) * P + slot); ragged rows
+// come from source 0, 1, ... with rows_from[s] each.
+struct RecvPlan {
+  std::vector<int64_t> kept_rows;  // received rows computed, grouped by local expert
+  std::vector<int32_t> offsets;    // (local + 1) into kept_rows
+  std::vector<uint8_t> kept;       // (rows) 1 = computed
+};
+RecvPlan plan_pooled_receive(const int32_t* header, int64_t S, int64_t local, int64_t waves, int64_t pool_rows,
+                             int64_t receiver_limit);
+RecvPlan plan_ragged_receive(const int32_t* header, const std::vector<int>& rows_from, int64_t local, int chunks,
+                             int64_t gate);
+
+// Logical limits of an EP group of S ranks with `tokens` tokens each (all valid).
+struct TransportLimits {
+  sim::CapacityRows physical;
+  int64_t pool_limit = 0;      // pooled: per destination per wave
+  int64_t receiver_limit = 0;  // pooled: per local expert per wave; ragged: the gate
+};
+TransportLimits transport_limits(const sim::DispatchConfig& cfg, int64_t S, int64_t tokens);
+
+// The whole group's decisions made the way the ranks make them (send plans,
+// an in-memory all-to-all, receive plans), for tests against sim::dispatch.
+// Returns keep per rank, (tokens, k) in assignment order, and the counts.
+sim::DispatchResult transport_decisions(const sim::DispatchConfig& cfg,
+                                        const std::vector<std::vector<int32_t>>& experts);
+
+// --- expert parallel: the MPI backend ------------------------------------------------------
+
+class MpiExperts : public ExpertBackend {
+ public:
+  // `group`: the EP group (its size is the EP degree). `verify`: check every
+  // layer's decisions against sim::dispatch (an all-gather per layer).
+  MpiExperts(Comm group, sim::DispatchConfig config, bool verify);
+  void forward(const ExpertLayer& l, const float* xs, float* ys, uint8_t* keep, sim::DropCounts& drops) override;
+  void backward(const ExpertLayer& l, const float* dys, float* dxs) override;
+  int64_t verified_layers() const { return verified_; }
+
+ private:
+  struct LayerState {
+    SendPlan send;
+    std::vector<int> rows_from;  // (S) rows received from each source
+    RecvPlan recv;
+    std::vector<float> xs, a1, a3, h;  // (R, L), (R, F) x3: the computed rows, kept for backward
+    std::vector<uint8_t> sent_kept;    // (A) assignment order: computed by its expert
+  };
+  void exchange(const LayerState& st, const float* send, float* recv, int width, bool back) const;
+  void verify(const ExpertLayer& l, const LayerState& st, const sim::DropCounts& drops);
+
+  Comm group_;
+  sim::DispatchConfig cfg_;
+  bool verify_ = false;
+  int64_t verified_ = 0;
+  std::vector<LayerState> layers_;     // by MoE layer
+  std::vector<float> send_, recv_, scratch_, ys_local_, dys_local_, dxs_local_;
+};
+
+}  // namespace rackstep::exec
