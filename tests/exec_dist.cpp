@@ -1,0 +1,215 @@
+// Multi-process training helpers without MPI (exec/dist.h): ZeRO shards of the
+// tiny model's arena (tiling, whole tensors, owner steps equal to the full
+// step), sequence slices, the single-process communicator, and the EP
+// transports' local decisions composed over an in-memory all-to-all, which
+// must drop exactly what sim::dispatch drops. The MPI paths themselves run in
+// tests/cli/train_mpi.sh.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "exec/dist.h"
+#include "exec/optim.h"
+#include "models/check.h"
+#include "models/layer_graph.h"
+#include "models/model.h"
+#include "sim/dispatch.h"
+
+using namespace rackstep;
+using namespace rackstep::exec;
+
+namespace {
+
+std::shared_ptr<const ArenaLayout> tiny_layout() {
+  const auto g = models::build_layer_graph(models::load_model(std::string(RACKSTEP_SOURCE_DIR) +
+                                                              "/models/zoo/tiny-moe.json"));
+  return std::make_shared<const ArenaLayout>(arena_specs_from_graph(g));
+}
+
+void fill(Arena& a, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  for (size_t i = 0; i < a.layout().size(); ++i) {
+    TensorView t = a.view(i);
+    for (int64_t j = 0; j < t.numel; ++j) t.data[j] = u(rng);
+  }
+}
+
+// Random assignments of S ranks, `tokens` each; `hot` > 0 sends that share of
+// first choices to expert 0 (a skewed router).
+std::vector<std::vector<int32_t>> random_assignments(uint32_t seed, int S, int tokens, int E, int k, double hot) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> pick(0, E - 1);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(S));
+  for (auto& a : out) {
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<int32_t> chosen;
+      while (static_cast<int>(chosen.size()) < k) {
+        const int e = (chosen.empty() && u(rng) < hot) ? 0 : pick(rng);
+        if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+      }
+      a.insert(a.end(), chosen.begin(), chosen.end());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO shards are whole tensors that tile every arena", "[dist]") {
+  const auto layout = tiny_layout();
+  Arena params(layout);
+  fill(params, 1, 0.5f);
+  const OptimizerState full = init_optimizer_state(params);
+  for (int world : {1, 2, 3, 4, 7}) {
+    const ShardPlan plan = make_shard_plan(*layout, world);
+    REQUIRE(static_cast<int>(plan.shards.size()) == world);
+    int64_t floats = 0, v = 0, w0 = 0;
+    size_t next = 0;
+    for (const ParamShard& s : plan.shards) {
+      CHECK(s.begin == next);
+      CHECK(s.offset == floats);
+      CHECK(s.v_offset == v);
+      CHECK(s.w0_offset == w0);
+      next = s.end;
+      floats += s.floats;
+      v += s.v_floats;
+      w0 += s.w0_count;
+      // The shard's own arena is its range of the full one, float for float.
+      const auto sl = shard_layout(*layout, s);
+      CHECK(sl->total_floats() == s.floats);
+      Arena own(sl);
+      std::copy_n(params.data() + s.offset, s.floats, own.data());
+      const OptimizerState st = init_optimizer_state(own);
+      CHECK(st.second_moment.total_floats() == s.v_floats);
+      REQUIRE(static_cast<int64_t>(st.w0_norm.size()) == s.w0_count);
+      for (int64_t i = 0; i < s.w0_count; ++i) CHECK(st.w0_norm[i] == full.w0_norm[s.w0_offset + i]);
+    }
+    CHECK(next == layout->size());
+    CHECK(floats == params.total_floats());
+    CHECK(v == full.second_moment.total_floats());
+    CHECK(w0 == static_cast<int64_t>(full.w0_norm.size()));
+  }
+}
+
+TEST_CASE("owners stepping their shards equal one full optimizer step, bitwise", "[dist]") {
+  const auto layout = tiny_layout();
+  Arena params(layout), grads(layout);
+  fill(params, 2, 0.5f);
+  OptimizerConfig cfg;
+  cfg.adam_lr = 0.01;
+  cfg.muonh_lr = 0.04;
+  cfg.total_steps = 10;
+  OptimizerState full = init_optimizer_state(params);
+  Arena stepped = params;
+  const int world = 3;
+  const ShardPlan plan = make_shard_plan(*layout, world);
+  std::vector<Arena> own_p, own_g;
+  std::vector<OptimizerState> own_st;
+  for (const ParamShard& s : plan.shards) {
+    own_p.emplace_back(shard_layout(*layout, s));
+    own_g.emplace_back(own_p.back().layout_ptr());
+    std::copy_n(params.data() + s.offset, s.floats, own_p.back().data());
+    own_st.push_back(init_optimizer_state(own_p.back()));
+  }
+  for (int step = 0; step < 3; ++step) {
+    fill(grads, 10 + step, 1.0f);
+    Optimizer(cfg).step(stepped, grads, full);
+    for (int r = 0; r < world; ++r) {
+      const ParamShard& s = plan.shards[static_cast<size_t>(r)];
+      std::copy_n(grads.data() + s.offset, s.floats, own_g[r].data());  // the reduce-scatter's result
+      Optimizer(cfg).step(own_p[r], own_g[r], own_st[r]);
+    }
+  }
+  // All-gather of the shards = the full step's parameters; the gathered
+  // moments = the full state's (what a checkpoint writes).
+  for (int r = 0; r < world; ++r) {
+    const ParamShard& s = plan.shards[static_cast<size_t>(r)];
+    CHECK(std::memcmp(own_p[r].data(), stepped.data() + s.offset, sizeof(float) * s.floats) == 0);
+    CHECK(std::memcmp(own_st[r].momentum.data(), full.momentum.data() + s.offset, sizeof(float) * s.floats) == 0);
+    CHECK(std::memcmp(own_st[r].second_moment.data(), full.second_moment.data() + s.v_offset,
+                      sizeof(float) * s.v_floats) == 0);
+    CHECK(own_st[r].step == full.step);
+  }
+}
+
+TEST_CASE("sequence slices split the global batch evenly or refuse", "[dist]") {
+  CHECK(sequence_slice(8, 4, 0) == std::make_pair<int64_t, int64_t>(0, 2));
+  CHECK(sequence_slice(8, 4, 3) == std::make_pair<int64_t, int64_t>(6, 8));
+  CHECK(sequence_slice(5, 1, 0) == std::make_pair<int64_t, int64_t>(0, 5));
+  CHECK_THROWS_AS(sequence_slice(6, 4, 0), UserError);
+}
+
+TEST_CASE("one process: the world is rank 0 of 1 and collectives copy", "[dist]") {
+  if (launcher_world_size() > 1) return;  // started by mpirun: not this case
+  Comm world = Comm::world();
+  CHECK(world.rank() == 0);
+  CHECK(world.size() == 1);
+  const float x[3] = {1, 2, 3};
+  float y[3] = {0, 0, 0};
+  world.reduce_scatter_sum(x, y, {3});
+  CHECK(y[2] == 3.0f);
+  double d = 2.5;
+  world.allreduce_sum(&d, 1);
+  CHECK(d == 2.5);
+}
+
+TEST_CASE("pooled sends: rank r of a destination goes to wave r mod W, slot r div W", "[dist]") {
+  // S = 2 ranks, 1 expert each, W = 2 waves of P = 2 rows, logical pool limit 1.
+  const int32_t expert[4] = {0, 0, 0, 1};
+  const SendPlan p = plan_pooled_send(expert, 4, 2, 1, 2, 2, 1);
+  CHECK(p.rows == 8);
+  CHECK(p.row_of[0] == 0);   // rank 0: wave 0, dest 0, slot 0
+  CHECK(p.row_of[1] == 4);   // rank 1: wave 1, dest 0, slot 0
+  CHECK(p.row_of[2] == -1);  // rank 2 >= limit 1 * W: sender drop
+  CHECK(p.row_of[3] == 2);   // dest 1, wave 0, slot 0
+  // Receiver with limit 1 per expert per wave: source 0 before source 1 in a slot.
+  const int32_t header[8] = {0, -1, 0, -1, 0, -1, -1, -1};  // (w, s, slot)
+  const RecvPlan r = plan_pooled_receive(header, 2, 1, 2, 2, 1);
+  CHECK(r.kept_rows == std::vector<int64_t>{0, 4});  // row 2 (wave 0, source 1) is past the limit
+  CHECK(r.kept[2] == 0);
+}
+
+TEST_CASE("the transports' local decisions drop exactly what sim::dispatch drops", "[dist][dispatch]") {
+  int64_t dropped_somewhere = 0;
+  for (sim::Transport t : {sim::Transport::pooled, sim::Transport::ragged}) {
+    for (int S : {1, 2, 4}) {
+      for (double cf : {0.6, 1.0, 1.25, 4.0}) {
+        for (double hot : {0.0, 0.5}) {
+          sim::DispatchConfig cfg;
+          cfg.n_experts = 8;
+          cfg.top_k = 2;
+          cfg.transport = t;
+          cfg.sender_cf = cf;
+          cfg.receiver_cf = cf * 1.05;
+          cfg.waves = 3;
+          cfg.ragged_chunks = S == 4 ? 2 : 2;
+          const auto experts = random_assignments(static_cast<uint32_t>(S * 100 + cf * 10 + hot * 7), S, 64, 8, 2, hot);
+          std::vector<sim::GpuAssignments> gpus(static_cast<size_t>(S));
+          for (int s = 0; s < S; ++s) gpus[s].experts = experts[s];
+          const sim::DispatchResult want = sim::dispatch(cfg, gpus);
+          const sim::DispatchResult got = transport_decisions(cfg, experts);
+          INFO(sim::transport_name(t) << " S=" << S << " cf=" << cf << " hot=" << hot);
+          REQUIRE(got.keep == want.keep);
+          CHECK(got.counts.sender == want.counts.sender);
+          CHECK(got.counts.receiver == want.counts.receiver);
+          CHECK(got.counts.assignments == want.counts.assignments);
+          dropped_somewhere += got.counts.dropped();
+        }
+      }
+    }
+  }
+  CHECK(dropped_somewhere > 0);  // the small capacity factors do drop
+}
+
+TEST_CASE("the capacity transport is not an EP transport across processes", "[dist]") {
+  sim::DispatchConfig cfg;
+  cfg.n_experts = 8;
+  cfg.top_k = 2;
+  cfg.transport = sim::Transport::capacity;
+  CHECK_THROWS_AS(transport_decisions(cfg, random_assignments(1, 2, 8, 8, 2, 0)), UserError);
+}
