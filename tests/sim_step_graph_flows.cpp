@@ -101,7 +101,7 @@ double unit_bubble(PpSchedule sch, int64_t p, int64_t v, int64_t m, const Orders
   }
   for (const auto& [x, qt] : all) {
     const auto [q, t] = qt;
-    auto at = [&](auto& m, int64_t qq) { return m.at(std::make_tuple(0, qq, x.mb)); };
+    auto at = [&](auto& by_key, int64_t qq) { return by_key.at(std::make_tuple(0, qq, x.mb)); };
     if (x.pass == PipelinePass::kForward && q > 0) e.add_dependency(at(fwd, q - 1), t);
     if (x.pass == PipelinePass::kBackward || x.pass == PipelinePass::kInputGrad) {
       e.add_dependency(at(fwd, q), t);
