@@ -5,6 +5,7 @@
 //   rackstep timeline --model models/zoo/marin-535b-a23b.json
 //                     --cluster topologies/zoo/gb200-11-racks.json
 //                     --layout sim/layouts/hero-ragged.json [--steps 2] -o trace.json
+//                     [--no-contention] [--fabric-oversubscription 4] [--checkpoint-every 2]
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -45,6 +46,10 @@ nlohmann::json summary_json(const Engine& e, const StepSummary& s, const StepGra
   j["bubble_fraction"] = s.bubble_fraction;
   j["exposed_s_by_kind"] = s.exposed_s_by_kind;
   j["critical_path_s_by_category"] = s.critical_path_s_by_category;
+  j["critical_path_tasks"] = s.critical_path.size();
+  j["critical_path_s_by_class"] = s.critical_path_s_by_class;
+  j["critical_path_contention_s"] = s.critical_path_contention_s;
+  j["critical_path_contention_s_by_category"] = s.critical_path_contention_s_by_category;
   j["tasks"] = e.num_tasks();
   j["events"] = r.events;
   j["processes"] = e.num_processes();
@@ -101,7 +106,7 @@ int run_timeline(TimelineArgs a) {
               sg.prediction.step_time_s, 100.0 * (s.makespan_s / steps / sg.prediction.step_time_s - 1.0));
   for (const auto& issue : sg.prediction.issues) std::printf("  note: %s\n", issue.detail.c_str());
   std::fputs(format_summary(sg.engine, s).c_str(), stdout);
-  std::printf("  built in %.3f s, simulated in %.3f s\n", build_s, run_s);
+  std::printf("  built in %.4f s, simulated in %.4f s\n", build_s, run_s);
   if (!a.out.empty()) std::printf("trace written to %s\n", a.out.c_str());
   return 0;
 }

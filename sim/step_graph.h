@@ -20,10 +20,14 @@
 //     input-gradient B and weight-gradient W; W deferred into the cool-down
 //     bubbles, Qi et al. 2024) and DualPipeV (V-shaped placement: stage s holds
 //     chunks s and 2p-1-s; DeepSeek's DualPipe "cut-in-half" step order);
-//   - per step: GC stall on one staggered rank (host CPU) that holds up the
-//     gradient reduction across replicas; the optimizer: Muon's gather of
-//     sharded matrices, Newton–Schulz and element-wise updates, redistribution,
-//     host state streaming; a checkpoint save on checkpoint steps.
+//   - gradient all-reduce across replicas per layer, as the step's last
+//     micro-batch releases each layer's gradients (the LM head's first, a
+//     replicated embedding's last; sim/predict.cpp's one-layer buckets), on
+//     one stream: what runs past the backward is exposed;
+//   - per step: a GC stall on one staggered rank (host CPU) once its GPU work
+//     is drained, which holds up the next sync point; the optimizer: Muon's
+//     gather of sharded matrices, Newton–Schulz and element-wise updates,
+//     redistribution, host state streaming; a checkpoint save on checkpoint steps.
 //
 // Communication is bytes over links, not durations: every collective is a
 // fixed latency followed by byte flows over the GPU's NVLink port and (for
