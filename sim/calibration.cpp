@@ -70,6 +70,8 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
 
   JsonReader col = r.object("collectives");
   c.scale_out_eff = sourced(col, "scale_out_efficiency", frac);
+  c.inter_domain_nics = sourced(col, "inter_domain_nics", nonneg);
+  c.inter_domain_step_latency_s = sourced(col, "inter_domain_step_latency_s", nonneg);
   for (JsonReader& p : col.object_list("ep_nvlink")) {
     EpBandwidthPoint pt;
     pt.ep = p.integer("ep", {.min = 2});
@@ -84,7 +86,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.ep_ragged_sync_s = sourced(col, "ep_ragged_sync_s", nonneg);
   c.ep_wave_overlap_eff = sourced(col, "ep_wave_overlap_efficiency", {.min = 0, .max = 1});
   c.fsdp_prefetch_overlap = sourced(col, "fsdp_prefetch_overlap", {.min = 0, .max = 1});
-  c.grad_reduce_overlap = sourced(col, "grad_reduce_overlap", {.min = 0, .max = 1});
+  c.grad_sync_bucket_layers = static_cast<int64_t>(sourced(col, "grad_sync_bucket_layers", {.min = 0, .max = 1e6}));
   c.tp_overlap = sourced(col, "tp_overlap", {.min = 0, .max = 1});
   c.cp_ring_overlap = sourced(col, "cp_ring_overlap", {.min = 0, .max = 1});
   col.finish();

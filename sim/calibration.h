@@ -66,12 +66,17 @@ struct Calibration {
 
   // Collectives.
   double scale_out_eff = 0.85;                    // rail-aligned rings over the NICs
+  double inter_domain_nics = 0;                   // NICs per domain one communicator drives (0 = all)
+  double inter_domain_step_latency_s = 45e-6;     // per step of a chunked ring across domains
   std::vector<EpBandwidthPoint> ep_nvlink;        // sorted by ep
   double ep_a2a_latency_s = 30e-6;                // per all-to-all call
   double ep_ragged_sync_s = 20e-6;                // ragged: size exchange before each call
   double ep_wave_overlap_eff = 0.5;               // pooled waves: achieved share of ideal overlap
   double fsdp_prefetch_overlap = 1.0;             // share of the previous layer's compute usable
-  double grad_reduce_overlap = 0.5;               // share of the last backward usable for grad sync
+  // Cross-replica gradient buckets: layers per bucket, released as the backward
+  // reaches them (0 = one bucket after the whole backward). sim/predict.cpp derives
+  // the exposed share from the schedule.
+  int64_t grad_sync_bucket_layers = 1;
   double tp_overlap = 0.0;
   double cp_ring_overlap = 1.0;
 

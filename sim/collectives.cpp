@@ -32,10 +32,23 @@ bool fit_intra(const topologies::SystemSpec& s, double* alpha, double* beta) {
   return true;
 }
 
-double ring_s(int64_t n, double alpha, double bw, double full_bytes) {
+// Latency and bandwidth halves of one ring pass (all-gather or reduce-scatter) of
+// n ranks over a buffer of full_bytes: (n-1) steps, each moving 1/n of it.
+double ring_alpha_s(int64_t n, double alpha) { return n <= 1 ? 0.0 : static_cast<double>(n - 1) * alpha; }
+double ring_beta_s(int64_t n, double bw, double full_bytes) {
   if (n <= 1) return 0.0;
   const double nn = static_cast<double>(n);
-  return (nn - 1.0) * alpha + (nn - 1.0) / nn * full_bytes / bw;
+  return (nn - 1.0) / nn * full_bytes / bw;
+}
+
+// One hierarchical pass (gather or scatter) of a buffer of full_bytes: the rail
+// rings across domains on 1/inner of it, the domain rings on all of it, pipelined.
+double hierarchical_pass_s(const Network& net, const Group& g, double full_bytes) {
+  const int64_t inner = g.per_domain();
+  const double alpha = ring_alpha_s(g.domains, net.inter_step_alpha_s) + ring_alpha_s(inner, net.intra_alpha_s);
+  const double inter = ring_beta_s(g.domains, inter_bw(net, g), full_bytes / static_cast<double>(inner));
+  const double intra = ring_beta_s(inner, net.intra_bw_bytes_per_s, full_bytes);
+  return alpha + std::max(inter, intra);
 }
 
 }  // namespace
@@ -54,27 +67,45 @@ Network make_network(const topologies::Cluster& c, const Calibration& cal) {
                                                                        : s.scale_out.nic_bw_bytes_per_s;
   n.inter_bw_bytes_per_s = n.nic_a2a_bw_bytes_per_s * cal.scale_out_eff;
   n.h2d_bw_bytes_per_s = s.host.h2d_bw_bytes_per_s;
+  n.inter_step_alpha_s = std::max(n.inter_alpha_s, cal.inter_domain_step_latency_s);
+  n.inter_nics_per_domain = cal.inter_domain_nics;
+  n.domains_per_unit = s.scale_out.domains_per_unit;
+  n.spine_bw_fraction = 1.0 / std::max(1.0, s.scale_out.spine_oversubscription);
   return n;
+}
+
+int64_t units_spanned(const Network& net, int64_t domains) {
+  if (net.domains_per_unit <= 0 || domains <= net.domains_per_unit) return 1;
+  return (domains + net.domains_per_unit - 1) / net.domains_per_unit;
 }
 
 Group group_of(const Network& net, int64_t size, int64_t stride) {
   Group g;
   g.size = std::max<int64_t>(1, size);
-  const int64_t span = g.size * stride;  // consecutive GPUs the group covers
+  const int64_t span = g.size * std::max<int64_t>(1, stride);  // consecutive GPUs the group covers
   if (span <= net.gpus_per_domain) return g;
   // Members per domain: how many of the strided ranks fall into one domain.
   const int64_t per_domain = std::max<int64_t>(1, net.gpus_per_domain / std::max<int64_t>(1, stride));
   g.domains = std::max<int64_t>(1, (g.size + per_domain - 1) / per_domain);
   if (g.size % g.domains != 0) g.domains = g.size;  // irregular: treat as one rank per domain
+  const int64_t spanned = (span + net.gpus_per_domain - 1) / std::max<int64_t>(1, net.gpus_per_domain);
+  g.units = units_spanned(net, std::max(g.domains, spanned));
   return g;
+}
+
+double inter_bw(const Network& net, const Group& g) {
+  // A communicator with `inner` GPUs per domain drives at most inter_nics_per_domain
+  // NICs of each domain (NCCL binds each channel to one NIC); a rail group (one
+  // GPU per domain) always has its own NIC. Rail rings cross the spine on few
+  // flows, so its oversubscription does not slow them (all_to_all_s prices it).
+  const double inner = static_cast<double>(g.per_domain());
+  if (net.inter_nics_per_domain <= 0 || inner <= net.inter_nics_per_domain) return net.inter_bw_bytes_per_s;
+  return net.inter_bw_bytes_per_s * net.inter_nics_per_domain / inner;
 }
 
 double all_gather_s(const Network& net, const Group& g, double full_bytes) {
   if (g.size <= 1 || full_bytes <= 0) return 0.0;
-  const int64_t inner = g.per_domain();
-  // Across domains first on 1/inner of the buffer (one rail per GPU), then inside.
-  const double inter = ring_s(g.domains, net.inter_alpha_s, net.inter_bw_bytes_per_s, full_bytes / static_cast<double>(inner));
-  return inter + ring_s(inner, net.intra_alpha_s, net.intra_bw_bytes_per_s, full_bytes);
+  return hierarchical_pass_s(net, g, full_bytes);
 }
 
 double reduce_scatter_s(const Network& net, const Group& g, double full_bytes) {
@@ -83,21 +114,23 @@ double reduce_scatter_s(const Network& net, const Group& g, double full_bytes) {
 
 double all_reduce_s(const Network& net, const Group& g, double full_bytes) {
   if (g.size <= 1 || full_bytes <= 0) return 0.0;
-  const int64_t inner = g.per_domain();
-  const double intra = 2.0 * ring_s(inner, net.intra_alpha_s, net.intra_bw_bytes_per_s, full_bytes);
-  const double inter = 2.0 * ring_s(g.domains, net.inter_alpha_s, net.inter_bw_bytes_per_s,
-                                    full_bytes / static_cast<double>(inner));
-  return intra + inter;
+  return 2.0 * hierarchical_pass_s(net, g, full_bytes);  // reduce-scatter, then all-gather
 }
 
 double all_to_all_s(const Network& net, const Group& g, double bytes_per_rank, double link_eff) {
   if (g.size <= 1 || bytes_per_rank <= 0) return 0.0;
   const double n = static_cast<double>(g.size);
   const double inner = static_cast<double>(g.per_domain());
-  const double local_share = (inner - 1.0) / n;  // to peers in my domain
+  const double local_share = (inner - 1.0) / n;  // to peers in my domain: NVLink
   const double remote_share = (n - inner) / n;   // leaves the domain over my NIC
   const double t_intra = local_share * bytes_per_rank / (net.link_bw_bytes_per_s * link_eff);
-  const double t_inter = remote_share * bytes_per_rank / net.nic_a2a_bw_bytes_per_s;
+  double t_inter = remote_share * bytes_per_rank / net.nic_a2a_bw_bytes_per_s;
+  if (g.units > 1) {
+    // Peers outside my scalable unit: the unit's NICs share the spine above them.
+    const double unit_ranks = inner * std::ceil(static_cast<double>(g.domains) / static_cast<double>(g.units));
+    const double cross_share = std::max(0.0, n - unit_ranks) / n;
+    t_inter = std::max(t_inter, cross_share * bytes_per_rank / (net.nic_a2a_bw_bytes_per_s * net.spine_bw_fraction));
+  }
   const double alpha = g.domains > 1 ? net.inter_alpha_s : net.intra_alpha_s;
   return alpha + std::max(t_intra, t_inter);
 }
@@ -112,6 +145,7 @@ double all_reduce_bus_bw(const Network& net, int64_t domains, int64_t gpus_per_d
   Group g;
   g.size = domains * gpus_per_domain;
   g.domains = domains;
+  g.units = units_spanned(net, domains);
   const double t = all_reduce_s(net, g, bytes);
   const double n = static_cast<double>(g.size);
   return t > 0 ? 2.0 * (n - 1.0) / n * bytes / t : 0.0;

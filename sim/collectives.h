@@ -1,20 +1,34 @@
 // Cost of collectives on a hierarchical cluster: NVLink domains (racks, nodes)
-// joined by a rail-optimised scale-out fabric, one NIC per GPU.
+// joined by a rail-optimised scale-out fabric, one NIC per GPU, domains grouped
+// into scalable units under a spine tier.
 //
-// Model (alpha-beta, per tier):
+// Model (alpha-beta per tier, so small messages are latency bound and large
+// ones bandwidth bound):
 //   inside a domain   ring steps cost alpha_intra each, payload moves at beta_intra
 //                     (per-GPU bus bandwidth). Both are fitted from the cluster's
 //                     measured one-domain all-reduce points (nccl-tests bus
 //                     bandwidth at two sizes: t = 2(n-1)·alpha + 2(n-1)/n · B / beta),
 //                     else taken from the domain's latency and measured link bandwidth.
-//   across domains    rings over the NICs of one rail: alpha = scale-out latency,
-//                     beta = per-NIC all-to-all bandwidth × calibration scale_out_eff.
+//   across domains    each GPU runs a ring over its own rail (the same-index GPU of
+//                     every domain): beta = the per-NIC rate × calibration
+//                     scale_out_eff; alpha per ring step = the larger of the
+//                     scale-out latency and calibration inter_domain_step_latency_s
+//                     (a chunked ring waits for each chunk to cross the NIC). A
+//                     communicator with many GPUs per domain drives at most
+//                     calibration inter_domain_nics NICs of each domain (NCCL binds
+//                     a channel to one NIC): that is what makes a full-rack
+//                     all-reduce over many racks NIC bound while one rail's ring
+//                     (the hero's cross-rack gradient reduction) keeps its NIC.
 //   hybrid groups     (g GPUs in each of D domains) are hierarchical: reduce-scatter
 //                     in the domain, all-reduce of the 1/g shard across domains,
-//                     all-gather in the domain (NCCL's tree/NVLS-free hierarchy).
+//                     all-gather in the domain. The phases are pipelined in chunks
+//                     (NCCL rings and NVLS trees stream every tier at once), so the
+//                     time is the latencies of every phase plus the slowest tier's
+//                     bandwidth term, not their sum.
 //   all-to-all        limited by the slowest tier it crosses: the share of the
 //                     payload that leaves the domain goes over one NIC, the rest
-//                     over NVLink, concurrently.
+//                     over NVLink, concurrently; the share that leaves the
+//                     scalable unit shares the spine.
 //
 //   Network net = make_network(cluster, cal);
 //   Group g = group_of(net, /*size=*/64, /*stride=*/1);      // one rack
@@ -33,10 +47,14 @@ struct Network {
   double intra_alpha_s = 5e-6;
   double intra_bw_bytes_per_s = 0;     // bus bandwidth per GPU
   double link_bw_bytes_per_s = 0;      // measured one-way GPU-to-GPU NVLink
-  double inter_alpha_s = 45e-6;
+  double inter_alpha_s = 45e-6;        // one message across the fabric
+  double inter_step_alpha_s = 45e-6;   // one step of a chunked ring across domains
+  double inter_nics_per_domain = 0;    // NICs one communicator drives per domain (0 = all)
   double inter_bw_bytes_per_s = 0;     // per NIC, achieved by rings
   double nic_a2a_bw_bytes_per_s = 0;   // per NIC, all-to-all
   double h2d_bw_bytes_per_s = 0;
+  int64_t domains_per_unit = 0;        // scalable unit (0 = one unit)
+  double spine_bw_fraction = 1.0;      // 1 / spine oversubscription
 };
 
 Network make_network(const topologies::Cluster& c, const Calibration& cal);
@@ -45,6 +63,7 @@ Network make_network(const topologies::Cluster& c, const Calibration& cal);
 struct Group {
   int64_t size = 1;
   int64_t domains = 1;
+  int64_t units = 1;                   // scalable units the domains span
   int64_t per_domain() const { return size / domains; }
 };
 // Ranks r*stride for r < size, with ranks numbered domain-major (gpus_per_domain per domain).
@@ -58,6 +77,10 @@ double all_reduce_s(const Network& net, const Group& g, double full_bytes);
 // link_eff scales the NVLink tier (EP kernels reach less than raw link rate).
 double all_to_all_s(const Network& net, const Group& g, double bytes_per_rank, double link_eff = 1.0);
 double send_recv_s(const Network& net, bool cross_domain, double bytes);
+// Bandwidth per GPU of this group's rings across domains (NIC cap included).
+double inter_bw(const Network& net, const Group& g);
+// Scalable units that `domains` consecutive domains span.
+int64_t units_spanned(const Network& net, int64_t domains);
 // nccl-tests bus bandwidth of an all-reduce over `domains` full domains (for validation).
 double all_reduce_bus_bw(const Network& net, int64_t domains, int64_t gpus_per_domain, double bytes);
 

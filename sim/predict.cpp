@@ -94,6 +94,58 @@ double newton_schulz_flops(double m, double n, int64_t steps) {
   return static_cast<double>(steps) * (4.0 * a * a * b + 2.0 * a * a * a);
 }
 
+// Cross-replica gradient all-reduce, and how much of it the backward hides.
+// Dense shards reduce over the data/fsdp replicas, expert shards over
+// data/max(ep, fsdp), a replicated embedding over every data rank. The last
+// micro-batch's backward releases the gradients layer by layer (last layer
+// first); they leave in buckets of cal.grad_sync_bucket_layers layers (0: one
+// bucket when the backward has ended, as a trainer that reduces the stacked
+// gradients after its layer loop does). Buckets queue on the network one at a
+// time; whatever still runs when the backward ends is exposed.
+double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration& cal, const Layout& l,
+                         const LayoutShape& s, const double* bwd_wall, size_t classes) {
+  const int64_t tp = l.tp, cp = l.cp;
+  const int64_t expert_split = std::max(l.ep, l.fsdp);
+  const Group dense_g = group_of(net, l.data / l.fsdp * cp, tp * l.fsdp);
+  const Group expert_g = group_of(net, l.data / expert_split * cp, tp * expert_split);
+  const double edge_s = all_reduce_s(net, dense_g, s.edge_params / s.dense_shard * s.grad_bytes);
+  const double replicated_s =
+      s.replicated_params > 0 ? all_reduce_s(net, group_of(net, l.data * cp, tp), s.replicated_params * s.grad_bytes)
+                              : 0.0;
+  if (cal.grad_sync_bucket_layers <= 0 || classes > t.classes.size()) {
+    const double dense_s = all_reduce_s(net, dense_g, s.dense_stage_params / s.dense_shard * s.grad_bytes);
+    const double expert_s = s.expert_stage_params > 0
+                                ? all_reduce_s(net, expert_g, s.expert_stage_params / s.expert_shard * s.grad_bytes)
+                                : 0.0;
+    return dense_s + edge_s + expert_s + replicated_s;
+  }
+  // One layer's gradient all-reduce per class.
+  double layer_s[16] = {};
+  for (size_t ci = 0; ci < classes && ci < 16; ++ci) {
+    const LayerClass& lc = t.classes[ci];
+    layer_s[ci] = all_reduce_s(net, dense_g, lc.dense_params / s.dense_shard * s.grad_bytes) +
+                  (lc.expert_params > 0 ? all_reduce_s(net, expert_g, lc.expert_params / s.expert_shard * s.grad_bytes)
+                                        : 0.0);
+  }
+  const int64_t stage_layers = static_cast<int64_t>(t.layer_class.size()) / std::max<int64_t>(1, l.pp);
+  double now = 0.0;             // backward progress of the last micro-batch
+  double net_free = edge_s;     // the LM head's gradients are ready first
+  double pending = 0.0;
+  int64_t in_bucket = 0;
+  for (int64_t i = stage_layers - 1; i >= 0; --i) {
+    const auto ci = static_cast<size_t>(t.layer_class[static_cast<size_t>(i)]);
+    if (ci >= classes || ci >= 16) continue;
+    now += bwd_wall[ci];
+    pending += layer_s[ci];
+    if (++in_bucket < cal.grad_sync_bucket_layers && i > 0) continue;
+    net_free = std::max(now, net_free) + pending;
+    pending = 0.0;
+    in_bucket = 0;
+  }
+  net_free = std::max(now, net_free) + replicated_s;  // the embedding's gradients come last
+  return std::max(0.0, net_free - now);
+}
+
 // Per-class results for one micro-batch on one GPU.
 struct ClassCost {
   BlockTime compute;
@@ -279,7 +331,13 @@ Prediction Predictor::run(const Layout& l) const {
   double f = 0, r = 0, b = 0;                      // compute
   double ep = 0, fsdp = 0, tpc = 0, cpc = 0, off = 0;  // exposed communication
   double hw_flops = 0;
-  for (const auto& lc : table_.classes) {
+  // Backward wall time of one layer of each class (recompute + backward + the
+  // exposed communication that falls in them): the schedule gradient buckets
+  // are released on.
+  constexpr size_t kMaxClasses = 16;
+  double bwd_wall[kMaxClasses] = {};
+  for (size_t ci = 0; ci < table_.classes.size(); ++ci) {
+    const LayerClass& lc = table_.classes[ci];
     const ClassCost k = sm.class_cost(lc);
     const double n = static_cast<double>(lc.count) / pp;
     const BlockTime& bt = k.compute;
@@ -301,6 +359,9 @@ Prediction Predictor::run(const Layout& l) const {
     const double cp_layer = std::max(0.0, k.cp_pass_s - cal_.cp_ring_overlap * k.attention_fwd_s) * (full ? 2.0 : 1.0) +
                             std::max(0.0, 2.0 * k.cp_pass_s - cal_.cp_ring_overlap * k.attention_bwd_s);
     const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);
+    const double comm_layer = ep_layer + fsdp_layer + tp_layer + cp_layer + off_layer;
+    const double busy = bt.fwd_s + rec + bt.bwd_s;
+    if (ci < kMaxClasses) bwd_wall[ci] = rec + bt.bwd_s + (busy > 0 ? comm_layer * (rec + bt.bwd_s) / busy : 0.0);
     ep += n * ep_layer;
     fsdp += n * fsdp_layer;
     tpc += n * tp_layer;
@@ -345,21 +406,8 @@ Prediction Predictor::run(const Layout& l) const {
     bd.pp_bubble_s = pipeline_bubble(l, mb_fwd, mb_bwd) + 2.0 * (pp - 1.0) * send_recv_s(net_, cross, act);
   }
 
-  // Gradient sync across replicas: dense shards over data/fsdp, experts over data/max(ep, fsdp).
+  bd.grad_sync_s = exposed_grad_sync(table_, net_, cal_, l, s, bwd_wall, std::min(kMaxClasses, table_.classes.size()));
   const int64_t tp = l.tp, cp = l.cp;
-  const double dense_shard_params = (s.dense_stage_params + s.edge_params) / s.dense_shard;
-  double sync = 0.0;
-  const int64_t dense_replicas = l.data / l.fsdp * cp;
-  sync += all_reduce_s(net_, group_of(net_, dense_replicas, tp * l.fsdp), dense_shard_params * s.grad_bytes);
-  if (s.replicated_params > 0) {
-    sync += all_reduce_s(net_, group_of(net_, l.data * cp, tp), s.replicated_params * s.grad_bytes);
-  }
-  const int64_t expert_split = std::max(l.ep, l.fsdp);
-  if (s.expert_stage_params > 0) {
-    sync += all_reduce_s(net_, group_of(net_, l.data / expert_split * cp, tp * expert_split),
-                         s.expert_stage_params / s.expert_shard * s.grad_bytes);
-  }
-  bd.grad_sync_s = std::max(0.0, sync - cal_.grad_reduce_overlap * b);
 
   // Optimizer. Device update: Adam reads p, g, m, v and writes p, m, v (fp32); Muon
   // reads p, g, momentum and writes p, momentum. States on host stream over the link.

@@ -29,8 +29,11 @@
 //                      the residual carry overlaps the layer's compute.
 //   pipeline bubble  1F1B (p-1)(F+B); interleaved /v; zero-bubble (H1) /3;
 //                    DualPipeV (p/2-1)(F+B/2); plus stage-boundary sends.
-//   per step         gradient sync across replicas (hierarchical all-reduce; part
-//                    hides behind the last backward), optimizer (Adam: streaming,
+//   per step         gradient sync across replicas (hierarchical all-reduce in
+//                    buckets of calibration grad_sync_bucket_layers layers, released
+//                    as the last micro-batch's backward reaches them and queued on
+//                    the network; what runs past the end of the backward is exposed),
+//                    optimizer (Adam: streaming,
 //                    memory-bound; Muon/MuonH: momentum, then Newton–Schulz on whole
 //                    matrices: the gather of sharded matrices to owner GPUs, 5
 //                    iterations of 4m²n+2m³ FLOPs, redistribution; state streamed

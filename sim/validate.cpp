@@ -63,45 +63,59 @@ void hero_rows(const Calibration& cal, std::vector<ValidationRow>& out) {
 }
 
 void collective_rows(const Calibration& cal, std::vector<ValidationRow>& out) {
-  const auto sys = topologies::load_system(src("topologies/zoo/gb200-nvl72.json"));
-  for (const auto& m : sys.measured_collectives) {
-    if (m.op != "all_reduce" || m.domains < 1 || m.gpus <= 0) continue;
-    const auto c = topologies::make_cluster(sys, m.domains, m.gpus / m.domains);
-    const Network net = make_network(c, cal);
-    const double bw = all_reduce_bus_bw(net, m.domains, m.gpus / m.domains, m.bytes);
-    out.push_back(row("all-reduce bus bandwidth, " + std::to_string(m.domains) + " rack(s), " +
-                          std::to_string(static_cast<long long>(m.bytes / 1e6)) + " MB",
-                      "GB/s", m.bus_bw_bytes_per_s / 1e9, bw / 1e9, "nccl-tests point in gb200-nvl72.json"));
+  for (const char* file : {"topologies/zoo/gb200-nvl72.json", "topologies/zoo/hgx-h100.json"}) {
+    const auto sys = topologies::load_system(src(file));
+    const std::string unit = sys.kind == "rack" ? " rack(s), " : " node(s), ";
+    for (const auto& m : sys.measured_collectives) {
+      if (m.op != "all_reduce" || m.domains < 1 || m.gpus <= 0) continue;
+      const auto c = topologies::make_cluster(sys, m.domains, m.gpus / m.domains);
+      const Network net = make_network(c, cal);
+      const double bw = all_reduce_bus_bw(net, m.domains, m.gpus / m.domains, m.bytes);
+      out.push_back(row(sys.gpu.name + " all-reduce bus bandwidth, " + std::to_string(m.domains) + unit +
+                            std::to_string(static_cast<long long>(m.bytes / 1e6)) + " MB",
+                        "GB/s", m.bus_bw_bytes_per_s / 1e9, bw / 1e9,
+                        std::string("nccl-tests point in ") + file + " (" + m.source + ")"));
+    }
   }
 }
 
 void snowball_rows(const Calibration& cal, std::vector<ValidationRow>& out) {
   const auto g = models::build_layer_graph(models::load_model(src("models/zoo/marin-67b-a2b.json")));
-  // 16 nodes, batch 128, seq 4096: one sequence per GPU, FSDP over all GPUs.
+  // 16 nodes, batch 128, seq 4096: one sequence per GPU. The profiled run
+  // (public Marin issue #6367, run MAY-033: "N16/EP8/model1, ring MoE, replicated
+  // embeddings, remat=save_moe") kept experts EP 8 inside each node, sharded
+  // everything else (and the experts across nodes) FSDP-style over all 128 GPUs,
+  // replicated the embedding and saved the MoE activations (selective recompute).
   const auto c16 = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 16);
   Layout l;
-  l.name = "67b-fsdp-16-nodes";
+  l.name = "67b-ep8-fsdp-16-nodes";
   l.data = 128;
   l.fsdp = 128;
+  l.ep = 8;
   l.micro_batch_seqs = 1;
-  l.recompute = models::Recompute::kNone;
+  l.tokens_per_step = 128 * 4096;
+  l.recompute = models::Recompute::kSelective;
+  l.replicate_embedding = true;
   const Predictor p16(g, c16, cal);
   const Prediction r = p16.predict(l);
   const auto& b = r.breakdown;
   const double compute = b.compute_fwd_s + b.compute_bwd_s + b.compute_recompute_s + b.optimizer_compute_s;
   const double comm = b.ep_comm_s + b.fsdp_comm_s + b.tp_comm_s + b.cp_comm_s + b.grad_sync_s + b.optimizer_comm_s;
-  const std::string how = "marin-67b-a2b, hgx-h100 x16 nodes, data 128 fsdp 128 mb 1, no recompute";
+  const std::string how = "marin-67b-a2b, hgx-h100 x16 nodes, data 128 fsdp 128 ep 8 mb 1, selective recompute, replicated embedding";
   out.push_back(row("67B-A2B profile: compute share (16 nodes)", "%", 65.7, 100.0 * compute / r.step_time_s, how));
   out.push_back(row("67B-A2B profile: communication share (16 nodes)", "%", 33.7, 100.0 * comm / r.step_time_s, how));
 
-  // Single node: forward/backward split by op family; EP over the node's 8 GPUs,
-  // the node's 16 sequences per GPU in one micro-batch.
+  // Single node: forward/backward split by op family. The profiled run (public
+  // Marin issue #4312, run May215: "S4096 B8 R1 E8 ... REPEMB") had batch 8, i.e.
+  // one sequence per GPU, EP over the node's 8 GPUs, the embedding replicated.
   const auto c1 = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1);
   Layout n = l;
   n.data = 8;
   n.fsdp = 8;
   n.ep = 8;
-  n.micro_batch_seqs = 16;
+  n.micro_batch_seqs = 1;
+  n.tokens_per_step = 8 * 4096;
+  n.recompute = models::Recompute::kNone;
   const Predictor p1(g, c1, cal);
   const Prediction r1 = p1.predict(n);
   const auto ops = p1.op_timings(n);
@@ -112,7 +126,7 @@ void snowball_rows(const Calibration& cal, std::vector<ValidationRow>& out) {
   const double m = r1.micro_batches;
   const double coll = r1.breakdown.fsdp_comm_s + r1.breakdown.grad_sync_s + r1.breakdown.ep_comm_s;
   const double fb = r1.breakdown.compute_fwd_s + r1.breakdown.compute_bwd_s + coll;
-  const std::string how1 = "marin-67b-a2b, one hgx-h100 node, data 8 fsdp 8 ep 8 mb 16, no recompute";
+  const std::string how1 = "marin-67b-a2b, one hgx-h100 node, data 8 fsdp 8 ep 8 mb 1 (batch 8), no recompute, replicated embedding";
   out.push_back(row("67B-A2B single node fwd/bwd share: MoE", "%", 43.0, 100.0 * m * moe / fb, how1));
   out.push_back(row("67B-A2B single node fwd/bwd share: cross-entropy", "%", 17.0, 100.0 * m * ce / fb, how1));
   out.push_back(row("67B-A2B single node fwd/bwd share: flash attention", "%", 10.0, 100.0 * m * attn / fb, how1));

@@ -89,6 +89,8 @@ void parse_scale_out(JsonReader r, SystemSpec& s) {
                                     : f.nic_bw_bytes_per_s;
   f.latency_s = sourced(r, "latency_s", s, kNonNegative);
   f.domains_per_unit = static_cast<int64_t>(sourced(r, "domains_per_unit", s, kNonNegative, false));
+  f.spine_oversubscription =
+      r.has("spine_oversubscription") ? sourced(r, "spine_oversubscription", s, {.min = 1.0}) : 1.0;
   r.finish();
 }
 

@@ -59,7 +59,10 @@ struct ScaleOutSpec {
   double nic_bw_bytes_per_s = 0;     // per GPU, per direction
   double all_to_all_bw_bytes_per_s = 0;  // measured per NIC
   double latency_s = 0;
-  int64_t domains_per_unit = 0;      // scalable unit size (racks)
+  int64_t domains_per_unit = 0;      // scalable unit size (racks); 0 = the whole cluster is one unit
+  // Traffic between scalable units crosses the spine tier, which carries
+  // 1/oversubscription of the NIC bandwidth below it (1 = non-blocking).
+  double spine_oversubscription = 1.0;
 };
 
 // A measured collective bandwidth point (nccl-tests bus bandwidth).
