@@ -172,3 +172,61 @@ TEST_CASE("PP x EP x CP long-context layouts price on H100", "[predict]") {
   l.schedule = PpSchedule::kZeroBubble;
   CHECK(p.predict(l).breakdown.pp_bubble_s < r.breakdown.pp_bubble_s);
 }
+
+TEST_CASE("gradient sync exposure follows the backward schedule", "[predict]") {
+  const Layout l = hero_layout();
+  Calibration after = default_calibration();
+  after.grad_sync_bucket_layers = 0;  // one bucket when the backward ends: all exposed
+  Calibration per_layer = after;
+  per_layer.grad_sync_bucket_layers = 1;
+  Calibration per_four = after;
+  per_four.grad_sync_bucket_layers = 4;
+  const auto& g = hero_graph();
+  const auto& c = hero().cluster();
+  const Prediction p_after = Predictor(g, c, after).predict(l);
+  const Prediction p_layer = Predictor(g, c, per_layer).predict(l);
+  const Prediction p_four = Predictor(g, c, per_four).predict(l);
+  REQUIRE(p_after.valid);
+  INFO("exposed sync: after " << p_after.breakdown.grad_sync_s << " per layer " << p_layer.breakdown.grad_sync_s
+                              << " per 4 layers " << p_four.breakdown.grad_sync_s);
+  CHECK(p_after.breakdown.grad_sync_s > 0.1);
+  // Buckets released during the backward hide behind the layers still to run;
+  // the last bucket (and the replicated embedding after it) cannot hide.
+  CHECK(p_layer.breakdown.grad_sync_s < 0.2 * p_after.breakdown.grad_sync_s);
+  CHECK(p_layer.breakdown.grad_sync_s > 0.0);
+  CHECK(p_four.breakdown.grad_sync_s > p_layer.breakdown.grad_sync_s);
+  CHECK(p_four.breakdown.grad_sync_s < p_after.breakdown.grad_sync_s);
+  // Everything else is unchanged: only the exposed sync moves the step.
+  CHECK(p_after.step_time_s - p_layer.step_time_s ==
+        Approx(p_after.breakdown.grad_sync_s - p_layer.breakdown.grad_sync_s).epsilon(1e-9));
+}
+
+TEST_CASE("a slower network exposes more of a per-layer gradient sync", "[predict]") {
+  Calibration fast = default_calibration();
+  fast.grad_sync_bucket_layers = 1;
+  Calibration slow = fast;
+  slow.scale_out_eff = fast.scale_out_eff / 8.0;  // each bucket now outlasts a layer's backward
+  const auto& g = hero_graph();
+  const auto& c = hero().cluster();
+  const double t_fast = Predictor(g, c, fast).predict(hero_layout()).breakdown.grad_sync_s;
+  const double t_slow = Predictor(g, c, slow).predict(hero_layout()).breakdown.grad_sync_s;
+  CHECK(t_slow > 4.0 * t_fast);
+}
+
+TEST_CASE("expert parallelism across H100 nodes pays for the NIC", "[predict]") {
+  const auto g = models::build_layer_graph(models::load_model(src("models/zoo/marin-67b-a2b.json")));
+  const Predictor p(g, topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 4));
+  Layout l;
+  l.data = 32;
+  l.fsdp = 32;
+  l.micro_batch_seqs = 1;
+  l.tokens_per_step = 32 * 4096;
+  l.recompute = models::Recompute::kFull;
+  l.ep = 8;  // inside the node: NVLink only
+  const Prediction in_node = p.predict(l);
+  l.ep = 16;  // two nodes: half of each dispatch leaves over the NIC
+  const Prediction two_nodes = p.predict(l);
+  REQUIRE(in_node.valid);
+  REQUIRE(two_nodes.valid);
+  CHECK(two_nodes.breakdown.ep_comm_s > 3.0 * in_node.breakdown.ep_comm_s);
+}
