@@ -1,15 +1,29 @@
-// Event-engine throughput (issue 4 target: >= 5 million events/s on one core).
+// Event-engine throughput (issue 4 target: >= 5 million events/s on one core)
+// and the hero step (issue 4 target: one 704-GPU step with the production
+// layout simulated in < 3 s).
 //
 //   build-des/bench/des_bench --benchmark_counters_tabular=true
+//   build-des/bench/des_bench --benchmark_filter=Hero
 //
 // "events/s" counts heap events popped (task completions, latency ends and
 // flow reschedules) per second of Engine::run(); graph building is excluded.
+// BM_HeroStep times what `rackstep timeline` does after loading its inputs:
+// building the step's task graph, running it and summarising it (critical path
+// included). Its argument is --ranks-per-stage: 1 is the production run (one
+// representative per symmetric group); larger values simulate more ranks
+// explicitly, to show how the cost grows.
 #include <benchmark/benchmark.h>
 
 #include <string>
 #include <vector>
 
+#include "models/layer_graph.h"
+#include "sim/calibration.h"
 #include "sim/des.h"
+#include "sim/layout.h"
+#include "sim/predict.h"
+#include "sim/step_graph.h"
+#include "topologies/topology.h"
 
 using namespace rackstep::sim;
 
@@ -92,6 +106,31 @@ void BM_MixedGraph(benchmark::State& state) {
   run_bench(state, e);
 }
 BENCHMARK(BM_MixedGraph)->Args({64, 4096})->Unit(benchmark::kMillisecond);
+
+std::string src(const std::string& p) { return std::string(RACKSTEP_SOURCE_DIR) + "/" + p; }
+
+void BM_HeroStep(benchmark::State& state) {
+  static const rackstep::models::LayerGraph g =
+      rackstep::models::build_layer_graph(rackstep::models::load_model(src("models/zoo/marin-535b-a23b.json")));
+  const Predictor p(g, rackstep::topologies::load_cluster(src("topologies/zoo/gb200-11-racks.json")),
+                    load_calibration());
+  const Layout l = load_layout(src("sim/layouts/hero-ragged.json"));
+  StepGraphOptions o;
+  o.ranks_per_stage = state.range(0);
+  int64_t tasks = 0;
+  uint64_t events = 0;
+  for (auto _ : state) {
+    StepGraph sg = build_step_graph(p, l, o);
+    RunResult r = sg.engine.run();
+    StepSummary s = summarize(sg.engine, r);
+    tasks = sg.engine.num_tasks();
+    events = r.events;
+    benchmark::DoNotOptimize(s.makespan_s);
+  }
+  state.counters["tasks"] = static_cast<double>(tasks);
+  state.counters["events"] = static_cast<double>(events);
+}
+BENCHMARK(BM_HeroStep)->Arg(1)->Arg(8)->Arg(64)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -155,6 +155,27 @@ TaskClass Engine::task_class(TaskId t) const {
   }
 }
 
+double Engine::uncontended_flow_s(TaskId t) const {
+  const Task& k = tasks_[t.v];
+  if (k.bytes <= 0) return 0;
+  double rate = k.max_rate;
+  for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
+    const Resource& l = resources_[links_[i]];
+    const double cap = l.bw_bytes_per_s * static_cast<double>(processes_[l.process].multiplicity);
+    rate = std::min(rate, cap / k.weight);
+  }
+  return k.bytes / rate;
+}
+
+const char* task_class_name(TaskClass c) {
+  switch (c) {
+    case TaskClass::kCompute: return "compute";
+    case TaskClass::kCommunication: return "communication";
+    case TaskClass::kHost: return "host";
+  }
+  return "?";
+}
+
 std::string Engine::describe(TaskId t) const {
   ResourceId h = task_home(t);
   return "'" + task_names_[t.v] + "' (" + processes_[resources_[h.v].process].name + "/" +
@@ -218,6 +239,12 @@ class EventHeap {
     settle();
     hole_ = true;
     return a_.front();
+  }
+  // The events that can come next after the one just taken: the root's children.
+  template <typename F>
+  void for_each_next(F&& f) const {
+    const size_t end = std::min<size_t>(a_.size(), 5);
+    for (size_t i = 1; i < end; ++i) f(a_[i]);
   }
   void push(const Event& e) {
     if (hole_) {
@@ -309,6 +336,9 @@ class Run {
     while (!heap_.empty()) {
       const Event ev = heap_.take();
       ++r_.events;
+      // The next event's task record is likely cold (hundreds of tasks run in
+      // between); fetch the candidates' while this event is handled.
+      heap_.for_each_next([&](const Event& next) { __builtin_prefetch(&hot_[next.task()]); });
       const int32_t t = ev.task();
       Hot& h = hot_[t];
       if (ev.version() != h.version) continue;  // a flow rescheduled since
@@ -831,7 +861,16 @@ StepSummary summarize(const Engine& e, const RunResult& r) {
   s.makespan_s = r.makespan_s;
   s.critical_path = r.critical_path;
   for (TaskId t : r.critical_path) {
-    s.critical_path_s_by_category[e.task_category(t)] += r.end_s[t.v] - r.start_s[t.v];
+    const std::string& cat = e.task_category(t);
+    const double span_s = r.end_s[t.v] - r.start_s[t.v];
+    s.critical_path_s_by_category[cat] += span_s;
+    s.critical_path_s_by_class[task_class_name(e.task_class(t))] += span_s;
+    const double ideal_s = e.uncontended_flow_s(t);
+    if (ideal_s <= 0 || r.flow_start_s.empty()) continue;
+    // Rounding in the rate updates can leave a hair below the ideal: no contention then.
+    const double lost_s = std::max(0.0, r.end_s[t.v] - r.flow_start_s[t.v] - ideal_s);
+    s.critical_path_contention_s_by_category[cat] += lost_s;
+    s.critical_path_contention_s += lost_s;
   }
   for (int64_t i = 0; i < e.num_resources(); ++i) {
     ResourceId id{static_cast<int32_t>(i)};
@@ -885,10 +924,28 @@ std::string format_summary(const Engine& e, const StepSummary& s) {
     std::snprintf(buf, sizeof buf, "  %-22s %12.6f s  %5.1f%%\n", k.c_str(), v, pct(v));
     o << buf;
   }
-  o << "critical path (" << s.critical_path.size() << " tasks), time by category:\n";
-  for (auto& [k, v] : s.critical_path_s_by_category) {
+  o << "critical path (" << s.critical_path.size() << " tasks), time by class:\n";
+  for (auto& [k, v] : s.critical_path_s_by_class) {
     std::snprintf(buf, sizeof buf, "  %-22s %12.6f s  %5.1f%%\n", k.c_str(), v, pct(v));
     o << buf;
+  }
+  // Contention below a microsecond per second of step is rounding in the rate updates, not worth a line.
+  const double shown_s = 1e-6 * s.makespan_s;
+  if (s.critical_path_contention_s > shown_s) {
+    std::snprintf(buf, sizeof buf, "  %-22s %12.6f s  %5.1f%%  (part of communication)\n", "lost to contention",
+                  s.critical_path_contention_s, pct(s.critical_path_contention_s));
+    o << buf;
+  }
+  o << "critical path, time by category:\n";
+  for (auto& [k, v] : s.critical_path_s_by_category) {
+    std::snprintf(buf, sizeof buf, "  %-22s %12.6f s  %5.1f%%", k.c_str(), v, pct(v));
+    o << buf;
+    auto c = s.critical_path_contention_s_by_category.find(k);
+    if (c != s.critical_path_contention_s_by_category.end() && c->second > shown_s) {
+      std::snprintf(buf, sizeof buf, "  (%.6f s contention)", c->second);
+      o << buf;
+    }
+    o << "\n";
   }
   o << "busiest resources:\n";
   std::vector<ResourceUse> top = s.resources;
@@ -925,10 +982,15 @@ void export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const Tra
     ResourceId id{static_cast<int32_t>(i)};
     tid[i] = w.thread(pid[e.resource_process(id)], e.resource_name(id));
   }
+  std::vector<char> critical(e.num_tasks(), 0);
+  if (opts.mark_critical) {
+    for (TaskId t : r.critical_path) critical[t.v] = 1;
+  }
+  const nlohmann::json on_path = {{"critical", true}};
   for (int32_t t = 0; t < e.num_tasks(); ++t) {
     ResourceId h = e.task_home({t});
     w.complete(pid[e.resource_process(h)], tid[h.v], e.task_name({t}), e.task_category({t}),
-               r.start_s[t], r.end_s[t] - r.start_s[t]);
+               r.start_s[t], r.end_s[t] - r.start_s[t], critical[t] ? on_path : nlohmann::json());
   }
   if (!opts.dependency_flows) return;
   int64_t flows = 0;

@@ -100,7 +100,11 @@ struct RunResult {
   std::vector<double> end_s;            // per task
   std::vector<double> busy_s;           // per resource: serial held time; links: time with >= 1 flow
   std::vector<double> bytes_moved;      // per resource (all copies)
-  std::vector<TaskId> critical_path;    // first task .. last-finishing task
+  // The chain that sets the makespan, first task .. last-finishing task: each
+  // task's predecessor is the one whose end let it start (its last dependency
+  // to finish, its stream predecessor, or the task that freed its slot), so
+  // the chain has no gaps: it starts at 0 and ends at the makespan.
+  std::vector<TaskId> critical_path;
   std::vector<double> flow_start_s;     // per task: when its bytes began to flow (end_s if it moves
                                         // none); empty when no task moves bytes
   uint64_t events = 0;                  // events popped from the queue (incl. stale reschedules)
@@ -140,6 +144,10 @@ class Engine {
   const std::string& task_name(TaskId t) const { return task_names_[t.v]; }
   const std::string& task_category(TaskId t) const { return categories_[tasks_[t.v].category]; }
   TaskClass task_class(TaskId t) const;
+  // Seconds the task's bytes would take if no other flow shared its links
+  // (its own copies still do): bytes / min(cap, link capacity / weight).
+  // 0 for a task that moves no bytes.
+  double uncontended_flow_s(TaskId t) const;
   // The resource a task is drawn on: its serial resource, else its first link.
   ResourceId task_home(TaskId t) const;
   int task_process(TaskId t) const { return resources_[task_home(t).v].process; }
@@ -194,9 +202,15 @@ struct ResourceUse {
 };
 struct StepSummary {
   double makespan_s = 0;
-  // Critical path: the tasks and the time it spends per category.
+  // Critical path: the tasks and the time it spends per category and per
+  // class ("compute", "communication", "host"); the classes add up to the
+  // makespan. Contention: the part of its transfers' time lost to sharing
+  // links with other flows (actual flow time - uncontended_flow_s).
   std::vector<TaskId> critical_path;
   std::map<std::string, double> critical_path_s_by_category;
+  std::map<std::string, double> critical_path_s_by_class;
+  std::map<std::string, double> critical_path_contention_s_by_category;
+  double critical_path_contention_s = 0;
   // Per GPU (processes with a compute stream), averaged with multiplicity:
   double compute_busy_s = 0;                        // compute stream busy
   std::map<std::string, double> exposed_s_by_kind;  // non-compute work while compute idles
@@ -208,11 +222,15 @@ StepSummary summarize(const Engine& e, const RunResult& r);
 // A plain-text table of the summary.
 std::string format_summary(const Engine& e, const StepSummary& s);
 
+const char* task_class_name(TaskClass c);
+
 struct TraceOptions {
   bool dependency_flows = true;  // arrows for cross-resource dependencies
+  bool mark_critical = true;     // args {"critical": true} on critical-path slices (read by gui/)
   int64_t max_flows = 200000;    // keep huge traces openable
 };
-// Processes -> trace processes, resources -> threads, tasks -> complete events.
+// Processes -> trace processes, resources -> threads, tasks -> complete events;
+// slices on r.critical_path carry args {"critical": true}.
 void export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const TraceOptions& opts = {});
 
 }  // namespace rackstep::sim
