@@ -8,9 +8,13 @@
 //
 // Counters: tokens_per_s; gemm_share (GEMM + grouped-GEMM op seconds / all op
 // and optimizer seconds); gemm_gflop_s (their fp32 FLOPs per models::op_cost /
-// their seconds); sgemm_peak_gflop_s (1024^3 sgemm, best of 3); gemm_vs_peak.
-// The PyTorch comparison of the issue runs in tests/reference/ (python side).
+// their seconds); sgemm_peak_gflop_s (1024^3 sgemm, best of 3); gemm_vs_peak;
+// tokens_per_cpu_s (tokens over the process's user + system CPU seconds, all
+// threads: steadier than wall time on a shared machine).
+// The same model in PyTorch: bench/torch_train_bench.py; both side by side with
+// their ratio: scripts/bench_train_vs_torch.sh.
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <string>
@@ -26,6 +30,14 @@
 namespace {
 
 using namespace rackstep;
+
+// User + system CPU seconds of the whole process (every thread).
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 using namespace rackstep::exec;
 
 void BM_TrainStep(benchmark::State& state) {
@@ -46,6 +58,7 @@ void BM_TrainStep(benchmark::State& state) {
   OptimizerState st = init_optimizer_state(m.params());
   Profiler prof(g, B, T, current_threads());
   prof.attach(m);
+  const double cpu0_s = process_cpu_s();
   for (auto _ : state) {
     prof.begin_step(st.step);
     m.zero_grads();
@@ -57,6 +70,7 @@ void BM_TrainStep(benchmark::State& state) {
     m.update_balancing();
     prof.end_step();
   }
+  const double cpu_s = process_cpu_s() - cpu0_s;
   const auto by_class = prof.seconds_by_class();
   double gemm_s = 0;
   for (const char* c : {"gemm", "grouped_gemm"}) {
@@ -70,6 +84,7 @@ void BM_TrainStep(benchmark::State& state) {
   state.counters["gemm_gflop_s"] = prof.gemm_flops() / gemm_s / 1e9;
   state.counters["sgemm_peak_gflop_s"] = peak / 1e9;
   state.counters["gemm_vs_peak"] = prof.gemm_flops() / gemm_s / peak;
+  state.counters["tokens_per_cpu_s"] = static_cast<double>(state.iterations() * B * T) / cpu_s;
   state.counters["threads"] = current_threads();
 }
 BENCHMARK(BM_TrainStep)->Args({8, 256})->Args({2, 256})->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -45,7 +45,7 @@ float dot(const float* a, const float* b, int n) {
 
 }  // namespace
 
-// Both passes walk query tiles of kTileRows rows per (batch, head): the tile's
+// Both passes walk query tiles of tile_rows() rows per (batch, head): the tile's
 // scores against the keys it can reach (the window bounds them) come from one
 // sgemm, the masked softmax runs row-parallel, the products with V (and in the
 // backward dO, K, Q) are sgemms again. Masked pairs get probability 0, so the
@@ -53,6 +53,11 @@ float dot(const float* a, const float* b, int n) {
 namespace {
 
 constexpr int kTileRows = 128;
+
+// Query rows per tile: a sliding window reaches window + rows - 1 keys, so
+// tiles as tall as the window (at least 32 rows, to keep the GEMMs efficient)
+// waste less of the score GEMM on masked pairs than full 128-row tiles.
+int tile_rows(const AttnShape& s) { return s.window > 0 ? std::clamp(s.window, 32, kTileRows) : kTileRows; }
 
 // Key range [j0, j1) the query tile [i0, i0 + rows) can reach.
 void tile_keys(const AttnShape& s, int i0, int rows, int* j0, int* j1) {
@@ -68,8 +73,38 @@ void tile_scores(float* p, const float* qt, int ldq, const float* ks, int ldk, i
               0.0f, p, span);
 }
 
-bool pair_visible(const AttnShape& s, const int32_t* doc_row, int i, int j) {
-  return j <= i && j >= s.first_key(i) && visible(doc_row, i, j);
+// Query i's candidate keys in tile coordinates (key j0 + jj): [lo, hi), the
+// causal window; the document rule is checked per key inside.
+void visible_keys(const AttnShape& s, int i, int j0, int* lo, int* hi) {
+  *lo = std::max(j0, s.first_key(i)) - j0;
+  *hi = i + 1 - j0;
+}
+
+// Masked softmax of one row of scores pr (span) in place, for query i whose
+// keys start at j0; invisible entries become exactly 0. Returns the row's
+// logsumexp. Only visible keys pay for an exponential (a 64-token window reads
+// a third of the tile's span).
+float softmax_row(float* pr, const AttnShape& s, const int32_t* doc_row, int i, int j0, int span) {
+  int lo, hi;
+  visible_keys(s, i, j0, &lo, &hi);
+  std::fill(pr, pr + lo, 0.0f);
+  std::fill(pr + hi, pr + span, 0.0f);
+  float mx = -INFINITY;
+  for (int jj = lo; jj < hi; ++jj) {
+    if (!visible(doc_row, i, j0 + jj)) pr[jj] = -INFINITY;
+    mx = std::max(mx, pr[jj]);
+  }
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int jj = lo; jj < hi; ++jj) {
+    const float e = pr[jj] == -INFINITY ? 0.0f : detail::expf_fast(pr[jj] - mx);
+    pr[jj] = e;
+    sum += e;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+#pragma omp simd
+  for (int jj = lo; jj < hi; ++jj) pr[jj] *= inv;
+  return mx + static_cast<float>(std::log(sum));
 }
 
 }  // namespace
@@ -79,15 +114,15 @@ void attention_forward(float* o, float* lse, const float* q, const float* k, con
                        int hd, int window, float scale) {
   const AttnShape s{B, T, H, kv_stored, kv_used, hd, window};
   check_shape(s);
-  const int ldq = H * hd, ldk = kv_stored * hd;
+  const int ldq = H * hd, ldk = kv_stored * hd, tile = tile_rows(s);
   std::vector<float> p(static_cast<size_t>(kTileRows) * T);  // (rows, span) scores, then probabilities
   for (int b = 0; b < B; ++b) {
     const int32_t* doc_row = doc ? doc + static_cast<long>(b) * T : nullptr;
     for (int h = 0; h < H; ++h) {
       const int g = h / s.group();
       float* lse_bh = lse + (static_cast<long>(b) * H + h) * T;
-      for (int i0 = 0; i0 < T; i0 += kTileRows) {
-        const int rows = std::min(kTileRows, T - i0);
+      for (int i0 = 0; i0 < T; i0 += tile) {
+        const int rows = std::min(tile, T - i0);
         int j0, j1;
         tile_keys(s, i0, rows, &j0, &j1);
         const int span = j1 - j0;
@@ -96,20 +131,7 @@ void attention_forward(float* o, float* lse, const float* q, const float* k, con
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < rows; ++r) {
           const int i = i0 + r;
-          float* pr = p.data() + static_cast<long>(r) * span;
-          float mx = -INFINITY;
-          for (int jj = 0; jj < span; ++jj) {
-            if (!pair_visible(s, doc_row, i, j0 + jj)) pr[jj] = -INFINITY;
-            mx = std::max(mx, pr[jj]);
-          }
-          double sum = 0.0;
-          for (int jj = 0; jj < span; ++jj) {
-            pr[jj] = pr[jj] == -INFINITY ? 0.0f : std::exp(pr[jj] - mx);
-            sum += pr[jj];
-          }
-          const float inv = static_cast<float>(1.0 / sum);
-          for (int jj = 0; jj < span; ++jj) pr[jj] *= inv;
-          lse_bh[i] = mx + static_cast<float>(std::log(sum));
+          lse_bh[i] = softmax_row(p.data() + static_cast<long>(r) * span, s, doc_row, i, j0, span);
         }
         // O_tile (rows, hd) = P (rows, span) · V_span (span, hd)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, p.data(),
@@ -134,7 +156,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     std::memset(dk, 0, n * sizeof(float));
     std::memset(dv, 0, n * sizeof(float));
   }
-  const int ldq = H * hd, ldk = kv_stored * hd;
+  const int ldq = H * hd, ldk = kv_stored * hd, tile = tile_rows(s);
   std::vector<float> p(static_cast<size_t>(kTileRows) * T);   // (rows, span) probabilities
   std::vector<float> ds(static_cast<size_t>(kTileRows) * T);  // (rows, span) dP, then dS
   for (int b = 0; b < B; ++b) {
@@ -142,8 +164,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     for (int h = 0; h < H; ++h) {
       const int g = h / s.group();
       const float* lse_bh = lse + (static_cast<long>(b) * H + h) * T;
-      for (int i0 = 0; i0 < T; i0 += kTileRows) {
-        const int rows = std::min(kTileRows, T - i0);
+      for (int i0 = 0; i0 < T; i0 += tile) {
+        const int rows = std::min(tile, T - i0);
         int j0, j1;
         tile_keys(s, i0, rows, &j0, &j1);
         const int span = j1 - j0;
@@ -162,11 +184,19 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           float* dsr = ds.data() + static_cast<long>(r) * span;
           const float Di = dot(dot_ + static_cast<long>(r) * ldq, o + s.q_at(b, i, h), hd);
           const float li = lse_bh[i];
-          for (int jj = 0; jj < span; ++jj) {
-            const float pij = pair_visible(s, doc_row, i, j0 + jj) ? std::exp(pr[jj] - li) : 0.0f;
+          int lo, hi;
+          visible_keys(s, i, j0, &lo, &hi);
+          std::fill(pr, pr + lo, 0.0f);
+          std::fill(dsr, dsr + lo, 0.0f);
+#pragma omp simd
+          for (int jj = lo; jj < hi; ++jj) {
+            const bool seen = !doc_row || doc_row[j0 + jj] == doc_row[i];
+            const float pij = seen ? detail::expf_fast(pr[jj] - li) : 0.0f;
             pr[jj] = pij;
             dsr[jj] = pij * (dsr[jj] - Di) * scale;
           }
+          std::fill(pr + hi, pr + span, 0.0f);
+          std::fill(dsr + hi, dsr + span, 0.0f);
         }
         // dQ_tile = dS · K_span;  dK_span += dSᵀ · Q_tile;  dV_span += Pᵀ · dO_tile
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, ds.data(),

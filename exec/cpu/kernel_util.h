@@ -8,11 +8,36 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace rackstep::exec::detail {
+
+// e^x in plain float arithmetic, so that loops over it vectorise (std::exp does
+// not without -ffast-math): Cephes expf, x = n ln2 + r with |r| <= ln2/2 (ln2
+// split in two for an exact reduction), e^r by its degree-7 minimax polynomial,
+// 2^n from the exponent bits; within 2 ulp of e^x (Moshier, Cephes "expf.c").
+// Arguments are clamped to [-87.3, 88.3]: e^-87.3 ~ 1e-38 stands for 0, which
+// callers that need an exact 0 (masked softmax entries) select themselves.
+inline float expf_fast(float x) {
+  x = std::min(std::max(x, -87.33654f), 88.3762626647949f);
+  // Round x·log2(e) to the nearest integer by the 1.5·2^23 trick (SSE2 has no round).
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 127]
+  return er * std::bit_cast<float>(bits);
+}
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float siluf(float x) { return x * sigmoidf(x); }

@@ -262,6 +262,32 @@ def xsa(o, v, eps):
     return o - c * v
 
 
+def routed_experts(z, chosen, w, w1, w3, w2):
+    """Grouped SwiGLU experts as an efficient PyTorch MoE does it: sort the (token, choice)
+    assignments by expert, one GEMM chain per expert on its rows, weighted scatter-add
+    back. z (N, L), chosen (N, k), w (N, k) combine weights; w1/w3 (E, L, F), w2 (E, F, L).
+    The same sum as the dense form (used by the benchmark; the test keeps the dense one)."""
+    N, k = chosen.shape
+    flat = chosen.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    counts = torch.bincount(flat, minlength=w1.shape[0]).tolist()
+    xs = z[token]  # (N*k, L) grouped by expert
+    ys, start = [], 0
+    for e, c in enumerate(counts):
+        xe = xs[start:start + c]
+        ys.append((torch.nn.functional.silu(xe @ w1[e]) * (xe @ w3[e])) @ w2[e])
+        start += c
+    ys = torch.cat(ys) * w.reshape(-1)[order].unsqueeze(-1)
+    return torch.zeros_like(z).index_add(0, token, ys)
+
+
+def qb_bias(logits, k):
+    """Quantile-balancing bias from one step's router logits (N, E): -quantile_e(1 - k/E)
+    (exec/kernels.h, qb_bias_from_histogram, without the histogram's binning)."""
+    return -torch.quantile(logits, 1.0 - k / logits.shape[1], dim=0)
+
+
 # ---------------------------------------------------------------------------
 # The model.
 
@@ -274,6 +300,10 @@ class MarinRef:
         self.cfg = cfg
         self.c = consts
         self.routing_report = {"near_ties": 0, "tokens": 0, "mismatches": 0, "first_mismatch": ""}
+        # consts["keep_router_logits"]: forward() collects each MoE layer's router
+        # logits (N, E) in self.router_logits, for quantile balancing.
+        self.keep_router_logits = bool(consts.get("keep_router_logits", False))
+        self.router_logits = []
 
     def rot_dims(self, layer):
         kind = self.cfg.kind(layer)
@@ -298,6 +328,7 @@ class MarinRef:
         if cfg.embedding_norm:
             x = self.norm_site(P, "embedding_norm", x, cfg.gated_embedding)
         self.router_z = []
+        self.router_logits = []
         for l in range(cfg.layers):
             x = x + self.attention_block(P, l, x, doc, pos)
             x = x + self.moe_block(P, buffers, l, x, doc, routes)
@@ -395,17 +426,27 @@ class MarinRef:
         # to sum to weight_sum (spec, "router").
         u = torch.sigmoid(logits.gather(1, chosen))  # (N, k)
         w = cfg.weight_sum * u / u.sum(-1, keepdim=True)
-        dense_w = torch.zeros(N, cfg.experts, dtype=logits.dtype).scatter(1, chosen, w)  # (N, E)
+        # Dropped assignments (the engine's keep mask, (N, k) token-major) keep their
+        # share of the renormalised weight but contribute nothing (spec, "drops").
+        keep = routes.get(p + "moe.keep") if routes else None
+        if keep is not None:
+            w = w * keep.to(w.dtype)
+        if self.keep_router_logits:
+            self.router_logits.append(logits.detach())
         z = h
         if cfg.latent > 0:
             z = rmsnorm(h @ P[p + "moe.latent_down.w"], P[p + "moe.latent_norm.gain"], self.c["norm_eps"])
         w1, w3, w2 = P[p + "moe.experts.w1"], P[p + "moe.experts.w3"], P[p + "moe.experts.w2"]
-        # Every expert on every token, weighted by 0 where not chosen: the same sum
-        # as routing, and the same gradients (the zero weights stop them).
-        a1 = torch.einsum("nl,elf->enf", z, w1)
-        a3 = torch.einsum("nl,elf->enf", z, w3)
-        ye = torch.einsum("enf,efl->enl", torch.nn.functional.silu(a1) * a3, w2)  # (E, N, L)
-        comb = torch.einsum("ne,enl->nl", dense_w, ye)
+        if self.c.get("moe_impl", "dense") == "routed":
+            comb = routed_experts(z, chosen, w, w1, w3, w2)
+        else:
+            # Every expert on every token, weighted by 0 where not chosen: the same sum
+            # as routing, and the same gradients (the zero weights stop them).
+            dense_w = torch.zeros(N, cfg.experts, dtype=logits.dtype).scatter(1, chosen, w)  # (N, E)
+            a1 = torch.einsum("nl,elf->enf", z, w1)
+            a3 = torch.einsum("nl,elf->enf", z, w3)
+            ye = torch.einsum("enf,efl->enl", torch.nn.functional.silu(a1) * a3, w2)  # (E, N, L)
+            comb = torch.einsum("ne,enl->nl", dense_w, ye)
         y = comb @ P[p + "moe.latent_up.w"] if cfg.latent > 0 else comb
         if cfg.shared_experts > 0:
             y = y + swiglu(h, P[p + "moe.shared.w1"], P[p + "moe.shared.w3"], P[p + "moe.shared.w2"])
@@ -416,60 +457,87 @@ class MarinRef:
 
 
 # ---------------------------------------------------------------------------
-# One optimizer update from zero state (spec, "Optimizer (param groups)").
+# The optimizer (spec, "Optimizer (param groups)"), stateful over several steps.
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # Jordan et al., "Muon" (2024)
 
 
+def _frob(x):
+    """Frobenius norm of each matrix of x (..., rows, cols), keepdim."""
+    return x.pow(2).sum(dim=(-2, -1), keepdim=True).sqrt()
+
+
 def newton_schulz(u, steps):
-    """Quintic Newton-Schulz orthogonalisation of u (rows, cols), on the wide orientation."""
+    """Quintic Newton-Schulz orthogonalisation of u (..., rows, cols), each matrix on its
+    wide orientation (a leading expert dimension is a batch)."""
     a, b, c = NS_COEFFS
-    x = u.t() if u.shape[0] > u.shape[1] else u
-    x = x / (x.norm() + 1e-7)
+    tall = u.shape[-2] > u.shape[-1]
+    x = u.transpose(-2, -1) if tall else u
+    x = x / (_frob(x) + 1e-7)
     for _ in range(steps):
-        A = x @ x.t()
+        A = x @ x.transpose(-2, -1)
         x = a * x + (b * A + c * A @ A) @ x
-    return x.t() if u.shape[0] > u.shape[1] else x
+    return x.transpose(-2, -1) if tall else x
 
 
 def hyperball(w, u, lr, w0_norm):
-    """W <- Norm(W - lr ||W0|| Norm(u)) ||W0||, Norm(x) = x / ||x||_F."""
-    un = u.norm()
-    if un > 0:
-        w = w - lr * w0_norm * u / un
-    return w * (w0_norm / w.norm())
+    """W <- Norm(W - lr ||W0|| Norm(u)) ||W0||, Norm(x) = x / ||x||_F, per matrix of
+    w (..., rows, cols) or over the whole tensor when w0_norm is a number."""
+    per_matrix = not isinstance(w0_norm, float)
+    norm = _frob if per_matrix else (lambda x: x.norm())
+    un = norm(u)
+    w = w - lr * w0_norm * u / torch.where(un > 0, un, torch.ones_like(un))
+    return w * (w0_norm / norm(w))
 
 
-def optimizer_step(cfg, specs, params, grads, hyper):
-    """The first update (step 0, zero moments) of every parameter.
+class OptimizerState:
+    """Moments, update count and ||W0|| (per matrix, taken when the state is made)."""
 
-    hyper: lr {muonh, adamh, adam, muon}, beta1, beta2, adam_eps, adam_weight_decay,
-    ns_steps. Returns name -> updated tensor."""
+    def __init__(self, specs, params):
+        self.t = 0
+        self.m = {n: torch.zeros_like(params[n]) for n, _, _ in specs}
+        self.v = {n: torch.zeros_like(params[n]) for n, _, g in specs if g in (ADAM, ADAMH)}
+        self.w0 = {}
+        for n, _, g in specs:
+            w = params[n].detach()
+            if g == MUONH:
+                self.w0[n] = _frob(w)
+            elif g == ADAMH:
+                self.w0[n] = w.norm().item()
+
+
+def optimizer_update(specs, params, grads, hyper, state, lr):
+    """Update number state.t + 1 of every parameter with lr {group: lr}; advances state.
+
+    hyper: beta1, beta2, adam_eps, adam_weight_decay, ns_steps. Returns name -> new tensor
+    (params are not modified)."""
     b1, b2, eps = hyper["beta1"], hyper["beta2"], hyper["adam_eps"]
-    t = 1
+    state.t += 1
+    t = state.t
     c1, c2 = 1.0 / (1.0 - b1 ** t), 1.0 / (1.0 - b2 ** t)
     out = {}
     for name, shape, group in specs:
-        w, g = params[name], grads[name]
-        lr = hyper["lr"][group]
+        w, g, m = params[name], grads[name], state.m[name]
         if group in (MUONH, MUON):
-            m = (1 - b1) * g  # momentum from zero
+            m.mul_(b1).add_((1 - b1) * g)
             u = (1 - b1) * g + b1 * m  # Nesterov look-ahead
-            mats = [(w, u)] if w.dim() == 2 else [(w[e], u[e]) for e in range(w.shape[0])]
-            new = []
-            for we, ue in mats:
-                o = newton_schulz(ue, hyper["ns_steps"])
-                if group == MUONH:
-                    new.append(hyperball(we, o, lr, we.norm()))
-                else:
-                    new.append(we - lr * math.sqrt(max(1.0, we.shape[0] / we.shape[1])) * o)
-            out[name] = new[0] if w.dim() == 2 else torch.stack(new)
+            o = newton_schulz(u, hyper["ns_steps"])
+            if group == MUONH:
+                out[name] = hyperball(w, o, lr[group], state.w0[name])
+            else:
+                out[name] = w - lr[group] * math.sqrt(max(1.0, w.shape[-2] / w.shape[-1])) * o
             continue
-        m = (1 - b1) * g
-        v = (1 - b2) * g * g
+        v = state.v[name]
+        m.mul_(b1).add_((1 - b1) * g)
+        v.mul_(b2).add_((1 - b2) * g * g)
         u = (m * c1) / (torch.sqrt(v * c2) + eps)
         if group == ADAMH:
-            out[name] = hyperball(w, u, lr, w.norm())
+            out[name] = hyperball(w, u, lr[group], state.w0[name])
             continue
-        out[name] = w - lr * u - lr * hyper["adam_weight_decay"] * w
+        out[name] = w - lr[group] * u - lr[group] * hyper["adam_weight_decay"] * w
     return out
+
+
+def optimizer_step(cfg, specs, params, grads, hyper):
+    """The first update (step 0, zero moments) of every parameter, at hyper["lr"]."""
+    return optimizer_update(specs, params, grads, hyper, OptimizerState(specs, params), hyper["lr"])

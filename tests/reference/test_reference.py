@@ -46,7 +46,8 @@ def has_reference_dump(rackstep):
 
 
 def make_dump(rackstep, work):
-    """Builds a small multi-document corpus and runs one reference step; returns the dump dir."""
+    """Builds a small multi-document corpus and runs one reference step; returns the dump dir
+    (the corpus is in work/data)."""
     data = os.path.join(work, "data")
     files = [os.path.join(REPO, f) for f in CORPUS_FILES if os.path.exists(os.path.join(REPO, f))]
     r = run([rackstep, "data", "build", "--from", *files, "--out", data, "--split", "blank-lines",
@@ -206,6 +207,158 @@ def compare(dump):
     return table
 
 
+# ---------------------------------------------------------------------------
+# Several consecutive steps (tests/reference/dump_steps.cpp): momentum carried across
+# updates, a non-zero quantile-balancing bias, simulated EP drops.
+
+STEPS = 3
+# Per-expert capacity at 1.25x the balanced load on 2 virtual EP ranks: drops a few
+# percent of the assignments of the tiny model (the keep mask is the engine's).
+STEPS_DISPATCH = ["--dispatch", "capacity", "--ep", "2", "--receiver-cf", "1.25"]
+# A bias computed by the reference from the engine's own router logits must equal the
+# engine's: same histogram, same walk, fp32 rounding of the result only.
+QB_TOLERANCE = 1e-6
+
+
+def steps_binary(rackstep):
+    return os.path.join(os.path.dirname(os.path.abspath(rackstep)), "tests", "reference_dump_steps")
+
+
+def make_steps_dump(binary, work):
+    out = os.path.join(work, "steps")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    cmd = [binary, "--model", MODEL, "--data", os.path.join(work, "data"), "--out", out,
+           "--steps", str(STEPS), *STEPS_DISPATCH]
+    print("$ " + " ".join(cmd), flush=True)
+    r = run(cmd, env=env, cwd=REPO)
+    if r.returncode != 0:
+        sys.exit("FAIL: %s exited %d:\n%s" % (binary, r.returncode, r.stdout))
+    print(r.stdout, end="")
+    return out
+
+
+def qb_bias(logits, k, bins, lo, hi, fp32):
+    """exec/kernels.h qb_histogram + qb_bias_from_histogram, written again: per expert, the
+    (1 - k/E)-quantile of its logits from a histogram of `bins` bins over [lo, hi] (edge
+    bins take the outliers), linearly interpolated inside the bin; bias = -quantile.
+    fp32: the logits are the engine's float32 values (x - lo is then a float32 difference,
+    as in C++)."""
+    N, E = logits.shape
+    per_unit = bins / (float(hi) - float(lo))
+    if fp32:
+        pos = (logits.astype(np.float32) - np.float32(lo)).astype(np.float64) * per_unit
+    else:
+        pos = (logits.astype(np.float64) - float(lo)) * per_unit
+    b = np.clip(np.floor(pos), 0, bins - 1).astype(np.int64)
+    width = (float(hi) - float(lo)) / bins
+    level = 1.0 - k / E
+    bias = np.zeros(E)
+    for e in range(E):
+        counts = np.bincount(b[:, e], minlength=bins)
+        target = level * counts.sum()
+        below, j = 0.0, 0
+        while j < bins - 1 and below + counts[j] < target:
+            below += counts[j]
+            j += 1
+        frac = (target - below) / counts[j] if counts[j] > 0 else 0.0
+        bias[e] = -(lo + (j + min(max(frac, 0.0), 1.0)) * width)
+    return bias.astype(np.float32)
+
+
+def compare_steps(steps_dir):
+    """Step s: forward and gradients at the engine's parameters, bias and keep mask (each
+    step on its own); the optimizer as one chain over all steps (the reference's own
+    moments and parameters from step 0 on, fed the engine's gradients), so momentum,
+    second moments, the bias correction and the LR schedule are checked across steps;
+    the QB bias for step s + 1 from step s's router logits."""
+    cfg = marin_ref.ModelConfig.from_json(MODEL)
+    specs = marin_ref.param_specs(cfg)
+    table = Table()
+    dirs = sorted(d for d in os.listdir(steps_dir) if d.startswith("step"))
+    dumps = [read_dump(os.path.join(steps_dir, d)) for d in dirs]
+    if len(dumps) != STEPS:
+        table.add("steps", "step dumps", float("inf"), note="%d found, %d expected" % (len(dumps), STEPS))
+        return table
+    chain = {n: f64(dumps[0]["param." + n]) for n, _, _ in specs}
+    state = marin_ref.OptimizerState(specs, chain)
+    for s, dump in enumerate(dumps):
+        meta = dump.meta
+        tag = "s%d:" % s
+        consts = consts_from_meta(cfg, meta)
+        consts["keep_router_logits"] = True
+        params = {n: f64(dump["param." + n]).requires_grad_(True) for n, _, _ in specs}
+        buffers = {n: f64(a) for n, a in dump.with_prefix("buffer.").items()}
+        routes = {n: torch.from_numpy(a.astype(np.int64)) for n, a in dump.with_prefix("route.").items()}
+        batch = {k: torch.from_numpy(dump["batch." + k].astype(np.int64))
+                 for k in ("tokens", "targets", "doc", "pos")}
+        bias_max = max([float(np.max(np.abs(b))) for b in dump.with_prefix("buffer.").values()] or [0.0])
+        keeps = [a for n, a in dump.with_prefix("route.").items() if n.endswith(".keep")]
+        dropped = int(sum(int((a == 0).sum()) for a in keeps))
+        table.add(tag + "setup", "QB bias in use, drops", 0.0 if (s == 0 or bias_max > 0) and keeps and dropped else
+                  float("inf"), note="max|bias| %.3g, %d of %d assignments dropped (engine's keep mask)" % (
+                      bias_max, dropped, sum(a.size for a in keeps)))
+
+        model = marin_ref.MarinRef(cfg, consts)
+        out = model.forward(params, buffers, batch, routes)
+        out["loss"].backward()
+        rr = model.routing_report
+        table.add(tag + "route", "expert choice", float(rr["mismatches"]) / max(1, rr["tokens"]), tol=0.0,
+                  note="%d differ, %d fp32 near-ties" % (rr["mismatches"], rr["near_ties"]))
+        table.add(tag + "fwd", "logits", norm_err(dump["logits"], out["logits"].detach().numpy()))
+        for name in ("loss", "ce", "z_loss"):
+            table.add(tag + "fwd", name, norm_err(dump[name], out[name].detach().numpy()),
+                      note="engine %.8f ref %.8f" % (float(dump[name]), out[name].item()))
+        worst = ("", 0.0)
+        for l, logits in enumerate(model.router_logits):
+            name = "layers.%d.moe.logits" % l
+            err = norm_err(dump["router." + name], logits.numpy())
+            table.add(tag + "fwd", "router " + name, err)
+        for n, _, _ in specs:
+            err = norm_err(dump["grad." + n], params[n].grad.numpy())
+            worst = max(worst, (n, err), key=lambda x: x[1])
+            table.add(tag + "grad", n, err)
+
+        # Quantile balancing: the bias the engine will use next step.
+        k, bins, lo, hi = cfg.top_k, int(meta["qb_bins"]), float(meta["qb_lo"]), float(meta["qb_hi"])
+        for l, logits in enumerate(model.router_logits):
+            p = "layers.%d.moe." % l
+            engine_next = dump["next." + p + "router.bias"].astype(np.float64)
+            from_engine = qb_bias(dump["router." + p + "logits"], k, bins, lo, hi, fp32=True)
+            table.add(tag + "qb", p + "router.bias (engine logits)", norm_err(engine_next, from_engine),
+                      tol=QB_TOLERANCE)
+            # From the reference's own float64 logits: a logit within fp32 rounding of a
+            # bin edge may change bins, moving the quantile by a fraction of a bin.
+            own = qb_bias(logits.numpy(), k, bins, lo, hi, fp32=False)
+            table.add(tag + "qb", p + "router.bias (ref logits)", norm_err(engine_next, own),
+                      tol=(hi - lo) / bins / max(1e-30, float(np.max(np.abs(own)))),
+                      note="tolerance one bin width")
+
+        # The optimizer chain.
+        hyper = hyper_from_meta(cfg, meta)
+        grads = {n: f64(dump["grad." + n]) for n, _, _ in specs}
+        before = {n: t.clone() for n, t in chain.items()}
+        chain = marin_ref.optimizer_update(specs, chain, grads, hyper, state, hyper["lr"])
+        for n, _, group in specs:
+            engine_after = dump["after." + n].astype(np.float64)
+            ref_after = chain[n].numpy()
+            table.add(tag + "step:" + group, n, norm_err(engine_after, ref_after))
+            ref_delta = ref_after - before[n].numpy()
+            floor = fp32_floor(ref_after, ref_delta)
+            table.add(tag + "delta:" + group, n,
+                      norm_err(engine_after - dump["param." + n].astype(np.float64), ref_delta),
+                      tol=max(TOLERANCE, DELTA_FLOOR_FACTOR * floor), note="fp32 floor %.1e" % floor)
+        if s + 1 < len(dumps):
+            nxt = dumps[s + 1]
+            same = all(np.array_equal(dump["after." + n], nxt["param." + n]) for n, _, _ in specs)
+            same = same and all(np.array_equal(dump["next." + n], nxt["buffer." + n])
+                                for n in [x[len("next."):] for x in dump.names() if x.startswith("next.")])
+            table.add(tag + "carry", "after/next == step %d param/buffer" % (s + 1), 0.0 if same else float("inf"))
+    momentum = max(float(state.m[n].abs().max()) for n, _, g in specs if g == marin_ref.MUONH)
+    table.add("steps", "momentum carried", 0.0 if momentum > 0 else float("inf"),
+              note="max|MuonH momentum| after %d steps %.3g" % (len(dumps), momentum))
+    return table
+
+
 # The update after - before is ~lr times smaller than the weights (lr ~ 2e-4 at
 # the first warmup step), so the engine cannot hold it more exactly than the
 # fp32 rounding of the weights allows: floor = 2^-24 max|W| / max|update|. The
@@ -222,33 +375,46 @@ def fp32_floor(after, delta):
 def main():
     args = sys.argv[1:]
     if not args:
-        sys.exit("usage: test_reference.py <rackstep binary> [--keep DIR] [--dump DIR]")
+        sys.exit("usage: test_reference.py <rackstep binary> [--keep DIR] [--dump DIR] [--steps-dump DIR]")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     rackstep = args[0]
     keep = args[args.index("--keep") + 1] if "--keep" in args else None
     given = args[args.index("--dump") + 1] if "--dump" in args else None
+    given_steps = args[args.index("--steps-dump") + 1] if "--steps-dump" in args else None
     work = None
-    if given:
-        dump_dir = given
+    if given or given_steps:
+        dump_dir, steps_dir = given, given_steps
     else:
         if not has_reference_dump(rackstep):
             print("SKIP: %s has no `train --reference-dump` (the training command is not built yet); "
                   "nothing compared" % rackstep)
             return 0
+        binary = steps_binary(rackstep)
+        if not os.path.exists(binary):
+            sys.exit("FAIL: %s not found (build the target reference_dump_steps)" % binary)
         work = keep or tempfile.mkdtemp(prefix="rackstep_ref_")
         os.makedirs(work, exist_ok=True)
         dump_dir = make_dump(rackstep, work)
+        steps_dir = make_steps_dump(binary, work)
+    tables = []
     try:
-        table = compare(read_dump(dump_dir))
+        if dump_dir:
+            print("== one step from the initial weights (rackstep train --reference-dump)")
+            tables.append(compare(read_dump(dump_dir)))
+            tables[-1].print()
+        if steps_dir:
+            print("== %d consecutive steps, QB bias, drops (reference_dump_steps %s)" % (STEPS, " ".join(STEPS_DISPATCH)))
+            tables.append(compare_steps(steps_dir))
+            tables[-1].print()
     finally:
         if work and not keep:
             shutil.rmtree(work, ignore_errors=True)
-    table.print()
-    bad = table.failures()
+    rows = sum(len(t.rows) for t in tables)
+    bad = sum(len(t.failures()) for t in tables)
     if bad:
-        print("FAIL: %d of %d comparisons above tolerance" % (len(bad), len(table.rows)))
+        print("FAIL: %d of %d comparisons above tolerance" % (bad, rows))
         return 1
-    print("PASS: %d comparisons within tolerance" % len(table.rows))
+    print("PASS: %d comparisons within tolerance" % rows)
     return 0
 
 
