@@ -95,6 +95,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.host_link_duplex = sourced(host, "link_duplex", {.min = 0, .max = 1});
   c.gc_pause_s = sourced(host, "gc_pause_s", nonneg);
   c.gc_interval_steps = sourced(host, "gc_interval_steps", pos);
+  c.coordinated_gc_interval_steps = sourced(host, "coordinated_gc_interval_steps", pos);
   c.gpus_per_host_process = static_cast<int64_t>(sourced(host, "gpus_per_host_process", {.min = 1}));
   host.finish();
 

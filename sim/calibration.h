@@ -83,7 +83,8 @@ struct Calibration {
   // Host.
   double host_link_duplex = 1.0;                  // h2d and d2h concurrently at full rate
   double gc_pause_s = 1.45;
-  double gc_interval_steps = 260;
+  double gc_interval_steps = 260;                 // automatic collection, per process
+  double coordinated_gc_interval_steps = 100;     // coordinated: all ranks collect every N steps
   int64_t gpus_per_host_process = 4;
 
   // Memory overheads.

@@ -471,7 +471,9 @@ Prediction Predictor::run(const Layout& l) const {
   // GC pauses on staggered host processes stall everyone at the next sync point.
   const double procs = static_cast<double>(std::max<int64_t>(1, cluster_.gpus() / cal_.gpus_per_host_process));
   const double p_pause = 1.0 - std::pow(1.0 - 1.0 / cal_.gc_interval_steps, procs);
-  bd.host_stall_s = l.coordinated_gc ? cal_.gc_pause_s / cal_.gc_interval_steps : cal_.gc_pause_s * p_pause;
+  // Coordinated: automatic collection off, every rank collects together at the
+  // same completed steps, so one pause per interval instead of one per process.
+  bd.host_stall_s = l.coordinated_gc ? cal_.gc_pause_s / cal_.coordinated_gc_interval_steps : cal_.gc_pause_s * p_pause;
 
   p.step_time_s = bd.total();
   p.tokens_per_s = s.tokens_per_step / p.step_time_s;

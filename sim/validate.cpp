@@ -54,12 +54,14 @@ void hero_rows(const Calibration& cal, std::vector<ValidationRow>& out) {
   out.push_back(row("native attention-backward kernel: step faster by", "%", 4.03,
                     100.0 * (pr.step_time_s / pa.step_time_s - 1.0), how + ", attention bwd eff = fwd eff"));
   out.push_back(row("Python GC pauses: share of elapsed time", "%", 3.83,
-                    100.0 * pr.breakdown.host_stall_s / pr.step_time_s, how));
+                    100.0 * pr.breakdown.host_stall_s / pr.step_time_s,
+                    how + " (the measurement is the excess over a quiet-step baseline, other delays included:"
+                          " marin-community/marin PR #9224)"));
   Layout coordinated = ragged;
   coordinated.coordinated_gc = true;
   const Prediction pc = p.predict(coordinated);
   out.push_back(row("coordinated GC: step faster by", "%", 2.46, 100.0 * (pr.step_time_s / pc.step_time_s - 1.0),
-                    how + ", coordinated_gc"));
+                    how + ", coordinated_gc (every rank collects every coordinated_gc_interval_steps)"));
 }
 
 void collective_rows(const Calibration& cal, std::vector<ValidationRow>& out) {
