@@ -26,17 +26,19 @@ struct Comm {
   double bw_s = 0;
   double nvlink_bytes = 0;  // per GPU
   double nic_bytes = 0;     // per GPU, leaves the NVLink domain
+  double spine_bytes = 0;   // of nic_bytes: leaves the scalable unit over the spine
   double time_s() const { return latency_s + bw_s; }
-  Comm scaled(double f) const { return {latency_s * f, bw_s * f, nvlink_bytes * f, nic_bytes * f}; }
+  Comm scaled(double f) const { return {latency_s * f, bw_s * f, nvlink_bytes * f, nic_bytes * f, spine_bytes * f}; }
 };
 
 // Real per-GPU bytes of an algorithm per tier, and the predictor's time for
 // moving them (its time for the payload minus its time for a 1-byte message).
 struct Traffic {
-  double nvlink_bytes = 0, nic_bytes = 0, bw_s = 0;
+  double nvlink_bytes = 0, nic_bytes = 0, spine_bytes = 0, bw_s = 0;
   Traffic& operator+=(const Traffic& o) {
     nvlink_bytes += o.nvlink_bytes;
     nic_bytes += o.nic_bytes;
+    spine_bytes += o.spine_bytes;
     bw_s += o.bw_s;
     return *this;
   }
@@ -56,6 +58,7 @@ Traffic ring_traffic(const Network& net, const Group& g, double full_bytes, doub
   const double domains = static_cast<double>(g.domains);
   t.nvlink_bytes = passes * (inner - 1.0) / inner * full_bytes;
   t.nic_bytes = passes * (domains - 1.0) / domains * full_bytes / inner;
+  if (g.units > 1) t.spine_bytes = t.nic_bytes;  // a rail ring across units runs at the spine's share
   t.bw_s = fn(net, g, full_bytes) - fn(net, g, kOneByte);
   return t;
 }
@@ -69,6 +72,11 @@ Traffic a2a_traffic(const Network& net, const Group& g, double bytes_per_rank, d
   const double inner = static_cast<double>(g.per_domain());
   t.nvlink_bytes = (inner - 1.0) / n * bytes_per_rank;
   t.nic_bytes = (n - inner) / n * bytes_per_rank;
+  if (g.units > 1) {
+    // Peers outside my scalable unit (as sim/collectives.cpp's all_to_all_s).
+    const double unit_ranks = inner * std::ceil(static_cast<double>(g.domains) / static_cast<double>(g.units));
+    t.spine_bytes = std::max(0.0, n - unit_ranks) / n * bytes_per_rank;
+  }
   t.bw_s = all_to_all_s(net, g, bytes_per_rank, link_eff) - all_to_all_s(net, g, kOneByte, link_eff);
   return t;
 }
@@ -88,8 +96,9 @@ Comm fit(double t_s, const Traffic& tr) {
   if (!(t_s > 0)) return c;
   c.nvlink_bytes = tr.nvlink_bytes;
   c.nic_bytes = tr.nic_bytes;
+  c.spine_bytes = std::min(tr.spine_bytes, tr.nic_bytes);
   c.bw_s = c.nvlink_bytes + c.nic_bytes > 0 ? std::clamp(tr.bw_s, 0.0, t_s) : 0.0;
-  if (c.bw_s <= 0) c.nvlink_bytes = c.nic_bytes = 0;
+  if (c.bw_s <= 0) c.nvlink_bytes = c.nic_bytes = c.spine_bytes = 0;
   c.latency_s = t_s - c.bw_s;
   return c;
 }
@@ -118,6 +127,7 @@ struct Costs {
   Comm ns_gather, ns_redistribute;  // Muon: shards to matrix owners and back
   double ep_overlap_eff = 1.0;
   int64_t waves = 1;              // EP waves per pass
+  int64_t bucket_layers = 1;      // layers per gradient all-reduce bucket (0: one after the backward)
   StepBreakdown step;
   double checkpoint_bytes_per_gpu = 0, checkpoint_blocking = 1, storage_bw = 0;
 };
@@ -285,6 +295,7 @@ Costs gather_costs(const Predictor& p, const Layout& l, const Prediction& pred, 
   const bool pooled = l.ep_transport == EpTransport::kPooled;
   c.waves = pooled ? std::max<int64_t>(1, l.waves) : 1;
   c.ep_overlap_eff = pooled ? p.calibration().ep_wave_overlap_eff : 1.0;
+  c.bucket_layers = p.calibration().grad_sync_bucket_layers;
   if (l.pp > 1) {
     // The predictor's stage-boundary message: one micro-batch of activations in bf16.
     const double act_bytes = s.tokens_mb * static_cast<double>(p.graph().model.d_model) * 2.0 / static_cast<double>(l.tp);
@@ -447,7 +458,8 @@ struct Rank {
   ResourceId nvlink, nic;  // shared by every stream (contention on)
 };
 
-enum class Tier { kNvlink, kNic };
+// kSpine: NIC traffic that also leaves its scalable unit.
+enum class Tier { kNvlink, kNic, kSpine };
 
 class Builder {
  public:
@@ -456,6 +468,7 @@ class Builder {
           int64_t stages, int64_t chunks, int64_t lpc, int64_t micro_batches)
       : e_(e), c_(c), l_(l), cl_(cl), o_(o), stages_(stages), v_(chunks), lpc_(lpc), m_(micro_batches) {
     v_shape_ = l.schedule == PpSchedule::kDualPipeV && l.pp > 1;
+    spine_fraction_ = 1.0 / std::max(1.0, cl.system.scale_out.spine_oversubscription);
   }
 
   // Representative ranks, stage-major; the shared fabric and storage.
@@ -490,11 +503,19 @@ class Builder {
       }
     }
     gate_.assign(ranks_.size(), TaskId{});
+    pending_sync_.assign(static_cast<size_t>(stages_), {});
     if (nic_bw_ > 0 && cl_.domains > 1 && o_.contention) {
       // The scale-out fabric as one shared link: non-blocking carries every NIC at full rate.
       const int f = e_.add_process("fabric");
       fabric_ = e_.add_resource(f, "scale_out_fabric", ResourceKind::kFabricLink,
                                 static_cast<double>(cl_.gpus()) * nic_bw_ / o_.fabric_oversubscription);
+      // Between scalable units: the spine carries 1/oversubscription of the
+      // NICs below it (topology's spine_oversubscription, as the predictor).
+      const int64_t unit = cl_.system.scale_out.domains_per_unit;
+      if (unit > 0 && cl_.domains > unit && spine_fraction_ < 1.0) {
+        spine_ = e_.add_resource(f, "spine", ResourceKind::kFabricLink,
+                                 static_cast<double>(cl_.gpus()) * nic_bw_ * spine_fraction_);
+      }
     }
     if (c_.checkpoint_bytes_per_gpu > 0) {
       const int st = e_.add_process("storage");
@@ -556,54 +577,53 @@ class Builder {
     if (o_.contention) {
       std::vector<ResourceId> out{nv ? k.nvlink : k.nic};
       if (!nv && fabric_.valid()) out.push_back(fabric_);
+      if (tier == Tier::kSpine && spine_.valid()) out.push_back(spine_);
       return out;
     }
     const auto key = std::make_pair(stream.v, static_cast<int>(tier));
     auto it = private_.find(key);
     if (it == private_.end()) {
-      const std::string name = e_.resource_name(stream) + (nv ? ".nvlink" : ".nic");
+      const std::string name = e_.resource_name(stream) + (nv ? ".nvlink" : tier == Tier::kSpine ? ".spine" : ".nic");
       it = private_.emplace(key, e_.add_resource(k.process, name, nv ? ResourceKind::kNvlinkPort : ResourceKind::kNic,
                                                  nv ? nvlink_bw_ : nic_bw_)).first;
     }
     return {it->second};
   }
 
-  // One rank's part of a call: latency, then the tiers' flows together.
+  // One rank's part of a call: latency, then the tiers' flows together (the
+  // first holds the stream; the others stream beside it and the stream waits
+  // for all of them).
   TaskId comm_part(Rank& k, ResourceId stream, const std::string& name, const char* cat, const Comm& c,
                    const std::vector<TaskId>& deps) {
-    auto dep_all = [&](TaskId t) {
-      for (TaskId d : deps) {
-        if (d.valid()) e_.add_dependency(d, t);
-      }
+    struct Flow {
+      const char* suffix;
+      double bytes;
+      Tier tier;
     };
-    const bool nv = c.nvlink_bytes > 0 && nvlink_bw_ > 0;
-    const bool nic = c.nic_bytes > 0 && nic_bw_ > 0;
-    TaskSpec main;
-    main.name = name;
-    main.category = cat;
-    main.on = stream;
-    main.duration_s = nv || nic ? c.latency_s : c.time_s();
-    if (nv || nic) {
-      const Tier t = nv ? Tier::kNvlink : Tier::kNic;
-      main.bytes = nv ? c.nvlink_bytes : c.nic_bytes;
-      main.links = links(k, stream, t);
-      main.max_rate_bytes_per_s = main.bytes / c.bw_s;
+    std::vector<Flow> flows;
+    if (c.bw_s > 0 && nvlink_bw_ > 0 && c.nvlink_bytes > 0) flows.push_back({"", c.nvlink_bytes, Tier::kNvlink});
+    if (c.bw_s > 0 && nic_bw_ > 0 && c.nic_bytes > c.spine_bytes) flows.push_back({".nic", c.nic_bytes - c.spine_bytes, Tier::kNic});
+    if (c.bw_s > 0 && nic_bw_ > 0 && c.spine_bytes > 0) flows.push_back({".spine", c.spine_bytes, Tier::kSpine});
+    std::vector<TaskId> parts;
+    for (size_t i = 0; i < flows.size() || i == 0; ++i) {
+      TaskSpec t;
+      t.category = cat;
+      if (i == 0) t.on = stream;
+      t.duration_s = flows.empty() ? c.time_s() : c.latency_s;
+      t.name = name + (i == 0 || flows.empty() ? "" : flows[i].suffix);
+      if (!flows.empty()) {
+        t.bytes = flows[i].bytes;
+        t.links = links(k, stream, flows[i].tier);
+        t.max_rate_bytes_per_s = t.bytes / c.bw_s;
+      }
+      parts.push_back(e_.add_task(t));
+      for (TaskId d : deps) {
+        if (d.valid()) e_.add_dependency(d, parts.back());
+      }
     }
-    TaskId first = e_.add_task(main);
-    dep_all(first);
-    if (!(nv && nic)) return first;
-    // The NIC share streams beside the NVLink share; the stream waits for both.
-    TaskSpec side;
-    side.name = name + ".nic";
-    side.category = cat;
-    side.duration_s = c.latency_s;
-    side.bytes = c.nic_bytes;
-    side.links = links(k, stream, Tier::kNic);
-    side.max_rate_bytes_per_s = c.nic_bytes / c.bw_s;
-    TaskId second = e_.add_task(side);
-    dep_all(second);
-    TaskId join = task(stream, name + ".join", cat, 0.0, first);
-    e_.add_dependency(second, join);
+    if (parts.size() == 1) return parts[0];
+    TaskId join = task(stream, name + ".join", cat, 0.0, parts[0]);
+    for (size_t i = 1; i < parts.size(); ++i) e_.add_dependency(parts[i], join);
     return join;
   }
 
@@ -771,7 +791,7 @@ class Builder {
     } else {
       for (int64_t r = 0; r < n_; ++r) prev[r] = last_fwd_[slot(q, mb, r)];
       compute(s, "head." + tag, "backward", c_.head_bwd_s, prev);
-      if (mb == m_ - 1) {
+      if (mb == m_ - 1 && c_.bucket_layers > 0) {
         std::vector<TaskId> head = prev;
         collective(s, &Rank::dp, "head.grad_sync", "grad_sync", c_.edge_sync, head);
       }
@@ -811,9 +831,21 @@ class Builder {
     collective(s, &Rank::rs, num("L", layer) + "." + tag + ".reduce_scatter", "fsdp_reduce_scatter",
                c_.layers[layer].reduce_scatter, grads);
     if (mb != m_ - 1) return;
-    for (const Comm& c : c_.layers[layer].grad_sync) {
-      collective(s, &Rank::dp, num("L", layer) + ".grad_sync", "grad_sync", c, grads);
+    auto& pending = pending_sync_[static_cast<size_t>(s)];
+    pending.push_back(layer);
+    if (c_.bucket_layers > 0 && static_cast<int64_t>(pending.size()) >= c_.bucket_layers) sync_gradients(s, grads);
+  }
+
+  // The cross-replica all-reduces of the layers whose gradients wait, in one
+  // bucket after `ready` (the stream keeps buckets in order).
+  void sync_gradients(int64_t s, std::vector<TaskId> ready, const std::vector<TaskId>& also = {}) {
+    auto& pending = pending_sync_[static_cast<size_t>(s)];
+    for (int64_t layer : pending) {
+      for (const Comm& c : c_.layers[layer].grad_sync) {
+        collective(s, &Rank::dp, num("L", layer) + ".grad_sync", "grad_sync", c, ready, also);
+      }
     }
+    pending.clear();
   }
 
   // Zero-bubble W: the weight-gradient GEMMs of a chunk, after its B, then each
@@ -856,9 +888,20 @@ class Builder {
         // Zero-time markers: "everything on this stream so far is done".
         ready[r] = task(k.compute, num("step", step_) + ".backward_done", "backward", 0.0, {});
         comm_done[r] = task(k.rs, num("step", step_) + ".reduce_scatter_done", "fsdp_reduce_scatter", 0.0, {});
-        comm_done[r] = task(k.dp, num("step", step_) + ".grad_sync_done", "grad_sync", 0.0, comm_done[r]);
       }
-      join(ready, comm_done);
+      // One bucket after the backward (bucket_layers 0), or the last partial one.
+      if (c_.bucket_layers <= 0 && s == 0) {
+        std::vector<TaskId> head = comm_done;
+        collective(s, &Rank::dp, num("step", step_) + ".head_grad_sync", "grad_sync", c_.edge_sync, head, ready);
+      }
+      sync_gradients(s, comm_done, ready);
+      for (int64_t r = 0; r < n_; ++r) {
+        comm_done[r] = task(rank(s, r).dp, num("step", step_) + ".grad_sync_done", "grad_sync", 0.0, comm_done[r]);
+      }
+      for (int64_t r = 0; r < n_; ++r) {
+        ready[r] = task(rank(s, r).compute, num("step", step_) + ".gradients_reduced", "backward", 0.0, ready[r]);
+        e_.add_dependency(comm_done[r], ready[r]);
+      }
       // The host pauses once its GPU work is drained (it launches nothing
       // meanwhile); the next sync point waits for the paused rank.
       const double stall = gc ? c_.step.host_stall_s : 0.0;
@@ -937,10 +980,12 @@ class Builder {
   int64_t stages_, v_, lpc_, m_, n_ = 1, step_ = 0;
   bool v_shape_ = false;
   double nvlink_bw_ = 0, nic_bw_ = 0;
-  ResourceId fabric_, storage_;
+  double spine_fraction_ = 1.0;
+  ResourceId fabric_, spine_, storage_;
   std::map<std::pair<int32_t, int>, ResourceId> private_;  // (stream, tier) -> its own link
   std::vector<Rank> ranks_;
   std::vector<TaskId> gate_;  // per rank: previous step's end
+  std::vector<std::vector<int64_t>> pending_sync_;  // per stage: layers whose gradients wait for a bucket
   // Per (model chunk, micro-batch, rank): receive tasks and last tasks of each pass.
   std::vector<TaskId> recv_fwd_, recv_bwd_, last_fwd_, last_bwd_;
 };
