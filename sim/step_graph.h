@@ -20,10 +20,11 @@
 //     input-gradient B and weight-gradient W; W deferred into the cool-down
 //     bubbles, Qi et al. 2024) and DualPipeV (V-shaped placement: stage s holds
 //     chunks s and 2p-1-s; DeepSeek's DualPipe "cut-in-half" step order);
-//   - gradient all-reduce across replicas per layer, as the step's last
-//     micro-batch releases each layer's gradients (the LM head's first, a
-//     replicated embedding's last; sim/predict.cpp's one-layer buckets), on
-//     one stream: what runs past the backward is exposed;
+//   - gradient all-reduce across replicas in buckets of calibration's
+//     grad_sync_bucket_layers layers as the step's last micro-batch releases
+//     them (0: one bucket after the backward, as the Marin trainer), the LM
+//     head's first and a replicated embedding's last, on one stream: what runs
+//     past the backward is exposed (sim/predict.cpp's exposed_grad_sync);
 //   - per step: a GC stall on one staggered rank (host CPU) once its GPU work
 //     is drained, which holds up the next sync point; the optimizer: Muon's
 //     gather of sharded matrices, Newton–Schulz and element-wise updates,
@@ -31,7 +32,9 @@
 //
 // Communication is bytes over links, not durations: every collective is a
 // fixed latency followed by byte flows over the GPU's NVLink port and (for
-// traffic leaving the NVLink domain) its NIC and the shared scale-out fabric.
+// traffic leaving the NVLink domain) its NIC and the shared scale-out fabric,
+// and for traffic between scalable units the spine (GPUs x NIC bandwidth /
+// the topology's spine_oversubscription, shared by every such flow).
 // Each flow carries the real per-GPU bytes of the algorithm (ring: (n-1)/n of
 // the buffer per tier; all-to-all: the share to peers in / out of the domain),
 // at a per-flow rate cap chosen so that, alone on its links, the collective
