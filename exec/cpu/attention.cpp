@@ -109,33 +109,62 @@ float softmax_row(float* pr, const AttnShape& s, const int32_t* doc_row, int i, 
 
 }  // namespace
 
+// The query heads that share a KV head (a GQA group) run as one stacked tile:
+// their rows are gathered into one (group * rows, hd) block, row m = head
+// offset m / rows, query i0 + m % rows, so each GEMM against the group's K/V
+// span is one call that packs K or V once instead of once per head.
+namespace {
+
+// dst (group * rows, hd) <- the group's heads of rows [i0, i0 + rows) of x (B, T, H, hd).
+void gather_group(float* dst, const float* x, const AttnShape& s, int b, int g, int i0, int rows) {
+  const int group = s.group();
+  for (int hh = 0; hh < group; ++hh)
+    for (int r = 0; r < rows; ++r)
+      std::memcpy(dst + (static_cast<long>(hh) * rows + r) * s.hd, x + s.q_at(b, i0 + r, g * group + hh),
+                  sizeof(float) * s.hd);
+}
+
+// The inverse of gather_group: x's group heads of rows [i0, i0 + rows) <- src.
+void scatter_group(float* x, const float* src, const AttnShape& s, int b, int g, int i0, int rows) {
+  const int group = s.group();
+  for (int hh = 0; hh < group; ++hh)
+    for (int r = 0; r < rows; ++r)
+      std::memcpy(x + s.q_at(b, i0 + r, g * group + hh), src + (static_cast<long>(hh) * rows + r) * s.hd,
+                  sizeof(float) * s.hd);
+}
+
+}  // namespace
+
 void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc, int B, int T, int H, int kv_stored, int kv_used,
                        int hd, int window, float scale) {
   const AttnShape s{B, T, H, kv_stored, kv_used, hd, window};
   check_shape(s);
-  const int ldq = H * hd, ldk = kv_stored * hd, tile = tile_rows(s);
-  std::vector<float> p(static_cast<size_t>(kTileRows) * T);  // (rows, span) scores, then probabilities
+  const int ldk = kv_stored * hd, tile = tile_rows(s), group = s.group();
+  const size_t most = static_cast<size_t>(group) * kTileRows;  // stacked rows of one tile
+  std::vector<float> p(most * T);   // (group * rows, span) scores, then probabilities
+  std::vector<float> qs(most * hd);  // (group * rows, hd) stacked queries
+  std::vector<float> os(most * hd);  // (group * rows, hd) stacked outputs
   for (int b = 0; b < B; ++b) {
     const int32_t* doc_row = doc ? doc + static_cast<long>(b) * T : nullptr;
-    for (int h = 0; h < H; ++h) {
-      const int g = h / s.group();
-      float* lse_bh = lse + (static_cast<long>(b) * H + h) * T;
+    for (int g = 0; g < kv_used; ++g) {
       for (int i0 = 0; i0 < T; i0 += tile) {
-        const int rows = std::min(tile, T - i0);
+        const int rows = std::min(tile, T - i0), M = group * rows;
         int j0, j1;
         tile_keys(s, i0, rows, &j0, &j1);
         const int span = j1 - j0;
-        tile_scores(p.data(), q + s.q_at(b, i0, h), ldq, k + s.kv_at(b, j0, g), ldk, rows, span,
-                    hd, scale);
+        gather_group(qs.data(), q, s, b, g, i0, rows);
+        tile_scores(p.data(), qs.data(), hd, k + s.kv_at(b, j0, g), ldk, M, span, hd, scale);
 #pragma omp parallel for schedule(static)
-        for (int r = 0; r < rows; ++r) {
-          const int i = i0 + r;
-          lse_bh[i] = softmax_row(p.data() + static_cast<long>(r) * span, s, doc_row, i, j0, span);
+        for (int m = 0; m < M; ++m) {
+          const int h = g * group + m / rows, i = i0 + m % rows;
+          lse[(static_cast<long>(b) * H + h) * T + i] =
+              softmax_row(p.data() + static_cast<long>(m) * span, s, doc_row, i, j0, span);
         }
-        // O_tile (rows, hd) = P (rows, span) · V_span (span, hd)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, p.data(),
-                    span, v + s.kv_at(b, j0, g), ldk, 0.0f, o + s.q_at(b, i0, h), ldq);
+        // O (M, hd) = P (M, span) · V_span (span, hd)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, span, 1.0f, p.data(), span,
+                    v + s.kv_at(b, j0, g), ldk, 0.0f, os.data(), hd);
+        scatter_group(o, os.data(), s, b, g, i0, rows);
       }
     }
   }
@@ -156,34 +185,36 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     std::memset(dk, 0, n * sizeof(float));
     std::memset(dv, 0, n * sizeof(float));
   }
-  const int ldq = H * hd, ldk = kv_stored * hd, tile = tile_rows(s);
-  std::vector<float> p(static_cast<size_t>(kTileRows) * T);   // (rows, span) probabilities
-  std::vector<float> ds(static_cast<size_t>(kTileRows) * T);  // (rows, span) dP, then dS
+  const int ldk = kv_stored * hd, tile = tile_rows(s), group = s.group();
+  const size_t most = static_cast<size_t>(group) * kTileRows;
+  std::vector<float> p(most * T);     // (group * rows, span) probabilities
+  std::vector<float> ds(most * T);    // (group * rows, span) dP, then dS
+  std::vector<float> qs(most * hd);   // (group * rows, hd) stacked queries
+  std::vector<float> dos(most * hd);  // (group * rows, hd) stacked output gradients
+  std::vector<float> dqs(most * hd);  // (group * rows, hd) stacked query gradients
   for (int b = 0; b < B; ++b) {
     const int32_t* doc_row = doc ? doc + static_cast<long>(b) * T : nullptr;
-    for (int h = 0; h < H; ++h) {
-      const int g = h / s.group();
-      const float* lse_bh = lse + (static_cast<long>(b) * H + h) * T;
+    for (int g = 0; g < kv_used; ++g) {
       for (int i0 = 0; i0 < T; i0 += tile) {
-        const int rows = std::min(tile, T - i0);
+        const int rows = std::min(tile, T - i0), M = group * rows;
         int j0, j1;
         tile_keys(s, i0, rows, &j0, &j1);
         const int span = j1 - j0;
-        const float* qt = q + s.q_at(b, i0, h);
-        const float* dot_ = dout + s.q_at(b, i0, h);
         const float* ks = k + s.kv_at(b, j0, g);
         const float* vs = v + s.kv_at(b, j0, g);
-        tile_scores(p.data(), qt, ldq, ks, ldk, rows, span, hd, scale);
-        // dP (rows, span) = dO_tile · V_spanᵀ
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, span, hd, 1.0f, dot_, ldq, vs,
-                    ldk, 0.0f, ds.data(), span);
+        gather_group(qs.data(), q, s, b, g, i0, rows);
+        gather_group(dos.data(), dout, s, b, g, i0, rows);
+        tile_scores(p.data(), qs.data(), hd, ks, ldk, M, span, hd, scale);
+        // dP (M, span) = dO · V_spanᵀ
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, span, hd, 1.0f, dos.data(), hd, vs, ldk,
+                    0.0f, ds.data(), span);
 #pragma omp parallel for schedule(static)
-        for (int r = 0; r < rows; ++r) {
-          const int i = i0 + r;
-          float* pr = p.data() + static_cast<long>(r) * span;
-          float* dsr = ds.data() + static_cast<long>(r) * span;
-          const float Di = dot(dot_ + static_cast<long>(r) * ldq, o + s.q_at(b, i, h), hd);
-          const float li = lse_bh[i];
+        for (int m = 0; m < M; ++m) {
+          const int h = g * group + m / rows, i = i0 + m % rows;
+          float* pr = p.data() + static_cast<long>(m) * span;
+          float* dsr = ds.data() + static_cast<long>(m) * span;
+          const float Di = dot(dos.data() + static_cast<long>(m) * hd, o + s.q_at(b, i, h), hd);
+          const float li = lse[(static_cast<long>(b) * H + h) * T + i];
           int lo, hi;
           visible_keys(s, i, j0, &lo, &hi);
           std::fill(pr, pr + lo, 0.0f);
@@ -198,13 +229,14 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           std::fill(pr + hi, pr + span, 0.0f);
           std::fill(dsr + hi, dsr + span, 0.0f);
         }
-        // dQ_tile = dS · K_span;  dK_span += dSᵀ · Q_tile;  dV_span += Pᵀ · dO_tile
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, ds.data(),
-                    span, ks, ldk, 0.0f, dq + s.q_at(b, i0, h), ldq);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, span, hd, rows, 1.0f, ds.data(),
-                    span, qt, ldq, 1.0f, dk + s.kv_at(b, j0, g), ldk);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, span, hd, rows, 1.0f, p.data(), span,
-                    dot_, ldq, 1.0f, dv + s.kv_at(b, j0, g), ldk);
+        // dQ = dS · K_span;  dK_span += dSᵀ · Q;  dV_span += Pᵀ · dO (the group's heads summed)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, span, 1.0f, ds.data(), span, ks, ldk,
+                    0.0f, dqs.data(), hd);
+        scatter_group(dq, dqs.data(), s, b, g, i0, rows);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, span, hd, M, 1.0f, ds.data(), span, qs.data(), hd,
+                    1.0f, dk + s.kv_at(b, j0, g), ldk);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, span, hd, M, 1.0f, p.data(), span, dos.data(), hd,
+                    1.0f, dv + s.kv_at(b, j0, g), ldk);
       }
     }
   }
