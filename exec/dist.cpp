@@ -27,7 +27,7 @@ bool mpi_available() {
 }
 
 int launcher_world_size() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS"}) {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {  // OpenMPI, MPICH (Hydra)
     if (const char* v = std::getenv(name)) {
       const int n = std::atoi(v);
       if (n >= 1) return n;

@@ -62,7 +62,7 @@ namespace rackstep::exec {
 // True when this binary was built with MPI (RACKSTEP_HAVE_MPI).
 bool mpi_available();
 // Rank count announced by an MPI launcher's environment (OMPI_COMM_WORLD_SIZE,
-// PMI_SIZE, PMIX_SIZE...), 1 when none.
+// PMI_SIZE), 1 when none.
 int launcher_world_size();
 
 // A communicator: MPI_COMM_WORLD (or a split of it), or a single process
@@ -203,8 +203,13 @@ class MpiExperts : public ExpertBackend {
   sim::DispatchConfig cfg_;
   bool verify_ = false;
   int64_t verified_ = 0;
-  std::vector<LayerState> layers_;     // by MoE layer
-  std::vector<float> send_, recv_, scratch_, ys_local_, dys_local_, dxs_local_;
+  std::vector<LayerState> layers_;  // by MoE layer
+  std::vector<float> send_;         // (send rows, L + 1) dispatch; (send rows, L) gradients
+  std::vector<float> recv_;         // (received rows, L + 1) / (received rows, L)
+  std::vector<float> scratch_;      // (experts_scratch_floats(R, L, F))
+  std::vector<float> ys_local_;     // (R, L) local experts' outputs, R = computed rows
+  std::vector<float> dys_local_;    // (R, L)
+  std::vector<float> dxs_local_;    // (R, L)
 };
 
 }  // namespace rackstep::exec

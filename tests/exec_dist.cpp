@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -158,6 +159,13 @@ TEST_CASE("one process: the world is rank 0 of 1 and collectives copy", "[dist]"
   CHECK(d == 2.5);
 }
 
+TEST_CASE("without MPI, a multi-process launch is one clear error", "[dist]") {
+  if (mpi_available() || launcher_world_size() > 1) return;  // MPI builds: tests/cli/train_mpi.sh
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  CHECK_THROWS_AS(Comm::world(), UserError);
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+}
+
 TEST_CASE("pooled sends: rank r of a destination goes to wave r mod W, slot r div W", "[dist]") {
   // S = 2 ranks, 1 expert each, W = 2 waves of P = 2 rows, logical pool limit 1.
   const int32_t expert[4] = {0, 0, 0, 1};
@@ -187,7 +195,7 @@ TEST_CASE("the transports' local decisions drop exactly what sim::dispatch drops
           cfg.sender_cf = cf;
           cfg.receiver_cf = cf * 1.05;
           cfg.waves = 3;
-          cfg.ragged_chunks = S == 4 ? 2 : 2;
+          cfg.ragged_chunks = 2;
           const auto experts = random_assignments(static_cast<uint32_t>(S * 100 + cf * 10 + hot * 7), S, 64, 8, 2, hot);
           std::vector<sim::GpuAssignments> gpus(static_cast<size_t>(S));
           for (int s = 0; s < S; ++s) gpus[s].experts = experts[s];
