@@ -6,6 +6,8 @@
 // recomputed only over the connected component (links <-> active flows) that a
 // starting or finishing flow touches; a flow whose rate changes gets a new
 // version and a new finish event, and the stale one is skipped when popped.
+// The critical path falls out of the run: each task remembers the task whose
+// end let it start.
 #include "sim/des.h"
 
 #include <algorithm>
@@ -224,7 +226,8 @@ struct Event {
 };
 
 // A 4-ary min-heap of events. Half the depth of a binary heap, and a node's
-// four children sit side by side (64 bytes), so a sift touches fewer lines.
+// four children sit side by side (64 bytes), so a sift touches fewer cache
+// lines; the smallest child is picked without branching on the keys.
 // take() hands out the earliest event but leaves a hole at the root; the next
 // push() fills the hole with one sift-down (the common case: a task ends and
 // its stream successor starts), instead of a pop's sift-down plus a push's
@@ -372,9 +375,11 @@ class Run {
     // successor lists are filled; make_ready sets crit_pred for real.
     hot_.resize(static_cast<size_t>(n_) + 1);
     any_flow_ = false;
+    std::vector<char> ready_order_on(nr);  // per resource; the Resource records are large
+    for (size_t l = 0; l < nr; ++l) ready_order_on[l] = e_.resources_[l].order == Order::kReadyOrder;
     for (int32_t t = 0; t < n_; ++t) {
       const Task& k = e_.tasks_[t];
-      const bool ready_order = k.on >= 0 && e_.resources_[k.on].order == Order::kReadyOrder;
+      const bool ready_order = k.on >= 0 && ready_order_on[k.on];
       hot_[t] = {k.duration_s, 0, 0, k.stream_prev, 0, k.on, Phase::kWaiting, ready_order, k.bytes > 0};
       any_flow_ = any_flow_ || k.bytes > 0;
       if (k.stream_prev < 0) continue;
