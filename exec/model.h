@@ -167,7 +167,9 @@ class CpuModel {
   // Chosen experts of MoE layer `layer`, (N, k); nullptr for a dense layer.
   const int32_t* routed_experts(int layer) const;
   const float* balancing_bias(int layer) const;    // (E) or nullptr
-  // The forward output of op `i`, (N, out width), and its width.
+  // The forward output of op `i`, (N, out width), and its width. The dispatch and
+  // expert ops' outputs are (N*k, L) in expert-grouped order (moe_group_by_expert's
+  // sorted positions), not assignment order: assignment a is row sorted_pos[a].
   const float* op_output(size_t i, int64_t* width = nullptr) const;
 
  private:
