@@ -339,6 +339,21 @@ struct alignas(32) Hot {
 };
 static_assert(sizeof(Hot) == 32, "Hot should stay at 32 bytes: the event loop is bound by its cache lines");
 
+// A flow with bytes still to move, in a small dense table (slots are reused):
+// rebalance() walks every flow of a component, and those belong to tasks far
+// apart in the task arrays, so per-task arrays cost a cache miss per flow.
+struct Flow {
+  int32_t task;
+  uint32_t mark;                    // the last rebalance() (epoch) that reached it
+  uint32_t links_begin, links_end;  // into Engine::links_
+  double weight;
+  double max_rate;
+  double remaining;  // bytes per copy left at `last`
+  double rate;       // per copy
+  double last;
+  double new_rate;
+};
+
 // The buffers a run works in. A thread keeps them between runs (see Run), so
 // repeated runs (sweeps, benchmarks, Monte Carlo) neither allocate them again
 // nor fault their pages in again; every run resets what it reads.
@@ -355,9 +370,12 @@ struct RunMemory {
   std::vector<double> cap_;
   std::vector<std::vector<int32_t>> link_flows_;
   std::vector<double> link_active_since_;
-  std::vector<double> remaining_, rate_, last_, new_rate_, flow_start_;
+  std::vector<Flow> flows_;          // active flows; link_flows_ holds their slots
+  std::vector<int32_t> free_flows_;  // slots to reuse
+  std::vector<int32_t> flow_slot_;   // per task: its slot while it flows
+  std::vector<double> flow_start_;   // per task
   // Scratch for rebalance().
-  std::vector<uint32_t> link_mark_, flow_mark_;
+  std::vector<uint32_t> link_mark_;
   std::vector<int32_t> comp_links_, comp_flows_, unfrozen_, frozen_now_;
   std::vector<double> cap_left_, w_left_;
 };
@@ -456,11 +474,9 @@ class Run : private RunMemory {
     w_left_.assign(nr, 0);
     // Flow state is per task but only needed when some task moves bytes.
     if (any_flow_) {
-      flow_mark_.assign(n_, 0);
-      remaining_.assign(n_, 0);
-      rate_.assign(n_, 0);
-      last_.assign(n_, 0);
-      new_rate_.assign(n_, 0);
+      flows_.clear();
+      free_flows_.clear();
+      flow_slot_.assign(n_, -1);
       flow_start_.assign(n_, 0);
     }
   }
@@ -574,6 +590,7 @@ class Run : private RunMemory {
     prefetch(&r_.end_s[t]);
     prefetch(r_.start_s.data() + t + 1);  // the stream successor's, usually
     if (!h.has_bytes) return;
+    prefetch(&flow_slot_[t]);
     // A 64-byte record need not sit on one cache line: fetch both ends.
     const char* k = reinterpret_cast<const char*>(&e_.tasks_[t]);
     prefetch(k);
@@ -626,23 +643,31 @@ class Run : private RunMemory {
     const Task& k = e_.tasks_[t];
     hot_[t].phase = Phase::kFlowing;
     flow_start_[t] = now_;
-    remaining_[t] = k.bytes;
-    rate_[t] = 0;
-    last_[t] = now_;
+    int32_t slot = static_cast<int32_t>(flows_.size());
+    if (free_flows_.empty()) {
+      flows_.emplace_back();
+    } else {
+      slot = free_flows_.back();
+      free_flows_.pop_back();
+    }
+    flows_[slot] = {t, 0, k.links_begin, k.links_end, k.weight, k.max_rate, k.bytes, 0, now_, 0};
+    flow_slot_[t] = slot;
     for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
       int32_t l = e_.links_[i];
       if (link_flows_[l].empty()) link_active_since_[l] = now_;
-      link_flows_[l].push_back(t);
+      link_flows_[l].push_back(slot);
     }
     rebalance(k.links_begin, k.links_end);
   }
 
   void end_flow(int32_t t) {
     const Task& k = e_.tasks_[t];
+    const int32_t slot = flow_slot_[t];
+    free_flows_.push_back(slot);  // rebalance() below no longer reaches it
     for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
       int32_t l = e_.links_[i];
       auto& fl = link_flows_[l];
-      auto it = std::find(fl.begin(), fl.end(), t);
+      auto it = std::find(fl.begin(), fl.end(), slot);
       RS_CHECK(it != fl.end(), "finishing flow missing from its link");
       *it = fl.back();
       fl.pop_back();
@@ -663,10 +688,10 @@ class Run : private RunMemory {
     for (uint32_t i = lb; i < le; ++i) mark_link(e_.links_[i]);
     for (size_t i = 0; i < comp_links_.size(); ++i) {
       for (int32_t f : link_flows_[comp_links_[i]]) {
-        if (flow_mark_[f] == epoch_) continue;
-        flow_mark_[f] = epoch_;
+        Flow& k = flows_[f];
+        if (k.mark == epoch_) continue;
+        k.mark = epoch_;
         comp_flows_.push_back(f);
-        const Task& k = e_.tasks_[f];
         for (uint32_t j = k.links_begin; j < k.links_end; ++j) mark_link(e_.links_[j]);
       }
     }
@@ -676,7 +701,7 @@ class Run : private RunMemory {
       w_left_[l] = 0;
     }
     for (int32_t f : comp_flows_) {
-      const Task& k = e_.tasks_[f];
+      const Flow& k = flows_[f];
       for (uint32_t j = k.links_begin; j < k.links_end; ++j) w_left_[e_.links_[j]] += k.weight;
     }
     unfrozen_ = comp_flows_;
@@ -697,12 +722,12 @@ class Run : private RunMemory {
     for (int32_t l : comp_links_) {
       if (w_left_[l] > 0) share = std::min(share, std::max(cap_left_[l], 0.0) / w_left_[l]);
     }
-    for (int32_t f : unfrozen_) share = std::min(share, e_.tasks_[f].max_rate);
+    for (int32_t f : unfrozen_) share = std::min(share, flows_[f].max_rate);
     const double tight = share * (1 + 1e-9);
     frozen_now_.clear();
     size_t keep = 0;
     for (int32_t f : unfrozen_) {
-      const Task& k = e_.tasks_[f];
+      const Flow& k = flows_[f];
       bool hit = k.max_rate <= tight;
       for (uint32_t j = k.links_begin; j < k.links_end && !hit; ++j) {
         int32_t l = e_.links_[j];
@@ -717,8 +742,8 @@ class Run : private RunMemory {
     unfrozen_.resize(keep);
     RS_CHECK(!frozen_now_.empty(), "progressive filling made no progress");
     for (int32_t f : frozen_now_) {
-      const Task& k = e_.tasks_[f];
-      new_rate_[f] = share;
+      Flow& k = flows_[f];
+      k.new_rate = share;
       for (uint32_t j = k.links_begin; j < k.links_end; ++j) {
         int32_t l = e_.links_[j];
         cap_left_[l] -= share * k.weight;
@@ -727,15 +752,16 @@ class Run : private RunMemory {
     }
   }
 
-  void apply_rate(int32_t f) {
-    const double nr = new_rate_[f];
-    if (nr == rate_[f]) return;
-    remaining_[f] = std::max(0.0, remaining_[f] - rate_[f] * (now_ - last_[f]));
-    last_[f] = now_;
-    rate_[f] = nr;
-    ++hot_[f].version;
+  void apply_rate(int32_t slot) {
+    Flow& f = flows_[slot];
+    const double nr = f.new_rate;
+    if (nr == f.rate) return;
+    f.remaining = std::max(0.0, f.remaining - f.rate * (now_ - f.last));
+    f.last = now_;
+    f.rate = nr;
+    ++hot_[f.task].version;
     RS_CHECK(nr > 0, "a flow got no bandwidth");
-    push(now_ + remaining_[f] / nr, f);
+    push(now_ + f.remaining / nr, f.task);
   }
 
   // ------------------------------------------------------------ results
