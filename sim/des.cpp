@@ -141,6 +141,32 @@ void Engine::add_dependency(TaskId before, TaskId after) {
   deps_.emplace_back(before.v, after.v);
 }
 
+void Engine::add_dependencies(const std::vector<TaskId>& before, const std::vector<TaskId>& after) {
+  if (before.empty() || after.empty()) return;
+  // Pairs while they are no more edges than a hub would need.
+  if (before.size() * after.size() <= before.size() + after.size()) {
+    for (TaskId a : after) {
+      for (TaskId b : before) add_dependency(b, a);
+    }
+    return;
+  }
+  for (TaskId b : before) {
+    RS_CHECK(b.valid() && b.v < num_tasks(), "dependency on an undeclared task");
+    for (TaskId a : after) {
+      if (a.v == b.v) throw UserError("task graph cannot be scheduled: " + describe(a) + " depends on itself");
+    }
+  }
+  for (TaskId a : after) RS_CHECK(a.valid() && a.v < num_tasks(), "dependency on an undeclared task");
+  Hub h;
+  h.before_begin = static_cast<uint32_t>(hub_tasks_.size());
+  for (TaskId b : before) hub_tasks_.push_back(b.v);
+  h.after_begin = static_cast<uint32_t>(hub_tasks_.size());
+  for (TaskId a : after) hub_tasks_.push_back(a.v);
+  h.end = static_cast<uint32_t>(hub_tasks_.size());
+  h.deps_before = static_cast<uint32_t>(deps_.size());
+  hubs_.push_back(h);
+}
+
 ResourceId Engine::task_home(TaskId t) const {
   const Task& k = tasks_[t.v];
   if (k.on >= 0) return {k.on};
@@ -394,7 +420,7 @@ class Run : private RunMemory {
 
   RunResult go() {
     setup();
-    for (int32_t t = 0; t < n_; ++t) {
+    for (int32_t t = 0; t < nodes_; ++t) {
       if (hot_[t].pending == 0) make_ready(t, -1);
     }
     drain();
@@ -439,7 +465,10 @@ class Run : private RunMemory {
     // One pass over the task records, counting stream successors on the way
     // (see build_successors). Stream predecessors wait in crit_pred until the
     // successor lists are filled; make_ready sets crit_pred for real.
-    hot_.resize(static_cast<size_t>(n_) + 1);
+    // Hubs (see Engine::add_dependencies) follow the tasks as nodes n_.. .
+    nodes_ = n_ + static_cast<int32_t>(e_.hubs_.size());
+    hot_.resize(static_cast<size_t>(nodes_) + 1);
+    for (int32_t u = n_; u < nodes_; ++u) hot_[u] = {0.0, 0, 0, -1, 0, -1, Phase::kWaiting, false, false};
     any_flow_ = false;
     std::vector<char> ready_order_on(nr);  // per resource; the Resource records are large
     for (size_t l = 0; l < nr; ++l) ready_order_on[l] = e_.resources_[l].order == Order::kReadyOrder;
@@ -493,15 +522,35 @@ class Run : private RunMemory {
       ++hot_[b].succ_begin;
       ++hot_[a].pending;
     }
-    for (int32_t t = 1; t < n_; ++t) hot_[t].succ_begin += hot_[t - 1].succ_begin;
-    const uint32_t total = n_ > 0 ? hot_[n_ - 1].succ_begin : 0;
-    hot_[n_] = {0.0, total, 0, -1, 0, -1, Phase::kDone, false, false};
+    // A hub: an edge from each before task to it, and from it to each after task.
+    for (size_t i = 0; i < e_.hubs_.size(); ++i) {
+      const auto& hub = e_.hubs_[i];
+      Hot& u = hot_[n_ + static_cast<int32_t>(i)];
+      for (uint32_t j = hub.before_begin; j < hub.after_begin; ++j) {
+        ++hot_[e_.hub_tasks_[j]].succ_begin;
+        ++u.pending;
+      }
+      for (uint32_t j = hub.after_begin; j < hub.end; ++j) {
+        ++u.succ_begin;
+        ++hot_[e_.hub_tasks_[j]].pending;
+      }
+    }
+    for (int32_t t = 1; t < nodes_; ++t) hot_[t].succ_begin += hot_[t - 1].succ_begin;
+    const uint32_t total = nodes_ > 0 ? hot_[nodes_ - 1].succ_begin : 0;
+    hot_[nodes_] = {0.0, total, 0, -1, 0, -1, Phase::kDone, false, false};
     succ_.resize(total);
+    // Filled backwards, so each task's list reads: explicit dependents, hubs, stream successor.
     for (int32_t t = n_ - 1; t >= 0; --t) {
       const int32_t p = hot_[t].crit_pred;  // stream predecessor, see setup()
       if (p < 0) continue;
       succ_[--hot_[p].succ_begin] = t;
       hot_[t].crit_pred = -1;
+    }
+    for (size_t i = e_.hubs_.size(); i-- > 0;) {
+      const auto& hub = e_.hubs_[i];
+      const int32_t u = n_ + static_cast<int32_t>(i);
+      for (uint32_t j = hub.end; j-- > hub.after_begin;) succ_[--hot_[u].succ_begin] = e_.hub_tasks_[j];
+      for (uint32_t j = hub.after_begin; j-- > hub.before_begin;) succ_[--hot_[e_.hub_tasks_[j]].succ_begin] = u;
     }
     for (size_t i = e_.deps_.size(); i-- > 0;) {
       auto [b, a] = e_.deps_[i];
@@ -543,6 +592,10 @@ class Run : private RunMemory {
   // A task whose dependencies are done: start it, or queue it on a busy resource.
   void make_ready(int32_t t, int32_t cause) {
     Hot& h = hot_[t];
+    if (t >= n_) {
+      release_hub(t, cause);
+      return;
+    }
     h.crit_pred = cause;
     if (h.ready_order) {
       const int32_t on = h.on;
@@ -553,6 +606,17 @@ class Run : private RunMemory {
       ++in_use_[on];
     }
     ready_.push_back(t);
+  }
+
+  // A hub takes no time: its after tasks are ready as soon as its last before
+  // task ends, and that task (not the hub) is what let them start.
+  void release_hub(int32_t u, int32_t cause) {
+    hot_[u].phase = Phase::kDone;
+    const uint32_t end = hot_[u + 1].succ_begin;
+    for (uint32_t i = hot_[u].succ_begin; i < end; ++i) {
+      const int32_t s = succ_[i];
+      if (--hot_[s].pending == 0) make_ready(s, cause);
+    }
   }
 
   // Starts every task made ready at `now_` (iteratively: zero-time chains can be long).
@@ -789,14 +853,20 @@ class Run : private RunMemory {
   // Every unfinished task waits on an unfinished predecessor, so walking
   // predecessors must revisit a task: that loop is the cycle.
   [[noreturn]] void report_cycle() {
-    std::vector<std::vector<int32_t>> preds(n_);
+    std::vector<std::vector<int32_t>> preds(nodes_);
     for (auto [b, a] : e_.deps_) preds[a].push_back(b);
     for (int32_t t = 0; t < n_; ++t) {
       if (e_.tasks_[t].stream_prev >= 0) preds[t].push_back(e_.tasks_[t].stream_prev);
     }
+    for (size_t i = 0; i < e_.hubs_.size(); ++i) {
+      const auto& hub = e_.hubs_[i];
+      const int32_t u = n_ + static_cast<int32_t>(i);
+      for (uint32_t j = hub.before_begin; j < hub.after_begin; ++j) preds[u].push_back(e_.hub_tasks_[j]);
+      for (uint32_t j = hub.after_begin; j < hub.end; ++j) preds[e_.hub_tasks_[j]].push_back(u);
+    }
     int32_t t = 0;
     while (hot_[t].phase == Phase::kDone) ++t;
-    std::vector<int32_t> seen_at(n_, -1), walk;
+    std::vector<int32_t> seen_at(nodes_, -1), walk;
     while (seen_at[t] < 0) {
       seen_at[t] = static_cast<int32_t>(walk.size());
       walk.push_back(t);
@@ -812,6 +882,8 @@ class Run : private RunMemory {
     }
     // walk[seen_at[t]..] is the cycle, each element waiting on the next.
     std::vector<int32_t> cycle(walk.begin() + seen_at[t], walk.end());
+    // A hub is no task: the tasks on either side of it are the edge.
+    cycle.erase(std::remove_if(cycle.begin(), cycle.end(), [&](int32_t u) { return u >= n_; }), cycle.end());
     std::reverse(cycle.begin(), cycle.end());  // now each element runs before the next
     throw UserError(describe_cycle(cycle));
   }
@@ -840,10 +912,19 @@ class Run : private RunMemory {
     return s.str();
   }
 
+  // Where the dependency before -> after comes in the order they were added
+  // (larger = later), or -1 when there is none (stream order). Dependency i
+  // ranks 2i + 1; a hub ranks just before the dependency added after it.
   int64_t dependency_index(int32_t before, int32_t after) const {
     int64_t found = -1;
     for (size_t i = 0; i < e_.deps_.size(); ++i) {
-      if (e_.deps_[i].first == before && e_.deps_[i].second == after) found = static_cast<int64_t>(i);
+      if (e_.deps_[i].first == before && e_.deps_[i].second == after) found = 2 * static_cast<int64_t>(i) + 1;
+    }
+    for (const auto& hub : e_.hubs_) {
+      const auto* b = e_.hub_tasks_.data();
+      const bool in_before = std::find(b + hub.before_begin, b + hub.after_begin, before) != b + hub.after_begin;
+      const bool in_after = std::find(b + hub.after_begin, b + hub.end, after) != b + hub.end;
+      if (in_before && in_after) found = std::max(found, 2 * static_cast<int64_t>(hub.deps_before));
     }
     return found;
   }
@@ -852,6 +933,7 @@ class Run : private RunMemory {
   const RunOptions& o_;
   RunResult r_;
   int32_t n_ = 0;
+  int32_t nodes_ = 0;  // tasks, then hubs
   int32_t finished_ = 0;
   bool any_flow_ = false;
   double now_ = 0;

@@ -126,6 +126,13 @@ class Engine {
                       double bytes, ResourceId on = {}, double latency_s = 0);
   // `after` starts only once `before` has finished.
   void add_dependency(TaskId before, TaskId after);
+  // Every task in `after` starts only once every task in `before` has
+  // finished (a barrier: all-to-all order between two groups). Large groups
+  // are joined through one internal hub, |before| + |after| edges instead of
+  // |before| x |after|; the hub is not a task (no id, no time, never on the
+  // critical path). Pairs, where that is as cheap, go to dependencies();
+  // hub-joined groups do not (trace arrows skip them).
+  void add_dependencies(const std::vector<TaskId>& before, const std::vector<TaskId>& after);
 
   // Simulates the graph. Throws UserError naming the cycle and its offending
   // dependency when the graph (with stream order) cannot be scheduled.
@@ -189,6 +196,14 @@ class Engine {
   std::vector<std::string> task_names_;  // per task
   std::vector<int32_t> links_;
   std::vector<std::pair<int32_t, int32_t>> deps_;  // (before, after)
+  // Groups joined by add_dependencies through a hub: before tasks in
+  // hub_tasks_[before_begin, after_begin), after tasks in [after_begin, end).
+  struct Hub {
+    uint32_t before_begin, after_begin, end;
+    uint32_t deps_before;  // deps_.size() when added: its place in the order of dependencies
+  };
+  std::vector<Hub> hubs_;
+  std::vector<int32_t> hub_tasks_;
   std::vector<std::string> categories_;
   std::map<std::string, uint32_t, std::less<>> category_ids_;
 };
