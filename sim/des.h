@@ -204,6 +204,10 @@ class Engine {
   };
   std::vector<Hub> hubs_;
   std::vector<int32_t> hub_tasks_;
+  // Changes with every addition (unique across engines; copies share it while
+  // equal): a thread that ran this very graph before reuses what it derived.
+  uint64_t stamp_ = 0;
+  void touch();
   std::vector<std::string> categories_;
   std::map<std::string, uint32_t, std::less<>> category_ids_;
 };
