@@ -3,8 +3,9 @@
 // The run keeps a min-heap of (time, task, version) events. A task is started
 // when its last dependency finishes (and, on a ready-order resource, when a
 // slot frees). Flows on links get rates from weighted max-min fairness,
-// recomputed only over the connected component (links <-> active flows) that a
-// starting or finishing flow touches; a flow whose rate changes gets a new
+// recomputed once per simulated instant (after its last event), only over the
+// connected components (links <-> active flows) that the flows starting or
+// finishing at that instant touch; a flow whose rate changes gets a new
 // version and a new finish event, and the stale one is skipped when popped.
 // The critical path falls out of the run: each task remembers the task whose
 // end let it start.
@@ -290,6 +291,11 @@ class EventHeap {
     settle();
     return a_.empty();
   }
+  // The time of the earliest event; the heap must not be empty.
+  double next_time() {
+    settle();
+    return a_.front().t();
+  }
   Event take() {
     settle();
     hole_ = true;
@@ -413,6 +419,8 @@ struct RunMemory {
   std::vector<double> flow_start_;   // per task
   // Scratch for rebalance().
   std::vector<uint32_t> link_mark_;
+  std::vector<char> link_dirty_;       // per link: in dirty_links_
+  std::vector<int32_t> dirty_links_;
   std::vector<int32_t> comp_links_, comp_flows_, unfrozen_, frozen_now_;
   std::vector<double> cap_left_, w_left_;
   // What setup() derived from the graph last time (Engine::stamp_): the task
@@ -440,7 +448,11 @@ class Run : private RunMemory {
       if (hot_[t].pending == 0) make_ready(t, -1);
     }
     drain();
-    while (!heap_.empty()) {
+    for (;;) {
+      // Flows that start or end at one instant share one rate recomputation,
+      // after the instant's last event.
+      if (!dirty_links_.empty() && (heap_.empty() || heap_.next_time() > now_)) rebalance();
+      if (heap_.empty()) break;
       const Event ev = heap_.take();
       ++r_.events;
       // The next event's task record is likely cold (hundreds of tasks run in
@@ -537,6 +549,8 @@ class Run : private RunMemory {
     ready_.clear();
     queue_head_.assign(nr, 0);
     link_mark_.assign(nr, 0);
+    link_dirty_.assign(nr, 0);
+    dirty_links_.clear();
     cap_left_.assign(nr, 0);
     w_left_.assign(nr, 0);
     // Flow state is per task but only needed when some task moves bytes.
@@ -759,7 +773,7 @@ class Run : private RunMemory {
       if (link_flows_[l].empty()) link_active_since_[l] = now_;
       link_flows_[l].push_back(slot);
     }
-    rebalance(k.links_begin, k.links_end);
+    mark_dirty(k.links_begin, k.links_end);
   }
 
   void end_flow(int32_t t) {
@@ -776,18 +790,33 @@ class Run : private RunMemory {
       r_.bytes_moved[l] += k.bytes * k.weight;
       if (fl.empty()) r_.busy_s[l] += now_ - link_active_since_[l];
     }
-    rebalance(k.links_begin, k.links_end);
+    mark_dirty(k.links_begin, k.links_end);
+  }
+
+  // Links whose flows changed at `now_`; rebalance() runs once the instant is over.
+  void mark_dirty(uint32_t lb, uint32_t le) {
+    for (uint32_t i = lb; i < le; ++i) {
+      const int32_t l = e_.links_[i];
+      if (link_dirty_[l]) continue;
+      link_dirty_[l] = 1;
+      dirty_links_.push_back(l);
+    }
   }
 
   // Weighted max-min fair rates (progressive filling) over the component of
-  // links and active flows reachable from the given links. A flow of weight w
-  // is w identical copies; each copy gets the same per-copy rate.
-  void rebalance(uint32_t lb, uint32_t le) {
+  // links and active flows reachable from the dirty links (several
+  // components at once fill independently). A flow of weight w is w identical
+  // copies; each copy gets the same per-copy rate.
+  void rebalance() {
     ++r_.rate_updates;
     ++epoch_;
     comp_links_.clear();
     comp_flows_.clear();
-    for (uint32_t i = lb; i < le; ++i) mark_link(e_.links_[i]);
+    for (int32_t l : dirty_links_) {
+      link_dirty_[l] = 0;
+      mark_link(l);
+    }
+    dirty_links_.clear();
     for (size_t i = 0; i < comp_links_.size(); ++i) {
       for (int32_t f : link_flows_[comp_links_[i]]) {
         Flow& k = flows_[f];
