@@ -1196,7 +1196,10 @@ std::string format_summary(const Engine& e, const StepSummary& s) {
                   resource_kind_name(e.resource_kind(u.id)), 100.0 * u.utilisation);
     o << buf;
     if (u.bytes > 0) {
-      std::snprintf(buf, sizeof buf, "  %.3g bytes", u.bytes);
+      // bytes_moved counts every copy a symmetric process stands for; a
+      // per-GPU resource is read per GPU.
+      const double copies = static_cast<double>(e.process_multiplicity(e.resource_process(u.id)));
+      std::snprintf(buf, sizeof buf, "  %.3g bytes%s", u.bytes / copies, copies > 1 ? " per copy" : "");
       o << buf;
     }
     o << "\n";
