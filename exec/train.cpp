@@ -566,6 +566,20 @@ int run_training(const TrainOptions& options, const TrainOutput& out, const Comm
 
 // --- reference dump ----------------------------------------------------------------
 
+void add_step_inputs(TensorDump& dump, const CpuModel& model, const models::ModelConfig& m, const Batch& b) {
+  const int64_t B = model.batch(), T = model.seq();
+  dump.add_i32("batch.tokens", {B, T}, b.inputs.data());
+  dump.add_i32("batch.targets", {B, T}, b.targets.data());
+  dump.add_i32("batch.doc", {B, T}, b.doc_ids.data());
+  dump.add_i32("batch.pos", {B, T}, model.positions());
+  dump.add_arena("param.", model.params());
+  for (int l = 0; l < m.layers; ++l) {
+    if (const float* bias = model.balancing_bias(l)) {
+      dump.add_f32("buffer.layers." + std::to_string(l) + ".moe.router.bias", {m.moe.experts}, bias);
+    }
+  }
+}
+
 void write_reference_dump(const TrainOptions& options, const std::string& dir) {
   TrainOptions o = options;
   o.out_dir.clear();
@@ -578,16 +592,7 @@ void write_reference_dump(const TrainOptions& options, const std::string& dir) {
   const Batch b = t.loader().next_batch(B);
 
   TensorDump dump;
-  dump.add_i32("batch.tokens", {B, T}, b.inputs.data());
-  dump.add_i32("batch.targets", {B, T}, b.targets.data());
-  dump.add_i32("batch.doc", {B, T}, b.doc_ids.data());
-  dump.add_i32("batch.pos", {B, T}, model.positions());
-  dump.add_arena("param.", model.params());
-  for (int l = 0; l < m.layers; ++l) {
-    if (const float* bias = model.balancing_bias(l)) {
-      dump.add_f32("buffer.layers." + std::to_string(l) + ".moe.router.bias", {m.moe.experts}, bias);
-    }
-  }
+  add_step_inputs(dump, model, m, b);
   model.zero_grads();
   model.set_training(true);
   const LossResult r = model.forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());

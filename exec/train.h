@@ -50,6 +50,7 @@
 #include "exec/checkpoint.h"
 #include "exec/data.h"
 #include "exec/dist.h"
+#include "exec/dump.h"
 #include "exec/model.h"
 #include "exec/optim.h"
 #include "exec/profiler.h"
@@ -178,5 +179,9 @@ int run_training(const TrainOptions& options, const TrainOutput& out, const Comm
 // logits, loss / ce / z_loss, every gradient, and every parameter after one
 // optimizer step, with the constants the reference needs in meta.
 void write_reference_dump(const TrainOptions& options, const std::string& dir);
+// What a reference comparison feeds both sides for one step: the batch
+// ("batch.tokens/targets/doc/pos", (B, T)), the parameters ("param.*") and each
+// MoE layer's balancing bias ("buffer.layers.L.moe.router.bias", (E)).
+void add_step_inputs(TensorDump& dump, const CpuModel& model, const models::ModelConfig& m, const Batch& b);
 
 }  // namespace rackstep::exec

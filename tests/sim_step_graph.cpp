@@ -10,29 +10,15 @@
 #include "sim/des.h"
 #include "sim/predict.h"
 #include "sim/step_graph.h"
+#include "tests/sim_step_graph_case.h"
 #include "topologies/topology.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
 using Catch::Matchers::Contains;
 
-namespace {
-
-const std::string kRoot = RACKSTEP_SOURCE_DIR;
-
-struct Case {
-  models::LayerGraph graph;
-  topologies::Cluster cluster;
-  Layout layout;
-};
-
-Case load(const std::string& model, const std::string& cluster, const std::string& layout, int64_t domains = 0) {
-  return {models::build_layer_graph(models::load_model(kRoot + "/models/zoo/" + model)),
-          topologies::load_cluster(kRoot + "/topologies/zoo/" + cluster, domains),
-          load_layout(kRoot + "/sim/layouts/" + layout)};
-}
-
-}  // namespace
+using test::Case;
+using test::load;
 
 TEST_CASE("hero step: DES and analytic predictor agree without contention or jitter", "[step_graph][hero]") {
   Case c = load("marin-535b-a23b.json", "gb200-11-racks.json", "hero-ragged.json");

@@ -13,27 +13,17 @@
 #include "sim/des.h"
 #include "sim/predict.h"
 #include "sim/step_graph.h"
+#include "tests/sim_step_graph_case.h"
 #include "topologies/topology.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
 using Catch::Matchers::Contains;
 
+using test::Case;
+using test::load;
+
 namespace {
-
-const std::string kRoot = RACKSTEP_SOURCE_DIR;
-
-struct Case {
-  models::LayerGraph graph;
-  topologies::Cluster cluster;
-  Layout layout;
-};
-
-Case load(const std::string& model, const std::string& cluster, const std::string& layout, int64_t domains = 0) {
-  return {models::build_layer_graph(models::load_model(kRoot + "/models/zoo/" + model)),
-          topologies::load_cluster(kRoot + "/topologies/zoo/" + cluster, domains),
-          load_layout(kRoot + "/sim/layouts/" + layout)};
-}
 
 StepGraphOptions quiet(bool contention) {
   StepGraphOptions o;

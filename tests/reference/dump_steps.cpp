@@ -150,16 +150,7 @@ void dump_steps(const Args& a) {
   for (int s = 0; s < a.steps; ++s) {
     const Batch b = t.loader().next_batch(B);
     TensorDump dump;
-    dump.add_i32("batch.tokens", {B, T}, b.inputs.data());
-    dump.add_i32("batch.targets", {B, T}, b.targets.data());
-    dump.add_i32("batch.doc", {B, T}, b.doc_ids.data());
-    dump.add_i32("batch.pos", {B, T}, model.positions());
-    dump.add_arena("param.", model.params());
-    for (int l = 0; l < m.layers; ++l) {
-      if (const float* bias = model.balancing_bias(l)) {
-        dump.add_f32("buffer.layers." + std::to_string(l) + ".moe.router.bias", {E}, bias);
-      }
-    }
+    add_step_inputs(dump, model, m, b);
     model.zero_grads();
     const LossResult r = model.forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());
     // Forward outputs are read before backward, which may reuse their buffers.
