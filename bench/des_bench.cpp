@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "models/layer_graph.h"
+#include "models/source_dir.h"
 #include "sim/calibration.h"
 #include "sim/des.h"
 #include "sim/layout.h"
@@ -107,7 +108,7 @@ void BM_MixedGraph(benchmark::State& state) {
 }
 BENCHMARK(BM_MixedGraph)->Args({64, 4096})->Unit(benchmark::kMillisecond);
 
-std::string src(const std::string& p) { return std::string(RACKSTEP_SOURCE_DIR) + "/" + p; }
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
 
 void BM_HeroStep(benchmark::State& state) {
   static const rackstep::models::LayerGraph g =

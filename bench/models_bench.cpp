@@ -4,18 +4,19 @@
 #include <benchmark/benchmark.h>
 
 #include "models/layer_graph.h"
+#include "models/source_dir.h"
 
 using namespace rackstep::models;
 
 static const ModelConfig& hero() {
   static const ModelConfig m =
-      load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/marin-535b-a23b.json");
+      load_model(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json");
   return m;
 }
 
 static void BM_LoadHeroJson(benchmark::State& state) {
   for (auto _ : state) {
-    benchmark::DoNotOptimize(load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/marin-535b-a23b.json"));
+    benchmark::DoNotOptimize(load_model(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json"));
   }
 }
 BENCHMARK(BM_LoadHeroJson);

@@ -9,11 +9,12 @@
 #include <string>
 
 #include "sim/predict.h"
+#include "models/source_dir.h"
 #include "sim/step_graph.h"
 
 namespace {
 
-std::string src(const std::string& p) { return std::string(RACKSTEP_SOURCE_DIR) + "/" + p; }
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
 
 const rackstep::models::LayerGraph& hero_graph() {
   static const auto g =

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "exec/kernels.h"
+#include "models/source_dir.h"
 #include "exec/model.h"
 #include "exec/optim.h"
 #include "exec/profiler.h"
@@ -42,7 +43,7 @@ using namespace rackstep::exec;
 
 void BM_TrainStep(benchmark::State& state) {
   const models::LayerGraph g =
-      models::build_layer_graph(models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json"));
+      models::build_layer_graph(models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"));
   const int64_t B = state.range(0), T = state.range(1);
   CpuModel m(g, B, T);
   m.init_params(1);

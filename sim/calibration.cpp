@@ -1,4 +1,5 @@
 #include "sim/calibration.h"
+#include "models/source_dir.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +8,7 @@
 
 namespace rackstep::sim {
 
-std::string default_calibration_path() { return std::string(RACKSTEP_SOURCE_DIR) + "/sim/calibration.json"; }
+std::string default_calibration_path() { return std::string(rackstep::source_dir()) + "/sim/calibration.json"; }
 
 namespace {
 

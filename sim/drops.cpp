@@ -1,4 +1,5 @@
 #include "sim/drops.h"
+#include "models/source_dir.h"
 
 #include <algorithm>
 #include <cmath>
@@ -339,7 +340,7 @@ double fit_concentration(const DropScenario& s, RoutingModel model, double targe
   return std::exp(0.5 * (lo + hi));
 }
 
-std::string default_drop_calibration_path() { return std::string(RACKSTEP_SOURCE_DIR) + "/sim/drop_calibration.json"; }
+std::string default_drop_calibration_path() { return std::string(rackstep::source_dir()) + "/sim/drop_calibration.json"; }
 
 DropCalibration load_drop_calibration(const std::string& path) {
   const nlohmann::json doc = load_json_file(path);

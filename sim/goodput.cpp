@@ -8,6 +8,7 @@
 //   - the j-th save failing, j ~ Geometric(p).
 // So a run costs O(interruptions) random draws, not O(steps).
 #include "sim/goodput.h"
+#include "models/source_dir.h"
 
 #include <algorithm>
 #include <cmath>
@@ -82,7 +83,7 @@ void apply_goodput_json(GoodputConfig& c, const nlohmann::json& doc, const std::
 }
 
 GoodputConfig default_goodput_config() {
-  const std::string path = std::string(RACKSTEP_SOURCE_DIR) + "/sim/goodput_defaults.json";
+  const std::string path = std::string(rackstep::source_dir()) + "/sim/goodput_defaults.json";
   GoodputConfig c;
   apply_goodput_json(c, load_json_file(path), path, true);
   return c;

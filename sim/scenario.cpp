@@ -1,4 +1,5 @@
 #include "sim/scenario.h"
+#include "models/source_dir.h"
 
 #include <chrono>
 #include <cstdio>
@@ -47,7 +48,7 @@ std::string resolve(const std::string& scenario_file, const std::string& p) {
   if (fs::path(p).is_absolute()) return p;
   const fs::path near = fs::path(scenario_file).parent_path() / p;
   if (fs::exists(near)) return near.string();
-  const fs::path tree = fs::path(RACKSTEP_SOURCE_DIR) / p;
+  const fs::path tree = fs::path(rackstep::source_dir()) / p;
   if (fs::exists(tree)) return tree.string();
   return p;
 }
@@ -208,7 +209,7 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
 Scenario load_scenario(const std::string& path) { return parse_scenario(load_json_file(path), path); }
 
 std::string default_scenario_path() {
-  return std::string(RACKSTEP_SOURCE_DIR) + "/sim/scenarios/marin-july-2026.json";
+  return std::string(rackstep::source_dir()) + "/sim/scenarios/marin-july-2026.json";
 }
 
 Scenario default_scenario() { return load_scenario(default_scenario_path()); }

@@ -1,4 +1,5 @@
 #include "sim/size.h"
+#include "models/source_dir.h"
 
 #include <algorithm>
 #include <chrono>
@@ -185,7 +186,7 @@ SizeResult size(const Scenario& s, const std::function<void(const SizeProgress&)
     if (spec.generate) {
       if (progress) progress({i, s.candidates.size(), spec.name, "generating"});
       if (!family_loaded) {
-        family = models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/marin-535b-a23b.json");
+        family = models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json");
         family_loaded = true;
       }
       ShapeTarget t;

@@ -1,4 +1,5 @@
 #include "sim/validate.h"
+#include "models/source_dir.h"
 
 #include <algorithm>
 
@@ -8,7 +9,7 @@ namespace rackstep::sim {
 
 namespace {
 
-std::string src(const std::string& p) { return std::string(RACKSTEP_SOURCE_DIR) + "/" + p; }
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "exec/dist.h"
+#include "models/source_dir.h"
 #include "exec/optim.h"
 #include "models/check.h"
 #include "models/layer_graph.h"
@@ -25,7 +26,7 @@ using namespace rackstep::exec;
 namespace {
 
 std::shared_ptr<const ArenaLayout> tiny_layout() {
-  const auto g = models::build_layer_graph(models::load_model(std::string(RACKSTEP_SOURCE_DIR) +
+  const auto g = models::build_layer_graph(models::load_model(std::string(rackstep::source_dir()) +
                                                               "/models/zoo/tiny-moe.json"));
   return std::make_shared<const ArenaLayout>(arena_specs_from_graph(g));
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "exec/model.h"
+#include "models/source_dir.h"
 #include "exec/optim.h"
 #include "models/check.h"
 #include "models/json_io.h"
@@ -19,7 +20,7 @@ using namespace rackstep::exec;
 namespace {
 
 models::LayerGraph tiny_graph() {
-  return models::build_layer_graph(models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json"));
+  return models::build_layer_graph(models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"));
 }
 
 // A batch of pseudo-random tokens with two documents per sequence.
@@ -213,7 +214,7 @@ TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", 
 }
 
 TEST_CASE("a model the CPU backend cannot run is a clear user error", "[exec][model]") {
-  models::ModelConfig cfg = models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json");
+  models::ModelConfig cfg = models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
   cfg.tied_embeddings = true;
   const models::LayerGraph g = models::build_layer_graph(cfg);
   try {

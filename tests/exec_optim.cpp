@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "exec/arena.h"
+#include "models/source_dir.h"
 #include "exec/optim.h"
 #include "models/layer_graph.h"
 #include "models/model.h"
@@ -422,7 +423,7 @@ TEST_CASE("group norms and state sizes per group", "[optim]") {
 
 TEST_CASE("the tiny model's layer graph gives an arena the optimizers can step", "[optim][arena]") {
   using namespace rackstep::models;
-  const LayerGraph g = build_layer_graph(load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json"));
+  const LayerGraph g = build_layer_graph(load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"));
   auto layout = std::make_shared<ArenaLayout>(arena_specs_from_graph(g));
   double learnable = 0, buffers = 0;
   for (const Op& op : g.ops)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "exec/data.h"
+#include "models/source_dir.h"
 #include "exec/train.h"
 #include "models/check.h"
 #include "models/json_io.h"
@@ -24,7 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kTiny = std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/tiny-moe.json";
+const std::string kTiny = std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json";
 
 // A small dataset of generated text, built once per test binary run.
 std::string test_dataset() {

@@ -5,13 +5,14 @@
 #include <cmath>
 
 #include "models/layer_graph.h"
+#include "models/source_dir.h"
 
 using namespace rackstep::models;
 
 namespace {
 
 LayerGraph zoo(const std::string& name) {
-  return build_layer_graph(load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/" + name + ".json"));
+  return build_layer_graph(load_model(std::string(rackstep::source_dir()) + "/models/zoo/" + name + ".json"));
 }
 
 // Rounds like the spec's tables: to `digits` after the decimal point, in billions.

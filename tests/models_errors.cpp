@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/check.h"
+#include "models/source_dir.h"
 #include "models/json_io.h"
 #include "models/model.h"
 
@@ -13,7 +14,7 @@ using nlohmann::json;
 namespace {
 
 json hero() {
-  return load_json_file(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/marin-535b-a23b.json");
+  return load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json");
 }
 
 // Parses `doc` and returns the error message (empty when it parsed).

@@ -5,16 +5,17 @@
 #include <catch2/catch.hpp>
 
 #include "sim/collectives.h"
+#include "models/source_dir.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
 
 namespace {
 topologies::Cluster racks(int64_t n) {
-  return topologies::load_cluster(std::string(RACKSTEP_SOURCE_DIR) + "/topologies/zoo/gb200-nvl72.json", n);
+  return topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/gb200-nvl72.json", n);
 }
 topologies::Cluster h100_nodes(int64_t n) {
-  return topologies::load_cluster(std::string(RACKSTEP_SOURCE_DIR) + "/topologies/zoo/hgx-h100.json", n);
+  return topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/hgx-h100.json", n);
 }
 }  // namespace
 

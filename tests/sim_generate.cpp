@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "models/check.h"
+#include "models/source_dir.h"
 #include "models/layer_graph.h"
 #include "sim/generate.h"
 
@@ -9,7 +10,7 @@ using namespace rackstep;
 
 static const models::ModelConfig& family() {
   static const models::ModelConfig m =
-      models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/marin-535b-a23b.json");
+      models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json");
   return m;
 }
 

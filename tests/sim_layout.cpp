@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "models/check.h"
+#include "models/source_dir.h"
 #include "models/layer_graph.h"
 #include "sim/layout.h"
 
@@ -15,15 +16,15 @@ namespace {
 
 const models::LayerGraph& hero_graph() {
   static const models::LayerGraph g =
-      models::build_layer_graph(models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/marin-535b-a23b.json"));
+      models::build_layer_graph(models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json"));
   return g;
 }
 
 topologies::Cluster racks(int64_t n) {
-  return topologies::load_cluster(std::string(RACKSTEP_SOURCE_DIR) + "/topologies/zoo/gb200-nvl72.json", n);
+  return topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/gb200-nvl72.json", n);
 }
 
-Layout hero_layout() { return load_layout(std::string(RACKSTEP_SOURCE_DIR) + "/sim/layouts/hero-ragged.json"); }
+Layout hero_layout() { return load_layout(std::string(rackstep::source_dir()) + "/sim/layouts/hero-ragged.json"); }
 
 bool has_reason(const std::vector<LayoutIssue>& v, Reason r) {
   return std::any_of(v.begin(), v.end(), [&](const LayoutIssue& i) { return i.reason == r; });

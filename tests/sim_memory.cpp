@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "sim/predict.h"
+#include "models/source_dir.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
@@ -11,12 +12,12 @@ namespace {
 
 const Predictor& hero() {
   static const Predictor p(
-      models::build_layer_graph(models::load_model(std::string(RACKSTEP_SOURCE_DIR) + "/models/zoo/marin-535b-a23b.json")),
-      topologies::load_cluster(std::string(RACKSTEP_SOURCE_DIR) + "/topologies/zoo/gb200-11-racks.json"));
+      models::build_layer_graph(models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json")),
+      topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/gb200-11-racks.json"));
   return p;
 }
 
-Layout hero_layout() { return load_layout(std::string(RACKSTEP_SOURCE_DIR) + "/sim/layouts/hero-ragged.json"); }
+Layout hero_layout() { return load_layout(std::string(rackstep::source_dir()) + "/sim/layouts/hero-ragged.json"); }
 
 MemoryBreakdown mem(const Layout& l) {
   const auto& p = hero();

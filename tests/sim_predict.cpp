@@ -5,13 +5,14 @@
 #include <cmath>
 
 #include "sim/predict.h"
+#include "models/source_dir.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
 
 namespace {
 
-std::string src(const std::string& p) { return std::string(RACKSTEP_SOURCE_DIR) + "/" + p; }
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
 
 const models::LayerGraph& hero_graph() {
   static const models::LayerGraph g = models::build_layer_graph(models::load_model(src("models/zoo/marin-535b-a23b.json")));

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/check.h"
+#include "models/source_dir.h"
 #include "models/json_io.h"
 #include "sim/scaling_law.h"
 #include "sim/scenario.h"
@@ -28,7 +29,7 @@ json small_scenario() {
 
 std::string error_of(const json& doc) {
   try {
-    sim::parse_scenario(doc, std::string(RACKSTEP_SOURCE_DIR) + "/sim/scenarios/t.json");
+    sim::parse_scenario(doc, std::string(rackstep::source_dir()) + "/sim/scenarios/t.json");
   } catch (const UserError& e) {
     return e.what();
   }
@@ -76,7 +77,7 @@ TEST_CASE("a budget beyond unique data x epochs warns", "[sim][size]") {
   json j = small_scenario();
   j["unique_tokens"] = 2e11;
   j["max_epochs"] = 2;
-  const auto s = sim::parse_scenario(j, std::string(RACKSTEP_SOURCE_DIR) + "/sim/scenarios/t.json");
+  const auto s = sim::parse_scenario(j, std::string(rackstep::source_dir()) + "/sim/scenarios/t.json");
   REQUIRE(s.warnings.size() == 1);
   CHECK_THAT(s.warnings[0], Catch::Contains("exceeds unique data x epochs"));
 }
@@ -95,7 +96,7 @@ TEST_CASE("the scaling law rewards compute and penalises overtraining", "[sim][s
 }
 
 TEST_CASE("size ranks runnable candidates by the chosen utility", "[sim][size]") {
-  const auto s = sim::parse_scenario(small_scenario(), std::string(RACKSTEP_SOURCE_DIR) + "/sim/scenarios/t.json");
+  const auto s = sim::parse_scenario(small_scenario(), std::string(rackstep::source_dir()) + "/sim/scenarios/t.json");
   const sim::SizeResult r = sim::size(s);
   REQUIRE(r.candidates.size() == 2);
   REQUIRE(r.ranking.size() == 2);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "models/layer_graph.h"
+#include "models/source_dir.h"
 #include "models/model.h"
 #include "sim/layout.h"
 #include "topologies/topology.h"
@@ -21,7 +22,7 @@ struct Case {
 
 inline Case load(const std::string& model, const std::string& cluster, const std::string& layout,
                  int64_t domains = 0) {
-  const std::string root = RACKSTEP_SOURCE_DIR;
+  const std::string root = rackstep::source_dir();
   return {models::build_layer_graph(models::load_model(root + "/models/zoo/" + model)),
           topologies::load_cluster(root + "/topologies/zoo/" + cluster, domains),
           load_layout(root + "/sim/layouts/" + layout)};

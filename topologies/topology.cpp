@@ -1,4 +1,5 @@
 #include "topologies/topology.h"
+#include "models/source_dir.h"
 
 #include <filesystem>
 
@@ -183,7 +184,7 @@ Cluster load_cluster(const std::string& path, int64_t domains) {
 }
 
 std::string zoo_path(const std::string& relative) {
-  return std::string(RACKSTEP_SOURCE_DIR) + "/" + relative;
+  return std::string(rackstep::source_dir()) + "/" + relative;
 }
 
 }  // namespace rackstep::topologies

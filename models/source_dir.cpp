@@ -1,0 +1,7 @@
+#include "models/source_dir.h"
+
+namespace rackstep {
+
+const char* source_dir() { return RACKSTEP_SOURCE_DIR_PATH; }
+
+}  // namespace rackstep
