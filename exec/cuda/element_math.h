@@ -1,0 +1,62 @@
+// The CUDA backend's per-element and per-row formulas, as __host__ __device__
+// functions: the kernels in exec/cuda/*.cu call them on the GPU, and
+// tests/exec_cuda_math.cpp calls them on the CPU against the reference kernels
+// of exec/cpu/, so the formulas are proven equal in CI where no GPU exists.
+// Arithmetic follows exec/cpu/ (fp32 values, double where the CPU kernel sums
+// or computes angles in double) so fp32 parity holds to rounding.
+//
+//   float h = swiglu(a1, a3);                     // silu(a1) * a3
+//   float r = rms_rstd(sum_sq, d, eps);           // 1/sqrt(mean(x²)+eps)
+//   rope_rotate(x1, x2, rope_angle(pos, i, rot, theta), +1.f, &y1, &y2);
+#pragma once
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define RS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define RS_HOST_DEVICE inline
+#endif
+
+namespace rackstep::exec::cuda {
+
+RS_HOST_DEVICE float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+RS_HOST_DEVICE float silu(float x) { return x * sigmoid(x); }
+// d silu / dx = σ(x) (1 + x (1 − σ(x))).
+RS_HOST_DEVICE float silu_grad(float x) {
+  const float s = sigmoid(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// SwiGLU (Shazeer 2020): h = silu(a1) · a3.
+RS_HOST_DEVICE float swiglu(float a1, float a3) { return silu(a1) * a3; }
+// da1 = dh · a3 · silu'(a1), da3 = dh · silu(a1).
+RS_HOST_DEVICE void swiglu_grad(float dh, float a1, float a3, float* da1, float* da3) {
+  *da3 = dh * silu(a1);
+  *da1 = dh * a3 * silu_grad(a1);
+}
+
+// RMSNorm's saved statistic from the row's sum of squares (summed in double).
+RS_HOST_DEVICE float rms_rstd(double sum_sq, int d, float eps) {
+  return static_cast<float>(1.0 / sqrt(sum_sq / d + eps));
+}
+// Backward of y_i = x_i r c_i: dx_i = r c_i dy_i − x_i k, with k = r³/d Σ_j dy_j c_j x_j
+// (dot = that sum, in double).
+RS_HOST_DEVICE float rms_backward_k(double dot, float rstd, int d) {
+  return static_cast<float>(dot) * rstd * rstd * rstd / d;
+}
+
+// Partial RoPE, NeoX pairing: pair i < rot/2 of a head rotates by pos · θ^(−2i/rot).
+// The angle is formed in double: at 16k positions a float angle is off by ~1e-3 rad.
+RS_HOST_DEVICE double rope_angle(int pos, int i, int rot_dims, float theta) {
+  return static_cast<double>(pos) * pow(static_cast<double>(theta), -2.0 * i / rot_dims);
+}
+// sign +1 rotates forward, −1 applies Rᵀ (the backward).
+RS_HOST_DEVICE void rope_rotate(float x1, float x2, double angle, float sign, float* y1, float* y2) {
+  const float c = static_cast<float>(cos(angle));
+  const float s = sign * static_cast<float>(sin(angle));
+  *y1 = x1 * c - x2 * s;
+  *y2 = x2 * c + x1 * s;
+}
+
+}  // namespace rackstep::exec::cuda

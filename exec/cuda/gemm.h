@@ -1,0 +1,60 @@
+// Dense GEMMs of the CUDA backend through cuBLASLt, in the row-major terms of
+// exec/kernels.h: C (M, N) = op(A) · op(B) (+ C when accumulating), A (M, K) or
+// its transpose stored (K, M), B (K, N) or stored (N, K). One heuristic
+// algorithm per distinct shape and type, asked once and cached (cuBLASLt's
+// heuristic query costs more than a small GEMM); one workspace per handle.
+//
+// Types: kF32 is the parity mode (fp32 in and out, fp32 compute, TF32 off);
+// kBF16 stores A, B and C in bf16 with fp32 accumulation (the hero's mix).
+//
+//   Gemm gemm(stream);
+//   gemm.run({.m = N, .n = out, .k = in}, DType::kF32, y, x, w);             // y = x·W
+//   gemm.run({.m = N, .n = in, .k = out, .trans_b = true}, DType::kF32, dx, dy, w);  // dx = dy·Wᵀ
+//   gemm.run({.m = in, .n = out, .k = N, .trans_a = true, .accumulate = true},
+//            DType::kF32, dw, x, dy);                                          // dW += xᵀ·dy
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <tuple>
+
+namespace rackstep::exec::cuda {
+
+enum class DType { kF32, kBF16 };
+
+struct GemmShape {
+  int m = 0, n = 0, k = 0;   // C is (m, n); the contraction is k
+  bool trans_a = false;      // A stored (k, m) and used transposed
+  bool trans_b = false;      // B stored (n, k) and used transposed
+  bool accumulate = false;   // C += instead of C =
+  auto key() const { return std::make_tuple(m, n, k, trans_a, trans_b, accumulate); }
+};
+
+class Gemm {
+ public:
+  explicit Gemm(cudaStream_t stream, size_t workspace_bytes = size_t(32) << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // c, a, b are device pointers of `type` (float or __nv_bfloat16).
+  void run(const GemmShape& shape, DType type, void* c, const void* a, const void* b);
+  // How many distinct shapes have a cached algorithm (for tests and the profiler).
+  size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  struct Plan;
+  const Plan& plan_for(const GemmShape& shape, DType type);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<std::tuple<int, int, int, bool, bool, bool, int>, Plan*> plans_;
+};
+
+}  // namespace rackstep::exec::cuda

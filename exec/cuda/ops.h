@@ -1,0 +1,60 @@
+// CUDA kernels for the memory-bound ops of the layer graph: SwiGLU, RMSNorm
+// (with gain, and the non-parametric QK-norm form), partial RoPE and the
+// residual add, forward and backward. Each is templated on the storage type
+// (float: the fp32 parity mode; __nv_bfloat16: the bf16 training mode) and
+// computes in fp32 through the formulas of exec/cuda/element_math.h, the same
+// ones tests/exec_cuda_math.cpp proves equal to exec/cpu/ on the CPU.
+// Signatures mirror exec/kernels.h (same buffers, same shapes, same gradient
+// rule: parameter gradients +=, activation gradients =), plus the stream.
+//
+//   rmsnorm_forward<float>(y, rstd, x, gain, 1e-6f, N, d, stream);
+//   RS_CUDA_CHECK(cudaGetLastError());
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rackstep::exec::cuda {
+
+// h = silu(a1) · a3.
+template <typename T>
+void swiglu_forward(T* h, const T* a1, const T* a3, size_t n, cudaStream_t stream);  // (n) each
+// da1 = dh · a3 · silu'(a1), da3 = dh · silu(a1); both overwritten.
+template <typename T>
+void swiglu_backward(T* da1, T* da3, const T* dh, const T* a1, const T* a3, size_t n,
+                     cudaStream_t stream);                                           // (n) each
+
+// y = a + b (y may alias a or b).
+template <typename T>
+void residual_forward(T* y, const T* a, const T* b, size_t n, cudaStream_t stream);  // (n) each
+
+// y = x · rstd · (gain or 1) · multiplier per row; rstd saved in fp32.
+// gain == nullptr is the non-parametric QK-norm (multiplier 1.3 in Marin).
+template <typename T>
+void rmsnorm_forward(T* y,              // (rows, d)
+                     float* rstd,       // (rows)
+                     const T* x,        // (rows, d)
+                     const float* gain, // (d) fp32 master gain, or nullptr
+                     float multiplier, float eps, int rows, int d, cudaStream_t stream);
+// dx = (overwritten); dgain += Σ_rows dy·x·rstd (fp32, deterministic: one
+// block per column chunk walks the rows in order, no atomics).
+template <typename T>
+void rmsnorm_backward(T* dx,            // (rows, d) =
+                      float* dgain,     // (d) += or nullptr
+                      const T* dy,      // (rows, d)
+                      const T* x,       // (rows, d)
+                      const float* rstd,// (rows)
+                      const float* gain,// (d) or nullptr
+                      float multiplier, int rows, int d, cudaStream_t stream);
+
+// Partial RoPE (NeoX pairing) over (N, heads, hd); sign +1 forward, −1 backward.
+template <typename T>
+void rope_apply(T* y,                  // (N, heads, hd)
+                const T* x,            // (N, heads, hd)
+                const int32_t* pos,    // (N)
+                int N, int heads, int hd, int rot_dims, float theta, float sign, cudaStream_t stream);
+
+}  // namespace rackstep::exec::cuda

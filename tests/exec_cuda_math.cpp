@@ -1,0 +1,93 @@
+// The CUDA backend's formulas (exec/cuda/element_math.h), compiled for the CPU,
+// against the CPU reference kernels: CI has no GPU, so this is where a formula
+// of the CUDA kernels that drifts from exec/cpu/ is caught.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "exec/cuda/element_math.h"
+#include "exec/kernels.h"
+
+namespace {
+
+using namespace rackstep::exec;
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Largest |a − b| / (|b| + 1e-6) over the two buffers.
+double max_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (std::abs(double(b[i])) + 1e-6));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("cuda element math: SwiGLU forward and backward equal the CPU kernels", "[cuda][math]") {
+  const size_t n = 4096;
+  const auto a1 = random_vector(n, 1, 3.0f), a3 = random_vector(n, 2), dh = random_vector(n, 3);
+  std::vector<float> h_cpu(n), da1_cpu(n), da3_cpu(n), h(n), da1(n), da3(n);
+  swiglu_forward(h_cpu.data(), a1.data(), a3.data(), n);
+  swiglu_backward(da1_cpu.data(), da3_cpu.data(), dh.data(), a1.data(), a3.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = cuda::swiglu(a1[i], a3[i]);
+    cuda::swiglu_grad(dh[i], a1[i], a3[i], &da1[i], &da3[i]);
+  }
+  CHECK(max_rel_error(h, h_cpu) == 0.0);
+  CHECK(max_rel_error(da1, da1_cpu) == 0.0);
+  CHECK(max_rel_error(da3, da3_cpu) == 0.0);
+}
+
+TEST_CASE("cuda element math: RMSNorm statistics and backward coefficient equal the CPU kernel", "[cuda][math]") {
+  const int rows = 7, d = 96;
+  const auto x = random_vector(size_t(rows) * d, 4, 2.0f), gain = random_vector(d, 5), dy = random_vector(x.size(), 6);
+  std::vector<float> y_cpu(x.size()), rstd_cpu(rows), dx_cpu(x.size()), dgain_cpu(d, 0.0f);
+  rmsnorm_forward(y_cpu.data(), rstd_cpu.data(), x.data(), gain.data(), 1e-6f, rows, d);
+  rmsnorm_backward(dx_cpu.data(), dgain_cpu.data(), dy.data(), x.data(), rstd_cpu.data(), gain.data(), rows, d);
+
+  // The kernels' per-row arithmetic, serially: block_sum changes only the order of a double sum.
+  std::vector<float> y(x.size()), dx(x.size());
+  for (int n = 0; n < rows; ++n) {
+    const float* xr = &x[size_t(n) * d];
+    double ss = 0.0, dot = 0.0;
+    for (int i = 0; i < d; ++i) ss += double(xr[i]) * xr[i];
+    const float r = cuda::rms_rstd(ss, d, 1e-6f);
+    CHECK(r == Approx(rstd_cpu[n]).epsilon(1e-6));
+    for (int i = 0; i < d; ++i) y[size_t(n) * d + i] = xr[i] * r * gain[i];
+    for (int i = 0; i < d; ++i) dot += double(dy[size_t(n) * d + i]) * gain[i] * xr[i];
+    const float k = cuda::rms_backward_k(dot, r, d);
+    for (int i = 0; i < d; ++i) dx[size_t(n) * d + i] = r * gain[i] * dy[size_t(n) * d + i] - xr[i] * k;
+  }
+  CHECK(max_rel_error(y, y_cpu) < 1e-6);
+  CHECK(max_rel_error(dx, dx_cpu) < 1e-4);  // a difference of two terms: relative error grows near 0
+}
+
+TEST_CASE("cuda element math: partial RoPE rotation equals the CPU kernel forward and backward", "[cuda][math]") {
+  const int N = 5, heads = 3, hd = 16, rot = 8;
+  const float theta = 10000.0f;
+  const auto x = random_vector(size_t(N) * heads * hd, 7);
+  const std::vector<int32_t> pos = {0, 1, 17, 4095, 16383};
+  for (float sign : {1.0f, -1.0f}) {
+    std::vector<float> y_cpu(x.size()), y(x);
+    if (sign > 0) rope_forward(y_cpu.data(), x.data(), pos.data(), N, heads, hd, rot, theta);
+    else rope_backward(y_cpu.data(), x.data(), pos.data(), N, heads, hd, rot, theta);
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < rot / 2; ++i) {
+          const size_t base = (size_t(n) * heads + h) * hd;
+          cuda::rope_rotate(x[base + i], x[base + i + rot / 2], cuda::rope_angle(pos[n], i, rot, theta), sign,
+                            &y[base + i], &y[base + i + rot / 2]);
+        }
+    CHECK(max_rel_error(y, y_cpu) == 0.0);
+  }
+}
