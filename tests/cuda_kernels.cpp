@@ -13,12 +13,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "exec/cuda/check.h"
 #include "exec/cuda/gemm.h"
 #include "exec/cuda/ops.h"
+#include "exec/cuda/optim.h"
 #include "exec/kernels.h"
+#include "exec/optim.h"
 
 namespace {
 
@@ -133,7 +136,7 @@ TEST_CASE("cuda: cuBLASLt GEMMs in the three training orientations match the CPU
   DeviceBuffer<float> gx(x), gw(w), gdy(dy), gy(y.size()), gdx(dx.size()), gdw(std::vector<float>(dw.size(), 0.25f));
   gemm.run({.m = N, .n = out, .k = in}, cuda::DType::kF32, gy.ptr, gx.ptr, gw.ptr);
   gemm.run({.m = N, .n = in, .k = out, .trans_b = true}, cuda::DType::kF32, gdx.ptr, gdy.ptr, gw.ptr);
-  gemm.run({.m = in, .n = out, .k = N, .trans_a = true, .accumulate = true}, cuda::DType::kF32, gdw.ptr, gx.ptr,
+  gemm.run({.m = in, .n = out, .k = N, .trans_a = true, .beta = 1.0f}, cuda::DType::kF32, gdw.ptr, gx.ptr,
            gdy.ptr);
   CHECK(normalised_error(gy.download(), y) < 1e-4);
   CHECK(normalised_error(gdx.download(), dx) < 1e-4);
@@ -145,6 +148,45 @@ TEST_CASE("cuda: cuBLASLt GEMMs in the three training orientations match the CPU
   DeviceBuffer<__nv_bfloat16> bx(x), bw(w), by(y.size());
   gemm.run({.m = N, .n = out, .k = in}, cuda::DType::kBF16, by.ptr, bx.ptr, bw.ptr);
   CHECK(normalised_error(by.download(), y) < 3e-2);
+}
+
+TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CPU optimizer", "[cuda][gpu][optim]") {
+  SECTION("Adam: weights and moments after one update") {
+    const size_t n = 10000;
+    auto w = random_vector(n, 11), g = random_vector(n, 12), m = random_vector(n, 13, 0.1f), v = random_vector(n, 14, 0.1f);
+    for (float& x : v) x = x * x;  // second moments are non-negative
+    cuda::AdamScalars s{.lr = 1e-3f, .b1 = 0.9f, .b2 = 0.95f, .c1 = 1.5f, .c2 = 2.0f, .eps = 1e-8f, .decay = 1e-4f};
+    DeviceBuffer<float> gw(w), gg(g), gm(m), gv(v);
+    cuda::adam_update(gw.ptr, gg.ptr, gm.ptr, gv.ptr, n, s, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      m[i] = s.b1 * m[i] + (1 - s.b1) * g[i];
+      v[i] = s.b2 * v[i] + (1 - s.b2) * g[i] * g[i];
+      w[i] -= s.lr * (m[i] * s.c1) / (std::sqrt(v[i] * s.c2) + s.eps) + s.decay * w[i];
+    }
+    CHECK(normalised_error(gw.download(), w) < 1e-6);
+    CHECK(normalised_error(gm.download(), m) < 1e-6);
+    CHECK(normalised_error(gv.download(), v) < 1e-6);
+  }
+  SECTION("Newton-Schulz, wide and tall, and the hyperball step") {
+    cuda::Gemm gemm(nullptr);
+    double* sum_work = nullptr;
+    RS_CUDA_CHECK(cudaMalloc(&sum_work, sizeof(double) * cuda::sum_squares_work_doubles()));
+    for (auto [rows, cols] : {std::pair{64, 96}, std::pair{96, 64}}) {
+      const auto gm = random_vector(size_t(rows) * cols, 15);
+      std::vector<float> o(gm.size()), work;
+      newton_schulz(gm.data(), rows, cols, 5, o.data(), work);
+      DeviceBuffer<float> dg(gm), dout(gm.size()), dwork(cuda::newton_schulz_work_floats(rows, cols));
+      cuda::newton_schulz(gemm, dg.ptr, rows, cols, 5, dout.ptr, dwork.ptr, sum_work, nullptr);
+      CHECK(normalised_error(dout.download(), o) < 1e-4);
+
+      auto w = random_vector(gm.size(), 16);
+      DeviceBuffer<float> dw(w);
+      hyperball_update(w.data(), o.data(), int64_t(o.size()), 0.02, 3.0);
+      cuda::hyperball_update(dw.ptr, dout.ptr, o.size(), 0.02, 3.0, sum_work, nullptr);
+      CHECK(normalised_error(dw.download(), w) < 1e-4);
+    }
+    cudaFree(sum_work);
+  }
 }
 
 int main(int argc, char** argv) {

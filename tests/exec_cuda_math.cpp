@@ -5,11 +5,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "exec/arena.h"
 #include "exec/cuda/element_math.h"
 #include "exec/kernels.h"
+#include "exec/optim.h"
 
 namespace {
 
@@ -90,4 +93,38 @@ TEST_CASE("cuda element math: partial RoPE rotation equals the CPU kernel forwar
         }
     CHECK(max_rel_error(y, y_cpu) == 0.0);
   }
+}
+
+TEST_CASE("cuda element math: three Adam steps equal the CPU optimizer bitwise", "[cuda][math]") {
+  const int64_t n = 1000;
+  auto layout = std::make_shared<ArenaLayout>(std::vector<TensorSpec>{{"gain", {n}, OptGroup::kAdam}});
+  Arena params(layout), grads(layout);
+  const auto w_init = random_vector(n, 11);
+  std::copy(w_init.begin(), w_init.end(), params.view("gain").data);
+  OptimizerState st = init_optimizer_state(params);
+  OptimizerConfig cfg;
+  cfg.adam_lr = 0.01;
+  cfg.adam_weight_decay = 0.1;
+  cfg.total_steps = 10;
+  Optimizer opt(cfg);
+
+  std::vector<float> w = w_init, m(n, 0.0f), v(n, 0.0f);
+  for (int step = 0; step < 3; ++step) {
+    const auto g = random_vector(n, 20 + step);
+    std::copy(g.begin(), g.end(), grads.view("gain").data);
+    // The scalars exactly as exec/optim.cpp forms them.
+    const double lr_now = opt.lr(OptGroup::kAdam, step), t = step + 1.0;
+    const auto c1 = static_cast<float>(1.0 / (1.0 - std::pow(cfg.beta1, t)));
+    const auto c2 = static_cast<float>(1.0 / (1.0 - std::pow(cfg.beta2, t)));
+    const auto b1 = static_cast<float>(cfg.beta1), b2 = static_cast<float>(cfg.beta2);
+    const auto lr_f = static_cast<float>(lr_now), decay = static_cast<float>(lr_now * cfg.adam_weight_decay);
+    opt.step(params, grads, st);
+    for (int64_t i = 0; i < n; ++i) {
+      cuda::adam_moments(g[i], b1, b2, &m[i], &v[i]);
+      w[i] = cuda::adam_weight(w[i], m[i], v[i], lr_f, c1, c2, static_cast<float>(cfg.eps), decay);
+    }
+  }
+  const float* w_cpu = params.view("gain").data;
+  for (int64_t i = 0; i < n; ++i) REQUIRE(w[i] == w_cpu[i]);
+  for (int64_t i = 0; i < n; ++i) REQUIRE(m[i] == st.momentum.view("gain").data[i]);
 }

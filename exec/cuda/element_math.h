@@ -59,4 +59,24 @@ RS_HOST_DEVICE void rope_rotate(float x1, float x2, double angle, float sign, fl
   *y2 = x2 * c + x1 * s;
 }
 
+// Adam moments of one element (exec/optim.cpp): m ← β1 m + (1−β1) g, v ← β2 v + (1−β2) g².
+RS_HOST_DEVICE void adam_moments(float g, float b1, float b2, float* m, float* v) {
+  *m = b1 * *m + (1 - b1) * g;
+  *v = b2 * *v + (1 - b2) * g * g;
+}
+// The bias-corrected Adam direction; c1, c2 = 1/(1 − β^t).
+RS_HOST_DEVICE float adam_direction(float m, float v, float c1, float c2, float eps) {
+  return (m * c1) / (sqrtf(v * c2) + eps);
+}
+// Plain Adam's new weight, associated as exec/optim.cpp writes it (lr·(m c1)
+// first, then the division), so fp32 results agree bitwise.
+RS_HOST_DEVICE float adam_weight(float w, float m, float v, float lr, float c1, float c2, float eps, float decay) {
+  return w - (lr * (m * c1) / (sqrtf(v * c2) + eps) + decay * w);
+}
+// Muon momentum with Nesterov look-ahead: m ← β1 m + (1−β1) g; returns u = (1−β1) g + β1 m.
+RS_HOST_DEVICE float muon_momentum(float g, float b1, float* m) {
+  *m = b1 * *m + (1 - b1) * g;
+  return (1 - b1) * g + b1 * *m;
+}
+
 }  // namespace rackstep::exec::cuda

@@ -73,8 +73,7 @@ const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type) {
 
 void Gemm::run(const GemmShape& s, DType type, void* c, const void* a, const void* b) {
   const Plan& plan = plan_for(s, type);
-  const float alpha = 1.0f, beta = s.accumulate ? 1.0f : 0.0f;
-  RS_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,
+  RS_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &s.alpha, b, plan.a, a, plan.b, &s.beta, c, plan.c, c, plan.c,
                                  &plan.algo, workspace_, workspace_bytes_, stream_));
 }
 

@@ -1,6 +1,7 @@
 // Dense GEMMs of the CUDA backend through cuBLASLt, in the row-major terms of
-// exec/kernels.h: C (M, N) = op(A) · op(B) (+ C when accumulating), A (M, K) or
-// its transpose stored (K, M), B (K, N) or stored (N, K). One heuristic
+// exec/kernels.h: C (M, N) = op(A) · op(B) (+ C when beta = 1), A (M, K) or
+// its transpose stored (K, M), B (K, N) or stored (N, K); C = alpha·op(A)·op(B)
+// + beta·C in general (Newton–Schulz needs both scalars). One heuristic
 // algorithm per distinct shape and type, asked once and cached (cuBLASLt's
 // heuristic query costs more than a small GEMM); one workspace per handle.
 //
@@ -10,7 +11,7 @@
 //   Gemm gemm(stream);
 //   gemm.run({.m = N, .n = out, .k = in}, DType::kF32, y, x, w);             // y = x·W
 //   gemm.run({.m = N, .n = in, .k = out, .trans_b = true}, DType::kF32, dx, dy, w);  // dx = dy·Wᵀ
-//   gemm.run({.m = in, .n = out, .k = N, .trans_a = true, .accumulate = true},
+//   gemm.run({.m = in, .n = out, .k = N, .trans_a = true, .beta = 1.0f},
 //            DType::kF32, dw, x, dy);                                          // dW += xᵀ·dy
 #pragma once
 
@@ -30,8 +31,10 @@ struct GemmShape {
   int m = 0, n = 0, k = 0;   // C is (m, n); the contraction is k
   bool trans_a = false;      // A stored (k, m) and used transposed
   bool trans_b = false;      // B stored (n, k) and used transposed
-  bool accumulate = false;   // C += instead of C =
-  auto key() const { return std::make_tuple(m, n, k, trans_a, trans_b, accumulate); }
+  float alpha = 1.0f;        // scales op(A)·op(B)
+  float beta = 0.0f;         // scales C's old contents (1: accumulate; 0: C's contents are ignored)
+  // The algorithm depends on shape and transposes only; the scalars are run-time arguments.
+  auto key() const { return std::make_tuple(m, n, k, trans_a, trans_b); }
 };
 
 class Gemm {
@@ -54,7 +57,7 @@ class Gemm {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  std::map<std::tuple<int, int, int, bool, bool, bool, int>, Plan*> plans_;
+  std::map<std::tuple<int, int, int, bool, bool, int>, Plan*> plans_;
 };
 
 }  // namespace rackstep::exec::cuda

@@ -12,6 +12,7 @@ extern "C" {
 enum CBLAS_ORDER { CblasRowMajor = 101, CblasColMajor = 102 };
 enum CBLAS_TRANSPOSE { CblasNoTrans = 111, CblasTrans = 112, CblasConjTrans = 113 };
 typedef enum CBLAS_ORDER CBLAS_LAYOUT;
+typedef int blasint;  // OpenBLAS's index type (32-bit in Debian's build)
 
 // C = alpha op(A) op(B) + beta C, BLAS semantics (beta = 0 ignores C's contents).
 void cblas_sgemm(enum CBLAS_ORDER order, enum CBLAS_TRANSPOSE trans_a, enum CBLAS_TRANSPOSE trans_b, int m, int n,
