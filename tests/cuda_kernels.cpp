@@ -150,6 +150,37 @@ TEST_CASE("cuda: cuBLASLt GEMMs in the three training orientations match the CPU
   CHECK(normalised_error(by.download(), y) < 3e-2);
 }
 
+TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, documents, GQA)", "[cuda][gpu]") {
+  const int B = 2, T = 200, H = 8, kv_stored = 4, kv_used = 2, hd = 64, window = 48;
+  const float scale = 0.125f;
+  const auto q = random_vector(size_t(B) * T * H * hd, 40), k = random_vector(size_t(B) * T * kv_stored * hd, 41),
+             v = random_vector(size_t(B) * T * kv_stored * hd, 42), dout = random_vector(q.size(), 43);
+  std::vector<int32_t> doc(size_t(B) * T);
+  for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<int32_t>(i % T / 70);
+  for (int w : {0, window}) {
+    std::vector<float> o(q.size()), lse(size_t(B) * H * T), dq(q.size()), dk(k.size()), dv(v.size());
+    attention_forward(o.data(), lse.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kv_stored, kv_used, hd,
+                      w, scale);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), o.data(),
+                       lse.data(), doc.data(), B, T, H, kv_stored, kv_used, hd, w, scale);
+    DeviceBuffer<float> gq(q), gk(k), gv(v), gdout(dout), go(q.size()), glse(lse.size()), gdq(q.size()),
+        gdk(k.size()), gdv(v.size()), gdelta(lse.size());
+    int32_t* gdoc = nullptr;
+    RS_CUDA_CHECK(cudaMalloc(&gdoc, sizeof(int32_t) * doc.size()));
+    RS_CUDA_CHECK(cudaMemcpy(gdoc, doc.data(), sizeof(int32_t) * doc.size(), cudaMemcpyHostToDevice));
+    cuda::attention_forward(go.ptr, glse.ptr, gq.ptr, gk.ptr, gv.ptr, gdoc, B, T, H, kv_stored, kv_used, hd, w, scale,
+                            nullptr);
+    cuda::attention_backward(gdq.ptr, gdk.ptr, gdv.ptr, gdout.ptr, gq.ptr, gk.ptr, gv.ptr, go.ptr, glse.ptr, gdoc,
+                             gdelta.ptr, B, T, H, kv_stored, kv_used, hd, w, scale, false, nullptr);
+    CHECK(normalised_error(go.download(), o) < 1e-5);
+    CHECK(normalised_error(glse.download(), lse) < 1e-5);
+    CHECK(normalised_error(gdq.download(), dq) < 1e-4);
+    CHECK(normalised_error(gdk.download(), dk) < 1e-4);
+    CHECK(normalised_error(gdv.download(), dv) < 1e-4);
+    cudaFree(gdoc);
+  }
+}
+
 TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CPU optimizer", "[cuda][gpu][optim]") {
   SECTION("Adam: weights and moments after one update") {
     const size_t n = 10000;

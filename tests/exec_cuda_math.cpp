@@ -128,3 +128,52 @@ TEST_CASE("cuda element math: three Adam steps equal the CPU optimizer bitwise",
   for (int64_t i = 0; i < n; ++i) REQUIRE(w[i] == w_cpu[i]);
   for (int64_t i = 0; i < n; ++i) REQUIRE(m[i] == st.momentum.view("gain").data[i]);
 }
+
+TEST_CASE("cuda element math: attention visibility and GQA mapping reproduce the CPU attention", "[cuda][math]") {
+  // A naive attention over the shared visibility rule against exec's kernel:
+  // window, documents and GQA with fewer KV heads used than stored.
+  const int B = 2, T = 24, H = 4, kv_stored = 2, kv_used = 1, hd = 8, window = 7;
+  const float scale = 0.35f;
+  const auto q = random_vector(size_t(B) * T * H * hd, 30), k = random_vector(size_t(B) * T * kv_stored * hd, 31),
+             v = random_vector(size_t(B) * T * kv_stored * hd, 32);
+  std::vector<int32_t> doc(size_t(B) * T);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) doc[size_t(b) * T + t] = (t + 3 * b) / 10;  // documents of 10 tokens
+  std::vector<float> o_cpu(q.size()), lse_cpu(size_t(B) * H * T);
+  attention_forward(o_cpu.data(), lse_cpu.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kv_stored,
+                    kv_used, hd, window, scale);
+
+  std::vector<float> o(q.size());
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        const int g = cuda::kv_head_of(h, H, kv_used);
+        const float* qr = &q[((size_t(b) * T + t) * H + h) * hd];
+        std::vector<double> s(T, -1e300);
+        double mx = -1e300;
+        for (int j = 0; j < T; ++j) {
+          if (!cuda::attention_visible(t, j, window, doc[size_t(b) * T + t], doc[size_t(b) * T + j])) continue;
+          double dot = 0;
+          for (int d = 0; d < hd; ++d) dot += double(qr[d]) * k[((size_t(b) * T + j) * kv_stored + g) * hd + d];
+          s[j] = scale * dot;
+          mx = std::max(mx, s[j]);
+        }
+        double l = 0;
+        std::vector<double> acc(hd, 0.0);
+        for (int j = 0; j < T; ++j) {
+          if (s[j] <= -1e299) continue;
+          const double p = std::exp(s[j] - mx);
+          l += p;
+          for (int d = 0; d < hd; ++d) acc[d] += p * v[((size_t(b) * T + j) * kv_stored + g) * hd + d];
+        }
+        for (int d = 0; d < hd; ++d) o[((size_t(b) * T + t) * H + h) * hd + d] = static_cast<float>(acc[d] / l);
+        CHECK(lse_cpu[(size_t(b) * H + h) * T + t] == Approx(mx + std::log(l)).epsilon(1e-5));
+      }
+  CHECK(max_rel_error(o, o_cpu) < 1e-3);  // relative per element: near-zero outputs dominate
+  double diff = 0, scale_max = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    diff = std::max(diff, std::abs(double(o[i]) - o_cpu[i]));
+    scale_max = std::max(scale_max, std::abs(double(o_cpu[i])));
+  }
+  CHECK(diff / scale_max < 1e-5);
+}

@@ -59,6 +59,15 @@ RS_HOST_DEVICE void rope_rotate(float x1, float x2, double angle, float sign, fl
   *y2 = x2 * c + x1 * s;
 }
 
+// Attention visibility (exec/kernels.h, attention_forward): key j is visible to
+// query i of the same sequence iff j ≤ i, i − window < j when window > 0, and
+// both tokens are in one document when documents are given (doc_i == doc_j).
+RS_HOST_DEVICE bool attention_visible(int i, int j, int window, int doc_i, int doc_j) {
+  return j <= i && (window <= 0 || i - window < j) && doc_i == doc_j;
+}
+// The kv head query head h reads: GQA groups of H / kv_used query heads.
+RS_HOST_DEVICE int kv_head_of(int h, int H, int kv_used) { return h / (H / kv_used); }
+
 // Adam moments of one element (exec/optim.cpp): m ← β1 m + (1−β1) g, v ← β2 v + (1−β2) g².
 RS_HOST_DEVICE void adam_moments(float g, float b1, float b2, float* m, float* v) {
   *m = b1 * *m + (1 - b1) * g;

@@ -57,4 +57,30 @@ void rope_apply(T* y,                  // (N, heads, hd)
                 const int32_t* pos,    // (N)
                 int N, int heads, int hd, int rot_dims, float theta, float sign, cudaStream_t stream);
 
+// Causal softmax attention with sliding window, GQA (kv_used of kv_stored
+// heads read) and document masking, as exec/kernels.h's attention_forward /
+// attention_backward (same buffers and shapes; lse saved in fp32). hd ≤ 256.
+// One warp per query row (forward, dq) or key row (dk, dv): exact and
+// deterministic (no atomics), not yet fast — the tensor-core version is future work.
+template <typename Elem>
+void attention_forward(Elem* o,             // (B, T, H, hd)
+                       float* lse,          // (B, H, T)
+                       const Elem* q,       // (B, T, H, hd)
+                       const Elem* k,       // (B, T, kv_stored, hd)
+                       const Elem* v,       // (B, T, kv_stored, hd)
+                       const int32_t* doc,  // (B, T) or nullptr
+                       int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
+                       cudaStream_t stream);
+// dq =; dk, dv = (or += with accumulate_dkv); heads ≥ kv_used of dk/dv get
+// zero (or are left as they are). `delta` is scratch of B·H·T floats.
+template <typename Elem>
+void attention_backward(Elem* dq, Elem* dk, Elem* dv,  // as q, k, v
+                        const Elem* dout,              // (B, T, H, hd)
+                        const Elem* q, const Elem* k, const Elem* v, const Elem* o,
+                        const float* lse,              // (B, H, T)
+                        const int32_t* doc,            // (B, T) or nullptr
+                        float* delta,                  // (B, H, T) scratch: Σ dout·o per query row
+                        int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
+                        bool accumulate_dkv, cudaStream_t stream);
+
 }  // namespace rackstep::exec::cuda
