@@ -181,6 +181,43 @@ TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, d
   }
 }
 
+TEST_CASE("cuda: cross-entropy with z-loss and the embedding match the CPU kernels", "[cuda][gpu]") {
+  const int N = 96, V = 5000, d = 64;
+  const auto logits = random_vector(size_t(N) * V, 50, 3.0f);
+  std::vector<int32_t> targets(N);
+  for (int t = 0; t < N; ++t) targets[t] = t % 7 == 3 ? -1 : (t * 131) % V;  // some ignored
+  std::vector<float> lse(N), dlogits(logits.size());
+  const CrossEntropyResult want = cross_entropy_forward(lse.data(), logits.data(), targets.data(), N, V, 1e-4f, 200);
+  cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), N, V, 1e-4f, 200);
+
+  DeviceBuffer<float> glogits(logits), glse(N), gdl(logits.size());
+  DeviceBuffer<double> terms(size_t(2) * N);
+  int32_t* gt = nullptr;
+  RS_CUDA_CHECK(cudaMalloc(&gt, sizeof(int32_t) * N));
+  RS_CUDA_CHECK(cudaMemcpy(gt, targets.data(), sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+  const cuda::CrossEntropySums got =
+      cuda::cross_entropy_forward(glse.ptr, terms.ptr, glogits.ptr, gt, N, V, 1e-4f, 200, nullptr);
+  cuda::cross_entropy_backward(gdl.ptr, glogits.ptr, glse.ptr, gt, N, V, 1e-4f, 200, nullptr);
+  CHECK(got.ce == Approx(want.ce).epsilon(1e-9));
+  CHECK(got.z_loss == Approx(want.z_loss).epsilon(1e-9));
+  CHECK(normalised_error(glse.download(), lse) < 1e-6);
+  CHECK(normalised_error(gdl.download(), dlogits) < 1e-5);
+
+  const auto table = random_vector(size_t(V) * d, 51), dout = random_vector(size_t(N) * d, 52);
+  std::vector<int32_t> tokens(N);
+  for (int t = 0; t < N; ++t) tokens[t] = (t * 7) % 50;  // repeats: the backward must add them
+  std::vector<float> out(size_t(N) * d), dtable(table.size(), 0.0f);
+  embedding_forward(out.data(), tokens.data(), table.data(), N, d, V);
+  embedding_backward(dtable.data(), dout.data(), tokens.data(), N, d, V);
+  DeviceBuffer<float> gtable(table), gout(out.size()), gdout(dout), gdtable(std::vector<float>(table.size(), 0.0f));
+  RS_CUDA_CHECK(cudaMemcpy(gt, tokens.data(), sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+  cuda::embedding_forward(gout.ptr, gt, gtable.ptr, N, d, nullptr);
+  cuda::embedding_backward(gdtable.ptr, gdout.ptr, gt, N, d, nullptr);
+  CHECK(normalised_error(gout.download(), out) == 0.0);
+  CHECK(normalised_error(gdtable.download(), dtable) < 1e-6);
+  cudaFree(gt);
+}
+
 TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CPU optimizer", "[cuda][gpu][optim]") {
   SECTION("Adam: weights and moments after one update") {
     const size_t n = 10000;

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/element_access.cuh"
 #include "exec/cuda/element_math.h"
 #include "exec/cuda/ops.h"
 #include "models/check.h"
@@ -17,10 +18,6 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kMaxPerLane = 8;  // hd ≤ 256
 
-__device__ __forceinline__ float load(const float* p, size_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void store(float* p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16(v); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/element_access.cuh"
 #include "exec/cuda/element_math.h"
 #include "exec/cuda/ops.h"
 
@@ -12,25 +13,18 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float load(const float* p, size_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void store(float* p, size_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, size_t i, float v) { p[i] = __float2bfloat16(v); }
 
-int blocks_for(size_t n) {
-  const size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 65535 * 8 ? b : 65535 * 8);  // grid-stride covers the rest
-}
+int blocks_for(size_t n) { return grid_blocks(n, kThreads); }
 
 template <typename T>
 __global__ void swiglu_forward_kernel(T* h, const T* a1, const T* a3, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+  RS_GRID_STRIDE(i, n)
     store(h, i, swiglu(load(a1, i), load(a3, i)));
 }
 
 template <typename T>
 __global__ void swiglu_backward_kernel(T* da1, T* da3, const T* dh, const T* a1, const T* a3, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  RS_GRID_STRIDE(i, n) {
     float g1, g3;
     swiglu_grad(load(dh, i), load(a1, i), load(a3, i), &g1, &g3);
     store(da1, i, g1);
@@ -40,7 +34,7 @@ __global__ void swiglu_backward_kernel(T* da1, T* da3, const T* dh, const T* a1,
 
 template <typename T>
 __global__ void residual_forward_kernel(T* y, const T* a, const T* b, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+  RS_GRID_STRIDE(i, n)
     store(y, i, load(a, i) + load(b, i));
 }
 
@@ -106,7 +100,7 @@ __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int N, int hea
                             float theta, float sign) {
   const int half = rot_dims / 2;
   const size_t pairs = size_t(N) * heads * half;
-  for (size_t p = blockIdx.x * size_t(blockDim.x) + threadIdx.x; p < pairs; p += size_t(gridDim.x) * blockDim.x) {
+  RS_GRID_STRIDE(p, pairs) {
     const int i = static_cast<int>(p % half);
     const size_t row = p / half;                     // (token, head)
     const int token = static_cast<int>(row / heads);
@@ -123,7 +117,7 @@ template <typename T>
 __global__ void copy_tail_kernel(T* y, const T* x, size_t rows, int hd, int from) {
   const int width = hd - from;
   const size_t n = rows * width;
-  for (size_t j = blockIdx.x * size_t(blockDim.x) + threadIdx.x; j < n; j += size_t(gridDim.x) * blockDim.x) {
+  RS_GRID_STRIDE(j, n) {
     const size_t idx = (j / width) * hd + from + j % width;
     y[idx] = x[idx];
   }

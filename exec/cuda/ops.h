@@ -83,4 +83,39 @@ void attention_backward(Elem* dq, Elem* dk, Elem* dv,  // as q, k, v
                         int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
                         bool accumulate_dkv, cudaStream_t stream);
 
+// out[t] = table[tokens[t]] (fp32 master table, T activations).
+template <typename Elem>
+void embedding_forward(Elem* out,              // (N, d)
+                       const int32_t* tokens,  // (N), each in [0, V)
+                       const float* table,     // (V, d)
+                       int N, int d, cudaStream_t stream);
+// dtable[tokens[t]] += dout[t]; deterministic: a thread per column walks the
+// tokens in order (as the CPU kernel's threads do), no atomics.
+template <typename Elem>
+void embedding_backward(float* dtable,          // (V, d) +=
+                        const Elem* dout,       // (N, d)
+                        const int32_t* tokens,  // (N)
+                        int N, int d, cudaStream_t stream);
+
+// Cross-entropy with logit z-loss over a chunk of tokens, as exec/kernels.h's
+// cross_entropy_forward (the chunk's shares of the batch means; waits for the
+// stream to return them). row_terms is scratch of 2·N doubles.
+struct CrossEntropySums {
+  double ce = 0, z_loss = 0;
+};
+template <typename Elem>
+CrossEntropySums cross_entropy_forward(float* lse,               // (N)
+                                       double* row_terms,        // (2, N) scratch
+                                       const Elem* logits,       // (N, V)
+                                       const int32_t* targets,   // (N), < 0 ignored
+                                       int N, int V, float z_weight, int64_t n_total, cudaStream_t stream);
+// dlogits = (softmax − onehot + 2 z_weight lse softmax) / n_total; rows of
+// ignored targets zero. dlogits may alias logits.
+template <typename Elem>
+void cross_entropy_backward(Elem* dlogits,            // (N, V) =
+                            const Elem* logits,       // (N, V)
+                            const float* lse,         // (N)
+                            const int32_t* targets,   // (N)
+                            int N, int V, float z_weight, int64_t n_total, cudaStream_t stream);
+
 }  // namespace rackstep::exec::cuda

@@ -1,6 +1,7 @@
 // Element kernels of the GPU optimizer (exec/cuda/optim.h) and the small
 // helpers its host orchestration (exec/cuda/optim.cpp) strings together.
 #include "exec/cuda/check.h"
+#include "exec/cuda/element_access.cuh"
 #include "exec/cuda/element_math.h"
 #include "exec/cuda/optim.h"
 #include "exec/cuda/optim_detail.h"
@@ -11,13 +12,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kSumBlocks = 256;  // fixed: the partials' order, hence the sum, never changes
 
-int blocks_for(size_t n) {
-  const size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 65535 * 8 ? b : 65535 * 8);
-}
+int blocks_for(size_t n) { return grid_blocks(n, kThreads); }
 
-#define RS_GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < (n); i += size_t(gridDim.x) * blockDim.x)
 
 __global__ void adam_update_kernel(float* w, const float* g, float* m, float* v, size_t n, AdamScalars s) {
   RS_GRID_STRIDE(i, n) {
