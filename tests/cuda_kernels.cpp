@@ -9,8 +9,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <cstdio>
 #include <random>
 #include <utility>
@@ -18,6 +20,7 @@
 
 #include "exec/cuda/check.h"
 #include "exec/cuda/gemm.h"
+#include "exec/cuda/moe.h"
 #include "exec/cuda/ops.h"
 #include "exec/cuda/optim.h"
 #include "exec/kernels.h"
@@ -216,6 +219,117 @@ TEST_CASE("cuda: cross-entropy with z-loss and the embedding match the CPU kerne
   CHECK(normalised_error(gout.download(), out) == 0.0);
   CHECK(normalised_error(gdtable.download(), dtable) < 1e-6);
   cudaFree(gt);
+}
+
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  T* p = nullptr;
+  RS_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * std::max<size_t>(1, host.size())));
+  RS_CUDA_CHECK(cudaMemcpy(p, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice));
+  return p;
+}
+template <typename T>
+std::vector<T> host_copy(const T* p, size_t n) {
+  std::vector<T> out(n);
+  RS_CUDA_CHECK(cudaMemcpy(out.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "[cuda][gpu][moe]") {
+  const int N = 300, E = 16, k = 4, L = 48, F = 80, A = N * k, n_bins = 64;
+  const float lo = -8.0f, hi = 8.0f;
+  for (RouterKind kind : {RouterKind::kSigmoid, RouterKind::kSoftmax}) {
+    const auto logits = random_vector(size_t(N) * E, 60, 2.0f), bias = random_vector(E, 61, 0.3f);
+    // Router.
+    std::vector<int32_t> expert(A);
+    std::vector<float> weight(A), threshold(N);
+    router_forward(expert.data(), weight.data(), threshold.data(), logits.data(), bias.data(), N, E, k, kind, 2.5f);
+    float *g_logits = device_copy(logits), *g_bias = device_copy(bias);
+    int32_t* g_expert = device_copy(std::vector<int32_t>(A));
+    float *g_weight = device_copy(std::vector<float>(A)), *g_threshold = device_copy(std::vector<float>(N));
+    cuda::router_forward(g_expert, g_weight, g_threshold, g_logits, g_bias, N, E, k, kind, 2.5f, nullptr);
+    REQUIRE(host_copy(g_expert, A) == expert);
+    CHECK(normalised_error(host_copy(g_weight, A), weight) < 1e-6);
+    CHECK(normalised_error(host_copy(g_threshold, N), threshold) == 0.0);
+    const auto dweight = random_vector(A, 62);
+    std::vector<float> dlogits(size_t(N) * E);
+    router_backward(dlogits.data(), dweight.data(), weight.data(), expert.data(), logits.data(), N, E, k, kind, 2.5f);
+    float *g_dweight = device_copy(dweight), *g_dlogits = device_copy(std::vector<float>(dlogits.size()));
+    cuda::router_backward(g_dlogits, g_dweight, g_weight, g_expert, g_logits, N, E, k, kind, 2.5f, nullptr);
+    CHECK(normalised_error(host_copy(g_dlogits, dlogits.size()), dlogits) < 1e-5);
+
+    // Quantile balancing.
+    std::vector<int64_t> counts(size_t(E) * n_bins, 3);
+    std::vector<float> qb(E);
+    qb_histogram(counts.data(), logits.data(), N, E, n_bins, lo, hi);
+    qb_bias_from_histogram(qb.data(), counts.data(), E, k, n_bins, lo, hi);
+    int64_t* g_counts = device_copy(std::vector<int64_t>(counts.size(), 3));
+    float* g_qb = device_copy(std::vector<float>(E));
+    cuda::qb_histogram(g_counts, g_logits, N, E, n_bins, lo, hi, nullptr);
+    cuda::qb_bias_from_histogram(g_qb, g_counts, E, k, n_bins, lo, hi, nullptr);
+    REQUIRE(host_copy(g_counts, counts.size()) == counts);
+    CHECK(normalised_error(host_copy(g_qb, E), qb) == 0.0);
+
+    // Grouping, gather, experts with drops, combine: forward and backward.
+    std::vector<int32_t> sorted_pos(A), offsets(E + 1);
+    moe_group_by_expert(sorted_pos.data(), offsets.data(), expert.data(), A, E);
+    int32_t *g_pos = device_copy(std::vector<int32_t>(A)), *g_offsets = device_copy(std::vector<int32_t>(E + 1));
+    void* scratch = nullptr;
+    RS_CUDA_CHECK(cudaMalloc(&scratch, cuda::group_by_expert_scratch_bytes(A)));
+    cuda::group_by_expert(g_pos, g_offsets, g_expert, A, E, scratch, nullptr);
+    REQUIRE(host_copy(g_pos, A) == sorted_pos);
+    REQUIRE(host_copy(g_offsets, E + 1) == offsets);
+
+    const auto x = random_vector(size_t(N) * L, 63), w1 = random_vector(size_t(E) * L * F, 64, 0.1f),
+               w3 = random_vector(w1.size(), 65, 0.1f), w2 = random_vector(w1.size(), 66, 0.1f),
+               dy = random_vector(size_t(N) * L, 67);
+    std::vector<uint8_t> keep(A);
+    for (int r = 0; r < A; ++r) keep[r] = r % 9 != 4;  // some dropped rows
+    std::vector<float> xs(size_t(A) * L), ys(xs.size()), a1(size_t(A) * F), a3(a1.size()), h(a1.size()),
+        y(size_t(N) * L), dys(xs.size()), dw(static_cast<size_t>(A)), dxs(xs.size()), dx(x.size()),
+        dw1(w1.size(), 0.0f), dw3(w1.size(), 0.0f), dw2(w1.size(), 0.0f),
+        scratch_cpu(experts_scratch_floats(A, L, F));
+    moe_gather_forward(xs.data(), x.data(), sorted_pos.data(), N, k, L);
+    experts_forward(ys.data(), a1.data(), a3.data(), h.data(), xs.data(), offsets.data(), keep.data(), w1.data(),
+                    w3.data(), w2.data(), A, E, L, F);
+    moe_combine_forward(y.data(), ys.data(), weight.data(), sorted_pos.data(), N, k, L);
+    moe_combine_backward(dys.data(), dw.data(), dy.data(), ys.data(), weight.data(), sorted_pos.data(), N, k, L);
+    experts_backward(dxs.data(), dw1.data(), dw3.data(), dw2.data(), dys.data(), xs.data(), a1.data(), a3.data(),
+                     h.data(), offsets.data(), keep.data(), w1.data(), w3.data(), w2.data(), scratch_cpu.data(), A, E,
+                     L, F);
+    moe_gather_backward(dx.data(), dxs.data(), sorted_pos.data(), N, k, L);
+
+    cuda::Gemm gemm(nullptr);
+    float *g_x = device_copy(x), *g_w1 = device_copy(w1), *g_w3 = device_copy(w3), *g_w2 = device_copy(w2),
+          *g_dy = device_copy(dy);
+    uint8_t* g_keep = device_copy(keep);
+    float *g_xs = device_copy(xs), *g_ys = device_copy(ys), *g_a1 = device_copy(a1), *g_a3 = device_copy(a3),
+          *g_h = device_copy(h), *g_y = device_copy(y), *g_dys = device_copy(dys), *g_dw = device_copy(dw),
+          *g_dxs = device_copy(dxs), *g_dx = device_copy(dx), *g_dw1 = device_copy(std::vector<float>(w1.size())),
+          *g_dw3 = device_copy(std::vector<float>(w1.size())), *g_dw2 = device_copy(std::vector<float>(w1.size())),
+          *g_scratch = device_copy(scratch_cpu);
+    cuda::gather_forward(g_xs, g_x, g_pos, N, k, L, nullptr);
+    cuda::experts_forward(gemm, g_ys, g_a1, g_a3, g_h, g_xs, offsets.data(), g_keep, g_w1, g_w3, g_w2, A, E, L, F,
+                          nullptr);
+    cuda::combine_forward(g_y, g_ys, g_weight, g_pos, N, k, L, nullptr);
+    cuda::combine_backward(g_dys, g_dw, g_dy, g_ys, g_weight, g_pos, N, k, L, nullptr);
+    cuda::experts_backward(gemm, g_dxs, g_dw1, g_dw3, g_dw2, g_dys, g_xs, g_a1, g_a3, g_h, offsets.data(), g_keep,
+                           g_w1, g_w3, g_w2, g_scratch, A, E, L, F, nullptr);
+    cuda::gather_backward(g_dx, g_dxs, g_pos, N, k, L, nullptr);
+    CHECK(normalised_error(host_copy(g_xs, xs.size()), xs) == 0.0);
+    CHECK(normalised_error(host_copy(g_ys, ys.size()), ys) < 1e-4);
+    CHECK(normalised_error(host_copy(g_y, y.size()), y) < 1e-4);
+    CHECK(normalised_error(host_copy(g_dw, dw.size()), dw) < 1e-4);
+    CHECK(normalised_error(host_copy(g_dw1, dw1.size()), dw1) < 1e-4);
+    CHECK(normalised_error(host_copy(g_dw2, dw2.size()), dw2) < 1e-4);
+    CHECK(normalised_error(host_copy(g_dw3, dw3.size()), dw3) < 1e-4);
+    CHECK(normalised_error(host_copy(g_dx, dx.size()), dx) < 1e-4);
+    for (void* p : std::initializer_list<void*>{g_logits, g_bias, g_expert, g_weight, g_threshold, g_dweight, g_dlogits,
+                                                g_counts, g_qb, g_pos, g_offsets, scratch, g_x, g_w1, g_w3, g_w2, g_dy,
+                                                g_keep, g_xs, g_ys, g_a1, g_a3, g_h, g_y, g_dys, g_dw, g_dxs, g_dx,
+                                                g_dw1, g_dw3, g_dw2, g_scratch})
+      cudaFree(p);
+  }
 }
 
 TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CPU optimizer", "[cuda][gpu][optim]") {

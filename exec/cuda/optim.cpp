@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "exec/cuda/check.h"
-#include "exec/cuda/optim_detail.h"
+#include "exec/cuda/detail.h"
 #include "exec/optim.h"
 #include "models/check.h"
 

@@ -4,7 +4,7 @@
 #include "exec/cuda/element_access.cuh"
 #include "exec/cuda/element_math.h"
 #include "exec/cuda/optim.h"
-#include "exec/cuda/optim_detail.h"
+#include "exec/cuda/detail.h"
 
 namespace rackstep::exec::cuda {
 namespace {

@@ -1,4 +1,5 @@
-// Helpers shared by exec/cuda/optim_kernels.cu and exec/cuda/optim.cpp (not public).
+// Small launchers shared by the CUDA backend's host-side orchestration
+// (exec/cuda/optim.cpp, exec/cuda/moe.cpp); not public.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,5 +12,7 @@ namespace rackstep::exec::cuda::detail {
 void scale(float* x, size_t n, float s, cudaStream_t stream);                          // x *= s
 void axpy(float* y, const float* x, size_t n, float a, cudaStream_t stream);           // y += a x
 void transpose(float* out, const float* in, int64_t rows, int64_t cols, cudaStream_t stream);  // (rows, cols) -> (cols, rows)
+// dst[r] = keep[r] ? src[r] : 0 per row of L floats (dst may alias src).
+void zero_dropped_rows(float* dst, const float* src, const uint8_t* keep, int rows, int L, cudaStream_t stream);
 
 }  // namespace rackstep::exec::cuda::detail

@@ -1,0 +1,290 @@
+// Routed-expert kernels (exec/cuda/moe.h): one thread per token for the router,
+// one per (expert) for the QB bias, element-parallel gathers, one warp per
+// (token, choice) for the combine backward's dot products, CUB for grouping.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "exec/cuda/check.h"
+#include "exec/cuda/detail.h"
+#include "exec/cuda/element_access.cuh"
+#include "exec/cuda/element_math.h"
+#include "exec/cuda/moe.h"
+#include "exec/cuda/ops.h"
+#include "models/check.h"
+
+namespace rackstep::exec::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void router_forward_kernel(int32_t* expert, float* weight, float* threshold, const float* logits,
+                                      const float* bias, int N, int E, int k, bool softmax, float weight_sum) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const float* l = logits + size_t(t) * E;
+  const int pick = min(k + 1, E);
+  int chosen[kMaxTopK + 1];
+  // Repeated arg-max over the biased scores; strict > keeps ties on the lower id.
+  for (int j = 0; j < pick; ++j) {
+    int best = -1;
+    float best_score = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int m = 0; m < j; ++m) taken |= chosen[m] == e;
+      if (taken) continue;
+      const float s = l[e] + (bias ? bias[e] : 0.0f);
+      if (best < 0 || s > best_score) {
+        best = e;
+        best_score = s;
+      }
+    }
+    chosen[j] = best;
+  }
+  threshold[t] = k < E ? l[chosen[k]] + (bias ? bias[chosen[k]] : 0.0f) : -INFINITY;
+  const float shift = softmax ? l[chosen[0]] : 0.0f;
+  double sum = 0.0;
+  for (int j = 0; j < k; ++j) {
+    const float lj = l[chosen[j]];
+    const float u = softmax ? expf(lj - shift) : sigmoid(lj);
+    weight[size_t(t) * k + j] = u;
+    sum += u;
+  }
+  const float norm = static_cast<float>(weight_sum / sum);
+  for (int j = 0; j < k; ++j) {
+    weight[size_t(t) * k + j] *= norm;
+    expert[size_t(t) * k + j] = chosen[j];
+  }
+}
+
+__global__ void router_backward_kernel(float* dlogits, const float* dweight, const float* weight,
+                                       const int32_t* expert, const float* logits, int N, int E, int k, bool softmax,
+                                       float weight_sum) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  float* dl = dlogits + size_t(t) * E;
+  for (int e = 0; e < E; ++e) dl[e] = 0.0f;
+  const float* w = weight + size_t(t) * k;
+  const float* dw = dweight + size_t(t) * k;
+  double wdw = 0.0;
+  for (int j = 0; j < k; ++j) wdw += double(w[j]) * dw[j];
+  const float mean = static_cast<float>(wdw / weight_sum);
+  if (softmax) {
+    for (int j = 0; j < k; ++j) dl[expert[size_t(t) * k + j]] = w[j] * (dw[j] - mean);
+    return;
+  }
+  double z = 0.0;
+  for (int j = 0; j < k; ++j) z += sigmoid(logits[size_t(t) * E + expert[size_t(t) * k + j]]);
+  for (int j = 0; j < k; ++j) {
+    const int e = expert[size_t(t) * k + j];
+    const float s = sigmoid(logits[size_t(t) * E + e]);
+    const float du = static_cast<float>((weight_sum * (dw[j] - mean)) / z);
+    dl[e] = du * s * (1.0f - s);
+  }
+}
+
+__global__ void qb_histogram_kernel(unsigned long long* counts, const float* logits, int N, int E, int n_bins,
+                                    float lo, double per_unit) {
+  RS_GRID_STRIDE(i, size_t(N) * E) {
+    const int e = static_cast<int>(i % E);
+    const double pos = (logits[i] - lo) * per_unit;
+    long bin = static_cast<long>(floor(pos));
+    bin = bin < 0 ? 0 : (bin > n_bins - 1 ? n_bins - 1 : bin);
+    atomicAdd(&counts[size_t(e) * n_bins + bin], 1ull);
+  }
+}
+
+__global__ void qb_bias_kernel(float* bias, const int64_t* counts, int E, int k, int n_bins, float lo, double width) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  const int64_t* ce = counts + size_t(e) * n_bins;
+  const double level = 1.0 - double(k) / E;
+  int64_t total = 0;
+  for (int b = 0; b < n_bins; ++b) total += ce[b];
+  if (total == 0) {
+    bias[e] = 0.0f;
+    return;
+  }
+  const double target = level * double(total);
+  double below = 0.0;
+  int b = 0;
+  while (b < n_bins - 1 && below + double(ce[b]) < target) below += double(ce[b++]);
+  const double frac = ce[b] > 0 ? (target - below) / double(ce[b]) : 0.0;
+  const double q = lo + (b + fmin(fmax(frac, 0.0), 1.0)) * width;
+  bias[e] = static_cast<float>(-q);
+}
+
+__global__ void iota_kernel(int32_t* x, int n) {
+  RS_GRID_STRIDE(i, size_t(n)) { x[i] = static_cast<int32_t>(i); }
+}
+
+__global__ void count_kernel(int32_t* counts, const int32_t* expert, int A) {
+  RS_GRID_STRIDE(a, size_t(A)) { atomicAdd(&counts[expert[a] + 1], 1); }
+}
+
+__global__ void prefix_kernel(int32_t* offsets, int E) {
+  for (int e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+}
+
+__global__ void scatter_rank_kernel(int32_t* sorted_pos, const int32_t* order, int A) {
+  RS_GRID_STRIDE(r, size_t(A)) { sorted_pos[order[r]] = static_cast<int32_t>(r); }
+}
+
+__global__ void gather_forward_kernel(float* xs, const float* x, const int32_t* sorted_pos, int N, int k, int L) {
+  RS_GRID_STRIDE(i, size_t(N) * k * L) {
+    const size_t a = i / L, c = i % L;
+    xs[size_t(sorted_pos[a]) * L + c] = x[(a / k) * L + c];
+  }
+}
+
+__global__ void gather_backward_kernel(float* dx, const float* dxs, const int32_t* sorted_pos, int N, int k, int L) {
+  RS_GRID_STRIDE(i, size_t(N) * L) {
+    const size_t t = i / L, c = i % L;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) acc += dxs[size_t(sorted_pos[t * k + j]) * L + c];
+    dx[i] = acc;
+  }
+}
+
+__global__ void zero_dropped_kernel(float* dst, const float* src, const uint8_t* keep, int A, int L) {
+  RS_GRID_STRIDE(i, size_t(A) * L) { dst[i] = keep[i / L] ? src[i] : 0.0f; }
+}
+
+__global__ void combine_forward_kernel(float* y, const float* ys, const float* weight, const int32_t* sorted_pos,
+                                       int N, int k, int L) {
+  RS_GRID_STRIDE(i, size_t(N) * L) {
+    const size_t t = i / L, c = i % L;
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) acc += weight[t * k + j] * ys[size_t(sorted_pos[t * k + j]) * L + c];
+    y[i] = acc;
+  }
+}
+
+// One warp per (token, choice): dys row = w · dy, dweight = dy · ys (double).
+__global__ void combine_backward_kernel(float* dys, float* dweight, const float* dy, const float* ys,
+                                        const float* weight, const int32_t* sorted_pos, int N, int k, int L) {
+  const size_t pair = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (pair >= size_t(N) * k) return;
+  const size_t t = pair / k, row = sorted_pos[pair];
+  const float w = weight[pair];
+  double dot = 0.0;
+  for (int c = lane; c < L; c += 32) {
+    dot += double(dy[t * L + c]) * ys[row * L + c];
+    dys[row * L + c] = w * dy[t * L + c];
+  }
+  for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+  if (lane == 0) dweight[pair] = static_cast<float>(dot);
+}
+
+}  // namespace
+
+void router_forward(int32_t* expert, float* weight, float* threshold, const float* logits, const float* bias, int N,
+                    int E, int k, RouterKind kind, float weight_sum, cudaStream_t stream) {
+  RS_CHECK(k >= 1 && k <= E && k <= kMaxTopK, "cuda router: need 1 <= k <= min(E, 31)");
+  if (N == 0) return;
+  router_forward_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      expert, weight, threshold, logits, bias, N, E, k, kind == RouterKind::kSoftmax, weight_sum);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void router_backward(float* dlogits, const float* dweight, const float* weight, const int32_t* expert,
+                     const float* logits, int N, int E, int k, RouterKind kind, float weight_sum,
+                     cudaStream_t stream) {
+  if (N == 0) return;
+  router_backward_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      dlogits, dweight, weight, expert, logits, N, E, k, kind == RouterKind::kSoftmax, weight_sum);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void qb_histogram(int64_t* counts, const float* logits, int N, int E, int n_bins, float lo, float hi,
+                  cudaStream_t stream) {
+  RS_CHECK(n_bins >= 1 && hi > lo, "qb_histogram: need n_bins >= 1 and hi > lo");
+  static_assert(sizeof(int64_t) == sizeof(unsigned long long), "counts are 64-bit");
+  const size_t n = size_t(N) * E;
+  if (n == 0) return;
+  qb_histogram_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(
+      reinterpret_cast<unsigned long long*>(counts), logits, N, E, n_bins, lo, n_bins / (double(hi) - lo));
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void qb_bias_from_histogram(float* bias, const int64_t* counts, int E, int k, int n_bins, float lo, float hi,
+                            cudaStream_t stream) {
+  RS_CHECK(k >= 1 && k <= E, "qb: need 1 <= k <= E");
+  qb_bias_kernel<<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(bias, counts, E, k, n_bins, lo,
+                                                                       (double(hi) - lo) / n_bins);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+// Scratch layout: keys out (A), order in (A), order out (A), then CUB's temp storage.
+size_t group_by_expert_scratch_bytes(int A) {
+  size_t cub_bytes = 0;
+  RS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), A));
+  return 3 * sizeof(int32_t) * size_t(A) + cub_bytes;
+}
+
+void group_by_expert(int32_t* sorted_pos, int32_t* offsets, const int32_t* expert, int A, int E, void* scratch,
+                     cudaStream_t stream) {
+  RS_CUDA_CHECK(cudaMemsetAsync(offsets, 0, sizeof(int32_t) * (E + 1), stream));
+  if (A == 0) return;
+  auto* keys_out = static_cast<int32_t*>(scratch);
+  int32_t* order_in = keys_out + A;
+  int32_t* order_out = order_in + A;
+  void* cub_temp = order_out + A;
+  size_t cub_bytes = group_by_expert_scratch_bytes(A) - 3 * sizeof(int32_t) * size_t(A);
+  iota_kernel<<<grid_blocks(A, kThreads), kThreads, 0, stream>>>(order_in, A);
+  RS_CUDA_CHECK(cudaGetLastError());
+  // Radix sort is stable: within an expert, assignments keep token order (as the CPU's counting sort).
+  RS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_temp, cub_bytes, expert, keys_out, order_in, order_out, A, 0,
+                                                32, stream));
+  scatter_rank_kernel<<<grid_blocks(A, kThreads), kThreads, 0, stream>>>(sorted_pos, order_out, A);
+  RS_CUDA_CHECK(cudaGetLastError());
+  count_kernel<<<grid_blocks(A, kThreads), kThreads, 0, stream>>>(offsets, expert, A);
+  RS_CUDA_CHECK(cudaGetLastError());
+  prefix_kernel<<<1, 1, 0, stream>>>(offsets, E);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_forward(float* xs, const float* x, const int32_t* sorted_pos, int N, int k, int L, cudaStream_t stream) {
+  const size_t n = size_t(N) * k * L;
+  if (n == 0) return;
+  gather_forward_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(xs, x, sorted_pos, N, k, L);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_backward(float* dx, const float* dxs, const int32_t* sorted_pos, int N, int k, int L,
+                     cudaStream_t stream) {
+  const size_t n = size_t(N) * L;
+  if (n == 0) return;
+  gather_backward_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(dx, dxs, sorted_pos, N, k, L);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void combine_forward(float* y, const float* ys, const float* weight, const int32_t* sorted_pos, int N, int k, int L,
+                     cudaStream_t stream) {
+  const size_t n = size_t(N) * L;
+  if (n == 0) return;
+  combine_forward_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(y, ys, weight, sorted_pos, N, k, L);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void combine_backward(float* dys, float* dweight, const float* dy, const float* ys, const float* weight,
+                      const int32_t* sorted_pos, int N, int k, int L, cudaStream_t stream) {
+  const size_t warps = size_t(N) * k;
+  if (warps == 0) return;
+  combine_backward_kernel<<<grid_blocks(warps * 32, kThreads), kThreads, 0, stream>>>(dys, dweight, dy, ys, weight,
+                                                                                     sorted_pos, N, k, L);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+namespace detail {
+
+void zero_dropped_rows(float* dst, const float* src, const uint8_t* keep, int rows, int L, cudaStream_t stream) {
+  const size_t n = size_t(rows) * L;
+  if (n == 0) return;
+  zero_dropped_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(dst, src, keep, rows, L);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+}  // namespace rackstep::exec::cuda
