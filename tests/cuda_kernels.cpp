@@ -20,6 +20,9 @@
 
 #include "exec/cuda/check.h"
 #include "exec/cuda/gemm.h"
+#if defined(RACKSTEP_HAVE_NCCL)
+#include "exec/cuda/comm.h"
+#endif
 #include "exec/cuda/moe.h"
 #include "exec/cuda/ops.h"
 #include "exec/cuda/optim.h"
@@ -370,6 +373,28 @@ TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CP
     cudaFree(sum_work);
   }
 }
+
+#if defined(RACKSTEP_HAVE_NCCL)
+TEST_CASE("cuda: NCCL collectives on a one-rank communicator are identities", "[cuda][gpu][nccl]") {
+  // The multi-rank check is `mpirun -np N` where N GPUs exist (issue 11); one
+  // GPU proves the calls, sizes and offsets are well formed.
+  auto comm = cuda::NcclComm::single(0);
+  REQUIRE(comm.size() == 1);
+  const auto x = random_vector(1000, 70);
+  DeviceBuffer<float> a(x), b(x.size()), c(x.size());
+  comm.all_reduce(a.ptr, x.size(), nullptr);
+  comm.reduce_scatter(b.ptr, a.ptr, x.size(), nullptr);
+  comm.all_gather(c.ptr, b.ptr, x.size(), nullptr);
+  RS_CUDA_CHECK(cudaDeviceSynchronize());
+  CHECK(normalised_error(c.download(), x) == 0.0);
+  DeviceBuffer<float> d(x.size()), e(x.size());
+  comm.all_to_all(d.ptr, c.ptr, sizeof(float) * x.size(), nullptr);
+  comm.all_to_all_v(e.ptr, {sizeof(float) * 600}, {sizeof(float) * 400}, d.ptr, {sizeof(float) * 600}, {0}, nullptr);
+  RS_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = e.download();
+  for (int i = 0; i < 600; ++i) REQUIRE(got[400 + i] == x[i]);
+}
+#endif
 
 int main(int argc, char** argv) {
   int devices = 0;
