@@ -15,4 +15,10 @@ void transpose(float* out, const float* in, int64_t rows, int64_t cols, cudaStre
 // dst[r] = keep[r] ? src[r] : 0 per row of L floats (dst may alias src).
 void zero_dropped_rows(float* dst, const float* src, const uint8_t* keep, int rows, int L, cudaStream_t stream);
 
+// Attention gate, elementwise part: z (N, H) becomes g = 2σ(z) in place, y = g·o.
+void attn_gate_apply(float* y, float* g, const float* o, int N, int H, int hd, cudaStream_t stream);
+// d_o = g·dy, dz = (dy·o) g (1 − g/2).
+void attn_gate_grad(float* d_o, float* dz, const float* dy, const float* o, const float* g, int N, int H, int hd,
+                    cudaStream_t stream);
+
 }  // namespace rackstep::exec::cuda::detail

@@ -46,6 +46,8 @@ class Gemm {
 
   // c, a, b are device pointers of `type` (float or __nv_bfloat16).
   void run(const GemmShape& shape, DType type, void* c, const void* a, const void* b);
+  // The stream every GEMM of this object is enqueued on.
+  cudaStream_t stream() const { return stream_; }
   // How many distinct shapes have a cached algorithm (for tests and the profiler).
   size_t cached_plans() const { return plans_.size(); }
 

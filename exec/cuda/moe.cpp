@@ -13,7 +13,8 @@ namespace rackstep::exec::cuda {
 
 void experts_forward(Gemm& gemm, float* ys, float* a1, float* a3, float* h, const float* xs,
                      const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
-                     const float* w2, int A, int E, int L, int F, cudaStream_t stream) {
+                     const float* w2, int A, int E, int L, int F) {
+  const cudaStream_t stream = gemm.stream();
   RS_CHECK(host_offsets[0] == 0 && host_offsets[E] == A, "experts: offsets must cover the A rows");
   const size_t LF = size_t(L) * F;
   for (int e = 0; e < E; ++e) {
@@ -32,7 +33,8 @@ void experts_forward(Gemm& gemm, float* ys, float* a1, float* a3, float* h, cons
 void experts_backward(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2, const float* dys, const float* xs,
                       const float* a1, const float* a3, const float* h, const int32_t* host_offsets,
                       const uint8_t* keep, const float* w1, const float* w3, const float* w2, float* scratch, int A,
-                      int E, int L, int F, cudaStream_t stream) {
+                      int E, int L, int F) {
+  const cudaStream_t stream = gemm.stream();
   RS_CHECK(host_offsets[0] == 0 && host_offsets[E] == A, "experts: offsets must cover the A rows");
   const size_t LF = size_t(L) * F;
   float* dy_kept = scratch;              // (A, L)

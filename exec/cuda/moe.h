@@ -8,7 +8,7 @@
 //   cuda::router_forward(expert, weight, threshold, logits, bias, N, E, k, RouterKind::kSigmoid, 1.f, s);
 //   cuda::group_by_expert(sorted_pos, offsets, expert, N * k, E, scratch, s);
 //   cuda::gather_forward(xs, x, sorted_pos, N, k, L, s);
-//   cuda::experts_forward(gemm, ys, a1, a3, h, xs, host_offsets, keep, w1, w3, w2, N * k, E, L, F, s);
+//   cuda::experts_forward(gemm, ys, a1, a3, h, xs, host_offsets, keep, w1, w3, w2, N * k, E, L, F);  // gemm.stream()
 //   cuda::combine_forward(y, ys, weight, sorted_pos, N, k, L, s);
 #pragma once
 
@@ -47,12 +47,12 @@ void gather_backward(float* dx, const float* dxs, const int32_t* sorted_pos, int
 // host_offsets: (E + 1) on the host (the per-expert GEMM sizes); keep may be nullptr.
 void experts_forward(Gemm& gemm, float* ys, float* a1, float* a3, float* h, const float* xs,
                      const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
-                     const float* w2, int A, int E, int L, int F, cudaStream_t stream);
+                     const float* w2, int A, int E, int L, int F);
 // scratch: experts_scratch_floats(A, L, F) floats on the device.
 void experts_backward(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2, const float* dys, const float* xs,
                       const float* a1, const float* a3, const float* h, const int32_t* host_offsets,
                       const uint8_t* keep, const float* w1, const float* w3, const float* w2, float* scratch, int A,
-                      int E, int L, int F, cudaStream_t stream);
+                      int E, int L, int F);
 
 void combine_forward(float* y, const float* ys, const float* weight, const int32_t* sorted_pos, int N, int k, int L,
                      cudaStream_t stream);

@@ -83,6 +83,26 @@ void attention_backward(Elem* dq, Elem* dk, Elem* dv,  // as q, k, v
                         int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
                         bool accumulate_dkv, cudaStream_t stream);
 
+// XSA (exclusive self attention): y = o − (o·v / (v·v + eps)) v per token and
+// head, v the token's own value of the kv head the query head reads. fp32.
+void xsa_forward(float* y,        // (N, H, hd)
+                 const float* o,  // (N, H, hd)
+                 const float* v,  // (N, kv_stored, hd)
+                 int N, int H, int kv_stored, int kv_used, int hd, float eps, cudaStream_t stream);
+// d_o =, dv += (a warp per (token, kv head) sums its group's heads in order).
+void xsa_backward(float* d_o, float* dv, const float* dy, const float* o, const float* v, int N, int H, int kv_stored,
+                  int kv_used, int hd, float eps, cudaStream_t stream);
+
+// Short depthwise causal convolution, document-masked taps (exec/kernels.h). fp32.
+void sconv_forward(float* y,            // (B, T, C)
+                   const float* x,      // (B, T, C)
+                   const float* w,      // (C, K)
+                   const int32_t* doc,  // (B, T) or nullptr
+                   int B, int T, int C, int K, cudaStream_t stream);
+// dx =, dw += (one thread per (c, j) sums every row in order: deterministic).
+void sconv_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const int32_t* doc, int B,
+                    int T, int C, int K, cudaStream_t stream);
+
 // out[t] = table[tokens[t]] (fp32 master table, T activations).
 template <typename Elem>
 void embedding_forward(Elem* out,              // (N, d)

@@ -19,7 +19,8 @@ size_t newton_schulz_work_floats(int64_t rows, int64_t cols) {
 }
 
 void newton_schulz(Gemm& gemm, const float* g, int64_t rows, int64_t cols, int steps, float* out, float* work,
-                   double* sum_work, cudaStream_t stream) {
+                   double* sum_work) {
+  const cudaStream_t stream = gemm.stream();
   RS_CHECK(rows > 0 && cols > 0, "newton_schulz: empty matrix");
   const bool transposed = rows > cols;
   const int64_t r = transposed ? cols : rows, c = transposed ? rows : cols;

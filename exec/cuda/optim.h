@@ -7,7 +7,7 @@
 //
 //   cuda::adam_update(w, g, m, v, n, {.lr = lr, .b1 = b1, .b2 = b2, .c1 = c1, .c2 = c2, .eps = eps}, stream);
 //   cuda::muon_momentum(u, g, m, n, b1, stream);
-//   cuda::newton_schulz(gemm, u, rows, cols, 5, o, work, stream);
+//   cuda::newton_schulz(gemm, u, rows, cols, 5, o, work, sum_work);
 //   cuda::hyperball_update(w, o, n, lr, w0_norm, work, stream);
 #pragma once
 
@@ -42,8 +42,9 @@ size_t sum_squares_work_doubles();
 double sum_squares(const float* x, size_t n, double* work, cudaStream_t stream);
 // out (rows, cols) = NS5(g / (‖g‖_F + 1e-7)) with the quintic of exec/optim.h,
 // on X (r, c), r ≤ c (transposed in and out when rows > cols).
+// Runs on gemm.stream().
 void newton_schulz(Gemm& gemm, const float* g, int64_t rows, int64_t cols, int steps, float* out, float* work,
-                   double* sum_work, cudaStream_t stream);
+                   double* sum_work);
 // w −= lr ‖W0‖ u/‖u‖, then w ← w ‖W0‖/‖w‖.
 void hyperball_update(float* w, const float* u, size_t n, double lr, double w0_norm, double* sum_work,
                       cudaStream_t stream);

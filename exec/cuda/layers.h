@@ -1,0 +1,38 @@
+// The CUDA backend's GEMM-bearing layers, composed from cuBLASLt GEMMs and the
+// elementwise kernels, in the shapes and gradient rule of exec/kernels.h
+// (fp32 parity mode): linear layers (no bias yet), the attention gate and the
+// dense SwiGLU (shared experts). Everything runs on gemm.stream().
+//
+//   cuda::linear_forward(gemm, y, x, w, N, in, out);
+//   cuda::attn_gate_forward(gemm, y, g, o, x, w_gate, N, d, H, hd);
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "exec/cuda/gemm.h"
+
+namespace rackstep::exec::cuda {
+
+// y (N, out) = x (N, in) · W (in, out).
+void linear_forward(Gemm& gemm, float* y, const float* x, const float* w, int N, int in, int out);
+// dx = dy·Wᵀ (+= with accumulate_dx; skipped when dx is null), dW += xᵀ·dy.
+void linear_backward(Gemm& gemm, float* dx, float* dw, const float* dy, const float* x, const float* w, int N, int in,
+                     int out, bool accumulate_dx = false);
+
+// g = 2σ(x·W_gate) saved (N, H); y = g·o per head.
+void attn_gate_forward(Gemm& gemm, float* y, float* g, const float* o, const float* x, const float* w_gate, int N,
+                       int d, int H, int hd);
+// d_o =, dx = (or +=), dW_gate +=; scratch (N, H).
+void attn_gate_backward(Gemm& gemm, float* d_o, float* dx, float* dw_gate, const float* dy, const float* o,
+                        const float* x, const float* g, const float* w_gate, float* scratch, int N, int d, int H,
+                        int hd, bool accumulate_dx);
+
+// y = (silu(x·W1) · (x·W3))·W2; a1, a3, h saved (N, F).
+void dense_swiglu_forward(Gemm& gemm, float* y, float* a1, float* a3, float* h, const float* x, const float* w1,
+                          const float* w3, const float* w2, int N, int d, int F);
+// scratch: 3·N·F floats.
+void dense_swiglu_backward(Gemm& gemm, float* dx, float* dw1, float* dw3, float* dw2, const float* dy, const float* x,
+                           const float* a1, const float* a3, const float* h, const float* w1, const float* w3,
+                           const float* w2, float* scratch, int N, int d, int F, bool accumulate_dx);
+
+}  // namespace rackstep::exec::cuda
