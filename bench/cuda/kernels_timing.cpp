@@ -5,6 +5,11 @@
 //               and the ratio (issue 11's target: ≥ 0.85)
 //   memory[]    each memory-bound kernel's achieved bytes/s against a
 //               device-to-device copy of the same bytes (target: ≥ 0.70)
+//   attention   forward at head dim 128, seq 4096, causal, bf16: TFLOP/s and
+//               the fraction of the bf16 dense peak given by --peak-tflops
+//               (target: ≥ 0.50)
+//   experts     the grouped expert GEMMs (one cuBLASLt GEMM per expert, fp32)
+//               against one dense GEMM of the same FLOPs (target: ≥ 0.70)
 // Median of `repeats` timed runs after warm-up; CUDA events on one stream.
 //
 //   build/bench/cuda_kernels_timing [--repeats 20]
@@ -24,6 +29,7 @@
 
 #include "exec/cuda/check.h"
 #include "exec/cuda/gemm.h"
+#include "exec/cuda/moe.h"
 #include "exec/cuda/ops.h"
 
 namespace {
@@ -33,6 +39,7 @@ using rackstep::exec::cuda::Gemm;
 using rackstep::exec::cuda::GemmShape;
 
 int g_repeats = 20;
+double g_peak_tflops = 790.0;  // H200 bf16 dense, measured at 8192³ (issue 11)
 
 // Median seconds of fn over g_repeats runs (3 warm-up runs first).
 double time_median_s(const std::function<void()>& fn) {
@@ -96,8 +103,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
       g_repeats = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--peak-tflops") == 0 && i + 1 < argc) {
+      g_peak_tflops = std::atof(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--repeats N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--repeats N] [--peak-tflops F]\n", argv[0]);
       return 2;
     }
   }
@@ -157,6 +166,48 @@ int main(int argc, char** argv) {
   cudaFree(rstd);
   cudaFree(gain);
   cudaFree(pos);
+  {
+    // Attention forward, causal, bf16: 2 GEMM-like products over the visible half.
+    const int B = 1, T = 4096, H = 32, hd = 128;
+    const size_t n_q = size_t(B) * T * H * hd;
+    auto* q = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
+    auto* kv = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
+    auto* o = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
+    auto* lse = static_cast<float*>(device_zeros(size_t(B) * H * T * 4));
+    const double flops = 4.0 * B * H * hd * (double(T) * (T + 1) / 2);
+    const double s_fwd = time_median_s(
+        [&] { cu::attention_forward(o, lse, q, kv, kv, nullptr, B, T, H, H, H, hd, 0, 0.088f, nullptr); });
+    out["attention"] = {{"shape", "B 1, T 4096, H 32, hd 128, causal, bf16"},
+                        {"tflop_per_s", flops / s_fwd * 1e-12},
+                        {"vs_peak", flops / s_fwd * 1e-12 / g_peak_tflops}};
+    cudaFree(q);
+    cudaFree(kv);
+    cudaFree(o);
+    cudaFree(lse);
+  }
+  {
+    // Grouped experts (E experts of A/E rows each) against one dense GEMM of the same FLOPs.
+    const int E = 64, per_expert = 512, L = 1024, F = 1024, A = E * per_expert;
+    auto* xs = static_cast<float*>(device_zeros(size_t(A) * L * 4));
+    auto* w = static_cast<float*>(device_zeros(size_t(E) * L * F * 4));
+    auto* ys = static_cast<float*>(device_zeros(size_t(A) * F * 4));
+    std::vector<int32_t> offsets(E + 1);
+    for (int e = 0; e <= E; ++e) offsets[e] = e * per_expert;
+    const double flops = 2.0 * A * L * F;
+    const double grouped_s = time_median_s([&] {
+      for (int e = 0; e < E; ++e)
+        gemm.run({.m = per_expert, .n = F, .k = L}, DType::kF32, ys + size_t(offsets[e]) * F, xs + size_t(offsets[e]) * L,
+                 w + size_t(e) * L * F);
+    });
+    const double dense_s = time_median_s([&] { gemm.run({.m = A, .n = F, .k = L}, DType::kF32, ys, xs, w); });
+    out["experts"] = {{"shape", "64 experts x 512 rows, 1024 -> 1024, fp32"},
+                      {"grouped_tflop_per_s", flops / grouped_s * 1e-12},
+                      {"dense_tflop_per_s", flops / dense_s * 1e-12},
+                      {"ratio", dense_s / grouped_s}};
+    cudaFree(xs);
+    cudaFree(w);
+    cudaFree(ys);
+  }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }
