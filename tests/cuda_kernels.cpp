@@ -29,28 +29,13 @@
 #include "exec/cuda/optim.h"
 #include "exec/kernels.h"
 #include "exec/optim.h"
+#include "tests/exec_kernels_testutil.h"
 
 namespace {
 
 using namespace rackstep::exec;
 
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// ‖a − b‖∞ / ‖b‖∞: one number per tensor, as the parity suite reports it.
-double normalised_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0.0, scale = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return diff / scale;
-}
+using testing::normalised_error;
 
 // A device buffer holding a copy of host data, as float or bf16.
 template <typename T>
@@ -79,7 +64,7 @@ struct DeviceBuffer {
 
 TEST_CASE("cuda: SwiGLU forward/backward match the CPU kernels in fp32 and bf16", "[cuda][gpu]") {
   const size_t n = 1 << 16;
-  const auto a1 = random_vector(n, 1, 2.0f), a3 = random_vector(n, 2), dh = random_vector(n, 3);
+  const auto a1 = testing::randn(n, 1, 2.0f), a3 = testing::randn(n, 2), dh = testing::randn(n, 3);
   std::vector<float> h(n), da1(n), da3(n);
   swiglu_forward(h.data(), a1.data(), a3.data(), n);
   swiglu_backward(da1.data(), da3.data(), dh.data(), a1.data(), a3.data(), n);
@@ -98,7 +83,7 @@ TEST_CASE("cuda: SwiGLU forward/backward match the CPU kernels in fp32 and bf16"
 
 TEST_CASE("cuda: RMSNorm forward/backward match the CPU kernels", "[cuda][gpu]") {
   const int rows = 300, d = 1024;
-  const auto x = random_vector(size_t(rows) * d, 4, 3.0f), gain = random_vector(d, 5), dy = random_vector(x.size(), 6);
+  const auto x = testing::randn(size_t(rows) * d, 4, 3.0f), gain = testing::randn(d, 5), dy = testing::randn(x.size(), 6);
   std::vector<float> y(x.size()), rstd(rows), dx(x.size()), dgain(d, 0.5f);
   rmsnorm_forward(y.data(), rstd.data(), x.data(), gain.data(), 1e-6f, rows, d);
   rmsnorm_backward(dx.data(), dgain.data(), dy.data(), x.data(), rstd.data(), gain.data(), rows, d);
@@ -114,7 +99,7 @@ TEST_CASE("cuda: RMSNorm forward/backward match the CPU kernels", "[cuda][gpu]")
 
 TEST_CASE("cuda: partial RoPE matches the CPU kernel, and the backward inverts it", "[cuda][gpu]") {
   const int N = 512, heads = 4, hd = 64, rot = 32;
-  const auto x = random_vector(size_t(N) * heads * hd, 7);
+  const auto x = testing::randn(size_t(N) * heads * hd, 7);
   std::vector<int32_t> pos(N);
   for (int i = 0; i < N; ++i) pos[i] = (i * 37) % 16384;
   std::vector<float> y(x.size());
@@ -133,8 +118,8 @@ TEST_CASE("cuda: partial RoPE matches the CPU kernel, and the backward inverts i
 
 TEST_CASE("cuda: cuBLASLt GEMMs in the three training orientations match the CPU linear layer", "[cuda][gpu]") {
   const int N = 192, in = 320, out = 256;
-  const auto x = random_vector(size_t(N) * in, 8), w = random_vector(size_t(in) * out, 9, 0.05f),
-             dy = random_vector(size_t(N) * out, 10);
+  const auto x = testing::randn(size_t(N) * in, 8), w = testing::randn(size_t(in) * out, 9, 0.05f),
+             dy = testing::randn(size_t(N) * out, 10);
   std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(in) * out, 0.25f);
   linear_forward(y.data(), x.data(), w.data(), nullptr, N, in, out);
   linear_backward(dx.data(), dw.data(), nullptr, dy.data(), x.data(), w.data(), N, in, out);
@@ -160,8 +145,8 @@ TEST_CASE("cuda: cuBLASLt GEMMs in the three training orientations match the CPU
 TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, documents, GQA)", "[cuda][gpu]") {
   const int B = 2, T = 200, H = 8, kv_stored = 4, kv_used = 2, hd = 64, window = 48;
   const float scale = 0.125f;
-  const auto q = random_vector(size_t(B) * T * H * hd, 40), k = random_vector(size_t(B) * T * kv_stored * hd, 41),
-             v = random_vector(size_t(B) * T * kv_stored * hd, 42), dout = random_vector(q.size(), 43);
+  const auto q = testing::randn(size_t(B) * T * H * hd, 40), k = testing::randn(size_t(B) * T * kv_stored * hd, 41),
+             v = testing::randn(size_t(B) * T * kv_stored * hd, 42), dout = testing::randn(q.size(), 43);
   std::vector<int32_t> doc(size_t(B) * T);
   for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<int32_t>(i % T / 70);
   for (int w : {0, window}) {
@@ -190,7 +175,7 @@ TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, d
 
 TEST_CASE("cuda: cross-entropy with z-loss and the embedding match the CPU kernels", "[cuda][gpu]") {
   const int N = 96, V = 5000, d = 64;
-  const auto logits = random_vector(size_t(N) * V, 50, 3.0f);
+  const auto logits = testing::randn(size_t(N) * V, 50, 3.0f);
   std::vector<int32_t> targets(N);
   for (int t = 0; t < N; ++t) targets[t] = t % 7 == 3 ? -1 : (t * 131) % V;  // some ignored
   std::vector<float> lse(N), dlogits(logits.size());
@@ -210,7 +195,7 @@ TEST_CASE("cuda: cross-entropy with z-loss and the embedding match the CPU kerne
   CHECK(normalised_error(glse.download(), lse) < 1e-6);
   CHECK(normalised_error(gdl.download(), dlogits) < 1e-5);
 
-  const auto table = random_vector(size_t(V) * d, 51), dout = random_vector(size_t(N) * d, 52);
+  const auto table = testing::randn(size_t(V) * d, 51), dout = testing::randn(size_t(N) * d, 52);
   std::vector<int32_t> tokens(N);
   for (int t = 0; t < N; ++t) tokens[t] = (t * 7) % 50;  // repeats: the backward must add them
   std::vector<float> out(size_t(N) * d), dtable(table.size(), 0.0f);
@@ -243,7 +228,7 @@ TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "
   const int N = 300, E = 16, k = 4, L = 48, F = 80, A = N * k, n_bins = 64;
   const float lo = -8.0f, hi = 8.0f;
   for (RouterKind kind : {RouterKind::kSigmoid, RouterKind::kSoftmax}) {
-    const auto logits = random_vector(size_t(N) * E, 60, 2.0f), bias = random_vector(E, 61, 0.3f);
+    const auto logits = testing::randn(size_t(N) * E, 60, 2.0f), bias = testing::randn(E, 61, 0.3f);
     // Router.
     std::vector<int32_t> expert(A);
     std::vector<float> weight(A), threshold(N);
@@ -255,7 +240,7 @@ TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "
     REQUIRE(host_copy(g_expert, A) == expert);
     CHECK(normalised_error(host_copy(g_weight, A), weight) < 1e-6);
     CHECK(normalised_error(host_copy(g_threshold, N), threshold) == 0.0);
-    const auto dweight = random_vector(A, 62);
+    const auto dweight = testing::randn(A, 62);
     std::vector<float> dlogits(size_t(N) * E);
     router_backward(dlogits.data(), dweight.data(), weight.data(), expert.data(), logits.data(), N, E, k, kind, 2.5f);
     float *g_dweight = device_copy(dweight), *g_dlogits = device_copy(std::vector<float>(dlogits.size()));
@@ -284,9 +269,9 @@ TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "
     REQUIRE(host_copy(g_pos, A) == sorted_pos);
     REQUIRE(host_copy(g_offsets, E + 1) == offsets);
 
-    const auto x = random_vector(size_t(N) * L, 63), w1 = random_vector(size_t(E) * L * F, 64, 0.1f),
-               w3 = random_vector(w1.size(), 65, 0.1f), w2 = random_vector(w1.size(), 66, 0.1f),
-               dy = random_vector(size_t(N) * L, 67);
+    const auto x = testing::randn(size_t(N) * L, 63), w1 = testing::randn(size_t(E) * L * F, 64, 0.1f),
+               w3 = testing::randn(w1.size(), 65, 0.1f), w2 = testing::randn(w1.size(), 66, 0.1f),
+               dy = testing::randn(size_t(N) * L, 67);
     std::vector<uint8_t> keep(A);
     for (int r = 0; r < A; ++r) keep[r] = r % 9 != 4;  // some dropped rows
     std::vector<float> xs(size_t(A) * L), ys(xs.size()), a1(size_t(A) * F), a3(a1.size()), h(a1.size()),
@@ -337,9 +322,9 @@ TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "
 
 TEST_CASE("cuda: XSA, the attention gate, SConv and the dense SwiGLU match the CPU kernels", "[cuda][gpu]") {
   const int B = 2, T = 64, N = B * T, H = 8, kv_stored = 4, kv_used = 2, hd = 32, d = 96, F = 160, K = 4;
-  const auto o = random_vector(size_t(N) * H * hd, 80), v = random_vector(size_t(N) * kv_stored * hd, 81),
-             dy = random_vector(o.size(), 82), x = random_vector(size_t(N) * d, 83),
-             w_gate = random_vector(size_t(d) * H, 84, 0.1f);
+  const auto o = testing::randn(size_t(N) * H * hd, 80), v = testing::randn(size_t(N) * kv_stored * hd, 81),
+             dy = testing::randn(o.size(), 82), x = testing::randn(size_t(N) * d, 83),
+             w_gate = testing::randn(size_t(d) * H, 84, 0.1f);
   std::vector<int32_t> doc(N);
   for (int i = 0; i < N; ++i) doc[i] = i % T / 20;
   cuda::Gemm gemm(nullptr);
@@ -373,7 +358,7 @@ TEST_CASE("cuda: XSA, the attention gate, SConv and the dense SwiGLU match the C
   CHECK(normalised_error(gdwg.download(), dwg) < 1e-4);
 
   // SConv with document masking.
-  const auto w_conv = random_vector(size_t(d) * K, 85), dyc = random_vector(x.size(), 86);
+  const auto w_conv = testing::randn(size_t(d) * K, 85), dyc = testing::randn(x.size(), 86);
   std::vector<float> yc(x.size()), dxc(x.size()), dwc(w_conv.size(), 0.125f);
   sconv_forward(yc.data(), x.data(), w_conv.data(), doc.data(), B, T, d, K);
   sconv_backward(dxc.data(), dwc.data(), dyc.data(), x.data(), w_conv.data(), doc.data(), B, T, d, K);
@@ -389,8 +374,8 @@ TEST_CASE("cuda: XSA, the attention gate, SConv and the dense SwiGLU match the C
   cudaFree(gdoc);
 
   // Dense SwiGLU (shared experts).
-  const auto w1 = random_vector(size_t(d) * F, 87, 0.1f), w3 = random_vector(w1.size(), 88, 0.1f),
-             w2 = random_vector(size_t(F) * d, 89, 0.1f), dys = random_vector(x.size(), 90);
+  const auto w1 = testing::randn(size_t(d) * F, 87, 0.1f), w3 = testing::randn(w1.size(), 88, 0.1f),
+             w2 = testing::randn(size_t(F) * d, 89, 0.1f), dys = testing::randn(x.size(), 90);
   std::vector<float> ys(x.size()), a1(size_t(N) * F), a3(a1.size()), hh(a1.size()), dxs(x.size()),
       dw1(w1.size(), 0.0f), dw3(w1.size(), 0.0f), dw2(w2.size(), 0.0f), sc(3 * a1.size());
   dense_swiglu_forward(ys.data(), a1.data(), a3.data(), hh.data(), x.data(), w1.data(), w3.data(), w2.data(), N, d, F);
@@ -412,7 +397,7 @@ TEST_CASE("cuda: XSA, the attention gate, SConv and the dense SwiGLU match the C
 TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CPU optimizer", "[cuda][gpu][optim]") {
   SECTION("Adam: weights and moments after one update") {
     const size_t n = 10000;
-    auto w = random_vector(n, 11), g = random_vector(n, 12), m = random_vector(n, 13, 0.1f), v = random_vector(n, 14, 0.1f);
+    auto w = testing::randn(n, 11), g = testing::randn(n, 12), m = testing::randn(n, 13, 0.1f), v = testing::randn(n, 14, 0.1f);
     for (float& x : v) x = x * x;  // second moments are non-negative
     cuda::AdamScalars s{.lr = 1e-3f, .b1 = 0.9f, .b2 = 0.95f, .c1 = 1.5f, .c2 = 2.0f, .eps = 1e-8f, .decay = 1e-4f};
     DeviceBuffer<float> gw(w), gg(g), gm(m), gv(v);
@@ -431,14 +416,14 @@ TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CP
     double* sum_work = nullptr;
     RS_CUDA_CHECK(cudaMalloc(&sum_work, sizeof(double) * cuda::sum_squares_work_doubles()));
     for (auto [rows, cols] : {std::pair{64, 96}, std::pair{96, 64}}) {
-      const auto gm = random_vector(size_t(rows) * cols, 15);
+      const auto gm = testing::randn(size_t(rows) * cols, 15);
       std::vector<float> o(gm.size()), work;
       newton_schulz(gm.data(), rows, cols, 5, o.data(), work);
       DeviceBuffer<float> dg(gm), dout(gm.size()), dwork(cuda::newton_schulz_work_floats(rows, cols));
       cuda::newton_schulz(gemm, dg.ptr, rows, cols, 5, dout.ptr, dwork.ptr, sum_work);
       CHECK(normalised_error(dout.download(), o) < 1e-4);
 
-      auto w = random_vector(gm.size(), 16);
+      auto w = testing::randn(gm.size(), 16);
       DeviceBuffer<float> dw(w);
       hyperball_update(w.data(), o.data(), int64_t(o.size()), 0.02, 3.0);
       cuda::hyperball_update(dw.ptr, dout.ptr, o.size(), 0.02, 3.0, sum_work, nullptr);
@@ -454,7 +439,7 @@ TEST_CASE("cuda: NCCL collectives on a one-rank communicator are identities", "[
   // GPU proves the calls, sizes and offsets are well formed.
   auto comm = cuda::NcclComm::single(0);
   REQUIRE(comm.size() == 1);
-  const auto x = random_vector(1000, 70);
+  const auto x = testing::randn(1000, 70);
   DeviceBuffer<float> a(x), b(x.size()), c(x.size());
   comm.all_reduce(a.ptr, x.size(), nullptr);
   comm.reduce_scatter(b.ptr, a.ptr, x.size(), nullptr);

@@ -13,18 +13,13 @@
 #include "exec/cuda/element_math.h"
 #include "exec/kernels.h"
 #include "exec/optim.h"
+#include "tests/exec_kernels_testutil.h"
 
 namespace {
 
 using namespace rackstep::exec;
 
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using testing::randn;
 
 // Largest |a − b| / (|b| + 1e-6) over the two buffers.
 double max_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
@@ -38,7 +33,7 @@ double max_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("cuda element math: SwiGLU forward and backward equal the CPU kernels", "[cuda][math]") {
   const size_t n = 4096;
-  const auto a1 = random_vector(n, 1, 3.0f), a3 = random_vector(n, 2), dh = random_vector(n, 3);
+  const auto a1 = randn(n, 1, 3.0f), a3 = randn(n, 2), dh = randn(n, 3);
   std::vector<float> h_cpu(n), da1_cpu(n), da3_cpu(n), h(n), da1(n), da3(n);
   swiglu_forward(h_cpu.data(), a1.data(), a3.data(), n);
   swiglu_backward(da1_cpu.data(), da3_cpu.data(), dh.data(), a1.data(), a3.data(), n);
@@ -53,7 +48,7 @@ TEST_CASE("cuda element math: SwiGLU forward and backward equal the CPU kernels"
 
 TEST_CASE("cuda element math: RMSNorm statistics and backward coefficient equal the CPU kernel", "[cuda][math]") {
   const int rows = 7, d = 96;
-  const auto x = random_vector(size_t(rows) * d, 4, 2.0f), gain = random_vector(d, 5), dy = random_vector(x.size(), 6);
+  const auto x = randn(size_t(rows) * d, 4, 2.0f), gain = randn(d, 5), dy = randn(x.size(), 6);
   std::vector<float> y_cpu(x.size()), rstd_cpu(rows), dx_cpu(x.size()), dgain_cpu(d, 0.0f);
   rmsnorm_forward(y_cpu.data(), rstd_cpu.data(), x.data(), gain.data(), 1e-6f, rows, d);
   rmsnorm_backward(dx_cpu.data(), dgain_cpu.data(), dy.data(), x.data(), rstd_cpu.data(), gain.data(), rows, d);
@@ -78,7 +73,7 @@ TEST_CASE("cuda element math: RMSNorm statistics and backward coefficient equal 
 TEST_CASE("cuda element math: partial RoPE rotation equals the CPU kernel forward and backward", "[cuda][math]") {
   const int N = 5, heads = 3, hd = 16, rot = 8;
   const float theta = 10000.0f;
-  const auto x = random_vector(size_t(N) * heads * hd, 7);
+  const auto x = randn(size_t(N) * heads * hd, 7);
   const std::vector<int32_t> pos = {0, 1, 17, 4095, 16383};
   for (float sign : {1.0f, -1.0f}) {
     std::vector<float> y_cpu(x.size()), y(x);
@@ -99,7 +94,7 @@ TEST_CASE("cuda element math: three Adam steps equal the CPU optimizer bitwise",
   const int64_t n = 1000;
   auto layout = std::make_shared<ArenaLayout>(std::vector<TensorSpec>{{"gain", {n}, OptGroup::kAdam}});
   Arena params(layout), grads(layout);
-  const auto w_init = random_vector(n, 11);
+  const auto w_init = randn(n, 11);
   std::copy(w_init.begin(), w_init.end(), params.view("gain").data);
   OptimizerState st = init_optimizer_state(params);
   OptimizerConfig cfg;
@@ -110,7 +105,7 @@ TEST_CASE("cuda element math: three Adam steps equal the CPU optimizer bitwise",
 
   std::vector<float> w = w_init, m(n, 0.0f), v(n, 0.0f);
   for (int step = 0; step < 3; ++step) {
-    const auto g = random_vector(n, 20 + step);
+    const auto g = randn(n, 20 + step);
     std::copy(g.begin(), g.end(), grads.view("gain").data);
     // The scalars exactly as exec/optim.cpp forms them.
     const double lr_now = opt.lr(OptGroup::kAdam, step), t = step + 1.0;
@@ -134,8 +129,8 @@ TEST_CASE("cuda element math: attention visibility and GQA mapping reproduce the
   // window, documents and GQA with fewer KV heads used than stored.
   const int B = 2, T = 24, H = 4, kv_stored = 2, kv_used = 1, hd = 8, window = 7;
   const float scale = 0.35f;
-  const auto q = random_vector(size_t(B) * T * H * hd, 30), k = random_vector(size_t(B) * T * kv_stored * hd, 31),
-             v = random_vector(size_t(B) * T * kv_stored * hd, 32);
+  const auto q = randn(size_t(B) * T * H * hd, 30), k = randn(size_t(B) * T * kv_stored * hd, 31),
+             v = randn(size_t(B) * T * kv_stored * hd, 32);
   std::vector<int32_t> doc(size_t(B) * T);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) doc[size_t(b) * T + t] = (t + 3 * b) / 10;  // documents of 10 tokens
@@ -170,10 +165,5 @@ TEST_CASE("cuda element math: attention visibility and GQA mapping reproduce the
         CHECK(lse_cpu[(size_t(b) * H + h) * T + t] == Approx(mx + std::log(l)).epsilon(1e-5));
       }
   CHECK(max_rel_error(o, o_cpu) < 1e-3);  // relative per element: near-zero outputs dominate
-  double diff = 0, scale_max = 0;
-  for (size_t i = 0; i < o.size(); ++i) {
-    diff = std::max(diff, std::abs(double(o[i]) - o_cpu[i]));
-    scale_max = std::max(scale_max, std::abs(double(o_cpu[i])));
-  }
-  CHECK(diff / scale_max < 1e-5);
+  CHECK(testing::normalised_error(o, o_cpu) < 1e-5);
 }

@@ -81,13 +81,19 @@ __device__ __forceinline__ bool tap_live(const int32_t* doc_row, int t, int src)
   return src >= 0 && (!doc_row || doc_row[src] == doc_row[t]);
 }
 
+// Element i of a (B, T, C) tensor as (b, t, c), and its sequence's document row.
+struct ConvPos {
+  int b, t, c;
+  const int32_t* doc_row;
+  __device__ ConvPos(size_t i, const int32_t* doc, int T, int C)
+      : b(static_cast<int>(i / C / T)), t(static_cast<int>(i / C % T)), c(static_cast<int>(i % C)),
+        doc_row(doc ? doc + size_t(b) * T : nullptr) {}
+};
+
 __global__ void sconv_forward_kernel(float* y, const float* x, const float* w, const int32_t* doc, int B, int T, int C,
                                      int K) {
   RS_GRID_STRIDE(i, size_t(B) * T * C) {
-    const int c = static_cast<int>(i % C);
-    const size_t r = i / C;
-    const int t = static_cast<int>(r % T), b = static_cast<int>(r / T);
-    const int32_t* doc_row = doc ? doc + size_t(b) * T : nullptr;
+    const auto [b, t, c, doc_row] = ConvPos(i, doc, T, C);
     float acc = 0.0f;
     for (int j = 0; j < K; ++j) {
       const int src = t - (K - 1 - j);
@@ -100,10 +106,7 @@ __global__ void sconv_forward_kernel(float* y, const float* x, const float* w, c
 __global__ void sconv_dx_kernel(float* dx, const float* dy, const float* w, const int32_t* doc, int B, int T, int C,
                                 int K) {
   RS_GRID_STRIDE(i, size_t(B) * T * C) {
-    const int c = static_cast<int>(i % C);
-    const size_t r = i / C;
-    const int t = static_cast<int>(r % T), b = static_cast<int>(r / T);
-    const int32_t* doc_row = doc ? doc + size_t(b) * T : nullptr;
+    const auto [b, t, c, doc_row] = ConvPos(i, doc, T, C);
     float acc = 0.0f;
     for (int j = 0; j < K; ++j) {
       const int out = t + (K - 1 - j);
