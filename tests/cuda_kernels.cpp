@@ -13,12 +13,15 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
+#include <string>
 #include <cstdio>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/device_arena.h"
 #include "exec/cuda/gemm.h"
 #include "exec/cuda/layers.h"
 #if defined(RACKSTEP_HAVE_NCCL)
@@ -27,8 +30,12 @@
 #include "exec/cuda/moe.h"
 #include "exec/cuda/ops.h"
 #include "exec/cuda/optim.h"
+#include "exec/arena.h"
 #include "exec/kernels.h"
 #include "exec/optim.h"
+#include "models/layer_graph.h"
+#include "models/model.h"
+#include "models/source_dir.h"
 #include "tests/exec_kernels_testutil.h"
 
 namespace {
@@ -431,6 +438,24 @@ TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CP
     }
     cudaFree(sum_work);
   }
+}
+
+TEST_CASE("cuda: a device arena round-trips the tiny model's parameters bitwise", "[cuda][gpu][arena]") {
+  const auto graph = rackstep::models::build_layer_graph(
+      rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"));
+  auto layout = std::make_shared<ArenaLayout>(arena_specs_from_graph(graph));
+  Arena host(layout), back(layout);
+  const auto values = testing::randn(static_cast<size_t>(host.total_floats()), 90);
+  std::copy(values.begin(), values.end(), host.data());
+  cuda::DeviceArena dev(layout);
+  dev.upload(host);
+  dev.download(back);
+  REQUIRE(std::equal(host.data(), host.data() + host.total_floats(), back.data()));
+  // A tensor pointer lands on the host arena's element at the same offset.
+  const size_t i = layout->size() - 1;
+  float first = 0.0f;
+  RS_CUDA_CHECK(cudaMemcpy(&first, dev.tensor(i), sizeof(float), cudaMemcpyDeviceToHost));
+  CHECK(first == host.view(i).data[0]);
 }
 
 #if defined(RACKSTEP_HAVE_NCCL)
