@@ -100,6 +100,12 @@ TaskId Engine::add_task(TaskSpec spec) {
     categories_.push_back(spec.category);
   }
   t.category = it->second;
+  auto name = name_ids_.find(spec.name);
+  if (name == name_ids_.end()) {
+    names_.push_back(std::move(spec.name));
+    name = name_ids_.emplace(names_.back(), static_cast<uint32_t>(names_.size() - 1)).first;
+  }
+  t.name = name->second;
   t.on = spec.on.v;
   t.stream_prev = -1;
   if (spec.on.valid() && resources_[spec.on.v].order == Order::kInOrder) {
@@ -107,18 +113,42 @@ TaskId Engine::add_task(TaskSpec spec) {
     resources_[spec.on.v].last_task = id;
   }
   t.duration_s = spec.duration_s;
-  t.bytes = spec.bytes;
-  t.max_rate = spec.max_rate_bytes_per_s;
   t.jitter = spec.jitter;
-  t.links_begin = static_cast<uint32_t>(links_.size());
-  for (ResourceId l : spec.links) links_.push_back(l.v);
-  t.links_end = static_cast<uint32_t>(links_.size());
+  t.flow = -1;
+  const int owner = resources_[spec.on.valid() ? spec.on.v : spec.links.front().v].process;
+  if (!spec.links.empty()) {
+    FlowSpec f;
+    f.bytes = spec.bytes;
+    f.max_rate = spec.max_rate_bytes_per_s;
+    f.weight = spec.weight > 0 ? spec.weight : static_cast<double>(processes_[owner].multiplicity);
+    f.links_begin = static_cast<uint32_t>(links_.size());
+    for (ResourceId l : spec.links) links_.push_back(l.v);
+    f.links_end = static_cast<uint32_t>(links_.size());
+    t.flow = static_cast<int32_t>(flows_.size());
+    flows_.push_back(f);
+  }
   tasks_.push_back(t);
-  task_names_.push_back(std::move(spec.name));
-  Task& added = tasks_.back();
-  const int owner = resources_[task_home({id}).v].process;
-  added.weight = spec.weight > 0 ? spec.weight : static_cast<double>(processes_[owner].multiplicity);
   return {id};
+}
+
+std::vector<int32_t> Engine::hub_after_tasks() const {
+  std::vector<int32_t> out;
+  for (const Hub& h : hubs_) out.insert(out.end(), hub_tasks_.begin() + h.after_begin, hub_tasks_.begin() + h.end);
+  return out;
+}
+
+double Engine::task_weight(TaskId t) const {
+  const Task& k = tasks_[t.v];
+  if (k.flow >= 0) return flows_[k.flow].weight;
+  return static_cast<double>(processes_[resources_[task_home(t).v].process].multiplicity);
+}
+
+std::vector<ResourceId> Engine::task_links(TaskId t) const {
+  std::vector<ResourceId> out;
+  const Task& k = tasks_[t.v];
+  if (k.flow < 0) return out;
+  for (uint32_t i = flows_[k.flow].links_begin; i < flows_[k.flow].links_end; ++i) out.push_back({links_[i]});
+  return out;
 }
 
 TaskId Engine::add_compute(ResourceId on, std::string name, std::string category, double duration_s) {
@@ -162,13 +192,27 @@ void Engine::add_dependencies(const std::vector<TaskId>& before, const std::vect
     }
     return;
   }
+  // A task in both groups would wait for itself. Checked in linear time for
+  // the common case (the after group added later), else by sorting.
+  int32_t max_before = -1, min_after = std::numeric_limits<int32_t>::max();
   for (TaskId b : before) {
     RS_CHECK(b.valid() && b.v < num_tasks(), "dependency on an undeclared task");
+    max_before = std::max(max_before, b.v);
+  }
+  for (TaskId a : after) {
+    RS_CHECK(a.valid() && a.v < num_tasks(), "dependency on an undeclared task");
+    min_after = std::min(min_after, a.v);
+  }
+  if (max_before >= min_after) {
+    std::vector<int32_t> b_ids;
+    for (TaskId b : before) b_ids.push_back(b.v);
+    std::sort(b_ids.begin(), b_ids.end());
     for (TaskId a : after) {
-      if (a.v == b.v) throw UserError("task graph cannot be scheduled: " + describe(a) + " depends on itself");
+      if (std::binary_search(b_ids.begin(), b_ids.end(), a.v)) {
+        throw UserError("task graph cannot be scheduled: " + describe(a) + " depends on itself");
+      }
     }
   }
-  for (TaskId a : after) RS_CHECK(a.valid() && a.v < num_tasks(), "dependency on an undeclared task");
   Hub h;
   h.before_begin = static_cast<uint32_t>(hub_tasks_.size());
   for (TaskId b : before) hub_tasks_.push_back(b.v);
@@ -182,12 +226,11 @@ void Engine::add_dependencies(const std::vector<TaskId>& before, const std::vect
 ResourceId Engine::task_home(TaskId t) const {
   const Task& k = tasks_[t.v];
   if (k.on >= 0) return {k.on};
-  return {links_[k.links_begin]};
+  return {links_[flows_[k.flow].links_begin]};
 }
 
 TaskClass Engine::task_class(TaskId t) const {
-  const Task& k = tasks_[t.v];
-  if (k.bytes > 0) return TaskClass::kCommunication;
+  if (task_bytes(t) > 0) return TaskClass::kCommunication;
   switch (resources_[task_home(t).v].kind) {
     case ResourceKind::kComputeStream: return TaskClass::kCompute;
     case ResourceKind::kHostCpu: return TaskClass::kHost;
@@ -196,7 +239,8 @@ TaskClass Engine::task_class(TaskId t) const {
 }
 
 double Engine::uncontended_flow_s(TaskId t) const {
-  const Task& k = tasks_[t.v];
+  if (tasks_[t.v].flow < 0) return 0;
+  const FlowSpec& k = flows_[tasks_[t.v].flow];
   if (k.bytes <= 0) return 0;
   double rate = k.max_rate;
   for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
@@ -218,7 +262,7 @@ const char* task_class_name(TaskClass c) {
 
 std::string Engine::describe(TaskId t) const {
   ResourceId h = task_home(t);
-  return "'" + task_names_[t.v] + "' (" + processes_[resources_[h.v].process].name + "/" +
+  return "'" + task_name(t) + "' (" + processes_[resources_[h.v].process].name + "/" +
          resources_[h.v].name + ")";
 }
 
@@ -519,8 +563,9 @@ class Run : private RunMemory {
     for (int32_t t = 0; t < n_; ++t) {
       const Task& k = e_.tasks_[t];
       const bool ready_order = k.on >= 0 && ready_order_on[k.on];
-      hot_[t] = {k.duration_s, 0, 0, k.stream_prev, 0, k.on, Phase::kWaiting, ready_order, k.bytes > 0};
-      any_flow_ = any_flow_ || k.bytes > 0;
+      const bool bytes = k.flow >= 0 && e_.flows_[k.flow].bytes > 0;
+      hot_[t] = {k.duration_s, 0, 0, k.stream_prev, 0, k.on, Phase::kWaiting, ready_order, bytes};
+      any_flow_ = any_flow_ || bytes;
       if (k.stream_prev < 0) continue;
       ++hot_[k.stream_prev].succ_begin;
       ++hot_[t].pending;
@@ -538,6 +583,14 @@ class Run : private RunMemory {
     for (size_t l = 0; l < nr; ++l) {
       const auto& res = e_.resources_[l];
       cap_[l] = res.bw_bytes_per_s * static_cast<double>(e_.processes_[res.process].multiplicity);
+    }
+    for (auto [l, f] : o_.slow_links) {
+      if (!l.valid() || l.v >= static_cast<int32_t>(nr) || !is_link(e_.resources_[l.v].kind) || !(f >= 1) ||
+          !std::isfinite(f)) {
+        throw UserError("degraded link " + std::to_string(l.v) + " x" + std::to_string(f) +
+                        ": expected a declared link and a finite factor >= 1");
+      }
+      cap_[l.v] /= f;
     }
     link_flows_.resize(nr);
     for (auto& fl : link_flows_) fl.clear();
@@ -614,7 +667,7 @@ class Run : private RunMemory {
   void draw_durations() {
     std::vector<double> slow(e_.processes_.size(), 1.0);
     for (auto [p, f] : o_.slow_processes) {
-      if (p < 0 || p >= static_cast<int>(slow.size()) || !(f > 0)) {
+      if (p < 0 || p >= static_cast<int>(slow.size()) || !(f > 0) || !std::isfinite(f)) {
         throw UserError("slow process " + std::to_string(p) + " x" + std::to_string(f) +
                         ": expected a declared process and a factor > 0");
       }
@@ -708,9 +761,9 @@ class Run : private RunMemory {
     if (!h.has_bytes) return;
     prefetch(&flow_slot_[t]);
     // A 64-byte record need not sit on one cache line: fetch both ends.
-    const char* k = reinterpret_cast<const char*>(&e_.tasks_[t]);
+    const char* k = reinterpret_cast<const char*>(&e_.flows_[e_.tasks_[t].flow]);
     prefetch(k);
-    prefetch(k + sizeof(Task) - 1);
+    prefetch(k + sizeof(Engine::FlowSpec) - 1);
   }
 
   void after_latency(int32_t t) {
@@ -756,7 +809,7 @@ class Run : private RunMemory {
   // ------------------------------------------------------------ flows
 
   void begin_flow(int32_t t) {
-    const Task& k = e_.tasks_[t];
+    const Engine::FlowSpec& k = e_.flows_[e_.tasks_[t].flow];
     hot_[t].phase = Phase::kFlowing;
     flow_start_[t] = now_;
     int32_t slot = static_cast<int32_t>(flows_.size());
@@ -777,7 +830,7 @@ class Run : private RunMemory {
   }
 
   void end_flow(int32_t t) {
-    const Task& k = e_.tasks_[t];
+    const Engine::FlowSpec& k = e_.flows_[e_.tasks_[t].flow];
     const int32_t slot = flow_slot_[t];
     free_flows_.push_back(slot);  // rebalance() below no longer reaches it
     for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
@@ -907,6 +960,8 @@ class Run : private RunMemory {
       }
     }
     r_.makespan_s = makespan;
+    r_.cause.resize(static_cast<size_t>(n_));
+    for (int32_t t = 0; t < n_; ++t) r_.cause[t] = hot_[t].crit_pred;
     for (int32_t t = last; t >= 0; t = hot_[t].crit_pred) r_.critical_path.push_back({t});
     std::reverse(r_.critical_path.begin(), r_.critical_path.end());
     // When each task's bytes began to flow: its end when it moves none.
@@ -1144,6 +1199,44 @@ StepSummary summarize(const Engine& e, const RunResult& r) {
   return s;
 }
 
+std::vector<RankWait> compute_waits(const Engine& e, const RunResult& r) {
+  std::vector<RankWait> out(static_cast<size_t>(e.num_processes()));
+  for (int p = 0; p < e.num_processes(); ++p) out[static_cast<size_t>(p)].process = p;
+  if (r.cause.size() != static_cast<size_t>(e.num_tasks())) return out;
+  for (int32_t t = 0; t < e.num_tasks(); ++t) {
+    const ResourceId home = e.task_home({t});
+    if (e.resource_kind(home) != ResourceKind::kComputeStream) continue;
+    const TaskId prev = e.stream_predecessor({t});
+    if (!prev.valid()) continue;
+    const double gap_s = r.start_s[t] - r.end_s[prev.v];
+    if (!(gap_s > 0)) continue;
+    const int p = e.resource_process(home);
+    // The wait until the other rank's task ended is for that rank; what
+    // follows (the collective's own time) is for the transfers.
+    std::string culprit;
+    double culprit_s = 0;
+    const std::string* first_comm = nullptr;
+    int32_t c = r.cause[t];
+    for (int hops = 0; c >= 0 && hops < 256; ++hops, c = r.cause[c]) {
+      if (e.task_class({c}) != TaskClass::kCommunication) {
+        if (e.task_process({c}) != p) {
+          culprit = e.process_name(e.task_process({c}));
+          culprit_s = std::clamp(r.end_s[c] - r.end_s[prev.v], 0.0, gap_s);
+        }
+        break;
+      }
+      if (first_comm == nullptr) first_comm = &e.task_category({c});
+    }
+    RankWait& w = out[static_cast<size_t>(p)];
+    w.wait_s += gap_s;
+    if (culprit_s > 0) w.wait_s_by_cause[culprit] += culprit_s;
+    if (gap_s - culprit_s > 0) {
+      w.wait_s_by_cause[first_comm != nullptr ? *first_comm + " transfers" : std::string("itself")] += gap_s - culprit_s;
+    }
+  }
+  return out;
+}
+
 std::string format_summary(const Engine& e, const StepSummary& s) {
   std::ostringstream o;
   char buf[256];
@@ -1209,15 +1302,38 @@ std::string format_summary(const Engine& e, const StepSummary& s) {
 
 // ---------------------------------------------------------------- trace
 
-void export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const TraceOptions& opts) {
+namespace {
+
+int64_t to_ns(double s) { return std::llround(s * 1e9); }
+
+// The outermost tier a flow reaches: nvlink, nic (the fabric behind it
+// included), spine, or fabric (a shared link with no NIC, such as storage).
+const char* flow_tier(const Engine& e, const std::vector<ResourceId>& links) {
+  bool nic = false, spine = false, fabric = false;
+  for (ResourceId l : links) {
+    const ResourceKind k = e.resource_kind(l);
+    nic = nic || k == ResourceKind::kNic;
+    spine = spine || (k == ResourceKind::kFabricLink && e.resource_name(l) == "spine");
+    fabric = fabric || k == ResourceKind::kFabricLink;
+  }
+  if (spine) return "spine";
+  if (nic) return "nic";
+  return fabric ? "fabric" : "nvlink";
+}
+
+}  // namespace
+
+TraceStats export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const TraceOptions& opts) {
+  TraceStats st;
   std::vector<int> pid(e.num_processes());
   for (int p = 0; p < e.num_processes(); ++p) {
     std::string name = e.process_name(p);
     if (e.process_multiplicity(p) > 1) name += " (x" + std::to_string(e.process_multiplicity(p)) + ")";
     pid[p] = w.process(name);
   }
-  std::vector<int> tid(e.num_resources());
-  for (int64_t i = 0; i < e.num_resources(); ++i) {
+  const int64_t nr = e.num_resources();
+  std::vector<int> tid(nr);
+  for (int64_t i = 0; i < nr; ++i) {
     ResourceId id{static_cast<int32_t>(i)};
     tid[i] = w.thread(pid[e.resource_process(id)], e.resource_name(id));
   }
@@ -1225,22 +1341,79 @@ void export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const Tra
   if (opts.mark_critical) {
     for (TaskId t : r.critical_path) critical[t.v] = 1;
   }
-  const nlohmann::json on_path = {{"critical", true}};
+  // Lanes: per resource, tasks by start; each goes to the first lane free by
+  // then (interval partitioning, as few lanes as the deepest overlap).
+  std::vector<std::vector<int32_t>> on(nr);
+  for (int32_t t = 0; t < e.num_tasks(); ++t) on[e.task_home({t}).v].push_back(t);
+  std::vector<int> lane_tid(e.num_tasks());
+  for (int64_t i = 0; i < nr; ++i) {
+    auto& ts = on[i];
+    std::stable_sort(ts.begin(), ts.end(), [&](int32_t a, int32_t b) { return to_ns(r.start_s[a]) < to_ns(r.start_s[b]); });
+    std::vector<int64_t> lane_end;  // ns
+    std::vector<int> lanes;
+    for (int32_t t : ts) {
+      const int64_t b = to_ns(r.start_s[t]), end = to_ns(r.end_s[t]);
+      size_t k = 0;
+      while (k < lane_end.size() && lane_end[k] > b) ++k;
+      if (k == lane_end.size()) {
+        lane_end.push_back(end);
+        const ResourceId id{static_cast<int32_t>(i)};
+        lanes.push_back(k == 0 ? tid[i]
+                               : w.thread(pid[e.resource_process(id)], e.resource_name(id) + " #" + std::to_string(k + 1)));
+        if (k > 0) ++st.extra_lanes;
+      }
+      lane_end[k] = std::max(lane_end[k], end);
+      lane_tid[t] = lanes[k];
+    }
+  }
+  std::vector<std::string> link_names(nr);
+  for (int64_t i = 0; i < nr; ++i) {
+    ResourceId id{static_cast<int32_t>(i)};
+    link_names[i] = e.process_name(e.resource_process(id)) + "/" + e.resource_name(id);
+  }
   for (int32_t t = 0; t < e.num_tasks(); ++t) {
-    ResourceId h = e.task_home({t});
-    w.complete(pid[e.resource_process(h)], tid[h.v], e.task_name({t}), e.task_category({t}),
-               r.start_s[t], r.end_s[t] - r.start_s[t], critical[t] ? on_path : nlohmann::json());
+    const ResourceId h = e.task_home({t});
+    nlohmann::json args;
+    if (critical[t]) args["critical"] = true;
+    const double bytes = e.task_bytes({t});
+    if (bytes > 0) {
+      args["bytes"] = bytes;
+      if (e.task_weight({t}) > 1) args["copies"] = e.task_weight({t});
+      const std::vector<ResourceId> links = e.task_links({t});
+      nlohmann::json names = nlohmann::json::array();
+      for (ResourceId l : links) names.push_back(link_names[l.v]);
+      args["links"] = std::move(names);
+      args["tier"] = flow_tier(e, links);
+    }
+    if (e.task_class({t}) == TaskClass::kCommunication && !is_link(e.resource_kind(h))) {
+      args["communicator"] = e.resource_name(h);
+    }
+    w.slice(pid[e.resource_process(h)], lane_tid[t], e.task_name({t}), e.task_category({t}), r.start_s[t], r.end_s[t],
+            args);
+    ++st.slices;
   }
-  if (!opts.dependency_flows) return;
-  int64_t flows = 0;
-  for (auto [b, a] : e.dependencies()) {
-    ResourceId hb = e.task_home({b}), ha = e.task_home({a});
-    if (hb.v == ha.v) continue;  // same row: order is visible without an arrow
-    if (flows++ >= opts.max_flows) break;
+  if (!opts.dependency_flows) return st;
+  auto arrow = [&](int32_t b, int32_t a) {
+    if (lane_tid[b] == lane_tid[a] && e.task_home({b}).v == e.task_home({a}).v) return;  // same row: order is visible
+    if (st.arrows >= opts.max_flows) {
+      ++st.arrows_left_out;
+      return;
+    }
+    ++st.arrows;
+    const ResourceId hb = e.task_home({b}), ha = e.task_home({a});
     // Midpoints lie inside both slices, so viewers bind the arrow to them.
-    w.flow(pid[e.resource_process(hb)], tid[hb.v], 0.5 * (r.start_s[b] + r.end_s[b]),
-           pid[e.resource_process(ha)], tid[ha.v], 0.5 * (r.start_s[a] + r.end_s[a]));
+    w.flow(pid[e.resource_process(hb)], lane_tid[b], 0.5 * (r.start_s[b] + r.end_s[b]), pid[e.resource_process(ha)],
+           lane_tid[a], 0.5 * (r.start_s[a] + r.end_s[a]));
+  };
+  for (auto [b, a] : e.dependencies()) arrow(b, a);
+  // Barriers joined through a hub: one arrow into each waiting task, from the
+  // task whose end released it.
+  if (r.cause.size() == static_cast<size_t>(e.num_tasks())) {
+    for (int32_t a : e.hub_after_tasks()) {
+      if (r.cause[a] >= 0) arrow(r.cause[a], a);
+    }
   }
+  return st;
 }
 
 }  // namespace rackstep::sim

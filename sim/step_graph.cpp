@@ -454,6 +454,7 @@ namespace {
 // One representative GPU: its streams and links.
 struct Rank {
   int process = -1;
+  int64_t nic_via = -1;  // a failed NIC: the rank whose NIC carries this one's traffic
   ResourceId compute, ag, rs, ep, ep2, tp, cp, pp_send, pp_recv, dp, copy, host, ckpt;
   ResourceId nvlink, nic;  // shared by every stream (contention on)
 };
@@ -502,13 +503,31 @@ class Builder {
         ranks_.push_back(k);
       }
     }
+    for (int64_t f : o_.failed_nics) {
+      if (f < 0 || f >= static_cast<int64_t>(ranks_.size())) {
+        throw UserError("timeline: --failed-nic " + std::to_string(f) + ": expected a rank in 0.." +
+                        std::to_string(ranks_.size() - 1));
+      }
+      if (n_ < 2 || !(nic_bw_ > 0) || !(nvlink_bw_ > 0)) {
+        throw UserError("timeline: --failed-nic needs at least 2 explicit ranks per stage (--ranks-per-stage) "
+                        "and a cluster with NICs and NVLink");
+      }
+      const int64_t s = f / n_, r = f % n_;
+      ranks_[static_cast<size_t>(f)].nic_via = s * n_ + (r + 1) % n_;
+    }
     gate_.assign(ranks_.size(), TaskId{});
     pending_sync_.assign(static_cast<size_t>(stages_), {});
     if (nic_bw_ > 0 && cl_.domains > 1 && o_.contention) {
-      // The scale-out fabric as one shared link: non-blocking carries every NIC at full rate.
+      // The scale-out fabric as one shared link. Non-blocking, it carries
+      // every NIC at full rate: every flow on it also crosses a NIC, and the
+      // NICs add up to its capacity, so it never binds. It is then left out:
+      // a link every flow shares would join all flows into one max-min
+      // component, and rebalancing that per flow event costs GPUs^2.
       const int f = e_.add_process("fabric");
-      fabric_ = e_.add_resource(f, "scale_out_fabric", ResourceKind::kFabricLink,
-                                static_cast<double>(cl_.gpus()) * nic_bw_ / o_.fabric_oversubscription);
+      if (o_.fabric_oversubscription > 1.0) {
+        fabric_ = e_.add_resource(f, "scale_out_fabric", ResourceKind::kFabricLink,
+                                  static_cast<double>(cl_.gpus()) * nic_bw_ / o_.fabric_oversubscription);
+      }
       // Between scalable units: the spine carries 1/oversubscription of the
       // NICs below it (topology's spine_oversubscription, as the predictor).
       const int64_t unit = cl_.system.scale_out.domains_per_unit;
@@ -566,7 +585,8 @@ class Builder {
 
   TaskId task(ResourceId on, std::string name, const char* cat, double d, TaskId after) {
     TaskId t = e_.add_compute(on, std::move(name), cat, d);
-    if (after.valid()) e_.add_dependency(after, t);
+    // Stream order already makes a task wait for its stream predecessor.
+    if (after.valid() && e_.stream_predecessor(t).v != after.v) e_.add_dependency(after, t);
     return t;
   }
 
@@ -575,6 +595,13 @@ class Builder {
   std::vector<ResourceId> links(Rank& k, ResourceId stream, Tier tier) {
     const bool nv = tier == Tier::kNvlink;
     if (o_.contention) {
+      if (!nv && k.nic_via >= 0) {
+        // Over NVLink to a neighbour, out through its NIC.
+        std::vector<ResourceId> out{k.nvlink, ranks_[static_cast<size_t>(k.nic_via)].nic};
+        if (fabric_.valid()) out.push_back(fabric_);
+        if (tier == Tier::kSpine && spine_.valid()) out.push_back(spine_);
+        return out;
+      }
       std::vector<ResourceId> out{nv ? k.nvlink : k.nic};
       if (!nv && fabric_.valid()) out.push_back(fabric_);
       if (tier == Tier::kSpine && spine_.valid()) out.push_back(spine_);
@@ -592,51 +619,61 @@ class Builder {
 
   // One rank's part of a call: latency, then the tiers' flows together (the
   // first holds the stream; the others stream beside it and the stream waits
-  // for all of them).
+  // for all of them). Its tasks that wait for the call's inputs go to `starts`;
+  // the task that ends the part is returned.
   TaskId comm_part(Rank& k, ResourceId stream, const std::string& name, const char* cat, const Comm& c,
-                   const std::vector<TaskId>& deps) {
+                   std::vector<TaskId>& starts) {
     struct Flow {
       const char* suffix;
       double bytes;
       Tier tier;
     };
-    std::vector<Flow> flows;
-    if (c.bw_s > 0 && nvlink_bw_ > 0 && c.nvlink_bytes > 0) flows.push_back({"", c.nvlink_bytes, Tier::kNvlink});
-    if (c.bw_s > 0 && nic_bw_ > 0 && c.nic_bytes > c.spine_bytes) flows.push_back({".nic", c.nic_bytes - c.spine_bytes, Tier::kNic});
-    if (c.bw_s > 0 && nic_bw_ > 0 && c.spine_bytes > 0) flows.push_back({".spine", c.spine_bytes, Tier::kSpine});
-    std::vector<TaskId> parts;
-    for (size_t i = 0; i < flows.size() || i == 0; ++i) {
+    Flow flows[3];
+    size_t nflows = 0;
+    if (c.bw_s > 0 && nvlink_bw_ > 0 && c.nvlink_bytes > 0) flows[nflows++] = {"", c.nvlink_bytes, Tier::kNvlink};
+    if (c.bw_s > 0 && nic_bw_ > 0 && c.nic_bytes > c.spine_bytes) {
+      flows[nflows++] = {".nic", c.nic_bytes - c.spine_bytes, Tier::kNic};
+    }
+    if (c.bw_s > 0 && nic_bw_ > 0 && c.spine_bytes > 0) flows[nflows++] = {".spine", c.spine_bytes, Tier::kSpine};
+    const size_t first = starts.size();
+    for (size_t i = 0; i < nflows || i == 0; ++i) {
       TaskSpec t;
       t.category = cat;
       if (i == 0) t.on = stream;
-      t.duration_s = flows.empty() ? c.time_s() : c.latency_s;
-      t.name = name + (i == 0 || flows.empty() ? "" : flows[i].suffix);
-      if (!flows.empty()) {
+      t.duration_s = nflows == 0 ? c.time_s() : c.latency_s;
+      t.name = name + (i == 0 || nflows == 0 ? "" : flows[i].suffix);
+      if (nflows > 0) {
         t.bytes = flows[i].bytes;
         t.links = links(k, stream, flows[i].tier);
         t.max_rate_bytes_per_s = t.bytes / c.bw_s;
       }
-      parts.push_back(e_.add_task(t));
-      for (TaskId d : deps) {
-        if (d.valid()) e_.add_dependency(d, parts.back());
-      }
+      starts.push_back(e_.add_task(std::move(t)));
     }
-    if (parts.size() == 1) return parts[0];
-    TaskId join = task(stream, name + ".join", cat, 0.0, parts[0]);
-    for (size_t i = 1; i < parts.size(); ++i) e_.add_dependency(parts[i], join);
+    if (starts.size() - first == 1) return starts[first];
+    TaskId join = task(stream, name + ".join", cat, 0.0, starts[first]);
+    for (size_t i = first + 1; i < starts.size(); ++i) e_.add_dependency(starts[i], join);
     return join;
   }
 
   // A collective over one stage's ranks: each rank's part starts once every
-  // rank is ready (so a late rank holds up everyone). Zero time: nothing.
+  // rank is ready (so a late rank holds up everyone): one barrier between the
+  // ranks' inputs and every part (Engine::add_dependencies, linear in ranks).
+  // Zero time: nothing.
   void collective(int64_t s, ResourceId Rank::*stream, const std::string& name, const char* cat, const Comm& c,
                   std::vector<TaskId>& prev, const std::vector<TaskId>& extra = {}) {
     if (c.time_s() <= 0) return;
-    std::vector<TaskId> deps = prev;
-    deps.insert(deps.end(), extra.begin(), extra.end());
-    std::vector<TaskId> parts(static_cast<size_t>(n_));
-    for (int64_t r = 0; r < n_; ++r) parts[r] = comm_part(rank(s, r), rank(s, r).*stream, name, cat, c, deps);
-    prev = parts;
+    std::vector<TaskId> deps;
+    deps.reserve(prev.size() + extra.size());
+    for (TaskId d : prev) {
+      if (d.valid()) deps.push_back(d);
+    }
+    for (TaskId d : extra) {
+      if (d.valid()) deps.push_back(d);
+    }
+    std::vector<TaskId> starts;
+    starts.reserve(static_cast<size_t>(3 * n_));
+    for (int64_t r = 0; r < n_; ++r) prev[r] = comm_part(rank(s, r), rank(s, r).*stream, name, cat, c, starts);
+    e_.add_dependencies(deps, starts);
   }
 
   void compute(int64_t s, const std::string& name, const char* cat, double d, std::vector<TaskId>& prev) {
@@ -664,7 +701,7 @@ class Builder {
   // so wave i's dispatch overlaps wave i-1's GEMMs and wave i's combine wave
   // i+1's. Overlapped transfers take SMs from the GEMMs: each overlapped wave's
   // GEMMs lose (1 - overlap efficiency) of the overlapped time (calibration).
-  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, bool backward,
+  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, bool backward, const char* cat,
                std::vector<TaskId>& prev) {
     const LayerCost& k = c_.layers[layer];
     const double w = static_cast<double>(c_.waves);
@@ -683,22 +720,27 @@ class Builder {
       const double penalty = i > 0 ? (1.0 - c_.ep_overlap_eff) * std::min(gemm_s, comm_s) : 0.0;
       for (int64_t r = 0; r < n_; ++r) {
         TaskId after = x[r].valid() ? x[r] : start[r];
-        x[r] = task(rank(s, r).compute, base + wave + ".experts", backward ? "backward" : "forward",
-                    gemm_s + penalty, after);
+        x[r] = task(rank(s, r).compute, base + wave + ".experts", cat, gemm_s * load(r) + penalty, after);
       }
       collective(s, &Rank::ep2, base + wave + (backward ? ".dispatch_grad" : ".combine"), c2, second, x);
       prev = x;
     }
   }
 
+  // Routed-expert load of rank r (StepGraphOptions::expert_load).
+  double load(int64_t r) const {
+    if (o_.expert_load.empty()) return 1.0;
+    return o_.expert_load[static_cast<size_t>(r) % o_.expert_load.size()];
+  }
+
   // TP passes are exposed; a CP ring pass runs beside the layer's compute.
-  void tp_cp(int64_t s, int64_t layer, const std::string& tag, const Comm& cp, std::vector<TaskId> before,
-             std::vector<TaskId>& prev) {
+  void tp_cp(int64_t s, int64_t layer, const std::string& tag, const char* cat, const Comm& cp,
+             std::vector<TaskId> before, std::vector<TaskId>& prev) {
     const LayerCost& k = c_.layers[layer];
     collective(s, &Rank::tp, num("L", layer) + "." + tag + ".tp", "tp", k.tp, prev);
     if (cp.time_s() <= 0) return;
     collective(s, &Rank::cp, num("L", layer) + "." + tag + ".cp_ring", "cp_ring", cp, before);
-    compute(s, num("L", layer) + "." + tag + ".join", "forward", 0.0, prev);
+    compute(s, num("L", layer) + "." + tag + ".join", cat, 0.0, prev);
     join(prev, before);
   }
 
@@ -714,10 +756,10 @@ class Builder {
     } else {
       compute(s, name + ".pre", cat, k.pre_fwd, prev);
       join(prev, g);
-      experts(s, layer, tag, k.exp_fwd, false, prev);
+      experts(s, layer, tag, k.exp_fwd, false, cat, prev);
       compute(s, name + ".post", cat, k.post_fwd, prev);
     }
-    tp_cp(s, layer, tag, k.cp_fwd, before, prev);
+    tp_cp(s, layer, tag, cat, k.cp_fwd, before, prev);
   }
 
   // Backward of one layer; input_only: the weight-gradient GEMMs are left to a W pass.
@@ -733,10 +775,10 @@ class Builder {
     } else {
       compute(s, name + ".post", "backward", k.post_bwd - leave_w * k.post_w, prev);
       join(prev, g);
-      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, true, prev);
+      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, true, "backward", prev);
       compute(s, name + ".pre", "backward", k.pre_bwd - leave_w * k.pre_w, prev);
     }
-    tp_cp(s, layer, tag, k.cp_bwd, before, prev);
+    tp_cp(s, layer, tag, "backward", k.cp_bwd, before, prev);
   }
 
   std::vector<TaskId> stage_gate(int64_t s) {
@@ -946,11 +988,12 @@ class Builder {
   // Each rank of a stage continues once every rank is here.
   void barrier(int64_t s, std::vector<TaskId>& ready) {
     if (n_ == 1) return;
-    std::vector<TaskId> all = ready;
-    for (int64_t r = 0; r < n_; ++r) {
-      ready[r] = task(rank(s, r).compute, num("step", step_) + ".sync", "optimizer", 0.0, {});
-      for (TaskId t : all) e_.add_dependency(t, ready[r]);
+    std::vector<TaskId> all;
+    for (TaskId t : ready) {
+      if (t.valid()) all.push_back(t);
     }
+    for (int64_t r = 0; r < n_; ++r) ready[r] = task(rank(s, r).compute, num("step", step_) + ".sync", "optimizer", 0.0, {});
+    e_.add_dependencies(all, ready);
   }
 
   // Every GPU writes its shard to shared storage; the blocking share holds up
@@ -1036,6 +1079,9 @@ StepGraph build_step_graph(const Predictor& p, const Layout& l, const StepGraphO
   }
   if (!(o.fabric_oversubscription >= 1.0) || o.checkpoint_every < 0) {
     throw UserError("timeline: expected --fabric-oversubscription >= 1 and --checkpoint-every >= 0");
+  }
+  for (double f : o.expert_load) {
+    if (!(f > 0) || !std::isfinite(f)) throw UserError("timeline: --expert-load factors must be finite and > 0");
   }
   const int64_t per_stage = l.gpus() / l.pp;
   if (per_stage % o.ranks_per_stage != 0) {
