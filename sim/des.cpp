@@ -137,6 +137,13 @@ std::vector<int32_t> Engine::hub_after_tasks() const {
   return out;
 }
 
+void Engine::set_task_flops(TaskId t, double flops) {
+  RS_CHECK(t.valid() && t.v < num_tasks(), "FLOPs of an undeclared task");
+  if (!(flops > 0)) return;
+  if (flops_.size() <= static_cast<size_t>(t.v)) flops_.resize(static_cast<size_t>(t.v) + 1, 0.0f);
+  flops_[t.v] = static_cast<float>(flops);
+}
+
 double Engine::task_weight(TaskId t) const {
   const Task& k = tasks_[t.v];
   if (k.flow >= 0) return flows_[k.flow].weight;
@@ -1385,6 +1392,7 @@ TraceStats export_trace(const Engine& e, const RunResult& r, TraceWriter& w, con
       args["links"] = std::move(names);
       args["tier"] = flow_tier(e, links);
     }
+    if (e.task_flops({t}) > 0) args["flops"] = e.task_flops({t});
     if (e.task_class({t}) == TaskClass::kCommunication && !is_link(e.resource_kind(h))) {
       args["communicator"] = e.resource_name(h);
     }

@@ -160,6 +160,9 @@ class Engine {
   // Bytes per copy the task moves (0 for none), its copies, and the links it crosses.
   double task_bytes(TaskId t) const { return tasks_[t.v].flow < 0 ? 0.0 : flows_[tasks_[t.v].flow].bytes; }
   double task_weight(TaskId t) const;
+  // Hardware FLOPs of a compute task (per copy), shown on its trace slice; 0 when unknown.
+  void set_task_flops(TaskId t, double flops);
+  double task_flops(TaskId t) const { return static_cast<size_t>(t.v) < flops_.size() ? flops_[t.v] : 0.0; }
   std::vector<ResourceId> task_links(TaskId t) const;
   const std::string& task_category(TaskId t) const { return categories_[tasks_[t.v].category]; }
   TaskClass task_class(TaskId t) const;
@@ -216,6 +219,7 @@ class Engine {
   std::vector<Resource> resources_;
   std::vector<Task> tasks_;
   std::vector<FlowSpec> flows_;
+  std::vector<float> flops_;  // per task, up to the last task given FLOPs (display only: float is enough)
   std::deque<std::string> names_;  // stable addresses: name_ids_ views them
   std::unordered_map<std::string_view, uint32_t> name_ids_;
   std::vector<int32_t> links_;

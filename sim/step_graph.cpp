@@ -114,14 +114,22 @@ struct LayerCost {
   double pre_fwd = 0, exp_fwd = 0, post_fwd = 0;
   double pre_bwd = 0, exp_bwd = 0, post_bwd = 0;
   double pre_w = 0, exp_w = 0, post_w = 0;
+  // The same parts in hardware FLOPs per GPU (trace slices; zero-bubble W: half a GEMM's backward).
+  double pre_fwd_f = 0, exp_fwd_f = 0, post_fwd_f = 0;
+  double pre_bwd_f = 0, exp_bwd_f = 0, post_bwd_f = 0;
+  double pre_w_f = 0, exp_w_f = 0, post_w_f = 0;
   Comm gather, reduce_scatter, dispatch, combine, tp, cp_fwd, cp_bwd;
   std::vector<Comm> grad_sync;  // all-reduces of this layer's gradients across replicas
   double w_s() const { return pre_w + exp_w + post_w; }
+  double w_f() const { return pre_w_f + exp_w_f + post_w_f; }
+  double fwd_f() const { return pre_fwd_f + exp_fwd_f + post_fwd_f; }
+  double bwd_f() const { return pre_bwd_f + exp_bwd_f + post_bwd_f; }
 };
 
 struct Costs {
   std::vector<LayerCost> layers;
   double pre_fwd_s = 0, pre_bwd_s = 0, head_fwd_s = 0, head_bwd_s = 0;
+  double pre_fwd_f = 0, pre_bwd_f = 0, head_fwd_f = 0, head_bwd_f = 0;  // FLOPs
   Comm send;                      // activation (or gradient) across a stage boundary
   Comm edge_sync, replicated_sync;  // LM head / embedding gradients across replicas
   Comm ns_gather, ns_redistribute;  // Muon: shards to matrix owners and back
@@ -142,9 +150,13 @@ void split_layers(const Predictor& p, const Layout& l, Costs& c) {
     if (o.graph_index < first_block) {
       c.pre_fwd_s += o.fwd_s;
       c.pre_bwd_s += o.bwd_s;
+      c.pre_fwd_f += o.fwd_flops;
+      c.pre_bwd_f += o.bwd_flops;
     } else if (o.graph_index >= g.head_begin) {
       c.head_fwd_s += o.fwd_s;
       c.head_bwd_s += o.bwd_s;
+      c.head_fwd_f += o.fwd_flops;
+      c.head_bwd_f += o.bwd_flops;
     }
   }
   for (size_t i = 0; i < c.layers.size(); ++i) {
@@ -164,6 +176,12 @@ void split_layers(const Predictor& p, const Layout& l, Costs& c) {
       *fwd[part] += ops[j].fwd_s;
       *bwd[part] += ops[j].bwd_s;
       *wg[part] += w;
+      double* fwd_f[] = {&k.pre_fwd_f, &k.exp_fwd_f, &k.post_fwd_f};
+      double* bwd_f[] = {&k.pre_bwd_f, &k.exp_bwd_f, &k.post_bwd_f};
+      double* wg_f[] = {&k.pre_w_f, &k.exp_w_f, &k.post_w_f};
+      *fwd_f[part] += ops[j].fwd_flops;
+      *bwd_f[part] += ops[j].bwd_flops;
+      *wg_f[part] += gemm ? 0.5 * ops[j].bwd_flops : 0.0;
     }
   }
 }
@@ -676,8 +694,12 @@ class Builder {
     e_.add_dependencies(deps, starts);
   }
 
-  void compute(int64_t s, const std::string& name, const char* cat, double d, std::vector<TaskId>& prev) {
-    for (int64_t r = 0; r < n_; ++r) prev[r] = task(rank(s, r).compute, name, cat, d, prev[r]);
+  void compute(int64_t s, const std::string& name, const char* cat, double d, std::vector<TaskId>& prev,
+               double flops = 0) {
+    for (int64_t r = 0; r < n_; ++r) {
+      prev[r] = task(rank(s, r).compute, name, cat, d, prev[r]);
+      e_.set_task_flops(prev[r], flops);
+    }
   }
 
   void join(std::vector<TaskId>& prev, const std::vector<TaskId>& other) {
@@ -701,8 +723,8 @@ class Builder {
   // so wave i's dispatch overlaps wave i-1's GEMMs and wave i's combine wave
   // i+1's. Overlapped transfers take SMs from the GEMMs: each overlapped wave's
   // GEMMs lose (1 - overlap efficiency) of the overlapped time (calibration).
-  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, bool backward, const char* cat,
-               std::vector<TaskId>& prev) {
+  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, double expert_f, bool backward,
+               const char* cat, std::vector<TaskId>& prev) {
     const LayerCost& k = c_.layers[layer];
     const double w = static_cast<double>(c_.waves);
     const Comm first = (backward ? k.combine : k.dispatch).scaled(1.0 / w);
@@ -721,6 +743,7 @@ class Builder {
       for (int64_t r = 0; r < n_; ++r) {
         TaskId after = x[r].valid() ? x[r] : start[r];
         x[r] = task(rank(s, r).compute, base + wave + ".experts", cat, gemm_s * load(r) + penalty, after);
+        e_.set_task_flops(x[r], expert_f / w * load(r));
       }
       collective(s, &Rank::ep2, base + wave + (backward ? ".dispatch_grad" : ".combine"), c2, second, x);
       prev = x;
@@ -751,13 +774,13 @@ class Builder {
     const std::vector<TaskId> before = prev;
     const std::string name = num("L", layer) + "." + tag;
     if (!k.ep) {
-      compute(s, name, cat, k.t.fwd_s, prev);
+      compute(s, name, cat, k.t.fwd_s, prev, k.fwd_f());
       join(prev, g);
     } else {
-      compute(s, name + ".pre", cat, k.pre_fwd, prev);
+      compute(s, name + ".pre", cat, k.pre_fwd, prev, k.pre_fwd_f);
       join(prev, g);
-      experts(s, layer, tag, k.exp_fwd, false, cat, prev);
-      compute(s, name + ".post", cat, k.post_fwd, prev);
+      experts(s, layer, tag, k.exp_fwd, k.exp_fwd_f, false, cat, prev);
+      compute(s, name + ".post", cat, k.post_fwd, prev, k.post_fwd_f);
     }
     tp_cp(s, layer, tag, cat, k.cp_fwd, before, prev);
   }
@@ -770,13 +793,14 @@ class Builder {
     const std::string name = num("L", layer) + "." + tag;
     const double leave_w = input_only ? 1.0 : 0.0;  // the W pass runs these later
     if (!k.ep) {
-      compute(s, name, "backward", k.t.bwd_s - leave_w * k.w_s(), prev);
+      compute(s, name, "backward", k.t.bwd_s - leave_w * k.w_s(), prev, k.bwd_f() - leave_w * k.w_f());
       join(prev, g);
     } else {
-      compute(s, name + ".post", "backward", k.post_bwd - leave_w * k.post_w, prev);
+      compute(s, name + ".post", "backward", k.post_bwd - leave_w * k.post_w, prev,
+              k.post_bwd_f - leave_w * k.post_w_f);
       join(prev, g);
-      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, true, "backward", prev);
-      compute(s, name + ".pre", "backward", k.pre_bwd - leave_w * k.pre_w, prev);
+      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, k.exp_bwd_f - leave_w * k.exp_w_f, true, "backward", prev);
+      compute(s, name + ".pre", "backward", k.pre_bwd - leave_w * k.pre_w, prev, k.pre_bwd_f - leave_w * k.pre_w_f);
     }
     tp_cp(s, layer, tag, "backward", k.cp_bwd, before, prev);
   }
@@ -807,7 +831,7 @@ class Builder {
         prev[r] = gate_[s * n_ + r];
       }
     }
-    if (q == 0) compute(s, "embed." + tag, "forward", c_.pre_fwd_s, prev);
+    if (q == 0) compute(s, "embed." + tag, "forward", c_.pre_fwd_s, prev, c_.pre_fwd_f);
     std::vector<std::vector<TaskId>> done;
     for (int64_t i = 0; i < lpc_; ++i) {
       const int64_t layer = q * lpc_ + i;
@@ -816,7 +840,7 @@ class Builder {
       layer_forward(s, layer, tag, "forward", g, prev);
       done.push_back(prev);
     }
-    if (q == chunks_total() - 1) compute(s, "head." + tag, "forward", c_.head_fwd_s, prev);
+    if (q == chunks_total() - 1) compute(s, "head." + tag, "forward", c_.head_fwd_s, prev, c_.head_fwd_f);
     if (q < chunks_total() - 1) send(s, q + 1, tag, prev);
     for (int64_t r = 0; r < n_; ++r) last_fwd_[slot(q, mb, r)] = prev[r];
   }
@@ -832,7 +856,7 @@ class Builder {
       }
     } else {
       for (int64_t r = 0; r < n_; ++r) prev[r] = last_fwd_[slot(q, mb, r)];
-      compute(s, "head." + tag, "backward", c_.head_bwd_s, prev);
+      compute(s, "head." + tag, "backward", c_.head_bwd_s, prev, c_.head_bwd_f);
       if (mb == m_ - 1 && c_.bucket_layers > 0) {
         std::vector<TaskId> head = prev;
         collective(s, &Rank::dp, "head.grad_sync", "grad_sync", c_.edge_sync, head);
@@ -861,7 +885,7 @@ class Builder {
       if (!input_only) reduce_scatter(s, layer, tag, mb, prev);
       done.push_back(prev);
     }
-    if (q == 0) compute(s, "embed." + tag, "backward", c_.pre_bwd_s, prev);
+    if (q == 0) compute(s, "embed." + tag, "backward", c_.pre_bwd_s, prev, c_.pre_bwd_f);
     if (q > 0) send(s, q - 1, tag, prev);
     for (int64_t r = 0; r < n_; ++r) last_bwd_[slot(q, mb, r)] = prev[r];
   }
@@ -899,7 +923,7 @@ class Builder {
     for (int64_t r = 0; r < n_; ++r) prev[r] = last_bwd_[slot(q, mb, r)];
     for (int64_t i = lpc_ - 1; i >= 0; --i) {
       const int64_t layer = q * lpc_ + i;
-      compute(s, num("L", layer) + "." + tag, "backward", c_.layers[layer].w_s(), prev);
+      compute(s, num("L", layer) + "." + tag, "backward", c_.layers[layer].w_s(), prev, c_.layers[layer].w_f());
       reduce_scatter(s, layer, tag, mb, prev);
     }
   }

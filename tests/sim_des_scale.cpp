@@ -123,7 +123,7 @@ TEST_CASE("concurrent flows on one link go to lanes of their own, meeting slices
   (void)b;
 }
 
-TEST_CASE("trace slices of transfers carry bytes, links, tier and communicator; barriers get arrows",
+TEST_CASE("trace slices carry FLOPs, or bytes, links, tier and communicator; barriers get arrows",
           "[des][trace][scale]") {
   Case c = load("marin-535b-a23b.json", "gb200-11-racks.json", "hero-ragged.json");
   Predictor p(c.graph, c.cluster);
@@ -135,7 +135,12 @@ TEST_CASE("trace slices of transfers carry bytes, links, tier and communicator; 
   nlohmann::json doc = trace_of(sg.engine, r, &st);
   std::map<std::string, int> tiers;
   bool communicator = false;
+  double expert_flops = 0;
   for (const auto& e : doc["traceEvents"]) {
+    const std::string name = e.value("name", "");
+    if (e["ph"] == "X" && e["cat"] == "forward" && name.find(".experts") != std::string::npos) {
+      expert_flops = e["args"]["flops"].get<double>();
+    }
     if (e["ph"] != "X" || !e.contains("args") || !e["args"].contains("bytes")) continue;
     CHECK(e["args"]["bytes"].get<double>() > 0);
     CHECK(!e["args"]["links"].empty());
@@ -145,6 +150,7 @@ TEST_CASE("trace slices of transfers carry bytes, links, tier and communicator; 
   CHECK(tiers["nvlink"] > 0);
   CHECK(tiers["nic"] > 0);
   CHECK(communicator);
+  CHECK(expert_flops > 1e9);  // compute slices carry their hardware FLOPs
   // Every task released through a hub (a collective's barrier) has an arrow into it.
   CHECK(st.arrows >= static_cast<int64_t>(sg.engine.hub_after_tasks().size()) / 2);
   // A limit leaves arrows out and says how many.
