@@ -448,6 +448,18 @@ struct Flow {
   double new_rate;
 };
 
+// What a run keeps per link, in one cache line: a flow starting or ending
+// touches its links' state, and with 100,000 links (8,192 GPUs) separate
+// arrays cost a cache miss each.
+struct alignas(64) LinkState {
+  std::vector<int32_t> flows;  // slots of its active flows
+  double cap;                  // bytes/s, all copies
+  double active_since;         // when its first current flow began
+  double cap_left, w_left;     // rebalance() scratch
+  uint32_t mark;               // the last rebalance() (epoch) that reached it
+  bool dirty;                  // in dirty_links_
+};
+
 // The buffers a run works in. A thread keeps them between runs (see Run), so
 // repeated runs (sweeps, benchmarks, Monte Carlo) neither allocate them again
 // nor fault their pages in again; every run resets what it reads.
@@ -461,19 +473,14 @@ struct RunMemory {
   std::vector<std::vector<int32_t>> queue_;
   std::vector<size_t> queue_head_;
   // Links and flows.
-  std::vector<double> cap_;
-  std::vector<std::vector<int32_t>> link_flows_;
-  std::vector<double> link_active_since_;
-  std::vector<Flow> flows_;          // active flows; link_flows_ holds their slots
+  std::vector<LinkState> link_;      // per resource (only links use it)
+  std::vector<Flow> flows_;          // active flows; LinkState::flows holds their slots
   std::vector<int32_t> free_flows_;  // slots to reuse
   std::vector<int32_t> flow_slot_;   // per task: its slot while it flows
   std::vector<double> flow_start_;   // per task
   // Scratch for rebalance().
-  std::vector<uint32_t> link_mark_;
-  std::vector<char> link_dirty_;       // per link: in dirty_links_
   std::vector<int32_t> dirty_links_;
   std::vector<int32_t> comp_links_, comp_flows_, unfrozen_, frozen_now_;
-  std::vector<double> cap_left_, w_left_;
   // What setup() derived from the graph last time (Engine::stamp_): the task
   // records before jitter, and succ_ as it stands.
   uint64_t graph_stamp_ = 0;
@@ -586,10 +593,15 @@ class Run : private RunMemory {
   void setup_resources() {
     const size_t nr = e_.resources_.size();
     // Links: capacity scales with the multiplicity of the process that owns them.
-    cap_.assign(nr, 0);
+    link_.resize(nr);
     for (size_t l = 0; l < nr; ++l) {
       const auto& res = e_.resources_[l];
-      cap_[l] = res.bw_bytes_per_s * static_cast<double>(e_.processes_[res.process].multiplicity);
+      LinkState& k = link_[l];
+      k.flows.clear();
+      k.cap = res.bw_bytes_per_s * static_cast<double>(e_.processes_[res.process].multiplicity);
+      k.active_since = k.cap_left = k.w_left = 0;
+      k.mark = 0;
+      k.dirty = false;
     }
     for (auto [l, f] : o_.slow_links) {
       if (!l.valid() || l.v >= static_cast<int32_t>(nr) || !is_link(e_.resources_[l.v].kind) || !(f >= 1) ||
@@ -597,22 +609,15 @@ class Run : private RunMemory {
         throw UserError("degraded link " + std::to_string(l.v) + " x" + std::to_string(f) +
                         ": expected a declared link and a finite factor >= 1");
       }
-      cap_[l.v] /= f;
+      link_[l.v].cap /= f;
     }
-    link_flows_.resize(nr);
-    for (auto& fl : link_flows_) fl.clear();
-    link_active_since_.assign(nr, 0);
     in_use_.assign(nr, 0);
     queue_.resize(nr);
     for (auto& q : queue_) q.clear();
     heap_.clear();
     ready_.clear();
     queue_head_.assign(nr, 0);
-    link_mark_.assign(nr, 0);
-    link_dirty_.assign(nr, 0);
     dirty_links_.clear();
-    cap_left_.assign(nr, 0);
-    w_left_.assign(nr, 0);
     // Flow state is per task but only needed when some task moves bytes.
     if (any_flow_) {
       flows_.clear();
@@ -830,8 +835,8 @@ class Run : private RunMemory {
     flow_slot_[t] = slot;
     for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
       int32_t l = e_.links_[i];
-      if (link_flows_[l].empty()) link_active_since_[l] = now_;
-      link_flows_[l].push_back(slot);
+      if (link_[l].flows.empty()) link_[l].active_since = now_;
+      link_[l].flows.push_back(slot);
     }
     mark_dirty(k.links_begin, k.links_end);
   }
@@ -842,13 +847,13 @@ class Run : private RunMemory {
     free_flows_.push_back(slot);  // rebalance() below no longer reaches it
     for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
       int32_t l = e_.links_[i];
-      auto& fl = link_flows_[l];
+      auto& fl = link_[l].flows;
       auto it = std::find(fl.begin(), fl.end(), slot);
       RS_CHECK(it != fl.end(), "finishing flow missing from its link");
       *it = fl.back();
       fl.pop_back();
       r_.bytes_moved[l] += k.bytes * k.weight;
-      if (fl.empty()) r_.busy_s[l] += now_ - link_active_since_[l];
+      if (fl.empty()) r_.busy_s[l] += now_ - link_[l].active_since;
     }
     mark_dirty(k.links_begin, k.links_end);
   }
@@ -857,8 +862,8 @@ class Run : private RunMemory {
   void mark_dirty(uint32_t lb, uint32_t le) {
     for (uint32_t i = lb; i < le; ++i) {
       const int32_t l = e_.links_[i];
-      if (link_dirty_[l]) continue;
-      link_dirty_[l] = 1;
+      if (link_[l].dirty) continue;
+      link_[l].dirty = true;
       dirty_links_.push_back(l);
     }
   }
@@ -873,12 +878,12 @@ class Run : private RunMemory {
     comp_links_.clear();
     comp_flows_.clear();
     for (int32_t l : dirty_links_) {
-      link_dirty_[l] = 0;
+      link_[l].dirty = false;
       mark_link(l);
     }
     dirty_links_.clear();
     for (size_t i = 0; i < comp_links_.size(); ++i) {
-      for (int32_t f : link_flows_[comp_links_[i]]) {
+      for (int32_t f : link_[comp_links_[i]].flows) {
         Flow& k = flows_[f];
         if (k.mark == epoch_) continue;
         k.mark = epoch_;
@@ -888,12 +893,12 @@ class Run : private RunMemory {
     }
     if (comp_flows_.empty()) return;
     for (int32_t l : comp_links_) {
-      cap_left_[l] = cap_[l];
-      w_left_[l] = 0;
+      link_[l].cap_left = link_[l].cap;
+      link_[l].w_left = 0;
     }
     for (int32_t f : comp_flows_) {
       const Flow& k = flows_[f];
-      for (uint32_t j = k.links_begin; j < k.links_end; ++j) w_left_[e_.links_[j]] += k.weight;
+      for (uint32_t j = k.links_begin; j < k.links_end; ++j) link_[e_.links_[j]].w_left += k.weight;
     }
     unfrozen_ = comp_flows_;
     while (!unfrozen_.empty()) fill_round();
@@ -901,8 +906,8 @@ class Run : private RunMemory {
   }
 
   void mark_link(int32_t l) {
-    if (link_mark_[l] == epoch_) return;
-    link_mark_[l] = epoch_;
+    if (link_[l].mark == epoch_) return;
+    link_[l].mark = epoch_;
     comp_links_.push_back(l);
   }
 
@@ -911,7 +916,7 @@ class Run : private RunMemory {
   void fill_round() {
     double share = std::numeric_limits<double>::infinity();
     for (int32_t l : comp_links_) {
-      if (w_left_[l] > 0) share = std::min(share, std::max(cap_left_[l], 0.0) / w_left_[l]);
+      if (link_[l].w_left > 0) share = std::min(share, std::max(link_[l].cap_left, 0.0) / link_[l].w_left);
     }
     for (int32_t f : unfrozen_) share = std::min(share, flows_[f].max_rate);
     const double tight = share * (1 + 1e-9);
@@ -922,7 +927,7 @@ class Run : private RunMemory {
       bool hit = k.max_rate <= tight;
       for (uint32_t j = k.links_begin; j < k.links_end && !hit; ++j) {
         int32_t l = e_.links_[j];
-        hit = std::max(cap_left_[l], 0.0) <= tight * w_left_[l];
+        hit = std::max(link_[l].cap_left, 0.0) <= tight * link_[l].w_left;
       }
       if (hit) {
         frozen_now_.push_back(f);
@@ -937,8 +942,8 @@ class Run : private RunMemory {
       k.new_rate = share;
       for (uint32_t j = k.links_begin; j < k.links_end; ++j) {
         int32_t l = e_.links_[j];
-        cap_left_[l] -= share * k.weight;
-        w_left_[l] -= k.weight;
+        link_[l].cap_left -= share * k.weight;
+        link_[l].w_left -= k.weight;
       }
     }
   }
