@@ -1227,7 +1227,7 @@ std::vector<RankWait> compute_waits(const Engine& e, const RunResult& r) {
     // follows (the collective's own time) is for the transfers.
     std::string culprit;
     double culprit_s = 0;
-    const std::string* first_comm = nullptr;
+    int32_t first_comm = -1, other_comm = -1;  // the first transfer on the way; the first on another process
     int32_t c = r.cause[t];
     for (int hops = 0; c >= 0 && hops < 256; ++hops, c = r.cause[c]) {
       if (e.task_class({c}) != TaskClass::kCommunication) {
@@ -1237,13 +1237,22 @@ std::vector<RankWait> compute_waits(const Engine& e, const RunResult& r) {
         }
         break;
       }
-      if (first_comm == nullptr) first_comm = &e.task_category({c});
+      if (first_comm < 0) first_comm = c;
+      if (other_comm < 0 && e.task_process({c}) != p && e.task_bytes({c}) > 0) other_comm = c;
     }
     RankWait& w = out[static_cast<size_t>(p)];
     w.wait_s += gap_s;
     if (culprit_s > 0) w.wait_s_by_cause[culprit] += culprit_s;
     if (gap_s - culprit_s > 0) {
-      w.wait_s_by_cause[first_comm != nullptr ? *first_comm + " transfers" : std::string("itself")] += gap_s - culprit_s;
+      // The rest is the collective's own time: another rank's transfer when
+      // it finished last (a slow link), else this GPU's.
+      std::string why = "itself";
+      if (other_comm >= 0) {
+        why = e.task_category({other_comm}) + " transfers of " + e.process_name(e.task_process({other_comm}));
+      } else if (first_comm >= 0) {
+        why = e.task_category({first_comm}) + " transfers";
+      }
+      w.wait_s_by_cause[why] += gap_s - culprit_s;
     }
   }
   return out;

@@ -676,9 +676,12 @@ class Builder {
   // A collective over one stage's ranks: each rank's part starts once every
   // rank is ready (so a late rank holds up everyone): one barrier between the
   // ranks' inputs and every part (Engine::add_dependencies, linear in ranks).
+  // It also ends together (a ring or an all-to-all is done on any rank only
+  // when every rank's share has moved: a slow link holds up all), unless
+  // sync_end is false (point-to-point sends of independent pipelines).
   // Zero time: nothing.
   void collective(int64_t s, ResourceId Rank::*stream, const std::string& name, const char* cat, const Comm& c,
-                  std::vector<TaskId>& prev, const std::vector<TaskId>& extra = {}) {
+                  std::vector<TaskId>& prev, const std::vector<TaskId>& extra = {}, bool sync_end = true) {
     if (c.time_s() <= 0) return;
     std::vector<TaskId> deps;
     deps.reserve(prev.size() + extra.size());
@@ -692,6 +695,10 @@ class Builder {
     starts.reserve(static_cast<size_t>(3 * n_));
     for (int64_t r = 0; r < n_; ++r) prev[r] = comm_part(rank(s, r), rank(s, r).*stream, name, cat, c, starts);
     e_.add_dependencies(deps, starts);
+    if (!sync_end || n_ == 1) return;
+    const std::vector<TaskId> parts = prev;
+    for (int64_t r = 0; r < n_; ++r) prev[r] = e_.add_compute(rank(s, r).*stream, name + ".done", cat, 0.0);
+    e_.add_dependencies(parts, prev);
   }
 
   void compute(int64_t s, const std::string& name, const char* cat, double d, std::vector<TaskId>& prev,
@@ -816,7 +823,7 @@ class Builder {
   // Sends across a stage boundary (nothing when both chunks sit on this stage).
   void send(int64_t s, int64_t to_q, const std::string& tag, std::vector<TaskId>& prev) {
     if (stage_of(to_q) == s) return;
-    collective(s, &Rank::pp_send, tag + ".send", "pp_send", c_.send, prev);
+    collective(s, &Rank::pp_send, tag + ".send", "pp_send", c_.send, prev, {}, false);
   }
 
   void forward(int64_t s, int64_t c, int64_t mb) {
