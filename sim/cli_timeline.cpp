@@ -53,10 +53,13 @@ struct TimelineArgs {
 };
 
 constexpr int64_t kMaxSteps = 1000;
-// Peak bytes per task of build + run + summary, and of a trace on top,
-// measured on the explicit 704-GPU hero (bench/des_bench.cpp reports both).
-constexpr double kRunBytesPerTask = 260;
-constexpr double kTraceBytesPerTask = 700;
+// Peak bytes per task of the symmetric one-rank graph, per explicit rank:
+// build + run + summary, and a trace on top. Measured on the explicit hero
+// (704 and 8,192 GPUs: 180-200 bytes per task, peak RSS in
+// bench/des_bench.cpp BM_ExplicitStep; a trace adds ~520) with the explicit
+// graph's extra end-of-collective tasks (x1.55), rounded up.
+constexpr double kRunBytesPerTask = 300;
+constexpr double kTraceBytesPerTask = 900;
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& expected, const std::string& found) {
   throw UserError("timeline: " + flag + ": expected " + expected + ", found '" + found + "'");
