@@ -7,12 +7,26 @@
 //
 // "events/s" counts heap events popped (task completions, latency ends and
 // flow reschedules) per second of Engine::run(); graph building is excluded.
+// BM_ExplicitStep (issue 15 targets: the 704-GPU hero step with every GPU
+// explicit and jitter 0.05 built + simulated in < 3 s and < 1 GB; 8,192
+// explicit GPUs in < 60 s and < 8 GB) builds the hero layout on 1, 11 and 128
+// GB200 racks (64, 704 and 8,192 GPUs; the batch grows with the GPUs so each
+// rank runs the hero's micro-batches) with one process per GPU, runs it with
+// jitter and reports build and run seconds, events/s of the run, tasks, and
+// the process's peak resident memory (getrusage ru_maxrss: run the sizes in
+// ascending order, as registered, or one per process with --benchmark_filter).
+//
+//   build/bench/des_bench --benchmark_filter=Explicit
+//
 // BM_HeroStep times what `rackstep timeline` does after loading its inputs:
 // building the step's task graph, running it and summarising it (critical path
 // included). Its argument is --ranks-per-stage: 1 is the production run (one
 // representative per symmetric group); larger values simulate more ranks
 // explicitly, to show how the cost grows.
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <chrono>
 
 #include <string>
 #include <vector>
@@ -132,6 +146,52 @@ void BM_HeroStep(benchmark::State& state) {
   state.counters["events"] = static_cast<double>(events);
 }
 BENCHMARK(BM_HeroStep)->Arg(1)->Arg(8)->Arg(64)->Unit(benchmark::kMillisecond);
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;  // Linux: kilobytes
+}
+
+void BM_ExplicitStep(benchmark::State& state) {
+  static const rackstep::models::LayerGraph g =
+      rackstep::models::build_layer_graph(rackstep::models::load_model(src("models/zoo/marin-535b-a23b.json")));
+  const int64_t racks = state.range(0);
+  const rackstep::topologies::Cluster c = rackstep::topologies::load_cluster(src("topologies/zoo/gb200-11-racks.json"), racks);
+  const Predictor p(g, c, load_calibration());
+  Layout l = load_layout(src("sim/layouts/hero-ragged.json"));
+  const int64_t hero_gpus = l.data;
+  l.tokens_per_step = g.model.tokens_per_step() * c.gpus() / hero_gpus;
+  l.data = c.gpus();
+  StepGraphOptions o;
+  o.ranks_per_stage = c.gpus();
+  RunOptions ro;
+  ro.jitter_sigma = 0.05;
+  ro.seed = 1;
+  using clock = std::chrono::steady_clock;
+  double build_s = 0, run_s = 0, tasks = 0, events = 0;
+  for (auto _ : state) {
+    const auto t0 = clock::now();
+    StepGraph sg = build_step_graph(p, l, o);
+    const auto t1 = clock::now();
+    RunResult r = sg.engine.run(ro);
+    const auto t2 = clock::now();
+    build_s += std::chrono::duration<double>(t1 - t0).count();
+    run_s += std::chrono::duration<double>(t2 - t1).count();
+    tasks = static_cast<double>(sg.engine.num_tasks());
+    events += static_cast<double>(r.events);
+    benchmark::DoNotOptimize(r.makespan_s);
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["gpus"] = static_cast<double>(c.gpus());
+  state.counters["tasks"] = tasks;
+  state.counters["build_s"] = build_s / n;
+  state.counters["run_s"] = run_s / n;
+  state.counters["events/s"] = events / run_s;
+  state.counters["peak_rss_GB"] = peak_rss_bytes() / 1e9;
+  state.counters["bytes/task"] = peak_rss_bytes() / tasks;
+}
+BENCHMARK(BM_ExplicitStep)->Arg(1)->Arg(11)->Arg(128)->Iterations(1)->Unit(benchmark::kSecond);
 
 }  // namespace
 

@@ -100,6 +100,12 @@ TaskId Engine::add_task(TaskSpec spec) {
     categories_.push_back(spec.category);
   }
   t.category = it->second;
+  auto name = name_ids_.find(spec.name);
+  if (name == name_ids_.end()) {
+    names_.push_back(std::move(spec.name));
+    name = name_ids_.emplace(names_.back(), static_cast<uint32_t>(names_.size() - 1)).first;
+  }
+  t.name = name->second;
   t.on = spec.on.v;
   t.stream_prev = -1;
   if (spec.on.valid() && resources_[spec.on.v].order == Order::kInOrder) {
@@ -107,18 +113,49 @@ TaskId Engine::add_task(TaskSpec spec) {
     resources_[spec.on.v].last_task = id;
   }
   t.duration_s = spec.duration_s;
-  t.bytes = spec.bytes;
-  t.max_rate = spec.max_rate_bytes_per_s;
   t.jitter = spec.jitter;
-  t.links_begin = static_cast<uint32_t>(links_.size());
-  for (ResourceId l : spec.links) links_.push_back(l.v);
-  t.links_end = static_cast<uint32_t>(links_.size());
+  t.flow = -1;
+  const int owner = resources_[spec.on.valid() ? spec.on.v : spec.links.front().v].process;
+  if (!spec.links.empty()) {
+    FlowSpec f;
+    f.bytes = spec.bytes;
+    f.max_rate = spec.max_rate_bytes_per_s;
+    f.weight = spec.weight > 0 ? spec.weight : static_cast<double>(processes_[owner].multiplicity);
+    f.links_begin = static_cast<uint32_t>(links_.size());
+    for (ResourceId l : spec.links) links_.push_back(l.v);
+    f.links_end = static_cast<uint32_t>(links_.size());
+    t.flow = static_cast<int32_t>(flows_.size());
+    flows_.push_back(f);
+  }
   tasks_.push_back(t);
-  task_names_.push_back(std::move(spec.name));
-  Task& added = tasks_.back();
-  const int owner = resources_[task_home({id}).v].process;
-  added.weight = spec.weight > 0 ? spec.weight : static_cast<double>(processes_[owner].multiplicity);
   return {id};
+}
+
+std::vector<int32_t> Engine::hub_after_tasks() const {
+  std::vector<int32_t> out;
+  for (const Hub& h : hubs_) out.insert(out.end(), hub_tasks_.begin() + h.after_begin, hub_tasks_.begin() + h.end);
+  return out;
+}
+
+void Engine::set_task_flops(TaskId t, double flops) {
+  RS_CHECK(t.valid() && t.v < num_tasks(), "FLOPs of an undeclared task");
+  if (!(flops > 0)) return;
+  if (flops_.size() <= static_cast<size_t>(t.v)) flops_.resize(static_cast<size_t>(t.v) + 1, 0.0f);
+  flops_[t.v] = static_cast<float>(flops);
+}
+
+double Engine::task_weight(TaskId t) const {
+  const Task& k = tasks_[t.v];
+  if (k.flow >= 0) return flows_[k.flow].weight;
+  return static_cast<double>(processes_[resources_[task_home(t).v].process].multiplicity);
+}
+
+std::vector<ResourceId> Engine::task_links(TaskId t) const {
+  std::vector<ResourceId> out;
+  const Task& k = tasks_[t.v];
+  if (k.flow < 0) return out;
+  for (uint32_t i = flows_[k.flow].links_begin; i < flows_[k.flow].links_end; ++i) out.push_back({links_[i]});
+  return out;
 }
 
 TaskId Engine::add_compute(ResourceId on, std::string name, std::string category, double duration_s) {
@@ -162,13 +199,27 @@ void Engine::add_dependencies(const std::vector<TaskId>& before, const std::vect
     }
     return;
   }
+  // A task in both groups would wait for itself. Checked in linear time for
+  // the common case (the after group added later), else by sorting.
+  int32_t max_before = -1, min_after = std::numeric_limits<int32_t>::max();
   for (TaskId b : before) {
     RS_CHECK(b.valid() && b.v < num_tasks(), "dependency on an undeclared task");
+    max_before = std::max(max_before, b.v);
+  }
+  for (TaskId a : after) {
+    RS_CHECK(a.valid() && a.v < num_tasks(), "dependency on an undeclared task");
+    min_after = std::min(min_after, a.v);
+  }
+  if (max_before >= min_after) {
+    std::vector<int32_t> b_ids;
+    for (TaskId b : before) b_ids.push_back(b.v);
+    std::sort(b_ids.begin(), b_ids.end());
     for (TaskId a : after) {
-      if (a.v == b.v) throw UserError("task graph cannot be scheduled: " + describe(a) + " depends on itself");
+      if (std::binary_search(b_ids.begin(), b_ids.end(), a.v)) {
+        throw UserError("task graph cannot be scheduled: " + describe(a) + " depends on itself");
+      }
     }
   }
-  for (TaskId a : after) RS_CHECK(a.valid() && a.v < num_tasks(), "dependency on an undeclared task");
   Hub h;
   h.before_begin = static_cast<uint32_t>(hub_tasks_.size());
   for (TaskId b : before) hub_tasks_.push_back(b.v);
@@ -182,12 +233,11 @@ void Engine::add_dependencies(const std::vector<TaskId>& before, const std::vect
 ResourceId Engine::task_home(TaskId t) const {
   const Task& k = tasks_[t.v];
   if (k.on >= 0) return {k.on};
-  return {links_[k.links_begin]};
+  return {links_[flows_[k.flow].links_begin]};
 }
 
 TaskClass Engine::task_class(TaskId t) const {
-  const Task& k = tasks_[t.v];
-  if (k.bytes > 0) return TaskClass::kCommunication;
+  if (task_bytes(t) > 0) return TaskClass::kCommunication;
   switch (resources_[task_home(t).v].kind) {
     case ResourceKind::kComputeStream: return TaskClass::kCompute;
     case ResourceKind::kHostCpu: return TaskClass::kHost;
@@ -196,7 +246,8 @@ TaskClass Engine::task_class(TaskId t) const {
 }
 
 double Engine::uncontended_flow_s(TaskId t) const {
-  const Task& k = tasks_[t.v];
+  if (tasks_[t.v].flow < 0) return 0;
+  const FlowSpec& k = flows_[tasks_[t.v].flow];
   if (k.bytes <= 0) return 0;
   double rate = k.max_rate;
   for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
@@ -218,7 +269,7 @@ const char* task_class_name(TaskClass c) {
 
 std::string Engine::describe(TaskId t) const {
   ResourceId h = task_home(t);
-  return "'" + task_names_[t.v] + "' (" + processes_[resources_[h.v].process].name + "/" +
+  return "'" + task_name(t) + "' (" + processes_[resources_[h.v].process].name + "/" +
          resources_[h.v].name + ")";
 }
 
@@ -397,6 +448,18 @@ struct Flow {
   double new_rate;
 };
 
+// What a run keeps per link, in one cache line: a flow starting or ending
+// touches its links' state, and with 100,000 links (8,192 GPUs) separate
+// arrays cost a cache miss each.
+struct alignas(64) LinkState {
+  std::vector<int32_t> flows;  // slots of its active flows
+  double cap;                  // bytes/s, all copies
+  double active_since;         // when its first current flow began
+  double cap_left, w_left;     // rebalance() scratch
+  uint32_t mark;               // the last rebalance() (epoch) that reached it
+  bool dirty;                  // in dirty_links_
+};
+
 // The buffers a run works in. A thread keeps them between runs (see Run), so
 // repeated runs (sweeps, benchmarks, Monte Carlo) neither allocate them again
 // nor fault their pages in again; every run resets what it reads.
@@ -410,19 +473,14 @@ struct RunMemory {
   std::vector<std::vector<int32_t>> queue_;
   std::vector<size_t> queue_head_;
   // Links and flows.
-  std::vector<double> cap_;
-  std::vector<std::vector<int32_t>> link_flows_;
-  std::vector<double> link_active_since_;
-  std::vector<Flow> flows_;          // active flows; link_flows_ holds their slots
+  std::vector<LinkState> link_;      // per resource (only links use it)
+  std::vector<Flow> flows_;          // active flows; LinkState::flows holds their slots
   std::vector<int32_t> free_flows_;  // slots to reuse
   std::vector<int32_t> flow_slot_;   // per task: its slot while it flows
   std::vector<double> flow_start_;   // per task
   // Scratch for rebalance().
-  std::vector<uint32_t> link_mark_;
-  std::vector<char> link_dirty_;       // per link: in dirty_links_
   std::vector<int32_t> dirty_links_;
   std::vector<int32_t> comp_links_, comp_flows_, unfrozen_, frozen_now_;
-  std::vector<double> cap_left_, w_left_;
   // What setup() derived from the graph last time (Engine::stamp_): the task
   // records before jitter, and succ_ as it stands.
   uint64_t graph_stamp_ = 0;
@@ -519,8 +577,9 @@ class Run : private RunMemory {
     for (int32_t t = 0; t < n_; ++t) {
       const Task& k = e_.tasks_[t];
       const bool ready_order = k.on >= 0 && ready_order_on[k.on];
-      hot_[t] = {k.duration_s, 0, 0, k.stream_prev, 0, k.on, Phase::kWaiting, ready_order, k.bytes > 0};
-      any_flow_ = any_flow_ || k.bytes > 0;
+      const bool bytes = k.flow >= 0 && e_.flows_[k.flow].bytes > 0;
+      hot_[t] = {k.duration_s, 0, 0, k.stream_prev, 0, k.on, Phase::kWaiting, ready_order, bytes};
+      any_flow_ = any_flow_ || bytes;
       if (k.stream_prev < 0) continue;
       ++hot_[k.stream_prev].succ_begin;
       ++hot_[t].pending;
@@ -534,25 +593,31 @@ class Run : private RunMemory {
   void setup_resources() {
     const size_t nr = e_.resources_.size();
     // Links: capacity scales with the multiplicity of the process that owns them.
-    cap_.assign(nr, 0);
+    link_.resize(nr);
     for (size_t l = 0; l < nr; ++l) {
       const auto& res = e_.resources_[l];
-      cap_[l] = res.bw_bytes_per_s * static_cast<double>(e_.processes_[res.process].multiplicity);
+      LinkState& k = link_[l];
+      k.flows.clear();
+      k.cap = res.bw_bytes_per_s * static_cast<double>(e_.processes_[res.process].multiplicity);
+      k.active_since = k.cap_left = k.w_left = 0;
+      k.mark = 0;
+      k.dirty = false;
     }
-    link_flows_.resize(nr);
-    for (auto& fl : link_flows_) fl.clear();
-    link_active_since_.assign(nr, 0);
+    for (auto [l, f] : o_.slow_links) {
+      if (!l.valid() || l.v >= static_cast<int32_t>(nr) || !is_link(e_.resources_[l.v].kind) || !(f >= 1) ||
+          !std::isfinite(f)) {
+        throw UserError("degraded link " + std::to_string(l.v) + " x" + std::to_string(f) +
+                        ": expected a declared link and a finite factor >= 1");
+      }
+      link_[l.v].cap /= f;
+    }
     in_use_.assign(nr, 0);
     queue_.resize(nr);
     for (auto& q : queue_) q.clear();
     heap_.clear();
     ready_.clear();
     queue_head_.assign(nr, 0);
-    link_mark_.assign(nr, 0);
-    link_dirty_.assign(nr, 0);
     dirty_links_.clear();
-    cap_left_.assign(nr, 0);
-    w_left_.assign(nr, 0);
     // Flow state is per task but only needed when some task moves bytes.
     if (any_flow_) {
       flows_.clear();
@@ -614,7 +679,7 @@ class Run : private RunMemory {
   void draw_durations() {
     std::vector<double> slow(e_.processes_.size(), 1.0);
     for (auto [p, f] : o_.slow_processes) {
-      if (p < 0 || p >= static_cast<int>(slow.size()) || !(f > 0)) {
+      if (p < 0 || p >= static_cast<int>(slow.size()) || !(f > 0) || !std::isfinite(f)) {
         throw UserError("slow process " + std::to_string(p) + " x" + std::to_string(f) +
                         ": expected a declared process and a factor > 0");
       }
@@ -708,9 +773,9 @@ class Run : private RunMemory {
     if (!h.has_bytes) return;
     prefetch(&flow_slot_[t]);
     // A 64-byte record need not sit on one cache line: fetch both ends.
-    const char* k = reinterpret_cast<const char*>(&e_.tasks_[t]);
+    const char* k = reinterpret_cast<const char*>(&e_.flows_[e_.tasks_[t].flow]);
     prefetch(k);
-    prefetch(k + sizeof(Task) - 1);
+    prefetch(k + sizeof(Engine::FlowSpec) - 1);
   }
 
   void after_latency(int32_t t) {
@@ -756,7 +821,7 @@ class Run : private RunMemory {
   // ------------------------------------------------------------ flows
 
   void begin_flow(int32_t t) {
-    const Task& k = e_.tasks_[t];
+    const Engine::FlowSpec& k = e_.flows_[e_.tasks_[t].flow];
     hot_[t].phase = Phase::kFlowing;
     flow_start_[t] = now_;
     int32_t slot = static_cast<int32_t>(flows_.size());
@@ -770,25 +835,25 @@ class Run : private RunMemory {
     flow_slot_[t] = slot;
     for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
       int32_t l = e_.links_[i];
-      if (link_flows_[l].empty()) link_active_since_[l] = now_;
-      link_flows_[l].push_back(slot);
+      if (link_[l].flows.empty()) link_[l].active_since = now_;
+      link_[l].flows.push_back(slot);
     }
     mark_dirty(k.links_begin, k.links_end);
   }
 
   void end_flow(int32_t t) {
-    const Task& k = e_.tasks_[t];
+    const Engine::FlowSpec& k = e_.flows_[e_.tasks_[t].flow];
     const int32_t slot = flow_slot_[t];
     free_flows_.push_back(slot);  // rebalance() below no longer reaches it
     for (uint32_t i = k.links_begin; i < k.links_end; ++i) {
       int32_t l = e_.links_[i];
-      auto& fl = link_flows_[l];
+      auto& fl = link_[l].flows;
       auto it = std::find(fl.begin(), fl.end(), slot);
       RS_CHECK(it != fl.end(), "finishing flow missing from its link");
       *it = fl.back();
       fl.pop_back();
       r_.bytes_moved[l] += k.bytes * k.weight;
-      if (fl.empty()) r_.busy_s[l] += now_ - link_active_since_[l];
+      if (fl.empty()) r_.busy_s[l] += now_ - link_[l].active_since;
     }
     mark_dirty(k.links_begin, k.links_end);
   }
@@ -797,8 +862,8 @@ class Run : private RunMemory {
   void mark_dirty(uint32_t lb, uint32_t le) {
     for (uint32_t i = lb; i < le; ++i) {
       const int32_t l = e_.links_[i];
-      if (link_dirty_[l]) continue;
-      link_dirty_[l] = 1;
+      if (link_[l].dirty) continue;
+      link_[l].dirty = true;
       dirty_links_.push_back(l);
     }
   }
@@ -813,12 +878,12 @@ class Run : private RunMemory {
     comp_links_.clear();
     comp_flows_.clear();
     for (int32_t l : dirty_links_) {
-      link_dirty_[l] = 0;
+      link_[l].dirty = false;
       mark_link(l);
     }
     dirty_links_.clear();
     for (size_t i = 0; i < comp_links_.size(); ++i) {
-      for (int32_t f : link_flows_[comp_links_[i]]) {
+      for (int32_t f : link_[comp_links_[i]].flows) {
         Flow& k = flows_[f];
         if (k.mark == epoch_) continue;
         k.mark = epoch_;
@@ -828,12 +893,12 @@ class Run : private RunMemory {
     }
     if (comp_flows_.empty()) return;
     for (int32_t l : comp_links_) {
-      cap_left_[l] = cap_[l];
-      w_left_[l] = 0;
+      link_[l].cap_left = link_[l].cap;
+      link_[l].w_left = 0;
     }
     for (int32_t f : comp_flows_) {
       const Flow& k = flows_[f];
-      for (uint32_t j = k.links_begin; j < k.links_end; ++j) w_left_[e_.links_[j]] += k.weight;
+      for (uint32_t j = k.links_begin; j < k.links_end; ++j) link_[e_.links_[j]].w_left += k.weight;
     }
     unfrozen_ = comp_flows_;
     while (!unfrozen_.empty()) fill_round();
@@ -841,8 +906,8 @@ class Run : private RunMemory {
   }
 
   void mark_link(int32_t l) {
-    if (link_mark_[l] == epoch_) return;
-    link_mark_[l] = epoch_;
+    if (link_[l].mark == epoch_) return;
+    link_[l].mark = epoch_;
     comp_links_.push_back(l);
   }
 
@@ -851,7 +916,7 @@ class Run : private RunMemory {
   void fill_round() {
     double share = std::numeric_limits<double>::infinity();
     for (int32_t l : comp_links_) {
-      if (w_left_[l] > 0) share = std::min(share, std::max(cap_left_[l], 0.0) / w_left_[l]);
+      if (link_[l].w_left > 0) share = std::min(share, std::max(link_[l].cap_left, 0.0) / link_[l].w_left);
     }
     for (int32_t f : unfrozen_) share = std::min(share, flows_[f].max_rate);
     const double tight = share * (1 + 1e-9);
@@ -862,7 +927,7 @@ class Run : private RunMemory {
       bool hit = k.max_rate <= tight;
       for (uint32_t j = k.links_begin; j < k.links_end && !hit; ++j) {
         int32_t l = e_.links_[j];
-        hit = std::max(cap_left_[l], 0.0) <= tight * w_left_[l];
+        hit = std::max(link_[l].cap_left, 0.0) <= tight * link_[l].w_left;
       }
       if (hit) {
         frozen_now_.push_back(f);
@@ -877,8 +942,8 @@ class Run : private RunMemory {
       k.new_rate = share;
       for (uint32_t j = k.links_begin; j < k.links_end; ++j) {
         int32_t l = e_.links_[j];
-        cap_left_[l] -= share * k.weight;
-        w_left_[l] -= k.weight;
+        link_[l].cap_left -= share * k.weight;
+        link_[l].w_left -= k.weight;
       }
     }
   }
@@ -907,6 +972,8 @@ class Run : private RunMemory {
       }
     }
     r_.makespan_s = makespan;
+    r_.cause.resize(static_cast<size_t>(n_));
+    for (int32_t t = 0; t < n_; ++t) r_.cause[t] = hot_[t].crit_pred;
     for (int32_t t = last; t >= 0; t = hot_[t].crit_pred) r_.critical_path.push_back({t});
     std::reverse(r_.critical_path.begin(), r_.critical_path.end());
     // When each task's bytes began to flow: its end when it moves none.
@@ -1144,6 +1211,53 @@ StepSummary summarize(const Engine& e, const RunResult& r) {
   return s;
 }
 
+std::vector<RankWait> compute_waits(const Engine& e, const RunResult& r) {
+  std::vector<RankWait> out(static_cast<size_t>(e.num_processes()));
+  for (int p = 0; p < e.num_processes(); ++p) out[static_cast<size_t>(p)].process = p;
+  if (r.cause.size() != static_cast<size_t>(e.num_tasks())) return out;
+  for (int32_t t = 0; t < e.num_tasks(); ++t) {
+    const ResourceId home = e.task_home({t});
+    if (e.resource_kind(home) != ResourceKind::kComputeStream) continue;
+    const TaskId prev = e.stream_predecessor({t});
+    if (!prev.valid()) continue;
+    const double gap_s = r.start_s[t] - r.end_s[prev.v];
+    if (!(gap_s > 0)) continue;
+    const int p = e.resource_process(home);
+    // The wait until the other rank's task ended is for that rank; what
+    // follows (the collective's own time) is for the transfers.
+    std::string culprit;
+    double culprit_s = 0;
+    int32_t first_comm = -1, other_comm = -1;  // the first transfer on the way; the first on another process
+    int32_t c = r.cause[t];
+    for (int hops = 0; c >= 0 && hops < 256; ++hops, c = r.cause[c]) {
+      if (e.task_class({c}) != TaskClass::kCommunication) {
+        if (e.task_process({c}) != p) {
+          culprit = e.process_name(e.task_process({c}));
+          culprit_s = std::clamp(r.end_s[c] - r.end_s[prev.v], 0.0, gap_s);
+        }
+        break;
+      }
+      if (first_comm < 0) first_comm = c;
+      if (other_comm < 0 && e.task_process({c}) != p && e.task_bytes({c}) > 0) other_comm = c;
+    }
+    RankWait& w = out[static_cast<size_t>(p)];
+    w.wait_s += gap_s;
+    if (culprit_s > 0) w.wait_s_by_cause[culprit] += culprit_s;
+    if (gap_s - culprit_s > 0) {
+      // The rest is the collective's own time: another rank's transfer when
+      // it finished last (a slow link), else this GPU's.
+      std::string why = "itself";
+      if (other_comm >= 0) {
+        why = e.task_category({other_comm}) + " transfers of " + e.process_name(e.task_process({other_comm}));
+      } else if (first_comm >= 0) {
+        why = e.task_category({first_comm}) + " transfers";
+      }
+      w.wait_s_by_cause[why] += gap_s - culprit_s;
+    }
+  }
+  return out;
+}
+
 std::string format_summary(const Engine& e, const StepSummary& s) {
   std::ostringstream o;
   char buf[256];
@@ -1209,15 +1323,38 @@ std::string format_summary(const Engine& e, const StepSummary& s) {
 
 // ---------------------------------------------------------------- trace
 
-void export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const TraceOptions& opts) {
+namespace {
+
+int64_t to_ns(double s) { return std::llround(s * 1e9); }
+
+// The outermost tier a flow reaches: nvlink, nic (the fabric behind it
+// included), spine, or fabric (a shared link with no NIC, such as storage).
+const char* flow_tier(const Engine& e, const std::vector<ResourceId>& links) {
+  bool nic = false, spine = false, fabric = false;
+  for (ResourceId l : links) {
+    const ResourceKind k = e.resource_kind(l);
+    nic = nic || k == ResourceKind::kNic;
+    spine = spine || (k == ResourceKind::kFabricLink && e.resource_name(l) == "spine");
+    fabric = fabric || k == ResourceKind::kFabricLink;
+  }
+  if (spine) return "spine";
+  if (nic) return "nic";
+  return fabric ? "fabric" : "nvlink";
+}
+
+}  // namespace
+
+TraceStats export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const TraceOptions& opts) {
+  TraceStats st;
   std::vector<int> pid(e.num_processes());
   for (int p = 0; p < e.num_processes(); ++p) {
     std::string name = e.process_name(p);
     if (e.process_multiplicity(p) > 1) name += " (x" + std::to_string(e.process_multiplicity(p)) + ")";
     pid[p] = w.process(name);
   }
-  std::vector<int> tid(e.num_resources());
-  for (int64_t i = 0; i < e.num_resources(); ++i) {
+  const int64_t nr = e.num_resources();
+  std::vector<int> tid(nr);
+  for (int64_t i = 0; i < nr; ++i) {
     ResourceId id{static_cast<int32_t>(i)};
     tid[i] = w.thread(pid[e.resource_process(id)], e.resource_name(id));
   }
@@ -1225,22 +1362,80 @@ void export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const Tra
   if (opts.mark_critical) {
     for (TaskId t : r.critical_path) critical[t.v] = 1;
   }
-  const nlohmann::json on_path = {{"critical", true}};
+  // Lanes: per resource, tasks by start; each goes to the first lane free by
+  // then (interval partitioning, as few lanes as the deepest overlap).
+  std::vector<std::vector<int32_t>> on(nr);
+  for (int32_t t = 0; t < e.num_tasks(); ++t) on[e.task_home({t}).v].push_back(t);
+  std::vector<int> lane_tid(e.num_tasks());
+  for (int64_t i = 0; i < nr; ++i) {
+    auto& ts = on[i];
+    std::stable_sort(ts.begin(), ts.end(), [&](int32_t a, int32_t b) { return to_ns(r.start_s[a]) < to_ns(r.start_s[b]); });
+    std::vector<int64_t> lane_end;  // ns
+    std::vector<int> lanes;
+    for (int32_t t : ts) {
+      const int64_t b = to_ns(r.start_s[t]), end = to_ns(r.end_s[t]);
+      size_t k = 0;
+      while (k < lane_end.size() && lane_end[k] > b) ++k;
+      if (k == lane_end.size()) {
+        lane_end.push_back(end);
+        const ResourceId id{static_cast<int32_t>(i)};
+        lanes.push_back(k == 0 ? tid[i]
+                               : w.thread(pid[e.resource_process(id)], e.resource_name(id) + " #" + std::to_string(k + 1)));
+        if (k > 0) ++st.extra_lanes;
+      }
+      lane_end[k] = std::max(lane_end[k], end);
+      lane_tid[t] = lanes[k];
+    }
+  }
+  std::vector<std::string> link_names(nr);
+  for (int64_t i = 0; i < nr; ++i) {
+    ResourceId id{static_cast<int32_t>(i)};
+    link_names[i] = e.process_name(e.resource_process(id)) + "/" + e.resource_name(id);
+  }
   for (int32_t t = 0; t < e.num_tasks(); ++t) {
-    ResourceId h = e.task_home({t});
-    w.complete(pid[e.resource_process(h)], tid[h.v], e.task_name({t}), e.task_category({t}),
-               r.start_s[t], r.end_s[t] - r.start_s[t], critical[t] ? on_path : nlohmann::json());
+    const ResourceId h = e.task_home({t});
+    nlohmann::json args;
+    if (critical[t]) args["critical"] = true;
+    const double bytes = e.task_bytes({t});
+    if (bytes > 0) {
+      args["bytes"] = bytes;
+      if (e.task_weight({t}) > 1) args["copies"] = e.task_weight({t});
+      const std::vector<ResourceId> links = e.task_links({t});
+      nlohmann::json names = nlohmann::json::array();
+      for (ResourceId l : links) names.push_back(link_names[l.v]);
+      args["links"] = std::move(names);
+      args["tier"] = flow_tier(e, links);
+    }
+    if (e.task_flops({t}) > 0) args["flops"] = e.task_flops({t});
+    if (e.task_class({t}) == TaskClass::kCommunication && !is_link(e.resource_kind(h))) {
+      args["communicator"] = e.resource_name(h);
+    }
+    w.slice(pid[e.resource_process(h)], lane_tid[t], e.task_name({t}), e.task_category({t}), r.start_s[t], r.end_s[t],
+            args);
+    ++st.slices;
   }
-  if (!opts.dependency_flows) return;
-  int64_t flows = 0;
-  for (auto [b, a] : e.dependencies()) {
-    ResourceId hb = e.task_home({b}), ha = e.task_home({a});
-    if (hb.v == ha.v) continue;  // same row: order is visible without an arrow
-    if (flows++ >= opts.max_flows) break;
+  if (!opts.dependency_flows) return st;
+  auto arrow = [&](int32_t b, int32_t a) {
+    if (lane_tid[b] == lane_tid[a] && e.task_home({b}).v == e.task_home({a}).v) return;  // same row: order is visible
+    if (st.arrows >= opts.max_flows) {
+      ++st.arrows_left_out;
+      return;
+    }
+    ++st.arrows;
+    const ResourceId hb = e.task_home({b}), ha = e.task_home({a});
     // Midpoints lie inside both slices, so viewers bind the arrow to them.
-    w.flow(pid[e.resource_process(hb)], tid[hb.v], 0.5 * (r.start_s[b] + r.end_s[b]),
-           pid[e.resource_process(ha)], tid[ha.v], 0.5 * (r.start_s[a] + r.end_s[a]));
+    w.flow(pid[e.resource_process(hb)], lane_tid[b], 0.5 * (r.start_s[b] + r.end_s[b]), pid[e.resource_process(ha)],
+           lane_tid[a], 0.5 * (r.start_s[a] + r.end_s[a]));
+  };
+  for (auto [b, a] : e.dependencies()) arrow(b, a);
+  // Barriers joined through a hub: one arrow into each waiting task, from the
+  // task whose end released it.
+  if (r.cause.size() == static_cast<size_t>(e.num_tasks())) {
+    for (int32_t a : e.hub_after_tasks()) {
+      if (r.cause[a] >= 0) arrow(r.cause[a], a);
+    }
   }
+  return st;
 }
 
 }  // namespace rackstep::sim

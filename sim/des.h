@@ -33,6 +33,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <unordered_map>
 #include <limits>
 #include <map>
 #include <string>
@@ -92,6 +94,9 @@ struct RunOptions {
   double straggler_slowdown = 1;    // ...this factor
   // Whole-process slowdowns (a slow GPU): (process, factor >= 1) on duration_s.
   std::vector<std::pair<int, double>> slow_processes;
+  // Degraded links (a flapping NVLink port, a NIC at reduced speed):
+  // (link resource, factor >= 1) divides its bandwidth.
+  std::vector<std::pair<ResourceId, double>> slow_links;
 };
 
 struct RunResult {
@@ -107,6 +112,9 @@ struct RunResult {
   std::vector<TaskId> critical_path;
   std::vector<double> flow_start_s;     // per task: when its bytes began to flow (end_s if it moves
                                         // none); empty when no task moves bytes
+  // Per task: the task whose end let it start (its last dependency to finish,
+  // its stream predecessor, or the task that freed its slot); -1 for none.
+  std::vector<int32_t> cause;
   uint64_t events = 0;                  // events popped from the queue (incl. stale reschedules)
   uint64_t rate_updates = 0;            // flow-rate recomputations
 };
@@ -148,7 +156,14 @@ class Engine {
   ResourceKind resource_kind(ResourceId r) const { return resources_[r.v].kind; }
   int resource_process(ResourceId r) const { return resources_[r.v].process; }
   double resource_bw(ResourceId r) const { return resources_[r.v].bw_bytes_per_s; }
-  const std::string& task_name(TaskId t) const { return task_names_[t.v]; }
+  const std::string& task_name(TaskId t) const { return names_[tasks_[t.v].name]; }
+  // Bytes per copy the task moves (0 for none), its copies, and the links it crosses.
+  double task_bytes(TaskId t) const { return tasks_[t.v].flow < 0 ? 0.0 : flows_[tasks_[t.v].flow].bytes; }
+  double task_weight(TaskId t) const;
+  // Hardware FLOPs of a compute task (per copy), shown on its trace slice; 0 when unknown.
+  void set_task_flops(TaskId t, double flops);
+  double task_flops(TaskId t) const { return static_cast<size_t>(t.v) < flops_.size() ? flops_[t.v] : 0.0; }
+  std::vector<ResourceId> task_links(TaskId t) const;
   const std::string& task_category(TaskId t) const { return categories_[tasks_[t.v].category]; }
   TaskClass task_class(TaskId t) const;
   // Seconds the task's bytes would take if no other flow shared its links
@@ -158,7 +173,11 @@ class Engine {
   // The resource a task is drawn on: its serial resource, else its first link.
   ResourceId task_home(TaskId t) const;
   int task_process(TaskId t) const { return resources_[task_home(t).v].process; }
+  // The previous task on the same in-order resource (invalid for none).
+  TaskId stream_predecessor(TaskId t) const { return {tasks_[t.v].stream_prev}; }
   const std::vector<std::pair<int32_t, int32_t>>& dependencies() const { return deps_; }
+  // Every task that waits on a group joined by add_dependencies (once per group).
+  std::vector<int32_t> hub_after_tasks() const;
   // Human-readable "name (process/resource)".
   std::string describe(TaskId t) const;
 
@@ -176,24 +195,33 @@ class Engine {
     double bw_bytes_per_s;
     int32_t last_task;  // last task issued on an in-order resource
   };
-  // Names live apart (task_names_) so the records a run reads stay small.
+  // Compact records (32 bytes: a 8,192-GPU step has tens of millions):
+  // names are interned (ranks of a collective share theirs), and what only a
+  // transfer has lives in a FlowSpec of its own.
   struct Task {
     uint32_t category;
+    uint32_t name;        // into names_
     int32_t on;
     int32_t stream_prev;  // previous task on the same in-order resource, or -1
     double duration_s;
+    int32_t flow;         // into flows_, or -1 when the task moves no bytes
+    bool jitter;
+  };
+  struct FlowSpec {
     double bytes;
     double weight;
     double max_rate;
     uint32_t links_begin, links_end;  // into links_
-    bool jitter;
   };
   friend class Run;
 
   std::vector<Process> processes_;
   std::vector<Resource> resources_;
   std::vector<Task> tasks_;
-  std::vector<std::string> task_names_;  // per task
+  std::vector<FlowSpec> flows_;
+  std::vector<float> flops_;  // per task, up to the last task given FLOPs (display only: float is enough)
+  std::deque<std::string> names_;  // stable addresses: name_ids_ views them
+  std::unordered_map<std::string_view, uint32_t> name_ids_;
   std::vector<int32_t> links_;
   std::vector<std::pair<int32_t, int32_t>> deps_;  // (before, after)
   // Groups joined by add_dependencies through a hub: before tasks in
@@ -238,6 +266,19 @@ struct StepSummary {
   std::vector<ResourceUse> resources;
 };
 StepSummary summarize(const Engine& e, const RunResult& r);
+
+// How long each GPU's compute stream sat waiting between two of its kernels,
+// and for whom: following RunResult::cause back through communication (its
+// own and other ranks'), the first compute or host task reached. On another
+// process, the wait is for that process (a late rank holding up a
+// collective), keyed by its name; on this GPU itself, the transfers were the
+// hold-up, keyed "<category of the first transfer> transfers".
+struct RankWait {
+  int process = -1;
+  double wait_s = 0;
+  std::map<std::string, double> wait_s_by_cause;
+};
+std::vector<RankWait> compute_waits(const Engine& e, const RunResult& r);
 // A plain-text table of the summary.
 std::string format_summary(const Engine& e, const StepSummary& s);
 
@@ -248,8 +289,22 @@ struct TraceOptions {
   bool mark_critical = true;     // args {"critical": true} on critical-path slices (read by gui/)
   int64_t max_flows = 200000;    // keep huge traces openable
 };
-// Processes -> trace processes, resources -> threads, tasks -> complete events;
-// slices on r.critical_path carry args {"critical": true}.
-void export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const TraceOptions& opts = {});
+struct TraceStats {
+  int64_t slices = 0;
+  int64_t arrows = 0;            // dependency arrows written
+  int64_t arrows_left_out = 0;   // beyond max_flows
+  int64_t extra_lanes = 0;       // threads added so that no two slices on one thread overlap
+};
+// Processes -> trace processes, resources -> threads, tasks -> complete events.
+// Times are integer nanoseconds, each instant rounded once, so a task that
+// starts when another ends shares its timestamp and never overlaps it; tasks
+// that do overlap on one resource (flows sharing a link, slots of a
+// ready-order queue) go to extra lanes, threads named "<resource> #2", ...
+// Slices carry args: "critical": true on r.critical_path; for transfers
+// "bytes" (per copy), "copies", "links", "tier" (nvlink / nic / spine /
+// fabric) and "communicator" (the stream that issued it). Dependencies become
+// flow arrows (a barrier joined by add_dependencies: from the before task that
+// released it to each after task).
+TraceStats export_trace(const Engine& e, const RunResult& r, TraceWriter& w, const TraceOptions& opts = {});
 
 }  // namespace rackstep::sim

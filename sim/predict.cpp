@@ -525,6 +525,8 @@ std::vector<OpTiming> Predictor::op_timings(const Layout& l) const {
       o.layer = layer;
       o.fwd_s = t.fwd_s;
       o.bwd_s = t.bwd_s;
+      o.fwd_flops = t.fwd_flops;
+      o.bwd_flops = t.bwd_flops;
       if (k && ops[j].kind == OpKind::kDispatch) o.comm_s = k->ep_dispatch_s;
       if (k && ops[j].kind == OpKind::kCombine) o.comm_s = k->ep_combine_s;
     }

@@ -109,6 +109,7 @@ struct OpTiming {
   size_t graph_index = 0;            // into LayerGraph::ops
   int32_t layer = -1;
   double fwd_s = 0, bwd_s = 0;
+  double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU per micro-batch (trace slices)
   double comm_s = 0;                 // dispatch / combine all-to-all (per pass)
 };
 

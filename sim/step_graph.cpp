@@ -114,14 +114,22 @@ struct LayerCost {
   double pre_fwd = 0, exp_fwd = 0, post_fwd = 0;
   double pre_bwd = 0, exp_bwd = 0, post_bwd = 0;
   double pre_w = 0, exp_w = 0, post_w = 0;
+  // The same parts in hardware FLOPs per GPU (trace slices; zero-bubble W: half a GEMM's backward).
+  double pre_fwd_f = 0, exp_fwd_f = 0, post_fwd_f = 0;
+  double pre_bwd_f = 0, exp_bwd_f = 0, post_bwd_f = 0;
+  double pre_w_f = 0, exp_w_f = 0, post_w_f = 0;
   Comm gather, reduce_scatter, dispatch, combine, tp, cp_fwd, cp_bwd;
   std::vector<Comm> grad_sync;  // all-reduces of this layer's gradients across replicas
   double w_s() const { return pre_w + exp_w + post_w; }
+  double w_f() const { return pre_w_f + exp_w_f + post_w_f; }
+  double fwd_f() const { return pre_fwd_f + exp_fwd_f + post_fwd_f; }
+  double bwd_f() const { return pre_bwd_f + exp_bwd_f + post_bwd_f; }
 };
 
 struct Costs {
   std::vector<LayerCost> layers;
   double pre_fwd_s = 0, pre_bwd_s = 0, head_fwd_s = 0, head_bwd_s = 0;
+  double pre_fwd_f = 0, pre_bwd_f = 0, head_fwd_f = 0, head_bwd_f = 0;  // FLOPs
   Comm send;                      // activation (or gradient) across a stage boundary
   Comm edge_sync, replicated_sync;  // LM head / embedding gradients across replicas
   Comm ns_gather, ns_redistribute;  // Muon: shards to matrix owners and back
@@ -142,9 +150,13 @@ void split_layers(const Predictor& p, const Layout& l, Costs& c) {
     if (o.graph_index < first_block) {
       c.pre_fwd_s += o.fwd_s;
       c.pre_bwd_s += o.bwd_s;
+      c.pre_fwd_f += o.fwd_flops;
+      c.pre_bwd_f += o.bwd_flops;
     } else if (o.graph_index >= g.head_begin) {
       c.head_fwd_s += o.fwd_s;
       c.head_bwd_s += o.bwd_s;
+      c.head_fwd_f += o.fwd_flops;
+      c.head_bwd_f += o.bwd_flops;
     }
   }
   for (size_t i = 0; i < c.layers.size(); ++i) {
@@ -164,6 +176,12 @@ void split_layers(const Predictor& p, const Layout& l, Costs& c) {
       *fwd[part] += ops[j].fwd_s;
       *bwd[part] += ops[j].bwd_s;
       *wg[part] += w;
+      double* fwd_f[] = {&k.pre_fwd_f, &k.exp_fwd_f, &k.post_fwd_f};
+      double* bwd_f[] = {&k.pre_bwd_f, &k.exp_bwd_f, &k.post_bwd_f};
+      double* wg_f[] = {&k.pre_w_f, &k.exp_w_f, &k.post_w_f};
+      *fwd_f[part] += ops[j].fwd_flops;
+      *bwd_f[part] += ops[j].bwd_flops;
+      *wg_f[part] += gemm ? 0.5 * ops[j].bwd_flops : 0.0;
     }
   }
 }
@@ -454,6 +472,7 @@ namespace {
 // One representative GPU: its streams and links.
 struct Rank {
   int process = -1;
+  int64_t nic_via = -1;  // a failed NIC: the rank whose NIC carries this one's traffic
   ResourceId compute, ag, rs, ep, ep2, tp, cp, pp_send, pp_recv, dp, copy, host, ckpt;
   ResourceId nvlink, nic;  // shared by every stream (contention on)
 };
@@ -502,13 +521,31 @@ class Builder {
         ranks_.push_back(k);
       }
     }
+    for (int64_t f : o_.failed_nics) {
+      if (f < 0 || f >= static_cast<int64_t>(ranks_.size())) {
+        throw UserError("timeline: --failed-nic " + std::to_string(f) + ": expected a rank in 0.." +
+                        std::to_string(ranks_.size() - 1));
+      }
+      if (n_ < 2 || !(nic_bw_ > 0) || !(nvlink_bw_ > 0)) {
+        throw UserError("timeline: --failed-nic needs at least 2 explicit ranks per stage (--ranks-per-stage) "
+                        "and a cluster with NICs and NVLink");
+      }
+      const int64_t s = f / n_, r = f % n_;
+      ranks_[static_cast<size_t>(f)].nic_via = s * n_ + (r + 1) % n_;
+    }
     gate_.assign(ranks_.size(), TaskId{});
     pending_sync_.assign(static_cast<size_t>(stages_), {});
     if (nic_bw_ > 0 && cl_.domains > 1 && o_.contention) {
-      // The scale-out fabric as one shared link: non-blocking carries every NIC at full rate.
+      // The scale-out fabric as one shared link. Non-blocking, it carries
+      // every NIC at full rate: every flow on it also crosses a NIC, and the
+      // NICs add up to its capacity, so it never binds. It is then left out:
+      // a link every flow shares would join all flows into one max-min
+      // component, and rebalancing that per flow event costs GPUs^2.
       const int f = e_.add_process("fabric");
-      fabric_ = e_.add_resource(f, "scale_out_fabric", ResourceKind::kFabricLink,
-                                static_cast<double>(cl_.gpus()) * nic_bw_ / o_.fabric_oversubscription);
+      if (o_.fabric_oversubscription > 1.0) {
+        fabric_ = e_.add_resource(f, "scale_out_fabric", ResourceKind::kFabricLink,
+                                  static_cast<double>(cl_.gpus()) * nic_bw_ / o_.fabric_oversubscription);
+      }
       // Between scalable units: the spine carries 1/oversubscription of the
       // NICs below it (topology's spine_oversubscription, as the predictor).
       const int64_t unit = cl_.system.scale_out.domains_per_unit;
@@ -566,7 +603,8 @@ class Builder {
 
   TaskId task(ResourceId on, std::string name, const char* cat, double d, TaskId after) {
     TaskId t = e_.add_compute(on, std::move(name), cat, d);
-    if (after.valid()) e_.add_dependency(after, t);
+    // Stream order already makes a task wait for its stream predecessor.
+    if (after.valid() && e_.stream_predecessor(t).v != after.v) e_.add_dependency(after, t);
     return t;
   }
 
@@ -575,6 +613,13 @@ class Builder {
   std::vector<ResourceId> links(Rank& k, ResourceId stream, Tier tier) {
     const bool nv = tier == Tier::kNvlink;
     if (o_.contention) {
+      if (!nv && k.nic_via >= 0) {
+        // Over NVLink to a neighbour, out through its NIC.
+        std::vector<ResourceId> out{k.nvlink, ranks_[static_cast<size_t>(k.nic_via)].nic};
+        if (fabric_.valid()) out.push_back(fabric_);
+        if (tier == Tier::kSpine && spine_.valid()) out.push_back(spine_);
+        return out;
+      }
       std::vector<ResourceId> out{nv ? k.nvlink : k.nic};
       if (!nv && fabric_.valid()) out.push_back(fabric_);
       if (tier == Tier::kSpine && spine_.valid()) out.push_back(spine_);
@@ -592,55 +637,76 @@ class Builder {
 
   // One rank's part of a call: latency, then the tiers' flows together (the
   // first holds the stream; the others stream beside it and the stream waits
-  // for all of them).
+  // for all of them). Its tasks that wait for the call's inputs go to `starts`;
+  // the task that ends the part is returned.
   TaskId comm_part(Rank& k, ResourceId stream, const std::string& name, const char* cat, const Comm& c,
-                   const std::vector<TaskId>& deps) {
+                   std::vector<TaskId>& starts) {
     struct Flow {
       const char* suffix;
       double bytes;
       Tier tier;
     };
-    std::vector<Flow> flows;
-    if (c.bw_s > 0 && nvlink_bw_ > 0 && c.nvlink_bytes > 0) flows.push_back({"", c.nvlink_bytes, Tier::kNvlink});
-    if (c.bw_s > 0 && nic_bw_ > 0 && c.nic_bytes > c.spine_bytes) flows.push_back({".nic", c.nic_bytes - c.spine_bytes, Tier::kNic});
-    if (c.bw_s > 0 && nic_bw_ > 0 && c.spine_bytes > 0) flows.push_back({".spine", c.spine_bytes, Tier::kSpine});
-    std::vector<TaskId> parts;
-    for (size_t i = 0; i < flows.size() || i == 0; ++i) {
+    Flow flows[3];
+    size_t nflows = 0;
+    if (c.bw_s > 0 && nvlink_bw_ > 0 && c.nvlink_bytes > 0) flows[nflows++] = {"", c.nvlink_bytes, Tier::kNvlink};
+    if (c.bw_s > 0 && nic_bw_ > 0 && c.nic_bytes > c.spine_bytes) {
+      flows[nflows++] = {".nic", c.nic_bytes - c.spine_bytes, Tier::kNic};
+    }
+    if (c.bw_s > 0 && nic_bw_ > 0 && c.spine_bytes > 0) flows[nflows++] = {".spine", c.spine_bytes, Tier::kSpine};
+    const size_t first = starts.size();
+    for (size_t i = 0; i < nflows || i == 0; ++i) {
       TaskSpec t;
       t.category = cat;
       if (i == 0) t.on = stream;
-      t.duration_s = flows.empty() ? c.time_s() : c.latency_s;
-      t.name = name + (i == 0 || flows.empty() ? "" : flows[i].suffix);
-      if (!flows.empty()) {
+      t.duration_s = nflows == 0 ? c.time_s() : c.latency_s;
+      t.name = name + (i == 0 || nflows == 0 ? "" : flows[i].suffix);
+      if (nflows > 0) {
         t.bytes = flows[i].bytes;
         t.links = links(k, stream, flows[i].tier);
         t.max_rate_bytes_per_s = t.bytes / c.bw_s;
       }
-      parts.push_back(e_.add_task(t));
-      for (TaskId d : deps) {
-        if (d.valid()) e_.add_dependency(d, parts.back());
-      }
+      starts.push_back(e_.add_task(std::move(t)));
     }
-    if (parts.size() == 1) return parts[0];
-    TaskId join = task(stream, name + ".join", cat, 0.0, parts[0]);
-    for (size_t i = 1; i < parts.size(); ++i) e_.add_dependency(parts[i], join);
+    if (starts.size() - first == 1) return starts[first];
+    TaskId join = task(stream, name + ".join", cat, 0.0, starts[first]);
+    for (size_t i = first + 1; i < starts.size(); ++i) e_.add_dependency(starts[i], join);
     return join;
   }
 
   // A collective over one stage's ranks: each rank's part starts once every
-  // rank is ready (so a late rank holds up everyone). Zero time: nothing.
+  // rank is ready (so a late rank holds up everyone): one barrier between the
+  // ranks' inputs and every part (Engine::add_dependencies, linear in ranks).
+  // It also ends together (a ring or an all-to-all is done on any rank only
+  // when every rank's share has moved: a slow link holds up all), unless
+  // sync_end is false (point-to-point sends of independent pipelines).
+  // Zero time: nothing.
   void collective(int64_t s, ResourceId Rank::*stream, const std::string& name, const char* cat, const Comm& c,
-                  std::vector<TaskId>& prev, const std::vector<TaskId>& extra = {}) {
+                  std::vector<TaskId>& prev, const std::vector<TaskId>& extra = {}, bool sync_end = true) {
     if (c.time_s() <= 0) return;
-    std::vector<TaskId> deps = prev;
-    deps.insert(deps.end(), extra.begin(), extra.end());
-    std::vector<TaskId> parts(static_cast<size_t>(n_));
-    for (int64_t r = 0; r < n_; ++r) parts[r] = comm_part(rank(s, r), rank(s, r).*stream, name, cat, c, deps);
-    prev = parts;
+    std::vector<TaskId> deps;
+    deps.reserve(prev.size() + extra.size());
+    for (TaskId d : prev) {
+      if (d.valid()) deps.push_back(d);
+    }
+    for (TaskId d : extra) {
+      if (d.valid()) deps.push_back(d);
+    }
+    std::vector<TaskId> starts;
+    starts.reserve(static_cast<size_t>(3 * n_));
+    for (int64_t r = 0; r < n_; ++r) prev[r] = comm_part(rank(s, r), rank(s, r).*stream, name, cat, c, starts);
+    e_.add_dependencies(deps, starts);
+    if (!sync_end || n_ == 1) return;
+    const std::vector<TaskId> parts = prev;
+    for (int64_t r = 0; r < n_; ++r) prev[r] = e_.add_compute(rank(s, r).*stream, name + ".done", cat, 0.0);
+    e_.add_dependencies(parts, prev);
   }
 
-  void compute(int64_t s, const std::string& name, const char* cat, double d, std::vector<TaskId>& prev) {
-    for (int64_t r = 0; r < n_; ++r) prev[r] = task(rank(s, r).compute, name, cat, d, prev[r]);
+  void compute(int64_t s, const std::string& name, const char* cat, double d, std::vector<TaskId>& prev,
+               double flops = 0) {
+    for (int64_t r = 0; r < n_; ++r) {
+      prev[r] = task(rank(s, r).compute, name, cat, d, prev[r]);
+      e_.set_task_flops(prev[r], flops);
+    }
   }
 
   void join(std::vector<TaskId>& prev, const std::vector<TaskId>& other) {
@@ -664,8 +730,8 @@ class Builder {
   // so wave i's dispatch overlaps wave i-1's GEMMs and wave i's combine wave
   // i+1's. Overlapped transfers take SMs from the GEMMs: each overlapped wave's
   // GEMMs lose (1 - overlap efficiency) of the overlapped time (calibration).
-  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, bool backward,
-               std::vector<TaskId>& prev) {
+  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, double expert_f, bool backward,
+               const char* cat, std::vector<TaskId>& prev) {
     const LayerCost& k = c_.layers[layer];
     const double w = static_cast<double>(c_.waves);
     const Comm first = (backward ? k.combine : k.dispatch).scaled(1.0 / w);
@@ -683,22 +749,28 @@ class Builder {
       const double penalty = i > 0 ? (1.0 - c_.ep_overlap_eff) * std::min(gemm_s, comm_s) : 0.0;
       for (int64_t r = 0; r < n_; ++r) {
         TaskId after = x[r].valid() ? x[r] : start[r];
-        x[r] = task(rank(s, r).compute, base + wave + ".experts", backward ? "backward" : "forward",
-                    gemm_s + penalty, after);
+        x[r] = task(rank(s, r).compute, base + wave + ".experts", cat, gemm_s * load(r) + penalty, after);
+        e_.set_task_flops(x[r], expert_f / w * load(r));
       }
       collective(s, &Rank::ep2, base + wave + (backward ? ".dispatch_grad" : ".combine"), c2, second, x);
       prev = x;
     }
   }
 
+  // Routed-expert load of rank r (StepGraphOptions::expert_load).
+  double load(int64_t r) const {
+    if (o_.expert_load.empty()) return 1.0;
+    return o_.expert_load[static_cast<size_t>(r) % o_.expert_load.size()];
+  }
+
   // TP passes are exposed; a CP ring pass runs beside the layer's compute.
-  void tp_cp(int64_t s, int64_t layer, const std::string& tag, const Comm& cp, std::vector<TaskId> before,
-             std::vector<TaskId>& prev) {
+  void tp_cp(int64_t s, int64_t layer, const std::string& tag, const char* cat, const Comm& cp,
+             std::vector<TaskId> before, std::vector<TaskId>& prev) {
     const LayerCost& k = c_.layers[layer];
     collective(s, &Rank::tp, num("L", layer) + "." + tag + ".tp", "tp", k.tp, prev);
     if (cp.time_s() <= 0) return;
     collective(s, &Rank::cp, num("L", layer) + "." + tag + ".cp_ring", "cp_ring", cp, before);
-    compute(s, num("L", layer) + "." + tag + ".join", "forward", 0.0, prev);
+    compute(s, num("L", layer) + "." + tag + ".join", cat, 0.0, prev);
     join(prev, before);
   }
 
@@ -709,15 +781,15 @@ class Builder {
     const std::vector<TaskId> before = prev;
     const std::string name = num("L", layer) + "." + tag;
     if (!k.ep) {
-      compute(s, name, cat, k.t.fwd_s, prev);
+      compute(s, name, cat, k.t.fwd_s, prev, k.fwd_f());
       join(prev, g);
     } else {
-      compute(s, name + ".pre", cat, k.pre_fwd, prev);
+      compute(s, name + ".pre", cat, k.pre_fwd, prev, k.pre_fwd_f);
       join(prev, g);
-      experts(s, layer, tag, k.exp_fwd, false, prev);
-      compute(s, name + ".post", cat, k.post_fwd, prev);
+      experts(s, layer, tag, k.exp_fwd, k.exp_fwd_f, false, cat, prev);
+      compute(s, name + ".post", cat, k.post_fwd, prev, k.post_fwd_f);
     }
-    tp_cp(s, layer, tag, k.cp_fwd, before, prev);
+    tp_cp(s, layer, tag, cat, k.cp_fwd, before, prev);
   }
 
   // Backward of one layer; input_only: the weight-gradient GEMMs are left to a W pass.
@@ -728,15 +800,16 @@ class Builder {
     const std::string name = num("L", layer) + "." + tag;
     const double leave_w = input_only ? 1.0 : 0.0;  // the W pass runs these later
     if (!k.ep) {
-      compute(s, name, "backward", k.t.bwd_s - leave_w * k.w_s(), prev);
+      compute(s, name, "backward", k.t.bwd_s - leave_w * k.w_s(), prev, k.bwd_f() - leave_w * k.w_f());
       join(prev, g);
     } else {
-      compute(s, name + ".post", "backward", k.post_bwd - leave_w * k.post_w, prev);
+      compute(s, name + ".post", "backward", k.post_bwd - leave_w * k.post_w, prev,
+              k.post_bwd_f - leave_w * k.post_w_f);
       join(prev, g);
-      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, true, prev);
-      compute(s, name + ".pre", "backward", k.pre_bwd - leave_w * k.pre_w, prev);
+      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, k.exp_bwd_f - leave_w * k.exp_w_f, true, "backward", prev);
+      compute(s, name + ".pre", "backward", k.pre_bwd - leave_w * k.pre_w, prev, k.pre_bwd_f - leave_w * k.pre_w_f);
     }
-    tp_cp(s, layer, tag, k.cp_bwd, before, prev);
+    tp_cp(s, layer, tag, "backward", k.cp_bwd, before, prev);
   }
 
   std::vector<TaskId> stage_gate(int64_t s) {
@@ -750,7 +823,7 @@ class Builder {
   // Sends across a stage boundary (nothing when both chunks sit on this stage).
   void send(int64_t s, int64_t to_q, const std::string& tag, std::vector<TaskId>& prev) {
     if (stage_of(to_q) == s) return;
-    collective(s, &Rank::pp_send, tag + ".send", "pp_send", c_.send, prev);
+    collective(s, &Rank::pp_send, tag + ".send", "pp_send", c_.send, prev, {}, false);
   }
 
   void forward(int64_t s, int64_t c, int64_t mb) {
@@ -765,7 +838,7 @@ class Builder {
         prev[r] = gate_[s * n_ + r];
       }
     }
-    if (q == 0) compute(s, "embed." + tag, "forward", c_.pre_fwd_s, prev);
+    if (q == 0) compute(s, "embed." + tag, "forward", c_.pre_fwd_s, prev, c_.pre_fwd_f);
     std::vector<std::vector<TaskId>> done;
     for (int64_t i = 0; i < lpc_; ++i) {
       const int64_t layer = q * lpc_ + i;
@@ -774,7 +847,7 @@ class Builder {
       layer_forward(s, layer, tag, "forward", g, prev);
       done.push_back(prev);
     }
-    if (q == chunks_total() - 1) compute(s, "head." + tag, "forward", c_.head_fwd_s, prev);
+    if (q == chunks_total() - 1) compute(s, "head." + tag, "forward", c_.head_fwd_s, prev, c_.head_fwd_f);
     if (q < chunks_total() - 1) send(s, q + 1, tag, prev);
     for (int64_t r = 0; r < n_; ++r) last_fwd_[slot(q, mb, r)] = prev[r];
   }
@@ -790,7 +863,7 @@ class Builder {
       }
     } else {
       for (int64_t r = 0; r < n_; ++r) prev[r] = last_fwd_[slot(q, mb, r)];
-      compute(s, "head." + tag, "backward", c_.head_bwd_s, prev);
+      compute(s, "head." + tag, "backward", c_.head_bwd_s, prev, c_.head_bwd_f);
       if (mb == m_ - 1 && c_.bucket_layers > 0) {
         std::vector<TaskId> head = prev;
         collective(s, &Rank::dp, "head.grad_sync", "grad_sync", c_.edge_sync, head);
@@ -819,7 +892,7 @@ class Builder {
       if (!input_only) reduce_scatter(s, layer, tag, mb, prev);
       done.push_back(prev);
     }
-    if (q == 0) compute(s, "embed." + tag, "backward", c_.pre_bwd_s, prev);
+    if (q == 0) compute(s, "embed." + tag, "backward", c_.pre_bwd_s, prev, c_.pre_bwd_f);
     if (q > 0) send(s, q - 1, tag, prev);
     for (int64_t r = 0; r < n_; ++r) last_bwd_[slot(q, mb, r)] = prev[r];
   }
@@ -857,7 +930,7 @@ class Builder {
     for (int64_t r = 0; r < n_; ++r) prev[r] = last_bwd_[slot(q, mb, r)];
     for (int64_t i = lpc_ - 1; i >= 0; --i) {
       const int64_t layer = q * lpc_ + i;
-      compute(s, num("L", layer) + "." + tag, "backward", c_.layers[layer].w_s(), prev);
+      compute(s, num("L", layer) + "." + tag, "backward", c_.layers[layer].w_s(), prev, c_.layers[layer].w_f());
       reduce_scatter(s, layer, tag, mb, prev);
     }
   }
@@ -946,11 +1019,12 @@ class Builder {
   // Each rank of a stage continues once every rank is here.
   void barrier(int64_t s, std::vector<TaskId>& ready) {
     if (n_ == 1) return;
-    std::vector<TaskId> all = ready;
-    for (int64_t r = 0; r < n_; ++r) {
-      ready[r] = task(rank(s, r).compute, num("step", step_) + ".sync", "optimizer", 0.0, {});
-      for (TaskId t : all) e_.add_dependency(t, ready[r]);
+    std::vector<TaskId> all;
+    for (TaskId t : ready) {
+      if (t.valid()) all.push_back(t);
     }
+    for (int64_t r = 0; r < n_; ++r) ready[r] = task(rank(s, r).compute, num("step", step_) + ".sync", "optimizer", 0.0, {});
+    e_.add_dependencies(all, ready);
   }
 
   // Every GPU writes its shard to shared storage; the blocking share holds up
@@ -1036,6 +1110,9 @@ StepGraph build_step_graph(const Predictor& p, const Layout& l, const StepGraphO
   }
   if (!(o.fabric_oversubscription >= 1.0) || o.checkpoint_every < 0) {
     throw UserError("timeline: expected --fabric-oversubscription >= 1 and --checkpoint-every >= 0");
+  }
+  for (double f : o.expert_load) {
+    if (!(f > 0) || !std::isfinite(f)) throw UserError("timeline: --expert-load factors must be finite and > 0");
   }
   const int64_t per_stage = l.gpus() / l.pp;
   if (per_stage % o.ranks_per_stage != 0) {

@@ -75,6 +75,16 @@ struct StepGraphOptions {
   // (0 = none); cost from sim/goodput_defaults.json (bytes per parameter,
   // storage write bandwidth shared by every GPU, blocking fraction).
   int64_t checkpoint_every = 0;
+  // What-if questions that change the graph (the run-time ones, a slow GPU or
+  // a degraded link, are RunOptions):
+  // Routed-expert load per rank: rank r of a stage runs its expert GEMMs
+  // expert_load[r mod size] times as long (1 = balanced; an overloaded EP
+  // rank > 1). Empty: balanced.
+  std::vector<double> expert_load;
+  // Ranks (stage-major: stage s, rank r is s x ranks_per_stage + r) whose NIC
+  // has failed: their scale-out traffic crosses their NVLink port to the next
+  // rank of the stage and leaves through that rank's NIC, which both share.
+  std::vector<int64_t> failed_nics;
 };
 
 struct StepGraph {

@@ -33,11 +33,18 @@ void append_json_string(std::string& out, std::string_view s) {
 
 namespace {
 
-// Microseconds with nanosecond resolution; NaN/inf never reach the file.
-void append_us(std::string& out, double us) {
-  RS_CHECK(std::isfinite(us), "trace times must be finite");
+// Whole nanoseconds, rounded once; NaN/inf never reach the file.
+int64_t to_ns(double s) {
+  RS_CHECK(std::isfinite(s), "trace times must be finite");
+  return std::llround(s * 1e9);
+}
+
+// Microseconds with three exact decimals.
+void append_us(std::string& out, int64_t ns) {
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%.3f", us);
+  const int64_t mag = ns < 0 ? -ns : ns;
+  std::snprintf(buf, sizeof buf, "%s%lld.%03lld", ns < 0 ? "-" : "", static_cast<long long>(mag / 1000),
+                static_cast<long long>(mag % 1000));
   out += buf;
 }
 
@@ -60,21 +67,28 @@ int TraceWriter::thread(int pid, std::string_view name) {
 void TraceWriter::complete(int pid, int tid, std::string_view name, std::string_view category,
                            double start_s, double duration_s, const nlohmann::json& args) {
   RS_CHECK(duration_s >= 0, "a slice cannot have negative duration");
-  events_.push_back({'X', pid, tid, start_s * 1e6, duration_s * 1e6, 0, std::string(name),
-                     std::string(category), args.is_null() ? std::string() : args.dump()});
+  slice(pid, tid, name, category, start_s, start_s + duration_s, args);
+}
+
+void TraceWriter::slice(int pid, int tid, std::string_view name, std::string_view category, double start_s,
+                        double end_s, const nlohmann::json& args) {
+  RS_CHECK(end_s >= start_s, "a slice cannot end before it starts");
+  const int64_t b = to_ns(start_s);
+  events_.push_back({'X', pid, tid, b, to_ns(end_s) - b, 0, std::string(name), std::string(category),
+                     args.is_null() ? std::string() : args.dump()});
 }
 
 void TraceWriter::flow(int from_pid, int from_tid, double from_s, int to_pid, int to_tid, double to_s,
                        std::string_view name, std::string_view category) {
   int64_t id = next_flow_id_++;
-  events_.push_back({'s', from_pid, from_tid, from_s * 1e6, 0, id, std::string(name),
+  events_.push_back({'s', from_pid, from_tid, to_ns(from_s), 0, id, std::string(name),
                      std::string(category), {}});
-  events_.push_back({'f', to_pid, to_tid, to_s * 1e6, 0, id, std::string(name),
+  events_.push_back({'f', to_pid, to_tid, to_ns(to_s), 0, id, std::string(name),
                      std::string(category), {}});
 }
 
 void TraceWriter::counter(int pid, std::string_view name, double at_s, double value) {
-  events_.push_back({'C', pid, 0, at_s * 1e6, 0, 0, std::string(name), "counter",
+  events_.push_back({'C', pid, 0, to_ns(at_s), 0, 0, std::string(name), "counter",
                      nlohmann::json{{"value", value}}.dump()});
 }
 
@@ -130,10 +144,10 @@ std::string TraceWriter::to_string() const {
     out += ",\"tid\":";
     append_int(out, e.tid);
     out += ",\"ts\":";
-    append_us(out, e.ts_us);
+    append_us(out, e.ts_ns);
     if (e.phase == 'X') {
       out += ",\"dur\":";
-      append_us(out, e.dur_us);
+      append_us(out, e.dur_ns);
     }
     if (e.phase == 's' || e.phase == 'f') {
       out += ",\"id\":";

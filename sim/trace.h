@@ -4,7 +4,9 @@
 // profiler, so predicted and measured timelines share one format:
 // processes = GPUs (or switches, the fabric, hosts), threads = streams and
 // resources, complete events = kernels / transfers, flows = dependencies.
-// Times are given in seconds and written in microseconds, as the format wants.
+// Times are given in seconds, rounded once each to whole nanoseconds and
+// written in microseconds with three decimals (exact), as the format wants:
+// a slice that starts where another ends shares its timestamp exactly.
 //
 //   rackstep::sim::TraceWriter w;
 //   int gpu = w.process("gpu0");
@@ -38,6 +40,10 @@ class TraceWriter {
   // A slice [start_s, start_s + duration_s) on (pid, tid).
   void complete(int pid, int tid, std::string_view name, std::string_view category,
                 double start_s, double duration_s, const nlohmann::json& args = nullptr);
+  // A slice [start_s, end_s): each end rounded once, so slices meeting at one
+  // instant meet exactly (prefer it where the end time is known).
+  void slice(int pid, int tid, std::string_view name, std::string_view category, double start_s, double end_s,
+             const nlohmann::json& args = nullptr);
   // An arrow from the slice enclosing from_s on (from_pid, from_tid) to the
   // slice enclosing to_s on (to_pid, to_tid).
   void flow(int from_pid, int from_tid, double from_s, int to_pid, int to_tid, double to_s,
@@ -57,7 +63,7 @@ class TraceWriter {
   struct Event {
     char phase;  // 'X', 's', 'f', 'C'
     int pid, tid;
-    double ts_us, dur_us;
+    int64_t ts_ns, dur_ns;
     int64_t flow_id;
     std::string name, category;
     std::string args;  // serialised JSON object, or empty

@@ -139,13 +139,20 @@ TEST_CASE("contention: replicas' gradient rings on an oversubscribed fabric are 
           "[step_graph][flows]") {
   Case c = load("marin-535b-a23b.json", "gb200-11-racks.json", "hero-ragged.json");
   Predictor p(c.graph, c.cluster);
+  // Non-blocking (1) leaves the fabric out (it cannot bind); a hair above
+  // keeps it as a link, nearly open, whose bytes and busy time we can read.
+  StepGraphOptions non_blocking = quiet(true);
   StepGraphOptions open = quiet(true);
+  open.fabric_oversubscription = 1.001;
   StepGraphOptions thin = quiet(true);
   thin.fabric_oversubscription = 64;  // 50 GB/s / 64 per GPU: far below any ring's rate
+  StepGraph n = build_step_graph(p, c.layout, non_blocking);
   StepGraph a = build_step_graph(p, c.layout, open);
   StepGraph b = build_step_graph(p, c.layout, thin);
   RunResult ra = a.engine.run();
   RunResult rb = b.engine.run();
+  CHECK(!find_resource(n.engine, "scale_out_fabric").valid());
+  CHECK(n.engine.run().makespan_s == Approx(ra.makespan_s).epsilon(1e-6));
   const ResourceId fa = find_resource(a.engine, "scale_out_fabric");
   const ResourceId fb = find_resource(b.engine, "scale_out_fabric");
   REQUIRE(fa.valid());

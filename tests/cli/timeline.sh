@@ -65,4 +65,48 @@ err=$("$bin" timeline --model models/zoo/marin-535b-a23b.json --cluster topologi
 [ "$rc" -eq 2 ] || fail "expected exit 2 for dualpipev with 8 micro-batches, got $rc"
 [ "$(wc -l <<<"$err")" -eq 1 ] || fail "expected one error line: $err"
 grep -qF "micro-batches" <<<"$err" || fail "error lacks the reason: $err"
+# Bad numbers: one line, exit 2, naming the flag (NaN and inf refused, limits stated).
+for bad in "--jitter nan" "--jitter inf" "--straggler-prob nan" "--straggler-prob 2" "--steps 100000" \
+           "--steps -3" "--ranks-per-stage -1" "--domains -2" "--straggler-slowdown inf"; do
+  err=$("$bin" timeline "${hero[@]}" $bad 2>&1 >/dev/null); rc=$?
+  [ "$rc" -eq 2 ] || fail "expected exit 2 for '$bad', got $rc"
+  [ "$(wc -l <<<"$err")" -eq 1 ] || fail "expected one error line for '$bad': $err"
+  grep -qF -- "${bad%% *}" <<<"$err" || fail "error for '$bad' does not name the flag: $err"
+done
+# A graph that would not fit is refused before it is built, with the figure.
+err=$("$bin" timeline "${hero[@]}" --ranks-per-stage 704 --max-memory-gb 0.05 2>&1 >/dev/null); rc=$?
+[ "$rc" -eq 2 ] || fail "expected exit 2 for a graph over the memory limit, got $rc"
+grep -qE "estimated [0-9.]+ GB" <<<"$err" || fail "memory refusal lacks the estimate: $err"
+
+# What-if: a slow GPU among 4 explicit ranks, what changed, and a sweep against the factor.
+"$bin" timeline "${hero[@]}" --ranks-per-stage 4 --no-gc --slow-gpu 2:1.5 \
+    --sweep slow-gpu-factor=1,1.5,2 --json >"$tmp/w.json" || fail "what-if run failed"
+python3 - "$tmp/w.json" <<'PY' || fail "what-if summary"
+import json, sys
+j = json.load(open(sys.argv[1]))
+w = j["what_if"]
+assert w["change"] > 0.05, w["change"]
+assert w["critical_ranks"][0]["name"] == "stage0.rank2", w["critical_ranks"]
+assert w["waits"] and w["waits"][0]["waited_for"][0]["for"] == "stage0.rank2", w["waits"][0]
+t = [r["step_time_s"] for r in j["sweep"]]
+assert t[0] < t[1] < t[2], t
+assert abs(t[0] - w["baseline_step_time_s"]) < 1e-9 * t[0], (t[0], w["baseline_step_time_s"])
+PY
+out=$("$bin" timeline "${hero[@]}" --ranks-per-stage 4 --failed-nic 1 --expert-load 1,1.3) || fail "failed-nic run"
+grep -qF "what-if:" <<<"$out" || fail "what-if section missing"
+
+# A pipeline trace: no two slices on one thread overlap (what makes Perfetto move or drop slices).
+"$bin" timeline --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/gb200-12-racks.json \
+    --layout sim/layouts/gb200-pp6.json --jitter 0.05 -o "$tmp/pp.json" >/dev/null || fail "pp trace"
+python3 - "$tmp/pp.json" <<'PY' || fail "pp trace overlaps"
+import json, sys
+from collections import defaultdict
+rows = defaultdict(list)
+for e in json.load(open(sys.argv[1]))["traceEvents"]:
+    if e["ph"] == "X":
+        b = round(e["ts"] * 1000)
+        rows[(e["pid"], e["tid"])].append((b, b + round(e["dur"] * 1000)))
+bad = sum(1 for v in rows.values() for a, b in zip(sorted(v), sorted(v)[1:]) if b[0] < a[1])
+assert bad == 0, f"{bad} overlapping slices"
+PY
 echo "timeline.sh: ok"
