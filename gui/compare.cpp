@@ -72,9 +72,26 @@ void append_side(json& out, const json& events, const char* prefix, int64_t pid_
   }
 }
 
+// Op classes are compared only when both sides carry them (the compare
+// format does); a predicted trace from `rackstep timeline` has none, and then
+// both sides are compared by category (forward, backward, optimizer...).
+bool by_op_class(const TraceModel& m) {
+  bool side[2] = {false, false};
+  for (const TraceRow& r : m.rows) {
+    const int k = is_measured_row(r) ? 1 : 0;
+    for (const TraceEvent& e : r.events) {
+      if (e.op_class >= 0) {
+        side[k] = true;
+        break;
+      }
+    }
+  }
+  return side[0] && side[1];
+}
+
 // The class a slice is compared under: its op class, else its category.
-std::string class_of(const TraceModel& m, const TraceEvent& e) {
-  return e.op_class >= 0 ? m.op_classes[e.op_class] : m.categories[e.category];
+std::string class_of(const TraceModel& m, const TraceEvent& e, bool op_classes) {
+  return op_classes && e.op_class >= 0 ? m.op_classes[e.op_class] : m.categories[e.category];
 }
 
 std::string op_of(const TraceModel& m, const TraceEvent& e) { return e.op >= 0 ? m.ops[e.op] : e.name; }
@@ -135,6 +152,7 @@ CompareSummary compare_summary(const TraceModel& m) {
   s.measured_span_us = t1[1] > t0[1] ? t1[1] - t0[1] : 0;
 
   std::map<std::string, CompareLine> classes, ops;
+  const bool op_classes = by_op_class(m);
   for (const TraceRow& r : m.rows) {
     const bool measured = is_measured_row(r);
     // A process drawn once for N identical GPUs holds N GPUs' time.
@@ -145,16 +163,16 @@ CompareSummary compare_summary(const TraceModel& m) {
     const double w = static_cast<double>(copies) / gpus[measured ? 1 : 0];
     for (const TraceEvent& e : r.events) {
       if (e.depth > 0) continue;  // nested slices are inside their parents' time
-      const std::string cls = class_of(m, e);
+      const std::string cls = class_of(m, e, op_classes);
       CompareLine& c = classes[cls];
       c.name = cls;
-      c.op_class_index = e.op_class;
+      c.op_class_index = op_classes ? e.op_class : -1;
       (measured ? c.measured_us : c.predicted_us) += w * e.dur_us;
       const std::string op = op_of(m, e);
       CompareLine& o = ops[op];
       o.name = op;
       o.op_class = cls;
-      o.op_class_index = e.op_class;
+      o.op_class_index = op_classes ? e.op_class : -1;
       (measured ? o.measured_us : o.predicted_us) += w * e.dur_us;
     }
   }
@@ -171,10 +189,11 @@ CompareSummary compare_summary(const TraceModel& m) {
 
 std::vector<SliceRef> slices_of_class(const TraceModel& m, const std::string& op_class, size_t limit) {
   std::vector<std::pair<double, SliceRef>> all;
+  const bool op_classes = by_op_class(m);
   for (size_t r = 0; r < m.rows.size(); ++r) {
     const auto& events = m.rows[r].events;
     for (size_t i = 0; i < events.size(); ++i) {
-      if (class_of(m, events[i]) == op_class)
+      if (class_of(m, events[i], op_classes) == op_class)
         all.push_back({events[i].dur_us, SliceRef{static_cast<int>(r), static_cast<int>(i)}});
     }
   }

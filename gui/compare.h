@@ -37,9 +37,11 @@ bool is_measured_row(const TraceRow& r);
 nlohmann::ordered_json merge_traces(const nlohmann::ordered_json& predicted, const std::string& predicted_path,
                                     const nlohmann::ordered_json& measured, const std::string& measured_path);
 
-// Time per op class (args.op_class, else the slice's category) and per op
-// (args.op, else the slice name), each side's slice time divided by its GPU
-// count (GPU processes weighted by their "(xN)" copies).
+// Time per op class (args.op_class when both sides carry it, else the
+// slice's category) and per op (args.op, else the slice name), each side's
+// top-level slice time divided by its GPU count (GPU processes weighted by
+// their "(xN)" copies). Both sides should hold one step (the compare format
+// does; a profile of several steps counts them all).
 struct CompareLine {
   std::string name;
   std::string op_class;        // for ops: their class

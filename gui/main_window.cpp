@@ -24,6 +24,7 @@
 #include <QTableWidget>
 #include <QBarCategoryAxis>
 #include <QBarSeries>
+#include <QHorizontalBarSeries>
 #include <QBarSet>
 #include <QLineEdit>
 #include <QValueAxis>
@@ -306,14 +307,15 @@ QWidget* compare_tab(std::shared_ptr<const TraceModel> m) {
   // Bars: one pair per class, the error in the label.
   auto* chart = new QChart;
   chart->setTitle(qs("Time per GPU by op class: predicted vs measured"));
-  auto* series = new QBarSeries;
+  auto* series = new QHorizontalBarSeries;
   auto* pred = new QBarSet("predicted");
   auto* meas = new QBarSet("measured");
   QStringList labels;
   const size_t n_bars = std::min<size_t>(c.classes.size(), 12);
   double top = 0;
-  for (size_t i = 0; i < n_bars; ++i) {
-    const CompareLine& k = c.classes[i];
+  // Largest at the top: a horizontal bar chart counts its categories from the bottom.
+  for (size_t j = n_bars; j-- > 0;) {
+    const CompareLine& k = c.classes[j];
     *pred << k.predicted_us * 1e-3;
     *meas << k.measured_us * 1e-3;
     top = std::max({top, k.predicted_us * 1e-3, k.measured_us * 1e-3});
@@ -327,13 +329,14 @@ QWidget* compare_tab(std::shared_ptr<const TraceModel> m) {
   chart->addSeries(series);
   auto* ax = new QBarCategoryAxis;
   ax->append(labels);
-  ax->setLabelsAngle(-40);
-  chart->addAxis(ax, Qt::AlignBottom);
+  chart->addAxis(ax, Qt::AlignLeft);
   series->attachAxis(ax);
   auto* ay = new QValueAxis;
   ay->setTitleText("ms per GPU");
+  ay->setLabelFormat("%.3g");
+  ay->setTickCount(5);
   ay->setRange(0, top > 0 ? top * 1.1 : 1);
-  chart->addAxis(ay, Qt::AlignLeft);
+  chart->addAxis(ay, Qt::AlignBottom);
   series->attachAxis(ay);
   chart->legend()->setAlignment(Qt::AlignBottom);
   auto* view = new QChartView(chart);
@@ -362,6 +365,8 @@ QWidget* compare_tab(std::shared_ptr<const TraceModel> m) {
     else std::snprintf(buf, sizeof buf, "-");
     ops->setItem(r, 4, sortable(std::isfinite(o.error()) ? o.error() : 0, buf));
   }
+  // Largest difference first until a header is clicked.
+  ops->horizontalHeader()->setSortIndicator(-1, Qt::AscendingOrder);
   ops->setSortingEnabled(true);
   ops->resizeColumnsToContents();
   side->addWidget(ops);
@@ -376,6 +381,14 @@ QWidget* compare_tab(std::shared_ptr<const TraceModel> m) {
   outer->addWidget(side);
   outer->setStretchFactor(0, 3);
   outer->setStretchFactor(1, 2);
+  outer->setSizes({900, 700});
+  side->setSizes({460, 260, 200});
+  // The headline says how long each side's step is.
+  if (auto* headline = tp.page->findChild<QLabel*>("headline")) {
+    headline->setText(qs("predicted step " + format_us(c.predicted_span_us) + " on " +
+                         std::to_string(static_cast<int64_t>(c.predicted_gpus)) + " GPUs, measured " +
+                         format_us(c.measured_span_us) + " on " + std::to_string(static_cast<int64_t>(c.measured_gpus))));
+  }
 
   auto show_class = [m, gantt, slices](const std::string& cls, int op_class_index) {
     if (op_class_index >= 0) {
@@ -400,13 +413,15 @@ QWidget* compare_tab(std::shared_ptr<const TraceModel> m) {
       slices->setItem(r, 2, sortable(e.start_us, format_us(e.start_us)));
       slices->setItem(r, 3, sortable(e.dur_us, format_us(e.dur_us)));
     }
+    slices->horizontalHeader()->setSortIndicator(-1, Qt::AscendingOrder);
     slices->setSortingEnabled(true);
     slices->resizeColumnsToContents();
   };
   std::vector<CompareLine> bar_classes(c.classes.begin(), c.classes.begin() + static_cast<long>(n_bars));
-  QObject::connect(series, &QBarSeries::clicked, outer, [show_class, bar_classes](int index, QBarSet*) {
-    if (index >= 0 && index < static_cast<int>(bar_classes.size()))
-      show_class(bar_classes[index].name, bar_classes[index].op_class_index);
+  QObject::connect(series, &QHorizontalBarSeries::clicked, outer, [show_class, bar_classes](int index, QBarSet*) {
+    // Bar `index` counts from the bottom: the classes were appended smallest first.
+    const int k = static_cast<int>(bar_classes.size()) - 1 - index;
+    if (k >= 0 && k < static_cast<int>(bar_classes.size())) show_class(bar_classes[k].name, bar_classes[k].op_class_index);
   });
   QObject::connect(ops, &QTableWidget::cellClicked, outer, [ops, show_class, c](int row, int) {
     const std::string cls = ops->item(row, 1)->text().toStdString();

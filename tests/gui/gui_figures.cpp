@@ -262,3 +262,24 @@ TEST_CASE("compare: two traces aligned at step start, time per op class", "[gui]
   REQUIRE(gemm.size() == 3);
   CHECK(m.rows[gemm[0].row].events[gemm[0].event].dur_us == 150);
 }
+
+TEST_CASE("compare: a side without op classes is compared by category", "[gui][compare]") {
+  // rackstep timeline writes no op_class; the CPU profiler does: both fall back to the pass.
+  const auto pred = nlohmann::ordered_json::parse(R"({"traceEvents": [
+    {"ph":"M","name":"thread_name","pid":0,"tid":0,"args":{"name":"compute"}},
+    {"ph":"X","pid":0,"tid":0,"ts":0,"dur":100,"name":"L0.fwd","cat":"forward"},
+    {"ph":"X","pid":0,"tid":0,"ts":100,"dur":200,"name":"L0.bwd","cat":"backward"}]})");
+  const auto meas = nlohmann::ordered_json::parse(R"({"traceEvents": [
+    {"ph":"M","name":"thread_name","pid":0,"tid":0,"args":{"name":"compute"}},
+    {"ph":"X","pid":0,"tid":0,"ts":7,"dur":120,"name":"q.fwd","cat":"forward","args":{"class":"gemm"}},
+    {"ph":"X","pid":0,"tid":0,"ts":127,"dur":150,"name":"q.bwd","cat":"backward","args":{"class":"gemm"}}]})");
+  const g::TraceModel m = g::parse_trace(g::merge_traces(pred, "p", meas, "m"), "both");
+  const g::CompareSummary c = g::compare_summary(m);
+  REQUIRE(c.classes.size() == 2);
+  CHECK(c.classes[0].name == "backward");
+  CHECK(c.classes[0].predicted_us == Approx(200));
+  CHECK(c.classes[0].measured_us == Approx(150));
+  CHECK(c.classes[1].name == "forward");
+  CHECK(c.classes[1].error() == Approx(-1.0 / 6));
+  CHECK(g::slices_of_class(m, "forward", 10).size() == 2);
+}

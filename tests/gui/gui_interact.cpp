@@ -14,6 +14,7 @@
 
 #include <QApplication>
 #include <QBarSeries>
+#include <QHorizontalBarSeries>
 #include <QBarSet>
 #include <QChart>
 #include <QChartView>
@@ -238,16 +239,19 @@ TEST_CASE("interact: compare view, from a class bar to its slices", "[gui][inter
   REQUIRE(bars != nullptr);
   auto series = bars->chart()->series();
   REQUIRE(series.size() == 1);
-  auto* bar_series = qobject_cast<QBarSeries*>(series[0]);
+  auto* bar_series = qobject_cast<QHorizontalBarSeries*>(series[0]);
   REQUIRE(bar_series != nullptr);
   REQUIRE(bar_series->barSets().size() == 2);
-  CHECK(bar_series->barSets()[0]->at(0) == Approx(0.100));  // gemm predicted, ms
-  CHECK(bar_series->barSets()[1]->at(0) == Approx(0.140));  // gemm measured
+  REQUIRE(bar_series->count() == 2);
+  // Bars count from the bottom; gemm (the most time) is drawn at the top: index 1.
+  CHECK(bar_series->barSets()[0]->at(1) == Approx(0.100));  // gemm predicted, ms
+  CHECK(bar_series->barSets()[1]->at(1) == Approx(0.140));  // gemm measured
+  CHECK(bar_series->barSets()[1]->at(0) == Approx(0.020));  // norm measured
   auto* ops = child<QTableWidget>(tab, "compare_ops");
   REQUIRE(ops != nullptr);
   CHECK(ops->rowCount() == 2);
   // Click the gemm bar (Qt Charts reports clicks through this signal).
-  emit bar_series->clicked(0, bar_series->barSets()[1]);
+  emit bar_series->clicked(1, bar_series->barSets()[1]);
   auto* slices = child<QTableWidget>(tab, "compare_slices");
   REQUIRE(slices != nullptr);
   REQUIRE(slices->rowCount() == 2);
