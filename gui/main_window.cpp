@@ -489,7 +489,9 @@ QWidget* sizing_tab(const SizingResult& s) {
   split->addWidget(table);
   auto* charts = new QSplitter(Qt::Horizontal);
   const StackedBarSpec mem = memory_chart(s);
-  const ScatterSpec days = days_loss_chart(s);
+  ScatterSpec days = days_loss_chart(s);
+  days.width_px = 460;  // about its share of the window: labels are placed apart at this size
+  days.height_px = 520;
   charts->addWidget(chart_or_note([&] { return build_stacked_bars(mem); }, "No memory breakdown in this file."));
   charts->addWidget(chart_or_note([&] { return build_scatter(days); }, "No candidate with both days and forecast loss."));
   // The finish-date histogram follows the selected candidate (the winner until one is picked).
