@@ -73,24 +73,37 @@ class LegendWidget : public QWidget {
 // work, idle (bubble) — the per-GPU figures `rackstep timeline` prints.
 class BreakdownBar : public QWidget {
  public:
-  explicit BreakdownBar(std::shared_ptr<const TraceModel> m, std::string title = "per GPU")
-      : m_(std::move(m)), title_(std::move(title)) {
+  using Parts = std::vector<std::pair<std::string, double>>;
+  explicit BreakdownBar(Parts parts, std::string title = "per GPU") : parts_(std::move(parts)), title_(std::move(title)) {
     setObjectName("breakdown");
     setFixedHeight(24);
     setToolTip("Where each GPU's time goes over the trace, averaged over GPUs (as rackstep timeline prints it)");
   }
-  static std::vector<std::pair<std::string, double>> parts(const TraceModel& m) {
-    return {{"compute", m.per_gpu.compute_us},
-            {"exposed communication", m.per_gpu_exposed_comm_us()},
-            {"host", m.per_gpu_exposed_host_us()},
-            {"idle (bubble)", m.per_gpu.idle_us}};
+  // The average over `gpus` weighted by copies, split as rackstep timeline splits it.
+  static Parts parts(const TraceModel& m, const std::vector<const GpuBreakdown*>& gpus) {
+    double w = 0, compute = 0, comm = 0, host = 0, idle = 0;
+    for (const GpuBreakdown* g : gpus) {
+      const double c = static_cast<double>(g->copies);
+      w += c;
+      compute += c * g->compute_us;
+      idle += c * g->idle_us;
+      for (size_t k = 0; k < g->exposed_us_by_category.size(); ++k)
+        (m.category_is_host[k] ? host : comm) += c * g->exposed_us_by_category[k];
+    }
+    if (w > 0) compute /= w, comm /= w, host /= w, idle /= w;
+    return {{"compute", compute}, {"exposed communication", comm}, {"host", host}, {"idle (bubble)", idle}};
+  }
+  static Parts parts(const TraceModel& m) {
+    std::vector<const GpuBreakdown*> all;
+    for (const GpuBreakdown& g : m.gpus) all.push_back(&g);
+    return parts(m, all);
   }
 
  protected:
   void paintEvent(QPaintEvent*) override {
     QPainter p(this);
     p.setRenderHint(QPainter::TextAntialiasing);
-    const auto ps = parts(*m_);
+    const Parts& ps = parts_;
     double total = 0;
     for (const auto& [n, v] : ps) total += v;
     const QColor colors[] = {QColor(0x4e, 0x79, 0xa7), QColor(0xd6, 0x27, 0x28), QColor(0xba, 0xb0, 0xac),
@@ -117,7 +130,7 @@ class BreakdownBar : public QWidget {
   }
 
  private:
-  std::shared_ptr<const TraceModel> m_;
+  Parts parts_;
   std::string title_;
 };
 
@@ -242,8 +255,21 @@ TracePage trace_page(std::shared_ptr<const TraceModel> m) {
   headline->setObjectName("headline");
   headline->setSizePolicy(QSizePolicy::Ignored, QSizePolicy::Preferred);
   line2->addWidget(headline, 1);
-  if (!m->gpus.empty()) line2->addWidget(new BreakdownBar(m), 2);
+  if (!m->gpus.empty() && !is_compare_trace(*m)) line2->addWidget(new BreakdownBar(BreakdownBar::parts(*m)), 2);
   layout->addLayout(line2);
+  if (is_compare_trace(*m)) {
+    // One bar per side: where a predicted GPU's step goes beside a measured one's.
+    for (bool measured : {false, true}) {
+      std::vector<const GpuBreakdown*> side;
+      for (const GpuBreakdown& g : m->gpus) {
+        if ((g.pid >= kMeasuredPidOffset || g.process_name.rfind("measured: ", 0) == 0) == measured) side.push_back(&g);
+      }
+      if (side.empty()) continue;
+      auto* b = new BreakdownBar(BreakdownBar::parts(*m, side), measured ? "measured per GPU " : "predicted per GPU");
+      b->setObjectName(measured ? "breakdown_measured" : "breakdown_predicted");
+      layout->addWidget(b);
+    }
+  }
 
   auto* split = new QSplitter(Qt::Vertical);
   auto* timeline = new QWidget;

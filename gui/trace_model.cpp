@@ -89,13 +89,29 @@ struct Builder {
     return it->get<double>();
   }
 
+  // Consecutive events mostly share a row and a category: the last lookup is kept.
+  RowBuild& row(int64_t pid, int64_t tid) {
+    if (last_row_ == nullptr || last_pid_ != pid || last_tid_ != tid) {
+      last_row_ = &rows[{pid, tid}];  // std::map: the reference stays valid
+      last_pid_ = pid;
+      last_tid_ = tid;
+    }
+    return *last_row_;
+  }
+
   int category(const json& e) {
     auto it = e.find("cat");
-    std::string c = it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
+    static const std::string kNone;
+    const std::string& c = it != e.end() && it->is_string() ? it->get_ref<const std::string&>() : kNone;
+    if (last_category_ >= 0 && categories[last_category_] == c) return last_category_;
     auto [s, added] = category_ids.emplace(c, static_cast<int>(categories.size()));
     if (added) categories.push_back(c);
+    last_category_ = s->second;
     return s->second;
   }
+  RowBuild* last_row_ = nullptr;
+  int64_t last_pid_ = 0, last_tid_ = 0;
+  int last_category_ = -1;
 
   static int intern(const json& args, const char* key, std::map<std::string, int>& ids, std::vector<std::string>& names) {
     auto it = args.find(key);
@@ -157,15 +173,15 @@ struct Builder {
       TraceEvent ev = slice(e, i, number(e, "ts", i));
       ev.dur_us = number(e, "dur", i);
       if (ev.dur_us < 0) throw UserError(path, where(i, "dur"), "a duration >= 0", std::to_string(ev.dur_us));
-      rows[{pid, tid}].events.push_back(std::move(ev));
+      row(pid, tid).events.push_back(std::move(ev));
       return;
     }
     if (ph == "B") {
-      rows[{pid, tid}].open.push_back(slice(e, i, number(e, "ts", i)));
+      row(pid, tid).open.push_back(slice(e, i, number(e, "ts", i)));
       return;
     }
     if (ph == "E") {
-      RowBuild& r = rows[{pid, tid}];
+      RowBuild& r = row(pid, tid);
       if (r.open.empty()) return;  // an end without a begin: nothing to draw
       TraceEvent ev = std::move(r.open.back());
       r.open.pop_back();
@@ -183,7 +199,7 @@ struct Builder {
       auto name = e.find("name");
       if (name != e.end() && name->is_string()) in.name = name->get<std::string>();
       in.category = category(e);
-      rows[{pid, tid}].instants.push_back(std::move(in));
+      row(pid, tid).instants.push_back(std::move(in));
       ++n_instants;
       return;
     }

@@ -235,6 +235,10 @@ TEST_CASE("interact: compare view, from a class bar to its slices", "[gui][inter
   QApplication::processEvents();
   QWidget* tab = w.win.tabs()->widget(0);
   CHECK(w.win.statusBar()->currentMessage().toStdString() == pred + " vs " + meas);
+  // A step-breakdown bar per side, none mixing them.
+  CHECK(child<QWidget>(tab, "breakdown_predicted") != nullptr);
+  CHECK(child<QWidget>(tab, "breakdown_measured") != nullptr);
+  CHECK(child<QWidget>(tab, "breakdown") == nullptr);
   auto* bars = child<QChartView>(tab, "compare_bars");
   REQUIRE(bars != nullptr);
   auto series = bars->chart()->series();
