@@ -212,10 +212,19 @@ void paint_counter(QPainter& p, const CounterTrack& c, int y, int h, const Scale
     p.setBrush(Qt::NoBrush);
     p.drawPath(path);
   }
+  // Each series' name in its colour, then the scale.
+  QFontMetrics fm(p.font());
+  int x = s.x0 + 4;
+  for (size_t k = 0; k < c.series.size(); ++k) {
+    const QString name = QString::fromStdString(c.series[k]);
+    p.setPen(kSeries[k % std::size(kSeries)]);
+    p.drawText(QRect(x, y, 300, 14), Qt::AlignLeft | Qt::AlignTop, name);
+    x += fm.horizontalAdvance(name) + 10;
+  }
   char buf[64];
   std::snprintf(buf, sizeof buf, "max %.4g", c.max_value);
   p.setPen(QColor(0x66, 0x66, 0x66));
-  p.drawText(QRect(s.x0 + 4, y, 200, 14), Qt::AlignLeft | Qt::AlignTop, buf);
+  p.drawText(QRect(x, y, 200, 14), Qt::AlignLeft | Qt::AlignTop, buf);
 }
 
 void paint_flows(QPainter& p, const TraceModel& m, const GanttLayout& lay, const Scale& s, const GanttView& v) {
@@ -488,6 +497,7 @@ int paint_gantt_legend(QPainter& p, const TraceModel& m, const QRect& r) {
     x += w;
   };
   for (int c : order) {
+    if (m.category_total_us[c] <= 0 && order.size() > 1) continue;  // only instants or zero-length slices
     const QString name = QString::fromStdString(m.categories[c].empty() ? "(none)" : m.categories[c]);
     item(name, [&](const QRect& b) { p.fillRect(b, category_color(m, c)); });
   }
