@@ -50,6 +50,41 @@ struct FlowPoint {
   double ts_us = 0;
 };
 
+// The fields of one trace event the Builder reads, as pointers to JSON values:
+// into a parsed document, or into the streaming parser's per-event slots.
+// find()/end() mirror a JSON object's, so the Builder reads either the same way.
+struct EventView {
+  static constexpr const char* kKeys[] = {"ph", "name", "cat", "pid", "tid", "ts", "dur", "id", "bind_id", "args", "s"};
+  static constexpr int kFields = static_cast<int>(std::size(kKeys));
+  const json* field[kFields] = {};
+  const json* not_object = nullptr;  // the element itself when it is not an object
+
+  static int slot(std::string_view key) {
+    for (int k = 0; k < kFields; ++k) {
+      if (key == kKeys[k]) return k;
+    }
+    return -1;
+  }
+  static EventView of(const json& e) {
+    EventView v;
+    if (!e.is_object()) {
+      v.not_object = &e;
+      return v;
+    }
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      const int k = slot(it.key());
+      if (k >= 0) v.field[k] = &*it;
+    }
+    return v;
+  }
+  const json* find(const char* key) const {
+    const int k = slot(key);
+    return k >= 0 ? field[k] : nullptr;
+  }
+  const json* end() const { return nullptr; }
+  bool is_object() const { return not_object == nullptr; }
+};
+
 struct Builder {
   const std::string& path;
   std::map<int64_t, std::pair<int64_t, std::string>> processes;  // pid -> (sort index, name)
@@ -69,7 +104,7 @@ struct Builder {
     return "/traceEvents/" + std::to_string(i) + (field[0] ? "/" : "") + field;
   }
 
-  int64_t id(const json& e, const char* field, size_t i) {
+  int64_t id(const EventView& e, const char* field, size_t i) {
     auto it = e.find(field);
     if (it == e.end()) return 0;  // viewers put id-less events in process/thread 0
     if (it->is_number_integer()) return it->get<int64_t>();
@@ -82,7 +117,7 @@ struct Builder {
     throw UserError(path, where(i, field), "a number or a string", kind_of(*it));
   }
 
-  double number(const json& e, const char* field, size_t i) {
+  double number(const EventView& e, const char* field, size_t i) {
     auto it = e.find(field);
     if (it == e.end()) throw UserError(path, where(i, field), "a number (microseconds)", "nothing");
     if (!it->is_number()) throw UserError(path, where(i, field), "a number (microseconds)", kind_of(*it));
@@ -99,7 +134,7 @@ struct Builder {
     return *last_row_;
   }
 
-  int category(const json& e) {
+  int category(const EventView& e) {
     auto it = e.find("cat");
     static const std::string kNone;
     const std::string& c = it != e.end() && it->is_string() ? it->get_ref<const std::string&>() : kNone;
@@ -121,7 +156,7 @@ struct Builder {
     return s->second;
   }
 
-  TraceEvent slice(const json& e, size_t i, double start_us) {
+  TraceEvent slice(const EventView& e, size_t i, double start_us) {
     TraceEvent ev;
     ev.start_us = start_us;
     auto name = e.find("name");
@@ -141,7 +176,7 @@ struct Builder {
     return ev;
   }
 
-  void metadata_event(const json& e, size_t i, int64_t pid, int64_t tid) {
+  void metadata_event(const EventView& e, size_t i, int64_t pid, int64_t tid) {
     auto name = e.find("name");
     if (name == e.end() || !name->is_string()) return;
     auto args = e.find("args");
@@ -160,8 +195,8 @@ struct Builder {
     }
   }
 
-  void event(const json& e, size_t i) {
-    if (!e.is_object()) throw UserError(path, where(i, ""), "an event object", kind_of(e));
+  void event(const EventView& e, size_t i) {
+    if (!e.is_object()) throw UserError(path, where(i, ""), "an event object", kind_of(*e.not_object));
     auto ph_it = e.find("ph");
     if (ph_it == e.end() || !ph_it->is_string())
       throw UserError(path, where(i, "ph"), "a phase string (\"X\", \"B\", \"E\", \"M\", ...)",
@@ -208,7 +243,7 @@ struct Builder {
     // Async events, samples, object snapshots: not drawn.
   }
 
-  void counter_event(const json& e, size_t i, int64_t pid) {
+  void counter_event(const EventView& e, size_t i, int64_t pid) {
     auto args = e.find("args");
     if (args == e.end() || !args->is_object()) return;
     auto name = e.find("name");
@@ -231,7 +266,7 @@ struct Builder {
     c.values.push_back(std::move(row));
   }
 
-  void flow_event(const json& e, size_t i, const std::string& ph, int64_t pid, int64_t tid) {
+  void flow_event(const EventView& e, size_t i, const std::string& ph, int64_t pid, int64_t tid) {
     auto idf = e.find("id");
     if (idf == e.end()) idf = e.find("bind_id");
     if (idf == e.end()) return;
@@ -583,10 +618,12 @@ TraceModel model_from(Builder& b, const json& doc, const std::string& events_pat
   return finish_trace(b, std::move(m), events_path);
 }
 
-// Streams a trace: each event is built as a small JSON object, handed to the
-// Builder and dropped, so a file of millions of slices never exists as one
-// JSON tree (several times the file's size in memory). Top-level values other
-// than traceEvents (metadata, otherData) are kept whole; they are small.
+// Streams a trace: each event's fields go into slots (pid, ts, name, args...)
+// read by the Builder and reused for the next event, so a file of millions of
+// slices never exists as a JSON tree (several times the file's size in
+// memory). Only an event's "args" and values of unknown keys are built as
+// JSON; top-level values other than traceEvents (metadata, otherData) are kept
+// whole, they are small.
 class TraceSax : public nlohmann::json_sax<json> {
  public:
   TraceSax(Builder& b) : b_(b) {}
@@ -600,12 +637,13 @@ class TraceSax : public nlohmann::json_sax<json> {
   bool number_float(number_float_t v, const string_t&) override { return scalar(json(v)); }
   bool string(string_t& v) override { return scalar(json(std::move(v))); }
   bool binary(binary_t&) override { return scalar(json()); }
-  bool start_object(std::size_t) override { return open(json::object()); }
-  bool start_array(std::size_t) override { return open(json::array()); }
+  bool start_object(std::size_t) override { return open(true); }
+  bool start_array(std::size_t) override { return open(false); }
   bool end_object() override { return close(); }
   bool end_array() override { return close(); }
   bool key(string_t& k) override {
     if (!stack_.empty()) key_ = k;
+    else if (in_event_ && depth_ == event_depth_ + 1) field_ = EventView::slot(k);
     else if (depth_ == 1) top_key_ = k;
     return true;
   }
@@ -628,31 +666,53 @@ class TraceSax : public nlohmann::json_sax<json> {
     return &slot;
   }
 
+  // Where a value directly under the current event goes: its slot, or scratch for unknown keys.
+  json* event_slot() {
+    if (field_ < 0) return &scratch_;
+    view_.field[field_] = &slots_[field_];
+    return &slots_[field_];
+  }
+
   bool scalar(json v) {
     if (!stack_.empty()) {
       add(std::move(v));
       return true;
     }
+    if (in_event_ && depth_ == event_depth_ + 1) {
+      if (field_ >= 0) *event_slot() = std::move(v);
+      return true;
+    }
     if (in_events()) {
-      b_.event(v, index_++);  // not an object: the Builder names the error
+      b_.event(EventView::of(v), index_++);  // not an object: the Builder names the error
       return true;
     }
     if (depth_ == 1 && root_is_object) top[top_key_] = std::move(v);
     return true;
   }
 
-  bool open(json v) {
+  bool open(bool object) {
+    json v = object ? json::object() : json::array();
     if (!stack_.empty()) {
       stack_.push_back(add(std::move(v)));
+    } else if (in_event_ && depth_ == event_depth_ + 1) {
+      json* slot = event_slot();  // args, or a value a Builder check reports (a pid given as an object)
+      *slot = std::move(v);
+      stack_.push_back(slot);
     } else if (depth_ == 0) {
-      root_is_array = v.is_array();
-      root_is_object = v.is_object();
+      root_is_array = !object;
+      root_is_object = object;
       if (root_is_array) events_depth_ = 0, saw_events = true;
     } else if (in_events()) {
-      current_ = std::move(v);
-      stack_.push_back(&current_);
+      if (object) {
+        in_event_ = true;
+        event_depth_ = depth_;
+        for (int k = 0; k < EventView::kFields; ++k) view_.field[k] = nullptr;
+      } else {
+        element_ = std::move(v);
+        stack_.push_back(&element_);
+      }
     } else if (depth_ == 1 && root_is_object) {
-      if (top_key_ == "traceEvents" && v.is_array()) {
+      if (top_key_ == "traceEvents" && !object) {
         events_depth_ = 1;
         saw_events = true;
       } else {
@@ -666,28 +726,39 @@ class TraceSax : public nlohmann::json_sax<json> {
 
   bool close() {
     --depth_;
-    if (stack_.empty()) {
-      if (events_depth_ >= 0 && depth_ == events_depth_) events_depth_ = -2;  // traceEvents ended
+    if (!stack_.empty()) {
+      stack_.pop_back();
+      if (!stack_.empty()) return true;
+      if (in_event_) return true;  // a nested value of the event is complete
+      if (in_events()) {
+        b_.event(EventView::of(element_), index_++);  // an array where an event should be
+        element_ = json();
+      } else {
+        top[top_key_] = std::move(top_current_);
+      }
       return true;
     }
-    stack_.pop_back();
-    if (!stack_.empty()) return true;
-    if (in_events()) {
-      b_.event(current_, index_++);
-      current_ = json();
-    } else {
-      top[top_key_] = std::move(top_current_);
+    if (in_event_ && depth_ == event_depth_) {
+      in_event_ = false;
+      b_.event(view_, index_++);
+      return true;
     }
+    if (events_depth_ >= 0 && depth_ == events_depth_) events_depth_ = -2;  // traceEvents ended
     return true;
   }
 
   Builder& b_;
   std::vector<json*> stack_;  // the value being built, innermost last
   std::string key_, top_key_;
-  json current_, top_current_;
-  int depth_ = 0, events_depth_ = -1;
+  json element_, top_current_, scratch_;
+  json slots_[EventView::kFields];
+  EventView view_;
+  bool in_event_ = false;
+  int field_ = -1;
+  int depth_ = 0, events_depth_ = -1, event_depth_ = -1;
   size_t index_ = 0;
 };
+
 
 }  // namespace
 
@@ -731,7 +802,7 @@ TraceModel parse_trace(const json& doc, const std::string& path) {
   }
 
   Builder b{path};
-  for (size_t i = 0; i < events->size(); ++i) b.event((*events)[i], i);
+  for (size_t i = 0; i < events->size(); ++i) b.event(EventView::of((*events)[i]), i);
   return model_from(b, doc.is_object() ? doc : json::object(), events_path);
 }
 
