@@ -18,6 +18,8 @@
 #include <QBarSet>
 #include <QChart>
 #include <QChartView>
+#include <QCheckBox>
+#include <QImage>
 #include <QLineEdit>
 #include <QPlainTextEdit>
 #include <QStatusBar>
@@ -62,6 +64,8 @@ const char* kTrace = R"({"traceEvents":[
 {"ph":"X","pid":0,"tid":1,"ts":200,"dur":50,"name":"send","cat":"pp"},
 {"ph":"X","pid":1,"tid":0,"ts":250,"dur":100,"name":"L2.fwd","cat":"forward","args":{"critical":true}},
 {"ph":"X","pid":1,"tid":0,"ts":350,"dur":100,"name":"L2.bwd","cat":"backward","args":{"critical":true}},
+{"ph":"s","pid":0,"tid":1,"ts":225,"id":1,"cat":"dep","name":"dep"},
+{"ph":"f","pid":1,"tid":0,"ts":300,"id":1,"cat":"dep","name":"dep"},
 {"ph":"C","pid":1,"ts":0,"name":"hbm","args":{"bytes":1e9}},
 {"ph":"C","pid":1,"ts":300,"name":"hbm","args":{"bytes":3e9}}]})";
 
@@ -171,6 +175,16 @@ TEST_CASE("interact: fold a process, filter rows, search slices", "[gui][interac
   for (const auto& t : lay.tracks) counters += t.kind == g::GanttTrack::counter;
   CHECK(counters == 1);
   rows->clear();
+
+  // Flow arrows on demand: the checkbox turns them on, and they are painted.
+  auto* flows = child<QCheckBox>(tab, "flows");
+  REQUIRE(flows != nullptr);
+  REQUIRE(flows->isEnabled());
+  CHECK_FALSE(gantt->view().show_flows);
+  const QImage without = gantt->grab().toImage();
+  QTest::mouseClick(flows, Qt::LeftButton);
+  CHECK(gantt->view().show_flows);
+  CHECK(gantt->grab().toImage() != without);
 
   // Search: "bwd" matches one slice by name; "pp" one by category.
   auto* search = child<QLineEdit>(tab, "search");
