@@ -28,6 +28,11 @@ json trace_figures(const TraceModel& m) {
       kinds[m.categories[c]] = m.per_gpu.exposed_us_by_category[c] * 1e-6;
   }
   j["exposed_s_by_kind"] = kinds;
+  json critical = json::object();
+  for (size_t c = 0; c < m.categories.size(); ++c) {
+    if (m.critical_us_by_category[c] > 0) critical[m.categories[c]] = m.critical_us_by_category[c] * 1e-6;
+  }
+  j["critical_path_s_by_category"] = critical;
   j["counters"] = m.counters.size();
   j["instants"] = m.n_instants;
   j["flows"] = m.flows.size();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <functional>
+#include <tuple>
 #include <memory>
 
 #include <QAction>
@@ -140,6 +141,12 @@ std::string trace_summary(const TraceModel& m) {
                   " rows, span " + format_us(m.t1_us - m.t0_us) + ", " + std::to_string(m.n_critical) +
                   " slices on the critical path\n";
   for (const auto& [k, v] : m.metadata) s += k + ": " + v + "\n";
+  if (m.n_critical > 0) {
+    s += "\ncritical path, time by category (as `rackstep timeline` prints it):\n";
+    for (size_t c = 0; c < m.categories.size(); ++c) {
+      if (m.critical_us_by_category[c] > 0) s += "  " + m.categories[c] + ": " + format_us(m.critical_us_by_category[c]) + "\n";
+    }
+  }
   if (!m.gpus.empty()) {
     s += "\nper GPU (" + std::to_string(m.per_gpu.copies) + " GPUs in " + std::to_string(m.gpus.size()) +
          " processes), as `rackstep timeline` prints it:\n";
@@ -289,6 +296,43 @@ TracePage trace_page(std::shared_ptr<const TraceModel> m) {
   range->setHorizontalHeaderLabels({"slice name", "count", "time in range", "mean", "share"});
   range->setEditTriggers(QAbstractItemView::NoEditTriggers);
   tp.bottom->addTab(range, "Range (shift+drag)");
+  // The critical path in time order; double-click a slice to go to it.
+  auto* crit = new QTableWidget(0, 4);
+  crit->setObjectName("critical_table");
+  crit->setHorizontalHeaderLabels({"slice on the critical path", "category", "start", "duration"});
+  crit->setEditTriggers(QAbstractItemView::NoEditTriggers);
+  crit->setSelectionBehavior(QAbstractItemView::SelectRows);
+  {
+    std::vector<std::tuple<double, int, int>> path;  // (start, row, event)
+    for (size_t r = 0; r < m->rows.size(); ++r) {
+      const auto& events = m->rows[r].events;
+      for (size_t i = 0; i < events.size(); ++i) {
+        if (events[i].critical) path.emplace_back(events[i].start_us, static_cast<int>(r), static_cast<int>(i));
+      }
+    }
+    std::sort(path.begin(), path.end());
+    constexpr size_t kMaxListed = 5000;
+    crit->setRowCount(static_cast<int>(std::min(path.size(), kMaxListed)));
+    for (size_t k = 0; k < path.size() && k < kMaxListed; ++k) {
+      const auto [start, r, i] = path[k];
+      const TraceEvent& e = m->rows[r].events[i];
+      auto* name = new QTableWidgetItem(qs(e.name));
+      name->setData(Qt::UserRole, r);
+      name->setData(Qt::UserRole + 1, i);
+      name->setToolTip(qs(m->rows[r].process_name + " / " + m->rows[r].thread_name));
+      const int row = static_cast<int>(k);
+      crit->setItem(row, 0, name);
+      crit->setItem(row, 1, new QTableWidgetItem(qs(m->categories[e.category])));
+      crit->setItem(row, 2, sortable(start, format_us(start)));
+      crit->setItem(row, 3, sortable(e.dur_us, format_us(e.dur_us)));
+    }
+    crit->resizeColumnsToContents();
+  }
+  tp.bottom->addTab(crit, qs("Critical path (" + std::to_string(m->n_critical) + ")"));
+  QObject::connect(crit, &QTableWidget::cellDoubleClicked, gantt, [crit, gantt](int row, int) {
+    const QTableWidgetItem* it = crit->item(row, 0);
+    gantt->show_slice(it->data(Qt::UserRole).toInt(), it->data(Qt::UserRole + 1).toInt());
+  });
   split->addWidget(tp.bottom);
   split->setStretchFactor(0, 4);
   split->setStretchFactor(1, 1);

@@ -540,6 +540,7 @@ TraceModel finish_trace(Builder& b, TraceModel m, const std::string& events_path
       t1 = std::max(t1, e.start_us + e.dur_us);
       m.category_total_us[e.category] += e.dur_us;
       m.n_critical += e.critical ? 1 : 0;
+      if (e.critical) m.critical_us_by_category[e.category] += e.dur_us;
     }
     m.n_events += static_cast<int64_t>(r.events.size());
     m.rows.push_back(std::move(r));
@@ -606,6 +607,7 @@ TraceModel model_from(Builder& b, const json& doc, const std::string& events_pat
   m.ops = b.ops;
   m.op_classes = b.op_classes;
   m.category_total_us.assign(m.categories.size(), 0);
+  m.critical_us_by_category.assign(m.categories.size(), 0);
   if (doc.is_object()) {
     auto md = doc.find("metadata");
     if (md != doc.end() && md->is_object()) {

@@ -104,6 +104,7 @@ struct TraceModel {
   std::vector<int> category_slot;        // rank among categories of the same kind (for colours)
   double t0_us = 0, t1_us = 0;           // earliest start, latest end
   int64_t n_events = 0, n_critical = 0;
+  std::vector<double> critical_us_by_category;  // summed time of critical slices, per category
   std::vector<std::pair<std::string, std::string>> metadata;  // trace-level "metadata" object
   std::vector<CounterTrack> counters;   // by process order, then name
   std::vector<TraceFlow> flows;

@@ -229,6 +229,20 @@ TEST_CASE("interact: shift+drag measures a range, a click pins a slice", "[gui][
   CHECK(gantt->view().pinned_row == 0);
   CHECK(gantt->view().pinned_event == 1);
   CHECK(child<QPlainTextEdit>(tab, "details")->toPlainText().startsWith("L1.fwd"));
+  // The critical path tab lists the critical slices in time order; a double click goes to one.
+  auto* crit = child<QTableWidget>(tab, "critical_table");
+  REQUIRE(crit != nullptr);
+  REQUIRE(crit->rowCount() == 3);
+  CHECK(crit->item(0, 0)->text() == "L1.fwd");
+  CHECK(crit->item(2, 0)->text() == "L2.bwd");
+  child<QTabWidget>(tab, "bottom")->setCurrentWidget(crit);
+  QApplication::processEvents();
+  const QRect cell = crit->visualItemRect(crit->item(2, 0));
+  QTest::mouseClick(crit->viewport(), Qt::LeftButton, Qt::NoModifier, cell.center());
+  QTest::mouseDClick(crit->viewport(), Qt::LeftButton, Qt::NoModifier, cell.center());
+  CHECK(gantt->view().pinned_row == 2);
+  CHECK(gantt->view().pinned_event == 1);
+  gantt->fit();
   // A click on empty space unpins.
   QTest::mouseClick(gantt, Qt::LeftButton, Qt::NoModifier, QPoint(x_of(*gantt, 420), y));
   CHECK(gantt->view().pinned_row == -1);

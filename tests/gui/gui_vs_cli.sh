@@ -13,8 +13,9 @@ trap 'rm -rf "$TMP"' EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-# 1. Exposed communication per GPU (a 6-stage pipeline, 2 steps): by kind, as
-#    `rackstep timeline --json` prints it, and compute / bubble per GPU.
+# 1. Exposed communication per GPU (a 6-stage pipeline): by kind, as `rackstep
+#    timeline --json` prints it, compute / bubble per GPU, and the critical path
+#    (its slices, its time by category).
 "$RS" timeline --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/gb200-12-racks.json \
   --layout sim/layouts/gb200-pp6.json -o "$TMP/pp6.json" --json >"$TMP/cli_timeline.json" 2>"$TMP/err" ||
   fail "rackstep timeline: $(cat "$TMP/err")"
@@ -29,6 +30,11 @@ for key in ("compute_busy_s", "bubble_s"):
 for kind, v in cli["exposed_s_by_kind"].items():
     g = gui["exposed_s_by_kind"].get(kind, 0.0)
     if abs(v - g) > tol: bad.append(f"exposed {kind}: cli {v} gui {g}")
+for cat, v in cli["critical_path_s_by_category"].items():
+    g = gui["critical_path_s_by_category"].get(cat, 0.0)
+    if abs(v - g) > tol: bad.append(f"critical path {cat}: cli {v} gui {g}")
+if gui["critical_slices"] != cli["critical_path_tasks"]:
+    bad.append(f"critical slices: cli {cli['critical_path_tasks']} gui {gui['critical_slices']}")
 total = sum(cli["exposed_s_by_kind"].values())
 shown = gui["exposed_communication_s"] + gui["exposed_host_s"]
 if abs(total - shown) > tol * 10: bad.append(f"exposed total: cli {total} gui {shown}")
