@@ -32,12 +32,13 @@ struct Args {
   std::vector<std::pair<std::string, std::string>> compares;  // (predicted, measured)
   bool json = false;
   std::string screenshot;
+  std::string rows;  // --rows: a row filter for every timeline
   int width = 1400, height = 900;
   bool help = false;
 };
 
 const char* kUsage =
-    "usage: rackstep-gui [--screenshot OUT.png [--size WxH]] [--compare PREDICTED MEASURED]... [FILE...]\n"
+    "usage: rackstep-gui [--screenshot OUT.png [--size WxH]] [--rows TEXT] [--compare PREDICTED MEASURED]... [FILE...]\n"
     "       rackstep-gui --json FILE...\n"
     "  FILE: a Chrome trace JSON (.json or .json.gz; `rackstep timeline`, `rackstep train --profile`, PyTorch,\n"
     "        Perfetto JSON, or the combined file `rackstep compare` writes), a `rackstep size --json` result\n"
@@ -46,6 +47,8 @@ const char* kUsage =
     "                        op class predicted vs measured; click a bar for its slices\n"
     "  --screenshot OUT.png  render the window offscreen to a PNG and exit (no display needed)\n"
     "  --size WxH            window size for --screenshot (default 1400x900)\n"
+    "  --rows TEXT           show only timeline rows whose process or stream name contains TEXT\n"
+    "                        (e.g. compute: every GPU's compute stream on one screen)\n"
     "  --json                print the figures each file's tab shows (per-GPU exposed time by kind, memory\n"
     "                        per candidate, drop percentages) as JSON and exit, for checking against the CLI\n";
 
@@ -59,6 +62,8 @@ Args parse_args(int argc, char** argv) {
     };
     if (s == "-h" || s == "--help") {
       a.help = true;
+    } else if (s == "--rows") {
+      a.rows = value("--rows");
     } else if (s == "--json") {
       a.json = true;
     } else if (s == "--compare") {
@@ -140,6 +145,7 @@ int main(int argc, char** argv) {
   try {
     for (const auto& [p, m] : args.compares) window.open_compare(p, m);
     for (const std::string& f : args.files) window.open_file(f);
+    if (!args.rows.empty()) window.set_row_filter(args.rows);
     if (!args.screenshot.empty()) return screenshot(window, args);
   } catch (const rackstep::UserError& e) {
     std::fprintf(stderr, "rackstep-gui: %s\n", e.what());

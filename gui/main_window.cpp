@@ -256,6 +256,13 @@ TracePage trace_page(std::shared_ptr<const TraceModel> m) {
   rows->setMinimumWidth(70);
   bar->addWidget(search, 2);
   bar->addWidget(rows, 1);
+  // Every GPU's compute stream on one screen (a pipeline's stages one under another).
+  auto* compute_only = new QPushButton("Compute rows");
+  compute_only->setObjectName("compute_only");
+  compute_only->setCheckable(true);
+  compute_only->setToolTip("Show only the rows named \"compute\" (sets the row filter)");
+  bar->addWidget(compute_only);
+  QObject::connect(compute_only, &QPushButton::toggled, rows, [rows](bool on) { rows->setText(on ? "compute" : ""); });
   layout->addLayout(bar);
   auto* line2 = new QHBoxLayout;
   auto* headline = new QLabel(qs(trace_headline(*m)));
@@ -690,6 +697,10 @@ void MainWindow::open_file(const std::string& path) {
     case FileKind::drops: page = drops_tab(parse_drops(doc, path)); break;
   }
   add_tab(page, name, path);
+}
+
+void MainWindow::set_row_filter(const std::string& text) {
+  for (QLineEdit* e : tabs_->findChildren<QLineEdit*>("row_filter")) e->setText(qs(text));
 }
 
 void MainWindow::open_dialog() {

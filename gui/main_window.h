@@ -24,6 +24,8 @@ class MainWindow : public QMainWindow {
   void open_file(const std::string& path);
   // Opens a predicted and a measured trace as one compare tab, aligned at step start.
   void open_compare(const std::string& predicted_path, const std::string& measured_path);
+  // Sets every timeline's row filter (only rows whose process or stream name contain `text`).
+  void set_row_filter(const std::string& text);
   QTabWidget* tabs() const { return tabs_; }
 
  private:

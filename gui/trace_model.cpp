@@ -441,12 +441,15 @@ void find_gpu_breakdowns(TraceModel& m) {
 // Lanes beyond kMaxDepths share the last (a link row with hundreds of
 // concurrent flows stays a few lanes tall).
 constexpr int kMaxDepths = 6;
+constexpr double kRoundingUs = 0.002;
 
 void assign_depths(TraceRow& r) {
   std::vector<double> open_ends;
   int deepest = 0;
   for (TraceEvent& e : r.events) {
-    while (!open_ends.empty() && open_ends.back() <= e.start_us) open_ends.pop_back();
+    // Writers round times (sim/trace.cpp: to the nanosecond, start and duration
+    // apart), so back-to-back slices can overlap by a nanosecond: not nesting.
+    while (!open_ends.empty() && open_ends.back() <= e.start_us + kRoundingUs) open_ends.pop_back();
     e.depth = std::min(static_cast<int>(open_ends.size()), kMaxDepths - 1);
     deepest = std::max(deepest, e.depth);
     open_ends.push_back(e.start_us + e.dur_us);

@@ -52,6 +52,7 @@ read -r critical exposed <"$TMP/probes"
 expect_png "trace --size" "$TMP/small.png" 800 500 --size 800x500 "$TMP/trace.json"
 # The same trace gzipped, and as a compare against itself (predicted vs measured tab).
 gzip -c "$TMP/trace.json" >"$TMP/trace.json.gz"
+expect_png "trace --rows" "$TMP/rows.png" 1400 900 --rows compute "$TMP/trace.json"
 expect_png "trace .json.gz" "$TMP/gz.png" 1400 900 "$TMP/trace.json.gz"
 expect_png "compare" "$TMP/compare.png" 1400 900 --compare "$TMP/trace.json" "$TMP/trace.json.gz"
 # A PyTorch-profiler-like trace: string pids/tids, nested slices, an instant, a counter.

@@ -283,3 +283,16 @@ TEST_CASE("compare: a side without op classes is compared by category", "[gui][c
   CHECK(c.classes[1].error() == Approx(-1.0 / 6));
   CHECK(g::slices_of_class(m, "forward", 10).size() == 2);
 }
+
+TEST_CASE("trace model: back-to-back slices rounded to the nanosecond are not nested", "[gui][trace]") {
+  // sim/trace.cpp writes start and duration to 0.001 us each: an end can pass the next start by 0.001 us.
+  const auto doc = nlohmann::ordered_json::parse(R"({"traceEvents": [
+    {"ph":"X","pid":0,"tid":0,"ts":0.000,"dur":100.001,"name":"a"},
+    {"ph":"X","pid":0,"tid":0,"ts":100.000,"dur":50,"name":"b"},
+    {"ph":"X","pid":0,"tid":0,"ts":120,"dur":10,"name":"inside b"}]})");
+  const g::TraceModel m = g::parse_trace(doc, "rounded");
+  REQUIRE(m.rows[0].events.size() == 3);
+  CHECK(m.rows[0].events[1].depth == 0);
+  CHECK(m.rows[0].events[2].depth == 1);
+  CHECK(m.rows[0].depths == 2);
+}
