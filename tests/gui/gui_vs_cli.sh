@@ -13,14 +13,15 @@ trap 'rm -rf "$TMP"' EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-# 1. Exposed communication per GPU (a 6-stage pipeline): by kind, as `rackstep
+# 1. Exposed communication per GPU (a 6-stage pipeline, the hero): by kind, as `rackstep
 #    timeline --json` prints it, compute / bubble per GPU, and the critical path
 #    (its slices, its time by category).
-"$RS" timeline --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/gb200-12-racks.json \
-  --layout sim/layouts/gb200-pp6.json -o "$TMP/pp6.json" --json >"$TMP/cli_timeline.json" 2>"$TMP/err" ||
-  fail "rackstep timeline: $(cat "$TMP/err")"
-"$GUI" --json "$TMP/pp6.json" >"$TMP/gui_timeline.json" 2>"$TMP/err" || fail "rackstep-gui --json pp6: $(cat "$TMP/err")"
-python3 - "$TMP/cli_timeline.json" "$TMP/gui_timeline.json" <<'EOF' || fail "timeline figures differ (above)"
+check_timeline() {
+  local name=$1 cluster=$2 layout=$3
+  "$RS" timeline --model models/zoo/marin-535b-a23b.json --cluster "$cluster" --layout "$layout" \
+    -o "$TMP/$name.json" --json >"$TMP/cli_$name.json" 2>"$TMP/err" || { fail "rackstep timeline $name: $(cat "$TMP/err")"; return; }
+  "$GUI" --json "$TMP/$name.json" >"$TMP/gui_$name.json" 2>"$TMP/err" || { fail "rackstep-gui --json $name: $(cat "$TMP/err")"; return; }
+  python3 - "$TMP/cli_$name.json" "$TMP/gui_$name.json" <<'EOF' || fail "$name: timeline figures differ (above)"
 import json, sys
 cli, gui = (json.load(open(p)) for p in sys.argv[1:3])
 tol = 1e-6 * cli["makespan_s"] + 1e-9
@@ -41,6 +42,9 @@ if abs(total - shown) > tol * 10: bad.append(f"exposed total: cli {total} gui {s
 for b in bad: print("  " + b)
 sys.exit(1 if bad else 0)
 EOF
+}
+check_timeline pp6 topologies/zoo/gb200-12-racks.json sim/layouts/gb200-pp6.json
+check_timeline hero topologies/zoo/gb200-11-racks.json sim/layouts/hero-ragged.json
 
 # 2. Device memory per candidate: host memory (host_optimizer) is not added;
 #    the bar total is the CLI's peak_memory_bytes, and over-the-HBM-line agrees.
