@@ -129,11 +129,13 @@ CompareSummary compare_summary(const TraceModel& m) {
   CompareSummary s;
   // GPUs per side: GPU processes weighted by copies; a side without GPU processes counts its processes.
   std::set<int64_t> pids[2];
+  std::set<int> steps[2];
   double t0[2] = {INFINITY, INFINITY}, t1[2] = {-INFINITY, -INFINITY};
   for (const TraceRow& r : m.rows) {
     const int side = is_measured_row(r) ? 1 : 0;
     pids[side].insert(r.pid);
     for (const TraceEvent& e : r.events) {
+      if (e.step >= 0) steps[side].insert(e.step);
       t0[side] = std::min(t0[side], e.start_us);
       t1[side] = std::max(t1[side], e.start_us + e.dur_us);
     }
@@ -146,6 +148,9 @@ CompareSummary compare_summary(const TraceModel& m) {
   for (int side = 0; side < 2; ++side) {
     if (gpus[side] == 0) gpus[side] = std::max<double>(1, static_cast<double>(pids[side].size()));
   }
+  s.predicted_steps = std::max<int>(1, static_cast<int>(steps[0].size()));
+  s.measured_steps = std::max<int>(1, static_cast<int>(steps[1].size()));
+  const double n_steps[2] = {static_cast<double>(s.predicted_steps), static_cast<double>(s.measured_steps)};
   s.predicted_gpus = gpus[0];
   s.measured_gpus = gpus[1];
   s.predicted_span_us = t1[0] > t0[0] ? t1[0] - t0[0] : 0;
@@ -160,7 +165,7 @@ CompareSummary compare_summary(const TraceModel& m) {
     for (const GpuBreakdown& g : m.gpus) {
       if (g.pid == r.pid) copies = g.copies;
     }
-    const double w = static_cast<double>(copies) / gpus[measured ? 1 : 0];
+    const double w = static_cast<double>(copies) / gpus[measured ? 1 : 0] / n_steps[measured ? 1 : 0];
     for (const TraceEvent& e : r.events) {
       if (e.depth > 0) continue;  // nested slices are inside their parents' time
       const std::string cls = class_of(m, e, op_classes);

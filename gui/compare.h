@@ -40,8 +40,9 @@ nlohmann::ordered_json merge_traces(const nlohmann::ordered_json& predicted, con
 // Time per op class (args.op_class when both sides carry it, else the
 // slice's category) and per op (args.op, else the slice name), each side's
 // top-level slice time divided by its GPU count (GPU processes weighted by
-// their "(xN)" copies). Both sides should hold one step (the compare format
-// does; a profile of several steps counts them all).
+// their "(xN)" copies) and by its number of steps (distinct args.step values,
+// or "stepN." slice names; 1 when none), so a profile of several steps
+// compares per step with a one-step prediction.
 struct CompareLine {
   std::string name;
   std::string op_class;        // for ops: their class
@@ -53,6 +54,7 @@ struct CompareSummary {
   std::vector<CompareLine> classes;  // by measured + predicted time, largest first
   std::vector<CompareLine> ops;      // by |predicted - measured|, largest first
   double predicted_gpus = 0, measured_gpus = 0;
+  int predicted_steps = 1, measured_steps = 1;  // distinct step numbers seen; times are per step
   double predicted_span_us = 0, measured_span_us = 0;  // step length each side
 };
 CompareSummary compare_summary(const TraceModel& m);

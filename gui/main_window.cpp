@@ -383,7 +383,7 @@ QWidget* compare_tab(std::shared_ptr<const TraceModel> m) {
 
   // Bars: one pair per class, the error in the label.
   auto* chart = new QChart;
-  chart->setTitle(qs("Time per GPU by op class: predicted vs measured"));
+  chart->setTitle(qs("Time per GPU per step by op class: predicted vs measured"));
   auto* series = new QHorizontalBarSeries;
   auto* pred = new QBarSet("predicted");
   auto* meas = new QBarSet("measured");
@@ -425,7 +425,7 @@ QWidget* compare_tab(std::shared_ptr<const TraceModel> m) {
   // Per op: predicted, measured, error.
   auto* ops = new QTableWidget(0, 5);
   ops->setObjectName("compare_ops");
-  ops->setHorizontalHeaderLabels({"op", "class", "predicted per GPU", "measured per GPU", "error"});
+  ops->setHorizontalHeaderLabels({"op", "class", "predicted per GPU-step", "measured per GPU-step", "error"});
   ops->setEditTriggers(QAbstractItemView::NoEditTriggers);
   ops->setSelectionBehavior(QAbstractItemView::SelectRows);
   const size_t n_ops = std::min<size_t>(c.ops.size(), 500);
@@ -462,9 +462,12 @@ QWidget* compare_tab(std::shared_ptr<const TraceModel> m) {
   side->setSizes({460, 260, 200});
   // The headline says how long each side's step is.
   if (auto* headline = tp.page->findChild<QLabel*>("headline")) {
-    headline->setText(qs("predicted step " + format_us(c.predicted_span_us) + " on " +
-                         std::to_string(static_cast<int64_t>(c.predicted_gpus)) + " GPUs, measured " +
-                         format_us(c.measured_span_us) + " on " + std::to_string(static_cast<int64_t>(c.measured_gpus))));
+    auto describe_side = [](const char* what, double span_us, double gpus, int steps) {
+      return std::string(what) + " " + format_us(span_us) + " on " + std::to_string(static_cast<int64_t>(gpus)) +
+             " GPUs" + (steps > 1 ? " (" + std::to_string(steps) + " steps; bars per step)" : std::string());
+    };
+    headline->setText(qs(describe_side("predicted", c.predicted_span_us, c.predicted_gpus, c.predicted_steps) + ", " +
+                         describe_side("measured", c.measured_span_us, c.measured_gpus, c.measured_steps)));
   }
 
   auto show_class = [m, gantt, slices](const std::string& cls, int op_class_index) {

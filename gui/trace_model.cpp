@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -172,6 +173,13 @@ struct Builder {
       ev.op_class = intern(*args, "op_class", op_class_ids, op_classes);
       // The CPU profiler's older name for it.
       if (ev.op_class < 0) ev.op_class = intern(*args, "class", op_class_ids, op_classes);
+      auto step = args->find("step");
+      if (step != args->end() && step->is_number_integer()) ev.step = static_cast<int>(step->get<int64_t>());
+    }
+    // The simulator names a step's tasks "step<N>.<...>".
+    if (ev.step < 0 && ev.name.size() > 5 && ev.name.compare(0, 4, "step") == 0 &&
+        std::isdigit(static_cast<unsigned char>(ev.name[4]))) {
+      ev.step = std::atoi(ev.name.c_str() + 4);
     }
     return ev;
   }

@@ -42,6 +42,7 @@ struct TraceEvent {
   int depth = 0;          // nesting level within its row: 0 outermost
   int op = -1;            // args.op (a layer-graph op name), index into TraceModel::ops; -1 when none
   int op_class = -1;      // args.op_class, index into TraceModel::op_classes; -1 when none
+  int step = -1;          // args.step, or N of a name "stepN...."; -1 when unknown
 };
 
 struct TraceInstant {

@@ -271,17 +271,21 @@ TEST_CASE("compare: a side without op classes is compared by category", "[gui][c
     {"ph":"X","pid":0,"tid":0,"ts":100,"dur":200,"name":"L0.bwd","cat":"backward"}]})");
   const auto meas = nlohmann::ordered_json::parse(R"({"traceEvents": [
     {"ph":"M","name":"thread_name","pid":0,"tid":0,"args":{"name":"compute"}},
-    {"ph":"X","pid":0,"tid":0,"ts":7,"dur":120,"name":"q.fwd","cat":"forward","args":{"class":"gemm"}},
-    {"ph":"X","pid":0,"tid":0,"ts":127,"dur":150,"name":"q.bwd","cat":"backward","args":{"class":"gemm"}}]})");
+    {"ph":"X","pid":0,"tid":0,"ts":7,"dur":120,"name":"q.fwd","cat":"forward","args":{"class":"gemm","step":0}},
+    {"ph":"X","pid":0,"tid":0,"ts":127,"dur":150,"name":"q.bwd","cat":"backward","args":{"class":"gemm","step":0}},
+    {"ph":"X","pid":0,"tid":0,"ts":300,"dur":120,"name":"q.fwd","cat":"forward","args":{"class":"gemm","step":1}},
+    {"ph":"X","pid":0,"tid":0,"ts":420,"dur":150,"name":"q.bwd","cat":"backward","args":{"class":"gemm","step":1}}]})");
   const g::TraceModel m = g::parse_trace(g::merge_traces(pred, "p", meas, "m"), "both");
   const g::CompareSummary c = g::compare_summary(m);
+  CHECK(c.predicted_steps == 1);
+  CHECK(c.measured_steps == 2);  // two profiled steps: times are per step
   REQUIRE(c.classes.size() == 2);
   CHECK(c.classes[0].name == "backward");
   CHECK(c.classes[0].predicted_us == Approx(200));
   CHECK(c.classes[0].measured_us == Approx(150));
   CHECK(c.classes[1].name == "forward");
   CHECK(c.classes[1].error() == Approx(-1.0 / 6));
-  CHECK(g::slices_of_class(m, "forward", 10).size() == 2);
+  CHECK(g::slices_of_class(m, "forward", 10).size() == 3);
 }
 
 TEST_CASE("trace model: back-to-back slices rounded to the nanosecond are not nested", "[gui][trace]") {
