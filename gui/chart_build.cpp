@@ -112,16 +112,75 @@ QChart* build_scatter(const ScatterSpec& spec) {
   QChart* c = new_chart(spec.title);
   QValueAxis* ax = value_axis(c, spec.x_label, x0, x1, Qt::AlignBottom);
   QValueAxis* ay = value_axis(c, spec.y_label, y0, y1, Qt::AlignLeft);
-  for (const ScatterPoint& p : spec.points) {
+  // Labels sit above their point; one that would overlap a label already
+  // placed (boxes estimated from the chart size, 7 px a character, 16 px a
+  // line) moves below its point, then further down, until it is clear.
+  const double px_x = (x1 - x0) / std::max(200, spec.width_px - 100);
+  const double px_y = (y1 - y0) / std::max(150, spec.height_px - 180);
+  struct Box {
+    double x0, x1, y0, y1;
+  };
+  std::vector<Box> placed;
+  for (const ScatterPoint& p : spec.points) {  // markers are obstacles too
+    const double r = (p.highlight ? 11 : 8);
+    placed.push_back({p.x - r * px_x, p.x + r * px_x, p.y - r * px_y, p.y + r * px_y});
+  }
+  auto overlaps = [&](const Box& b) {
+    for (const Box& o : placed) {
+      if (b.x0 < o.x1 && o.x0 < b.x1 && b.y0 < o.y1 && o.y0 < b.y1) return true;
+    }
+    return false;
+  };
+  // The winner's label is placed first, so it keeps the best place.
+  std::vector<ScatterPoint> order = spec.points;
+  std::stable_sort(order.begin(), order.end(),
+                   [](const ScatterPoint& a, const ScatterPoint& b) { return a.highlight && !b.highlight; });
+  for (const ScatterPoint& p : order) {
+    const std::string text = p.label + (p.highlight ? "  (best)" : "");
+    const double half_w = 3.5 * static_cast<double>(text.size()) * px_x, line = 16 * px_y;
+    // Candidate places: above (Qt's own), right, left, below, then further up and down.
+    const double side = half_w + 15 * px_x;  // clear of the marker (radius 11 px at most)
+    const std::pair<double, double> tries[] = {{0, 0},  {side, -0.55}, {-side, -0.55}, {0, -2}, {0, 1},
+                                               {0, -3}, {0, 2},        {side, 1},      {-side, 1}, {0, -4}};
+    double dx = 0, offset_lines = 0;  // (0, 0): Qt's own place above the point
+    for (auto [tx, k] : tries) {
+      const Box b{p.x + tx - half_w, p.x + tx + half_w, p.y + (k + 0.5) * line, p.y + (k + 1.5) * line};
+      if (!overlaps(b)) {
+        dx = tx;
+        offset_lines = k;
+        placed.push_back(b);
+        break;
+      }
+    }
     auto* s = new QScatterSeries;
     s->setName(qs(p.label));
     s->append(p.x, p.y);
     c->addSeries(s);
+    const bool moved = dx != 0 || offset_lines != 0;
+    if (moved) {
+      // The label rides on an invisible point beside, below or above the marker.
+      auto* tag = new QScatterSeries;
+      tag->append(p.x + dx, p.y + (offset_lines + 0.3) * line);
+      c->addSeries(tag);
+      tag->setMarkerSize(1);
+      tag->setColor(Qt::transparent);
+      tag->setBorderColor(Qt::transparent);
+      tag->setPointLabelsFormat(qs(text));
+      tag->setPointLabelsVisible(true);
+      tag->setPointLabelsClipping(false);
+      QFont f = tag->pointLabelsFont();
+      f.setBold(p.highlight);
+      f.setPointSizeF(f.pointSizeF() * 1.1);
+      tag->setPointLabelsFont(f);
+      tag->attachAxis(ax);
+      tag->attachAxis(ay);
+      for (QLegendMarker* m : c->legend()->markers(tag)) m->setVisible(false);
+    }
     s->setMarkerSize(p.highlight ? 20 : 13);
     s->setBorderColor(p.highlight ? Qt::black : Qt::white);
     // A literal format string labels the point with the candidate's name.
-    s->setPointLabelsFormat(qs(p.label + (p.highlight ? "  (best)" : "")));
-    s->setPointLabelsVisible(true);
+    s->setPointLabelsFormat(qs(text));
+    s->setPointLabelsVisible(!moved);
     s->setPointLabelsClipping(false);
     QFont f = s->pointLabelsFont();
     f.setBold(p.highlight);
@@ -158,6 +217,7 @@ QChart* build_stacked_bars(const StackedBarSpec& spec) {
   if (has_cap) top = std::max(top, spec.capacity);
 
   QChart* c = new_chart(spec.title);
+  c->legend()->setAlignment(Qt::AlignRight);  // a dozen parts: one per line, names in full
   auto* bars = new QStackedBarSeries;
   for (const BarSegment& seg : spec.segments) {
     auto* set = new QBarSet(qs(seg.name));

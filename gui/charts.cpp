@@ -115,10 +115,20 @@ void render_timeline(const TimelineSpec& spec, const std::string& png_path) {
     throw UserError("timeline: expected a window with t1 > t0, found [" + std::to_string(v.t0_us) + ", " +
                     std::to_string(v.t1_us) + "] us");
   const int max_rows = std::max(1, spec.max_rows);
-  const bool cut = static_cast<int>(m.rows.size()) > max_rows;
-  const int title_h = 40, legend_h = 30;
-  const int gantt_h = v.geo.axis_h + gantt_rows_height(m, v.geo, max_rows) + (cut ? v.geo.row_h + 4 : 4);
+  const GanttLayout lay = gantt_layout(m, v, max_rows);
+  const bool cut = lay.rows_left_out > 0;
+  const int title_h = 40;
+  const int gantt_h = v.geo.axis_h + lay.height + (cut ? v.geo.row_h + 4 : 4);
   const int width = std::max(400, spec.width_px);
+  int legend_h = 30;
+  {
+    QImage probe(8, 8, QImage::Format_RGB32);
+    QPainter pp(&probe);
+    QFont f = pp.font();
+    f.setPixelSize(12);
+    pp.setFont(f);
+    legend_h = paint_gantt_legend(pp, m, QRect(0, -10000, width, 0)) + 6;
+  }
   QImage img(width, title_h + gantt_h + legend_h, QImage::Format_RGB32);
   img.fill(Qt::white);
   QPainter p(&img);
@@ -129,8 +139,6 @@ void render_timeline(const TimelineSpec& spec, const std::string& png_path) {
   p.setFont(f);
 
   // Title and a one-line summary of what the picture shows.
-  double exposed_us = 0;
-  for (const TraceRow& r : m.rows) exposed_us += r.exposed_total_us;
   QFont title = f;
   title.setBold(true);
   title.setPixelSize(15);
@@ -143,8 +151,8 @@ void render_timeline(const TimelineSpec& spec, const std::string& png_path) {
   p.setPen(QColor(0x44, 0x44, 0x44));
   const std::string summary = std::to_string(m.n_events) + " slices on " + std::to_string(m.rows.size()) +
                               " rows, span " + format_us(m.t1_us - m.t0_us) + ", " + std::to_string(m.n_critical) +
-                              " on the critical path, exposed communication " + format_us(exposed_us) +
-                              " summed over rows";
+                              " on the critical path, exposed communication per GPU " +
+                              format_us(m.per_gpu_exposed_comm_us());
   p.drawText(QRect(8, 21, width - 16, 17), Qt::AlignVCenter | Qt::AlignLeft, QString::fromStdString(summary));
 
   p.translate(0, title_h);

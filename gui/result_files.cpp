@@ -94,7 +94,9 @@ void read_memory(const json& c, SizingCandidate& out) {
         continue;
       }
       if (is_total_name(part)) continue;
-      out.memory_gib.emplace_back(part, gib);
+      // Host memory (optimizer states offloaded to the CPU, say) is not on the GPU: never under the HBM line.
+      if (part.rfind("host", 0) == 0) out.host_memory_gib.emplace_back(part, gib);
+      else out.memory_gib.emplace_back(part, gib);
     }
   }
   if (!std::isfinite(out.hbm_gib)) {
@@ -107,7 +109,7 @@ void read_memory(const json& c, SizingCandidate& out) {
 // ("best.mfu"); memory and large objects (a whole layout) are left to their own views.
 void read_cells(const json& c, SizingCandidate& out, std::vector<std::string>& columns) {
   auto add = [&](const std::string& col, const json& v) {
-    out.cells.emplace_back(col, cell_text(v));
+    out.cells.emplace_back(col, column_text(col, v));
     if (std::find(columns.begin(), columns.end(), col) == columns.end()) columns.push_back(col);
   };
   for (auto it = c.begin(); it != c.end(); ++it) {
@@ -130,7 +132,75 @@ const json& candidate_list(const json& doc, const std::string& path) {
   throw UserError(path, "/candidates", "an array of candidates", "none");
 }
 
+// The columns a reader looks at first, in this order; the rest follow in file order.
+const char* const kFirstColumns[] = {"name", "verdict", "rank", "days_p50", "p_finish", "mfu", "step_time_s",
+                                     "peak_memory_bytes", "headroom_bytes", "drop_fraction", "forecast_loss",
+                                     "layout_summary"};
+
+struct ColumnName {
+  const char* key;
+  const char* title;
+};
+const ColumnName kColumnNames[] = {
+    {"name", "candidate"}, {"verdict", "verdict"}, {"rank", "rank"}, {"days_p50", "days to train, p50"},
+    {"days_p10", "days, p10"}, {"days_p90", "days, p90"}, {"p_finish", "P(finish by deadline) (%)"},
+    {"mfu", "MFU (%)"}, {"step_time_s", "step time (s)"}, {"peak_memory_bytes", "memory per GPU (GiB)"},
+    {"headroom_bytes", "HBM headroom (GiB)"}, {"hbm_bytes", "HBM per GPU (GiB)"},
+    {"drop_fraction", "token drops (%)"}, {"forecast_loss", "forecast loss"}, {"layout_summary", "layout"},
+    {"total_params", "total params (B)"}, {"active_params", "active params (B)"},
+    {"tokens_per_day", "tokens per day (B)"}, {"tokens", "tokens (B)"}, {"ideal_days", "days, no failures"},
+    {"goodput_fraction", "goodput (%)"}, {"training_flops", "training FLOPs"}, {"ep_transport", "EP transport"},
+    {"tokens_per_active_param", "tokens per active param"}, {"layouts_valid", "layouts that fit"},
+    {"layouts_enumerated", "layouts tried"}, {"top_k", "top-k"}, {"d_model", "d_model"},
+    {"why_not", "why not"}};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+bool is_fraction_key(const std::string& k) {
+  return k == "p_finish" || k == "mfu" || ends_with(k, "_fraction") || k == "p_finish_by_deadline";
+}
+
 }  // namespace
+
+std::string percent_text(double fraction) { return fmt("%.3f", 100.0 * fraction); }
+
+std::string column_title(const std::string& key) {
+  for (const ColumnName& c : kColumnNames) {
+    if (key == c.key) return c.title;
+  }
+  std::string t = key;
+  std::string unit;
+  if (ends_with(t, "_bytes")) t = strip(t, "_bytes"), unit = " (GiB)";
+  else if (ends_with(t, "_s")) t = strip(t, "_s"), unit = " (s)";
+  else if (is_fraction_key(t)) unit = " (%)";
+  for (char& ch : t) ch = ch == '_' ? ' ' : ch;
+  return t + unit;
+}
+
+std::string column_text(const std::string& key, const json& v) {
+  if (!v.is_number() || v.is_boolean()) return cell_text(v);
+  const double x = v.get<double>();
+  if (key == "rank" || key == "layers" || key == "experts" || key == "top_k" || key == "d_model" ||
+      key.rfind("layouts_", 0) == 0)
+    return cell_text(v);
+  if (ends_with(key, "_bytes")) return fmt("%.1f", x / kGiB);
+  if (key == "drop_fraction") return percent_text(x);
+  if (is_fraction_key(key)) return fmt("%.1f", 100.0 * x);
+  if (ends_with(key, "_params") || key == "tokens" || key == "tokens_per_day") return fmt("%.1f", x / 1e9);
+  if (key.rfind("days", 0) == 0 || ends_with(key, "_days")) return fmt("%.1f", x);
+  if (key == "forecast_loss") return fmt("%.4f", x);
+  return cell_text(v);
+}
+
+double SizingCandidate::device_memory_gib() const {
+  double s = 0;
+  for (const auto& [part, gib] : memory_gib) s += gib;
+  return s;
+}
 
 json read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -139,6 +209,16 @@ json read_json_file(const std::string& path) {
   ss << in.rdbuf();
   try {
     return json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    throw UserError(path, "", "valid JSON", "a syntax error at byte " + std::to_string(e.byte));
+  }
+}
+
+json read_trace_json(const std::string& path) { return parse_json_text(read_maybe_gzip(path), path); }
+
+json parse_json_text(const std::string& text, const std::string& path) {
+  try {
+    return json::parse(text);
   } catch (const json::parse_error& e) {
     throw UserError(path, "", "valid JSON", "a syntax error at byte " + std::to_string(e.byte));
   }
@@ -161,6 +241,7 @@ FileKind detect_kind(const json& doc, const std::string& path) {
 SizingResult parse_sizing(const json& doc, const std::string& path) {
   const json& list = candidate_list(doc, path);
   SizingResult s;
+  std::vector<std::string> keys;
   std::string winner;
   if (doc.is_object()) {
     auto w = doc.find("winner");
@@ -173,7 +254,7 @@ SizingResult parse_sizing(const json& doc, const std::string& path) {
     if (!std::isfinite(s.deadline_days) && sc != doc.end() && sc->is_object())
       s.deadline_days = number_at(*sc, deadline_keys);
   }
-  s.table.columns.push_back("name");
+  keys.push_back("name");
   for (size_t i = 0; i < list.size(); ++i) {
     const json& c = list[i];
     if (!c.is_object())
@@ -187,7 +268,7 @@ SizingResult parse_sizing(const json& doc, const std::string& path) {
       }
     }
     if (out.name.empty()) out.name = "#" + std::to_string(i + 1);
-    read_cells(c, out, s.table.columns);
+    read_cells(c, out, keys);
     read_memory(c, out);
     out.days = number_at(c, {"days", "days_to_train", "train_days", "days_p50"});
     out.loss = number_at(c, {"forecast_loss", "loss"});
@@ -209,11 +290,19 @@ SizingResult parse_sizing(const json& doc, const std::string& path) {
     c.winner = c.winner && !seen;
     seen = seen || c.winner;
   }
+  // The columns a reader looks at first lead; the rest keep file order.
+  for (const char* k : kFirstColumns) {
+    if (std::find(keys.begin(), keys.end(), k) != keys.end()) s.column_keys.push_back(k);
+  }
+  for (const std::string& k : keys) {
+    if (std::find(s.column_keys.begin(), s.column_keys.end(), k) == s.column_keys.end()) s.column_keys.push_back(k);
+  }
+  for (const std::string& k : s.column_keys) s.table.columns.push_back(column_title(k));
   for (const auto& c : s.candidates) {
-    std::vector<std::string> row(s.table.columns.size());
+    std::vector<std::string> row(s.column_keys.size());
     row[0] = c.name;
     for (const auto& [col, text] : c.cells) {
-      const auto at = std::find(s.table.columns.begin(), s.table.columns.end(), col) - s.table.columns.begin();
+      const auto at = std::find(s.column_keys.begin(), s.column_keys.end(), col) - s.column_keys.begin();
       if (col != "name") row[at] = text;
     }
     s.table.rows.push_back(std::move(row));
@@ -254,11 +343,18 @@ ScatterSpec days_loss_chart(const SizingResult& s) {
   return spec;
 }
 
-HistogramSpec finish_chart(const SizingResult& s) {
+HistogramSpec finish_chart(const SizingResult& s, int index) {
   HistogramSpec spec;
   spec.deadline_x = s.deadline_days;
   spec.deadline_label = "deadline";
   const SizingCandidate* pick = nullptr;
+  if (index >= 0 && index < static_cast<int>(s.candidates.size())) {
+    pick = &s.candidates[index];
+    spec.title = "Days to finish: " + pick->name;
+    if (pick->finish_days.empty()) spec.title += " (no finish-day samples)";
+    spec.samples = pick->finish_days;
+    return spec;
+  }
   for (const auto& c : s.candidates) {
     if (c.finish_days.empty()) continue;
     if (pick == nullptr || c.winner) pick = &c;
@@ -295,7 +391,7 @@ DropsResult parse_drops(const json& doc, const std::string& path) {
     std::vector<std::string> row = {xs.back()};
     for (const char* k : {"total", "total_ci95", "sender", "receiver", "padding"}) {
       const double f = number_at(p, {k});
-      row.push_back(std::isfinite(f) ? cell_text(json(100.0 * f)) : "");
+      row.push_back(std::isfinite(f) ? percent_text(f) : "");
     }
     d.table.rows.push_back(std::move(row));
   }

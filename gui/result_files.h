@@ -25,6 +25,10 @@ enum class FileKind { trace, sizing, drops };
 
 // Reads and parses a JSON file; throws rackstep::UserError naming the file.
 nlohmann::ordered_json read_json_file(const std::string& path);
+// The same for a file that may be gzipped (a .json.gz trace).
+nlohmann::ordered_json read_trace_json(const std::string& path);
+// Parses JSON text; throws rackstep::UserError naming `path` and the byte of a syntax error.
+nlohmann::ordered_json parse_json_text(const std::string& text, const std::string& path);
 FileKind detect_kind(const nlohmann::ordered_json& doc, const std::string& path);
 
 // A table: column names and rows of display text.
@@ -35,8 +39,10 @@ struct Table {
 
 struct SizingCandidate {
   std::string name;
-  std::vector<std::pair<std::string, std::string>> cells;  // column -> text
-  std::vector<std::pair<std::string, double>> memory_gib;  // part -> GiB per GPU
+  std::vector<std::pair<std::string, std::string>> cells;  // JSON key -> display text (in the column's unit)
+  std::vector<std::pair<std::string, double>> memory_gib;  // device memory part -> GiB per GPU
+  std::vector<std::pair<std::string, double>> host_memory_gib;  // host parts ("host_*"), not on the HBM
+  double device_memory_gib() const;  // the sum of memory_gib
   double hbm_gib = kNone;   // capacity per GPU, when the file gives it
   double days = kNone;      // days to the token budget
   double loss = kNone;      // forecast loss
@@ -48,8 +54,16 @@ struct SizingCandidate {
 struct SizingResult {
   std::vector<SizingCandidate> candidates;  // in file order (the ranking)
   double deadline_days = kNone;
-  Table table;  // every scalar field, one row per candidate
+  Table table;  // every scalar field, one row per candidate: human column names with units, verdict first
+  std::vector<std::string> column_keys;  // the JSON key of each table column
 };
+
+// A JSON key as a column title with its unit ("peak_memory_bytes" -> "peak memory (GiB)"),
+// and a value as text in that unit.
+std::string column_title(const std::string& key);
+std::string column_text(const std::string& key, const nlohmann::ordered_json& value);
+// A fraction as the CLI prints percentages ("%.3f" of 100 * f): 1e-269 reads 0.000.
+std::string percent_text(double fraction);
 
 // Candidates come from a top-level array or from "candidates" / "results" /
 // "ranking"; the memory breakdown from the first object under a key naming
@@ -58,8 +72,9 @@ struct SizingResult {
 SizingResult parse_sizing(const nlohmann::ordered_json& doc, const std::string& path);
 StackedBarSpec memory_chart(const SizingResult& s);
 ScatterSpec days_loss_chart(const SizingResult& s);  // candidates with days and loss
-// The winner's (else the first candidate's) finish-day samples; no samples when none has them.
-HistogramSpec finish_chart(const SizingResult& s);
+// A candidate's finish-day samples with the deadline; `index` < 0 picks the
+// winner (else the first candidate with samples). No samples when it has none.
+HistogramSpec finish_chart(const SizingResult& s, int index = -1);
 
 struct DropsResult {
   std::string sweep;       // the swept key, empty for one point

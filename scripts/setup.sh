@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev libcli11-dev catch2 libbenchmark-dev
   libopenblas-dev libopenmpi-dev openmpi-bin
-  qt6-base-dev qt6-charts-dev libqt6opengl6-dev libxkbcommon-dev libgl-dev
+  qt6-base-dev qt6-charts-dev libqt6opengl6-dev libxkbcommon-dev libgl-dev zlib1g-dev
   python3 python3-torch python3-numpy
 )
 

@@ -315,11 +315,11 @@ TEST_CASE("sizing results are read defensively", "[gui][files]") {
   CHECK(s.candidates[0].memory_gib[0].first == "weights");
   CHECK(s.candidates[0].memory_gib[0].second == Approx(30.0));
   CHECK(s.candidates[0].hbm_gib == Approx(186.0).epsilon(0.01));
-  CHECK(s.table.columns[0] == "name");
+  CHECK(s.table.columns[0] == "candidate");
   auto has_column = [&](const char* c) { return std::find(s.table.columns.begin(), s.table.columns.end(), c) != s.table.columns.end(); };
   CHECK(has_column("best.layout"));
   CHECK_FALSE(has_column("layout.dp"));  // a whole layout is too big for a cell
-  CHECK(s.table.rows[0][std::find(s.table.columns.begin(), s.table.columns.end(), "total_params") - s.table.columns.begin()] == "5.35e+11");
+  CHECK(s.table.rows[0][std::find(s.table.columns.begin(), s.table.columns.end(), "total params (B)") - s.table.columns.begin()] == "535.0");
   CHECK(s.candidates[0].finish_days.size() == 4);
   const auto fin = g::finish_chart(s);
   CHECK(fin.samples.size() == 4);

@@ -50,6 +50,25 @@ read -r critical exposed <"$TMP/probes"
 [ "${critical:-0}" -gt 100 ] || fail "trace: critical-path outlines missing ($critical pixels)"
 [ "${exposed:-0}" -gt 100 ] || fail "trace: exposed communication missing ($exposed pixels)"
 expect_png "trace --size" "$TMP/small.png" 800 500 --size 800x500 "$TMP/trace.json"
+# The same trace gzipped, and as a compare against itself (predicted vs measured tab).
+gzip -c "$TMP/trace.json" >"$TMP/trace.json.gz"
+expect_png "trace --rows" "$TMP/rows.png" 1400 900 --rows compute "$TMP/trace.json"
+expect_png "trace .json.gz" "$TMP/gz.png" 1400 900 "$TMP/trace.json.gz"
+expect_png "compare" "$TMP/compare.png" 1400 900 --compare "$TMP/trace.json" "$TMP/trace.json.gz"
+# A PyTorch-profiler-like trace: string pids/tids, nested slices, an instant, a counter.
+cat >"$TMP/torch.json" <<'EOF2'
+{"traceEvents":[
+{"ph":"X","pid":"host","tid":"python 1","ts":100,"dur":1000,"name":"ProfilerStep#1","cat":"user_annotation"},
+{"ph":"X","pid":"host","tid":"python 1","ts":150,"dur":600,"name":"aten::linear","cat":"cpu_op"},
+{"ph":"X","pid":"host","tid":"python 1","ts":200,"dur":100,"name":"aten::mm","cat":"cpu_op"},
+{"ph":"i","pid":"host","tid":"python 1","ts":900,"name":"mark","s":"t"},
+{"ph":"C","pid":"host","ts":100,"name":"memory","args":{"allocated":10}},
+{"ph":"C","pid":"host","ts":600,"name":"memory","args":{"allocated":30}}]}
+EOF2
+expect_png "torch trace" "$TMP/torch.png" 1400 900 "$TMP/torch.json"
+"$GUI" --json "$TMP/torch.json" >"$TMP/torch_fig.json" 2>"$TMP/err" || fail "--json torch: $(cat "$TMP/err")"
+grep -q '"counters": 1' "$TMP/torch_fig.json" || fail "torch trace: counter track missing: $(cat "$TMP/torch_fig.json")"
+grep -q '"instants": 1' "$TMP/torch_fig.json" || fail "torch trace: instant missing"
 
 # A sizing result (fields rackstep size may write; unknown ones ignored) and a drops sweep.
 cat >"$TMP/sizing.json" <<'EOF'
