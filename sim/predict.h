@@ -82,6 +82,7 @@ struct StepBreakdown {
 struct Prediction {
   bool valid = false;
   std::vector<LayoutIssue> issues;   // invalid layouts: every reason
+  std::vector<std::string> warnings; // what was priced without calibration (a GPU with no GEMM entry)
   double step_time_s = 0;
   double tokens_per_s = 0;
   double mfu = 0;                    // Marin convention, vs gpu.mfu_peak_flops_per_s
@@ -137,6 +138,7 @@ class Predictor {
   Calibration cal_;
   OpTable table_;
   Network net_;
+  std::vector<std::string> warnings_;  // copied into every prediction
 };
 
 Prediction predict(const models::LayerGraph& g, const topologies::Cluster& c, const Layout& l,
