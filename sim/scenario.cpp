@@ -193,6 +193,8 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
   const std::string rank = r.choice("rank_by", {"lowest_loss", "fastest", "highest_mfu"}, "lowest_loss");
   s.rank_by = rank == "fastest" ? RankBy::kFastest : (rank == "highest_mfu" ? RankBy::kHighestMfu : RankBy::kLowestLoss);
   s.min_p_finish = r.number("min_p_finish", 0.8, {.min = 0.0, .max = 1.0});
+  s.stack = r.string("stack", "");
+  s.compare_stack = r.string("compare_stack", "");
   if (s.cluster.gpus() <= 0) r.fail("cluster", "at least one GPU", "0");
   parse_candidates(r, s);
   r.finish();
