@@ -38,6 +38,8 @@ struct Calibration {
   std::map<std::string, double> gemm_peak_eff;   // GPU name -> eff at 8192^3
   double gemm_peak_eff_default = 0.7;
   double gemm_half_dim = 128;
+  // FP8 GEMMs: efficiency relative to the BF16 curve, at the FP8 peak.
+  double fp8_gemm_relative_eff = 0.83;
   // Grouped expert GEMM: one measured anchor (the six-GEMM expert MLP of the
   // hero); the grouped factor (anchor eff / dense eff at the anchor shape) is
   // derived at load time and applied to every other grouped shape.

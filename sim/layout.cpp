@@ -26,6 +26,7 @@ const char* to_string(Reason r) {
     case Reason::kDeviceMemory: return "device_memory";
     case Reason::kHostMemory: return "host_memory";
     case Reason::kZeroStage: return "zero_stage";
+    case Reason::kPrecision: return "precision";
     case Reason::kStack: return "stack_support";
     case Reason::kCount: break;
   }
@@ -94,6 +95,9 @@ void visit_rules(const Layout& l, const models::LayerGraph& g, const topologies:
   if (l.keep_gathered_weights && l.zero_stage != 3) {
     if (!add(Reason::kZeroStage, "keep_gathered_weights needs zero_stage 3 (found " + str(l.zero_stage) + ")"))
       return;
+  }
+  if (l.fp8 != Fp8Gemms::kNone && c.system.gpu.peak_fp8_flops_per_s <= 0) {
+    if (!add(Reason::kPrecision, "FP8 GEMMs on " + c.system.gpu.name + ", whose topology gives no fp8 peak")) return;
   }
   if (l.uneven_stages ? m.layers < l.pp * l.pp_virtual : m.layers % (l.pp * l.pp_virtual) != 0) {
     if (!add(Reason::kPpLayers, "pp×virtual " + str(l.pp * l.pp_virtual) +
@@ -236,6 +240,10 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.zero_stage = r.integer("zero_stage", 3, {.min = 0, .max = 3});
   l.keep_gathered_weights = r.boolean("keep_gathered_weights", false);
   l.uneven_stages = r.boolean("uneven_stages", false);
+  const std::string fp8 = r.choice("fp8", {"none", "experts", "linear"}, "none");
+  l.fp8 = fp8 == "linear" ? Fp8Gemms::kLinear : fp8 == "experts" ? Fp8Gemms::kExperts : Fp8Gemms::kNone;
+  l.tp_comm_overlap = r.number("tp_comm_overlap", -1.0, {.min = -1, .max = 1});
+  l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
   r.finish();
   return l;
 }
@@ -277,6 +285,9 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.zero_stage != 3) j["zero_stage"] = l.zero_stage;
   if (l.keep_gathered_weights) j["keep_gathered_weights"] = true;
   if (l.uneven_stages) j["uneven_stages"] = true;
+  if (l.fp8 != Fp8Gemms::kNone) j["fp8"] = l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts";
+  if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
+  if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   return j;
 }
 
@@ -289,6 +300,7 @@ std::string describe(const Layout& l) {
   if (l.fsdp > 1 && l.zero_stage != 3) s << " | zero " << l.zero_stage;
   if (l.keep_gathered_weights) s << " | keep gathered";
   if (l.uneven_stages) s << " | uneven stages";
+  if (l.fp8 != Fp8Gemms::kNone) s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << to_string(l.ep_transport);
   return s.str();

@@ -49,6 +49,8 @@ enum class MasterDtype { kFp32, kBf16 };
 // EP transport (spec/marin-architecture.md, EP dispatch): fixed-capacity pooled
 // waves with sender and receiver capacity factors, or ragged with a receiver gate.
 enum class EpTransport { kPooled, kRagged };
+// Which GEMMs run in FP8 (per-op precision; attention, norms and the LM head stay BF16).
+enum class Fp8Gemms { kNone, kExperts, kLinear };
 
 struct Layout {
   std::string name;
@@ -78,6 +80,9 @@ struct Layout {
   int64_t zero_stage = 3;        // what the fsdp group shards (see above); 0 = nothing (fsdp must be 1)
   bool keep_gathered_weights = false;  // ZeRO-3: gather once per step, not per micro-batch
   bool uneven_stages = false;    // pp need not divide the layers: the first stages take one more
+  Fp8Gemms fp8 = Fp8Gemms::kNone;  // linear: every block GEMM (experts included); experts: grouped GEMMs only
+  double tp_comm_overlap = -1;   // share of TP collectives hidden (this run's setting); < 0 = the stack's
+  double ep_comm_overlap = -1;   // share of ragged EP all-to-all hidden; < 0 = none (exposed)
 
   int64_t gpus() const { return data * tp * cp * pp; }
   // The most loaded stage's layers: layers / pp, or its ceiling with uneven stages.
@@ -102,6 +107,7 @@ enum class Reason {
   kDeviceMemory,      // does not fit in HBM (set by the sweep / predict)
   kHostMemory,        // offloaded state does not fit in host memory
   kZeroStage,         // zero_stage out of 0..3, or 0 with fsdp > 1
+  kPrecision,         // FP8 GEMMs on a GPU without an FP8 peak
   kStack,             // the training stack cannot run this layout (sim/stack.h)
   kCount
 };

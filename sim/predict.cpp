@@ -184,6 +184,9 @@ class StepModel {
     ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
     ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
     ctx_.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+    ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
+    ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
+    ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
     drop_ = drop_fraction_for(t, l, s_, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
@@ -273,7 +276,7 @@ class StepModel {
 // Exposed EP time of one pass (dispatch + combine) given the expert compute it can hide behind.
 double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double expert_s) {
   if (comm_s <= 0) return 0.0;
-  if (l.ep_transport == EpTransport::kRagged) return comm_s;
+  if (l.ep_transport == EpTransport::kRagged) return comm_s * (1.0 - std::max(0.0, l.ep_comm_overlap));
   const double w = static_cast<double>(l.waves);
   const double ovl = cal.ep_wave_overlap_eff * std::min(1.0, expert_s / comm_s);
   return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));
@@ -378,7 +381,8 @@ Prediction Predictor::run(const Layout& l) const {
                                   std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec)) +
                                   std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
                             : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
-    const double tp_layer = k.tp_pass_s * (1.0 - cal_.tp_overlap) * (full ? 3.0 : 2.0);
+    const double tp_ovl = l.tp_comm_overlap >= 0 ? l.tp_comm_overlap : cal_.tp_overlap;
+    const double tp_layer = k.tp_pass_s * (1.0 - tp_ovl) * (full ? 3.0 : 2.0);
     const double cp_layer = std::max(0.0, k.cp_pass_s - cal_.cp_ring_overlap * k.attention_fwd_s) * (full ? 2.0 : 1.0) +
                             std::max(0.0, 2.0 * k.cp_pass_s - cal_.cp_ring_overlap * k.attention_bwd_s);
     const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);

@@ -101,6 +101,7 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
   f.keep_gathered_weights = flag(sup, "keep_gathered_weights", f.keep_gathered_weights);
   f.replicate_embedding = flag(sup, "replicate_embedding", f.replicate_embedding);
   f.coordinated_gc = flag(sup, "coordinated_gc", f.coordinated_gc);
+  f.fp8_gemms = flag(sup, "fp8_gemms", f.fp8_gemms);
   sup.finish();
   if (r.has("calibration")) {
     s.calibration_overrides = r.raw().at("calibration");
@@ -144,6 +145,7 @@ std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
   if (l.keep_gathered_weights && !f.keep_gathered_weights) no("kept gathered weights");
   if (l.replicate_embedding && !f.replicate_embedding) no("a replicated embedding");
   if (l.coordinated_gc && !f.coordinated_gc) no("coordinated GC");
+  if (l.fp8 != Fp8Gemms::kNone && !f.fp8_gemms) no("FP8 GEMMs");
   return out;
 }
 

@@ -4,7 +4,7 @@
 //
 // A stack names the layout features it supports (ZeRO stages, pipeline schedules,
 // uneven stages, CP kinds, EP transports, TP, offload, recompute kinds, kept
-// gathered weights) and overrides the predictor's calibration where the trainer
+// gathered weights, FP8 GEMMs) and overrides the predictor's calibration where the trainer
 // differs (host GC pauses, gradient bucketing, FSDP prefetch overlap, TP overlap,
 // kernel efficiencies per op class, per-kernel framework overhead). The overrides
 // use sim/calibration.json's own structure and are merged over it.
@@ -41,6 +41,7 @@ struct StackSupport {
   bool keep_gathered_weights = true;
   bool replicate_embedding = true;
   bool coordinated_gc = true;
+  bool fp8_gemms = true;         // FP8 GEMMs (Layout::fp8)
 };
 
 struct Stack {

@@ -197,3 +197,39 @@ TEST_CASE("every published run of the validation set predicts, and every memory 
   CHECK(fitted > 0);
   CHECK(validation > 0);
 }
+
+TEST_CASE("FP8 GEMMs run at the topology's FP8 peak, only where the layout puts them", "[stack][fp8]") {
+  const auto g = models::build_layer_graph(models::load_model(src("tests/validation/models/gpt-22b.json")));
+  const Predictor h100(g, topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1));
+  Layout l;
+  l.tp = 8;
+  l.tokens_per_step = 4 * 2048;
+  Layout f = l;
+  f.fp8 = Fp8Gemms::kLinear;
+  const Prediction bf16 = h100.predict(l), fp8 = h100.predict(f);
+  REQUIRE(bf16.valid);
+  REQUIRE(fp8.valid);
+  // Faster GEMMs, but less than 2x overall: attention, norms and the LM head stay BF16.
+  CHECK(fp8.breakdown.compute_fwd_s < 0.8 * bf16.breakdown.compute_fwd_s);
+  CHECK(fp8.breakdown.compute_fwd_s > 0.5 * bf16.breakdown.compute_fwd_s);
+  // MFU stays quoted against the BF16 peak: same model FLOPs, shorter step.
+  CHECK(fp8.mfu / bf16.mfu == Approx(bf16.step_time_s / fp8.step_time_s).epsilon(1e-9));
+  // A100 has no FP8 peak in its topology: rejected with a reason, never priced at BF16.
+  const Predictor a100(g, topologies::load_cluster(src("topologies/zoo/dgx-a100-80gb.json"), 1));
+  const auto issues = check_layout(f, g, a100.cluster());
+  REQUIRE(!issues.empty());
+  CHECK(issues[0].reason == Reason::kPrecision);
+  CHECK(!stack_runs(f, load_stack(stack_path("marin-july-2026"))));
+  CHECK(stack_runs(f, load_stack(stack_path("megatron-lm"))));
+}
+
+TEST_CASE("per-run TP and EP overlap settings override the stack's", "[stack]") {
+  const Predictor& p = gpt175b(16);
+  Layout l = sharded(1);
+  const Prediction base = p.predict(l);
+  l.tp_comm_overlap = 1.0;
+  const Prediction hidden = p.predict(l);
+  REQUIRE(base.breakdown.tp_comm_s > 0);
+  CHECK(hidden.breakdown.tp_comm_s == 0.0);
+  CHECK(parse_layout(layout_to_json(l), "rt").tp_comm_overlap == 1.0);
+}
