@@ -145,6 +145,20 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
                                                                        : l.receiver_cf * a * row_bytes;
     m.ep_buffers = 2.0 * per_direction;  // dispatch and combine
   }
+  if (l.cp > 1) {
+    // K and V elements per token of the widest attention op (bf16, split over tp).
+    double kv_per_token = 0.0;
+    for (const auto& lc : t.classes) {
+      for (const auto& e : lc.ops) {
+        if (e.kind == models::OpKind::kAttention) {
+          kv_per_token = std::max(kv_per_token, e.kv_heads * (e.qk_head_dim + e.head_dim) * 2.0 / tp);
+        }
+      }
+    }
+    const double chunk = s.tokens_mb * kv_per_token;  // this rank's share of the sequence
+    m.cp_buffers = l.cp_kind == CpKind::kRing ? 2.0 * 2.0 * chunk  // send + receive, KV and dKV
+                                              : 2.0 * static_cast<double>(l.cp) * chunk;  // gathered KV and dKV
+  }
   const double block = std::min(s.tokens_mb, cal.loss_block_tokens);
   m.loss_workspace = block * static_cast<double>(t.vocab) / tp * (2.0 + 4.0 + 2.0);
   if (l.pp > 1) {
@@ -160,7 +174,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   }
   m.runtime_reserve = cal.runtime_reserved_bytes;
   const double live = m.master_weights + m.gradients + m.optimizer_states + m.working_weights + m.activations +
-                      m.backward_workspace + m.ep_buffers + m.loss_workspace;
+                      m.backward_workspace + m.ep_buffers + m.cp_buffers + m.loss_workspace;
   m.fragmentation = cal.allocator_fragmentation * live;
   m.device_total = live + m.runtime_reserve + m.fragmentation;
   m.host_total = m.host_optimizer + m.host_activations;
@@ -179,6 +193,7 @@ std::vector<std::pair<std::string, double>> MemoryBreakdown::lines() const {
           {"activations", activations},
           {"backward_workspace", backward_workspace},
           {"ep_buffers", ep_buffers},
+          {"cp_buffers", cp_buffers},
           {"loss_workspace", loss_workspace},
           {"runtime_reserve", runtime_reserve},
           {"fragmentation", fragmentation},

@@ -22,6 +22,10 @@
 //   EP buffers         pooled: sender pools (sender_cf·A) + receiver buffers
 //                      (receiver_cf·A) for dispatch and combine; ragged: the receiver
 //                      gate (receiver_cf·A) for both; A = tokens × k routed rows
+//   CP buffers         context parallel, one attention layer at a time: ring = the KV
+//                      block being sent and the one being received (fwd; their
+//                      gradients too in the bwd); all-gather KV = the whole
+//                      sequence's K and V (and in the bwd their gradients)
 //   loss workspace     one block of logits: bf16 logits, fp32 softmax, bf16 grad
 //   runtime reserve    CUDA context, NCCL, cuBLAS workspaces (calibration)
 //   fragmentation      allocator slack, a share of the live bytes (calibration)
@@ -80,7 +84,7 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
 
 struct MemoryBreakdown {
   double master_weights = 0, gradients = 0, optimizer_states = 0, working_weights = 0,
-         activations = 0, backward_workspace = 0, ep_buffers = 0, loss_workspace = 0,
+         activations = 0, backward_workspace = 0, ep_buffers = 0, cp_buffers = 0, loss_workspace = 0,
          runtime_reserve = 0, fragmentation = 0;
   double device_total = 0;
   double host_optimizer = 0, host_activations = 0;

@@ -233,3 +233,22 @@ TEST_CASE("per-run TP and EP overlap settings override the stack's", "[stack]") 
   CHECK(hidden.breakdown.tp_comm_s == 0.0);
   CHECK(parse_layout(layout_to_json(l), "rt").tp_comm_overlap == 1.0);
 }
+
+TEST_CASE("context parallel buffers: a ring holds two KV blocks, an all-gather the whole sequence", "[stack][cp]") {
+  const auto& p = gpt175b(8);
+  Layout l;
+  l.tp = 8;
+  l.pp = 2;
+  l.cp = 4;
+  l.data = 1;
+  l.seq_len = 65536;
+  l.tokens_per_step = 16 * 65536;
+  const MemoryBreakdown ring = mem(p, l);
+  l.cp_kind = CpKind::kAllGatherKv;
+  const MemoryBreakdown gathered = mem(p, l);
+  REQUIRE(ring.cp_buffers > 0);
+  // 2 blocks (send, receive) x (KV + dKV) against cp blocks x (KV + dKV).
+  CHECK(gathered.cp_buffers / ring.cp_buffers == Approx(4.0 / 2.0).epsilon(1e-9));
+  l.cp = 1;
+  CHECK(mem(p, l).cp_buffers == 0.0);
+}
