@@ -192,18 +192,18 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
       for (const Policy& pol : policies) {
         for (StatePlacement place : {StatePlacement::kDevice, StatePlacement::kHost}) {
           for (EpTransport tr : transports) {
-           for (int64_t zero : zero_stages) {
-            Layout l = base;
-            l.zero_stage = zero;
-            l.micro_batch_seqs = mb;
-            l.schedule = s;
-            l.pp_virtual = s == PpSchedule::kInterleaved1F1B ? 2 : 1;
-            l.recompute = pol.r;
-            l.offload_residual = pol.offload;
-            l.optimizer_state = place;
-            l.ep_transport = tr;
-            evaluate(p, l, w, opt.top, opt.stack);
-           }
+            for (int64_t zero : zero_stages) {
+              Layout l = base;
+              l.zero_stage = zero;
+              l.micro_batch_seqs = mb;
+              l.schedule = s;
+              l.pp_virtual = s == PpSchedule::kInterleaved1F1B ? 2 : 1;
+              l.recompute = pol.r;
+              l.offload_residual = pol.offload;
+              l.optimizer_state = place;
+              l.ep_transport = tr;
+              evaluate(p, l, w, opt.top, opt.stack);
+            }
           }
         }
       }
