@@ -149,7 +149,8 @@ TEST_CASE("training stacks limit layouts and change the overheads", "[stack]") {
   CHECK(mc.grad_sync_bucket_layers == 1);
   CHECK(stack_calibration(marin).gc_pause_s == base.gc_pause_s);
   // Every shipped stack reads.
-  for (const char* s : {"marin-july-2026", "marin-hero-later", "megatron-lm", "pytorch-fsdp", "deepspeed"}) {
+  for (const char* s : {"marin-july-2026", "marin-hero-later", "marin-hero-late", "megatron-lm", "megatron-lm-2021",
+                        "pytorch-fsdp", "deepspeed"}) {
     CHECK_NOTHROW(stack_calibration(load_stack(stack_path(s))));
   }
 }
