@@ -62,6 +62,8 @@ struct Calibration {
   double mem_eff_optimizer = 0.8;
   // Each kernel launch costs this much host/device overhead.
   double launch_overhead_s = 4e-6;
+  // EP drop fraction when sim/drops cannot price a layout's dispatch settings.
+  double fallback_drop_fraction = 0.0267;
   // Loss: the LM head + cross-entropy run in blocks of this many tokens
   // (logits never fully materialised).
   double loss_block_tokens = 8192;

@@ -4,13 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <string_view>
 
 #include "models/check.h"
-
-#if __has_include("sim/drops.h")
 #include "sim/drops.h"
-#define RACKSTEP_HAVE_DROPS 1
-#endif
 
 namespace rackstep::sim {
 
@@ -43,12 +41,14 @@ using models::OpClass;
 using models::OpKind;
 
 // Drop fraction of the routed assignments at this layout's dispatch settings.
-double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s, const char** source) {
+// Settings sim/drops cannot price fall back to calibration ep_drops.fallback_fraction
+// (source "fallback"; the prediction carries a warning).
+double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s, const Calibration& cal,
+                         const char** source) {
   if (t.experts == 0 || l.ep <= 1) {
     *source = "none";
     return 0.0;
   }
-#ifdef RACKSTEP_HAVE_DROPS
   // sim/drops caches behind one global mutex; sweeps on several threads repeat the
   // same few settings, so each thread keeps its own small cache in front of it.
   struct Entry {
@@ -64,11 +64,11 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
         e.waves == l.waves && e.chunks == l.ragged_chunks && e.tr == l.ep_transport && e.scf == l.sender_cf &&
         e.rcf == l.receiver_cf) {
       *source = e.ok ? "sim/drops" : "fallback";
-      return e.value;
+      return e.ok ? e.value : cal.fallback_drop_fraction;
     }
   }
   Entry e{t.experts, t.top_k, l.ep, tokens, s.seq, l.waves, l.ragged_chunks, l.ep_transport,
-          l.sender_cf, l.receiver_cf, kFallbackDropFraction, false};
+          l.sender_cf, l.receiver_cf, 0.0, false};
   try {
     const Transport tr = l.ep_transport == EpTransport::kPooled ? Transport::pooled : Transport::ragged;
     e.value = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, tokens, s.seq, tr, l.sender_cf, l.receiver_cf,
@@ -76,15 +76,12 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
                   .total();
     e.ok = true;
   } catch (const std::exception&) {
-    // Settings the drop model cannot price: the measured default below.
+    // Settings the drop model cannot price: the calibrated fallback.
   }
   if (cache.size() >= 64) cache.erase(cache.begin());
   cache.push_back(e);
   *source = e.ok ? "sim/drops" : "fallback";
-  return e.value;
-#endif
-  *source = "fallback";
-  return kFallbackDropFraction;
+  return e.ok ? e.value : cal.fallback_drop_fraction;
 }
 
 // Newton–Schulz FLOPs of one (m x n) matrix: per iteration A = X X^T (2 m^2 n),
@@ -187,7 +184,7 @@ class StepModel {
     ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
-    drop_ = drop_fraction_for(t, l, s_, &drop_source_);
+    drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
     const double a = s_.routed_rows_mb;
@@ -513,6 +510,10 @@ Prediction Predictor::run(const Layout& l) const {
   p.hfu = hw_flops / (p.step_time_s * gpu.peak_bf16_flops_per_s);
   p.memory = estimate_memory(table_, cluster_, l, cal_, s);
   p.warnings = warnings_;
+  if (std::string_view(p.drop_source) == "fallback") {
+    p.warnings.push_back("sim/drops cannot price these EP dispatch settings: drop fraction " +
+                         std::to_string(p.drop_fraction) + " from calibration ep_drops.fallback_fraction");
+  }
   return p;
 }
 

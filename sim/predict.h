@@ -90,7 +90,7 @@ struct Prediction {
   double model_flops_per_token = 0;  // training (3 × forward), Marin convention
   double hardware_flops_per_gpu = 0; // per step
   double drop_fraction = 0;          // EP drops used for the expert work
-  const char* drop_source = "none"; // "sim/drops", "fallback" or "none" (no EP)
+  const char* drop_source = "none"; // "sim/drops", "fallback" (calibration ep_drops) or "none" (no EP)
   double micro_batches = 0;
   double tokens_per_step = 0;
   StepBreakdown breakdown;
@@ -148,9 +148,5 @@ Prediction predict(const models::LayerGraph& g, const topologies::Cluster& c, co
 nlohmann::json prediction_to_json(const Prediction& p);
 // Human-readable table (step, throughput, MFU, breakdown with shares, memory in GiB).
 std::string format_prediction(const Prediction& p);
-
-// EP drop fraction used when sim/drops is unavailable or cannot price the settings:
-// the Marin hero's measured 2.67% (pooled, cf 1.10/1.15, spec/calibration.md).
-inline constexpr double kFallbackDropFraction = 0.027;
 
 }  // namespace rackstep::sim
