@@ -40,7 +40,8 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   peaks.finish();
   c.gemm_peak_eff_default = sourced(gemm, "default_peak_efficiency", frac);
   c.gemm_half_dim = sourced(gemm, "half_dim", nonneg);
-  c.fp8_gemm_relative_eff = sourced(gemm, "fp8_relative_efficiency", frac);
+  // Optional, so calibration files written before FP8 GEMMs existed still read.
+  if (gemm.has("fp8_relative_efficiency")) c.fp8_gemm_relative_eff = sourced(gemm, "fp8_relative_efficiency", frac);
   gemm.finish();
 
   JsonReader gg = r.object("grouped_gemm");
