@@ -40,6 +40,8 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   peaks.finish();
   c.gemm_peak_eff_default = sourced(gemm, "default_peak_efficiency", frac);
   c.gemm_half_dim = sourced(gemm, "half_dim", nonneg);
+  // Optional, so calibration files written before FP8 GEMMs existed still read.
+  if (gemm.has("fp8_relative_efficiency")) c.fp8_gemm_relative_eff = sourced(gemm, "fp8_relative_efficiency", frac);
   gemm.finish();
 
   JsonReader gg = r.object("grouped_gemm");
@@ -68,6 +70,11 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
 
   c.launch_overhead_s = sourced(r, "launch_overhead_s", nonneg);
   c.loss_block_tokens = sourced(r, "loss_block_tokens", pos);
+  if (r.has("ep_drops")) {  // optional, so calibration files written before it still read
+    JsonReader d = r.object("ep_drops");
+    c.fallback_drop_fraction = sourced(d, "fallback_fraction", {.min = 0, .max = 1});
+    d.finish();
+  }
 
   JsonReader col = r.object("collectives");
   c.scale_out_eff = sourced(col, "scale_out_efficiency", frac);

@@ -38,6 +38,8 @@ struct Calibration {
   std::map<std::string, double> gemm_peak_eff;   // GPU name -> eff at 8192^3
   double gemm_peak_eff_default = 0.7;
   double gemm_half_dim = 128;
+  // FP8 GEMMs: efficiency relative to the BF16 curve, at the FP8 peak.
+  double fp8_gemm_relative_eff = 0.83;
   // Grouped expert GEMM: one measured anchor (the six-GEMM expert MLP of the
   // hero); the grouped factor (anchor eff / dense eff at the anchor shape) is
   // derived at load time and applied to every other grouped shape.
@@ -60,6 +62,8 @@ struct Calibration {
   double mem_eff_optimizer = 0.8;
   // Each kernel launch costs this much host/device overhead.
   double launch_overhead_s = 4e-6;
+  // EP drop fraction when sim/drops cannot price a layout's dispatch settings.
+  double fallback_drop_fraction = 0.0267;
   // Loss: the LM head + cross-entropy run in blocks of this many tokens
   // (logits never fully materialised).
   double loss_block_tokens = 8192;

@@ -8,12 +8,13 @@
 #include "models/layer_graph.h"
 #include "sim/cli/command.h"
 #include "sim/predict.h"
+#include "sim/stack.h"
 
 namespace rackstep::sim {
 namespace {
 
 struct PredictArgs {
-  std::string model_path, cluster_path, layout_path, calibration_path;
+  std::string model_path, cluster_path, layout_path, calibration_path, stack_name;
   int64_t domains = 0;
   bool json = false;
 };
@@ -22,18 +23,28 @@ int run_predict(const PredictArgs& a) {
   const models::LayerGraph g = models::build_layer_graph(models::load_model(a.model_path));
   const topologies::Cluster c = topologies::load_cluster(a.cluster_path, a.domains);
   const Layout l = load_layout(a.layout_path);
-  const Calibration cal = a.calibration_path.empty() ? default_calibration() : load_calibration(a.calibration_path);
-  const Prediction p = Predictor(g, c, cal).predict(l);
+  const std::string base = a.calibration_path.empty() ? default_calibration_path() : a.calibration_path;
+  Stack stack;
+  if (!a.stack_name.empty()) stack = load_stack(stack_path(a.stack_name));
+  const Calibration cal = !a.stack_name.empty()        ? stack_calibration(stack, base)
+                          : a.calibration_path.empty() ? default_calibration()
+                                                       : load_calibration(a.calibration_path);
+  Prediction p = Predictor(g, c, cal).predict(l);
+  if (!a.stack_name.empty()) {
+    for (LayoutIssue& i : check_stack(l, stack)) p.issues.push_back(std::move(i));
+  }
   if (a.json) {
     nlohmann::json j = prediction_to_json(p);
     j["model"] = g.model.name;
     j["cluster"] = c.name;
     j["gpus"] = c.gpus();
     j["layout"] = layout_to_json(l);
+    if (!a.stack_name.empty()) j["stack"] = stack.name;
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s on %s (%lld GPUs): %s\n", g.model.name.c_str(), c.name.c_str(), static_cast<long long>(c.gpus()),
                 describe(l).c_str());
+    if (!a.stack_name.empty()) std::printf("stack: %s (%s)\n", stack.name.c_str(), stack.file.c_str());
     std::printf("%s", format_prediction(p).c_str());
   }
   return p.valid ? 0 : 2;
@@ -48,6 +59,9 @@ rackstep::cli::Registration reg{
       app.add_option("--layout", a->layout_path, "layout JSON (sim/layouts/*.json)")->required();
       app.add_option("--domains", a->domains, "override the cluster's domain (rack / node) count");
       app.add_option("--calibration", a->calibration_path, "calibration JSON (default sim/calibration.json)");
+      app.add_option("--stack", a->stack_name,
+                     "training stack (sim/stacks/NAME.json or a path): its overrides of the calibration, and "
+                     "what of the layout it cannot run");
       app.add_flag("--json", a->json, "print JSON");
       return [a] { return run_predict(*a); };
     }};

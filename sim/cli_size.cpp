@@ -20,6 +20,7 @@ struct SizeArgs {
   std::string scenario;
   std::string report_dir;
   std::string rank_by;
+  std::string stack, compare_stack;
   double min_p_finish = -1;
   int64_t runs = 0;
   bool json = false;
@@ -136,6 +137,8 @@ int run_size(const SizeArgs& a) {
                                        : (a.rank_by == "highest_mfu" ? RankBy::kHighestMfu : RankBy::kLowestLoss);
   }
   if (a.min_p_finish >= 0) s.min_p_finish = a.min_p_finish;
+  if (!a.stack.empty()) s.stack = a.stack == "any" ? "" : a.stack;
+  if (!a.compare_stack.empty()) s.compare_stack = a.compare_stack;
   if (a.runs > 0) s.goodput_runs = a.runs;
   const bool show_progress = !a.quiet && isatty(STDERR_FILENO);
   const SizeResult r = size(s, show_progress ? std::function<void(const SizeProgress&)>(progress_bar)
@@ -167,6 +170,11 @@ cli::Registration reg{
       app.add_option("--report", a->report_dir, "write a Markdown report with plots into this directory");
       app.add_option("--rank-by", a->rank_by, "utility: lowest_loss (default), fastest, highest_mfu")
           ->check(CLI::IsMember({"lowest_loss", "fastest", "highest_mfu"}));
+      app.add_option("--stack", a->stack,
+                     "training stack whose layouts are searched (sim/stacks/NAME.json or a path; 'any' = every "
+                     "layout); default: the scenario's (the default scenario: marin-july-2026)");
+      app.add_option("--compare-stack", a->compare_stack,
+                     "also show each candidate's best layout under this (stronger) stack, as a separate column");
       app.add_option("--min-p-finish", a->min_p_finish, "required P(finish by the deadline) for lowest_loss ranking")
           ->check(CLI::Range(0.0, 1.0));
       app.add_option("--runs", a->runs, "goodput Monte Carlo runs per candidate")->check(CLI::Range(10, 1000000));

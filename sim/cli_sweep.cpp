@@ -9,13 +9,14 @@
 #include "models/check.h"
 #include "models/layer_graph.h"
 #include "sim/cli/command.h"
+#include "sim/stack.h"
 #include "sim/sweep.h"
 
 namespace rackstep::sim {
 namespace {
 
 struct SweepArgs {
-  std::string model_path, cluster_path, calibration_path;
+  std::string model_path, cluster_path, calibration_path, stack_name;
   int64_t domains = 0;
   int64_t tokens_per_step = 0;
   size_t top = 10;
@@ -55,10 +56,18 @@ int run_sweep(const SweepArgs& a) {
     throw UserError("--tokens-per-step: expected a positive multiple of the sequence length (" +
                     std::to_string(g.model.seq_len) + "), found " + std::to_string(a.tokens_per_step));
   }
-  const Calibration cal = a.calibration_path.empty() ? default_calibration() : load_calibration(a.calibration_path);
+  Stack stack;
+  if (!a.stack_name.empty()) stack = load_stack(stack_path(a.stack_name));
+  const std::string base = a.calibration_path.empty() ? default_calibration_path() : a.calibration_path;
+  const Calibration cal = !a.stack_name.empty()        ? stack_calibration(stack, base)
+                          : a.calibration_path.empty() ? default_calibration()
+                                                       : load_calibration(a.calibration_path);
   const Predictor p(g, c, cal);
   const auto t0 = std::chrono::steady_clock::now();
-  const SweepResult r = sweep(p, {.tokens_per_step = a.tokens_per_step, .top = a.top, .threads = a.threads});
+  const SweepResult r = sweep(p, {.tokens_per_step = a.tokens_per_step,
+                                  .top = a.top,
+                                  .threads = a.threads,
+                                  .stack = a.stack_name.empty() ? nullptr : &stack});
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (a.json) {
@@ -123,6 +132,9 @@ rackstep::cli::Registration reg{
       app.add_option("--top", a->top, "how many layouts to show (default 10)");
       app.add_option("--threads", a->threads, "worker threads (default: all cores)");
       app.add_option("--calibration", a->calibration_path, "calibration JSON");
+      app.add_option("--stack", a->stack_name,
+                     "training stack (sim/stacks/NAME.json or a path): propose only layouts it runs, priced with "
+                     "its overheads");
       app.add_flag("--explain", a->explain, "count rejected layouts per reason, with an example each");
       app.add_flag("--json", a->json, "print JSON");
       return [a] { return run_sweep(*a); };

@@ -169,7 +169,7 @@ double exact_span(int64_t window, double seq) {
 
 OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;
-  const double peak = ctx.peak_flops_per_s;
+  const double peak_bf16 = ctx.peak_flops_per_s;
   const double bw = ctx.hbm_bw_bytes_per_s;
   const double tokens = ctx.tokens / ctx.tp;  // sequence-parallel share of the activations
   const double launch = cal.launch_overhead_s;
@@ -179,7 +179,11 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
       const double rows = ctx.tokens * e.rows_per_token;
       const double n = std::max(1.0, e.gemm_n / ctx.tp);
       const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
-      const double eff = gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows, n, e.gemm_k);
+      double eff = gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows, n, e.gemm_k);
+      // FP8 for the block's linear layers; the LM head stays in BF16 (as Transformer Engine recipes keep it).
+      const bool fp8 = ctx.fp8_linear && ctx.fp8_peak_flops_per_s > 0 && e.kind != models::OpKind::kLmHead;
+      const double peak = fp8 ? ctx.fp8_peak_flops_per_s : peak_bf16;
+      if (fp8) eff *= cal.fp8_gemm_relative_eff;
       const double bytes = (e.in_elems + e.out_elems) * ctx.tokens * 2.0 + e.param_elems * 2.0 / ctx.tp;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       const double kernels = e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
@@ -193,7 +197,10 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
       const double rows = ctx.expert_rows;
       const double n = std::max(1.0, e.gemm_n / ctx.tp);
       const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
-      const double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows / ctx.local_experts, e.gemm_k, n);
+      double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows / ctx.local_experts, e.gemm_k, n);
+      const bool fp8 = (ctx.fp8_experts || ctx.fp8_linear) && ctx.fp8_peak_flops_per_s > 0;
+      const double peak = fp8 ? ctx.fp8_peak_flops_per_s : peak_bf16;
+      if (fp8) eff *= cal.fp8_gemm_relative_eff;
       const double bytes = rows * (2.0 * e.gemm_k + 3.0 * n) * 2.0 + ctx.local_experts * e.gemm_count * e.gemm_k * n * 2.0;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       // One grouped launch per matrix, plus the SwiGLU elementwise kernel.
@@ -212,8 +219,8 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       t.fwd_flops = flops;
       t.bwd_flops = 2.5 * flops;  // models::op_cost: backward recomputes QK^T
-      t.fwd_s = std::max(flops / (peak * cal.attention_fwd_eff), mem_s) + launch;
-      t.bwd_s = std::max(2.5 * flops / (peak * cal.attention_bwd_eff), 2.0 * mem_s) + 2.0 * launch;
+      t.fwd_s = std::max(flops / (peak_bf16 * cal.attention_fwd_eff), mem_s) + launch;
+      t.bwd_s = std::max(2.5 * flops / (peak_bf16 * cal.attention_bwd_eff), 2.0 * mem_s) + 2.0 * launch;
       return t;
     }
     default: {

@@ -97,6 +97,10 @@ struct PriceContext {
   double peak_flops_per_s = 0;
   double hbm_bw_bytes_per_s = 0;
   double gemm_peak_eff = 0.7;       // gemm_peak_efficiency(cal, gpu), looked up once
+  // FP8 GEMMs (Layout::fp8): the FP8 peak, for block GEMMs (not the LM head) and/or
+  // the expert grouped GEMMs; 0 = BF16. Efficiency there: the BF16 curve × cal.fp8_gemm_relative_eff.
+  double fp8_peak_flops_per_s = 0;
+  bool fp8_linear = false, fp8_experts = false;
 };
 
 struct OpTime {

@@ -65,16 +65,46 @@ double score(const Counts& c, const ShapeTarget& t) {
   return et + ea + (std::max(et, ea) > 0.015 ? 1.0 : 0.0);
 }
 
+// A dense candidate (active = total): the family's attention and norms, a SwiGLU
+// MLP of width 8d/3 (rounded to 128) in every layer, no experts; d is searched to
+// meet the total (the Marin active count of a dense model excludes the embedding,
+// so it is not matched).
+GeneratedShape dense_shape(const ShapeTarget& t, const models::ModelConfig& base) {
+  GeneratedShape best;
+  double best_err = 1e300;
+  for (int64_t d = 512; d <= 32768; d += 256) {
+    models::ModelConfig m = family_shape(base, t, d, 0, 0);
+    m.moe = {};
+    m.moe.dense_width = 128 * std::max<int64_t>(1, std::llround(8.0 * static_cast<double>(d) / 3.0 / 128.0));
+    m.sconv.on_moe_out = false;
+    const Counts c = counts(m);
+    const double err = std::fabs(std::log(c.total / t.total_params));
+    if (err >= best_err) continue;
+    best_err = err;
+    best.model = m;
+    best.total_params = c.total;
+    best.active_params = c.active;
+  }
+  best.total_rel_err = best.total_params / t.total_params - 1.0;
+  best.active_rel_err = best.active_params / t.active_params - 1.0;
+  if (std::fabs(best.total_rel_err) > 0.05) {
+    throw UserError("shape target \"" + t.name + "\": no dense family shape within 5% of " +
+                    std::to_string(t.total_params / 1e9) + "B");
+  }
+  return best;
+}
+
 }  // namespace
 
 GeneratedShape generate_shape(const ShapeTarget& t, const models::ModelConfig& base) {
   if (!(t.total_params > 0) || !(t.active_params > 0)) {
     throw UserError("shape target \"" + t.name + "\": expected total and active parameters > 0");
   }
-  if (t.active_params >= t.total_params) {
-    throw UserError("shape target \"" + t.name + "\": expected active < total parameters, found active " +
-                    std::to_string(t.active_params / 1e9) + "B >= total " + std::to_string(t.total_params / 1e9) + "B");
+  if (t.active_params > t.total_params) {
+    throw UserError("shape target \"" + t.name + "\": expected active <= total parameters, found active " +
+                    std::to_string(t.active_params / 1e9) + "B > total " + std::to_string(t.total_params / 1e9) + "B");
   }
+  if (t.active_params == t.total_params) return dense_shape(t, base);
   bool found = false;
   GeneratedShape best;
   double best_score = 1e300;

@@ -39,7 +39,9 @@ struct GeneratedShape {
   double active_rel_err = 0;
 };
 
-// Throws UserError when no shape of the family comes within 5% of both targets.
+// active = total asks for a dense shape (no experts, SwiGLU MLP of width 8d/3, d
+// searched for the total). Throws UserError when no shape of the family comes
+// within 5% of both targets (of the total, for a dense one).
 GeneratedShape generate_shape(const ShapeTarget& target, const models::ModelConfig& family_template);
 
 }  // namespace rackstep::sim

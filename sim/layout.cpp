@@ -1,6 +1,7 @@
 #include "sim/layout.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "models/check.h"
@@ -24,6 +25,9 @@ const char* to_string(Reason r) {
     case Reason::kWaves: return "transport_settings";
     case Reason::kDeviceMemory: return "device_memory";
     case Reason::kHostMemory: return "host_memory";
+    case Reason::kZeroStage: return "zero_stage";
+    case Reason::kPrecision: return "precision";
+    case Reason::kStack: return "stack_support";
     case Reason::kCount: break;
   }
   return "?";
@@ -83,9 +87,22 @@ void visit_rules(const Layout& l, const models::LayerGraph& g, const topologies:
   if (l.data > 0 && l.data % l.ep != 0) {
     if (!add(Reason::kEpDivides, "ep " + str(l.ep) + " does not divide data " + str(l.data))) return;
   }
-  if (m.layers % (l.pp * l.pp_virtual) != 0) {
-    if (!add(Reason::kPpLayers, "pp×virtual " + str(l.pp * l.pp_virtual) + " does not divide " +
-                                    str(m.layers) + " layers"))
+  if (l.zero_stage < 0 || l.zero_stage > 3 || (l.zero_stage == 0 && l.fsdp > 1)) {
+    if (!add(Reason::kZeroStage, "zero_stage " + str(l.zero_stage) + " with fsdp " + str(l.fsdp) +
+                                     " (0..3; 0 shards nothing, so fsdp must be 1)"))
+      return;
+  }
+  if (l.keep_gathered_weights && l.zero_stage != 3) {
+    if (!add(Reason::kZeroStage, "keep_gathered_weights needs zero_stage 3 (found " + str(l.zero_stage) + ")"))
+      return;
+  }
+  if (l.fp8 != Fp8Gemms::kNone && c.system.gpu.peak_fp8_flops_per_s <= 0) {
+    if (!add(Reason::kPrecision, "FP8 GEMMs on " + c.system.gpu.name + ", whose topology gives no fp8 peak")) return;
+  }
+  if (l.uneven_stages ? m.layers < l.pp * l.pp_virtual : m.layers % (l.pp * l.pp_virtual) != 0) {
+    if (!add(Reason::kPpLayers, "pp×virtual " + str(l.pp * l.pp_virtual) +
+                                    (l.uneven_stages ? " exceeds " : " does not divide ") + str(m.layers) +
+                                    " layers"))
       return;
   }
   const bool needs_pp = l.schedule != PpSchedule::k1F1B || l.pp_virtual > 1;
@@ -220,8 +237,20 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.ragged_chunks = r.integer("ragged_chunks", 2, {.min = 1, .max = 64});
   l.coordinated_gc = r.boolean("coordinated_gc", false);
   l.replicate_embedding = r.boolean("replicate_embedding", false);
+  l.zero_stage = r.integer("zero_stage", 3, {.min = 0, .max = 3});
+  l.keep_gathered_weights = r.boolean("keep_gathered_weights", false);
+  l.uneven_stages = r.boolean("uneven_stages", false);
+  const std::string fp8 = r.choice("fp8", {"none", "experts", "linear"}, "none");
+  l.fp8 = fp8 == "linear" ? Fp8Gemms::kLinear : fp8 == "experts" ? Fp8Gemms::kExperts : Fp8Gemms::kNone;
+  l.tp_comm_overlap = r.number("tp_comm_overlap", -1.0, {.min = -1, .max = 1});
+  l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
   r.finish();
   return l;
+}
+
+double Layout::stage_layers(int64_t layers) const {
+  const double n = static_cast<double>(layers), p = static_cast<double>(pp);
+  return uneven_stages ? std::ceil(n / p) : n / p;
 }
 
 Layout load_layout(const std::string& path) { return parse_layout(load_json_file(path), path); }
@@ -252,6 +281,13 @@ nlohmann::json layout_to_json(const Layout& l) {
   j["ragged_chunks"] = l.ragged_chunks;
   j["coordinated_gc"] = l.coordinated_gc;
   j["replicate_embedding"] = l.replicate_embedding;
+  // Written only when not the default, so layouts from before they existed read back unchanged.
+  if (l.zero_stage != 3) j["zero_stage"] = l.zero_stage;
+  if (l.keep_gathered_weights) j["keep_gathered_weights"] = true;
+  if (l.uneven_stages) j["uneven_stages"] = true;
+  if (l.fp8 != Fp8Gemms::kNone) j["fp8"] = l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts";
+  if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
+  if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   return j;
 }
 
@@ -261,6 +297,10 @@ std::string describe(const Layout& l) {
   if (l.pp > 1) s << " (" << to_string(l.schedule) << (l.pp_virtual > 1 ? " v" + std::to_string(l.pp_virtual) : "") << ")";
   s << " cp " << l.cp << " | mb " << l.micro_batch_seqs << " | recompute " << recompute_name(l.recompute);
   if (l.offload_residual) s << " +offload";
+  if (l.fsdp > 1 && l.zero_stage != 3) s << " | zero " << l.zero_stage;
+  if (l.keep_gathered_weights) s << " | keep gathered";
+  if (l.uneven_stages) s << " | uneven stages";
+  if (l.fp8 != Fp8Gemms::kNone) s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << to_string(l.ep_transport);
   return s.str();

@@ -10,7 +10,13 @@
 //   fsdp divides data: non-expert parameters, gradients and optimizer state are
 //        sharded over groups of `fsdp` consecutive data ranks and replicated
 //        across the data/fsdp groups (hybrid sharding; fsdp = 1 is plain DP,
-//        fsdp = data is ZeRO-3 over everything).
+//        fsdp = data is ZeRO-3 over everything). What the group shards is the
+//        ZeRO stage (Rajbhandari et al. 2020): 1 = optimizer state and fp32
+//        master weights (Megatron's distributed optimizer), 2 = + gradients,
+//        3 = + the weights themselves, gathered layer by layer (FSDP; the
+//        default). keep_gathered_weights: ZeRO-3 gathers once per step and
+//        keeps the gathered weights and unsharded gradients across
+//        micro-batches (FSDP reshard_after_forward=False with no_sync).
 //   ep   divides data: EP groups are `ep` consecutive data ranks; the experts
 //        are split over them (experts/ep per GPU) and replicated across the
 //        data/ep groups. When fsdp > ep, expert state is further sharded by
@@ -43,6 +49,8 @@ enum class MasterDtype { kFp32, kBf16 };
 // EP transport (spec/marin-architecture.md, EP dispatch): fixed-capacity pooled
 // waves with sender and receiver capacity factors, or ragged with a receiver gate.
 enum class EpTransport { kPooled, kRagged };
+// Which GEMMs run in FP8 (per-op precision; attention, norms and the LM head stay BF16).
+enum class Fp8Gemms { kNone, kExperts, kLinear };
 
 struct Layout {
   std::string name;
@@ -69,8 +77,16 @@ struct Layout {
   int64_t ragged_chunks = 2;     // ragged: receiver gate split
   bool coordinated_gc = false;   // host GC pauses taken by all ranks at once
   bool replicate_embedding = false;  // embedding (and its state) whole on every GPU (the hero)
+  int64_t zero_stage = 3;        // what the fsdp group shards (see above); 0 = nothing (fsdp must be 1)
+  bool keep_gathered_weights = false;  // ZeRO-3: gather once per step, not per micro-batch
+  bool uneven_stages = false;    // pp need not divide the layers: the first stages take one more
+  Fp8Gemms fp8 = Fp8Gemms::kNone;  // linear: every block GEMM (experts included); experts: grouped GEMMs only
+  double tp_comm_overlap = -1;   // share of TP collectives hidden (this run's setting); < 0 = the stack's
+  double ep_comm_overlap = -1;   // share of ragged EP all-to-all hidden; < 0 = none (exposed)
 
   int64_t gpus() const { return data * tp * cp * pp; }
+  // The most loaded stage's layers: layers / pp, or its ceiling with uneven stages.
+  double stage_layers(int64_t layers) const;
   int64_t seq(const models::ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
 };
 
@@ -81,7 +97,7 @@ enum class Reason {
   kEpDivides,         // ep does not divide data
   kEpExperts,         // ep does not divide the routed experts
   kEpDense,           // ep > 1 on a model without routed experts
-  kPpLayers,          // pp*pp_virtual does not divide layers
+  kPpLayers,          // pp*pp_virtual does not divide layers (unless uneven_stages)
   kPpSchedule,        // schedule / virtual stages need pp > 1 or pp_virtual > 1
   kCpSeq,             // cp does not divide seq (2*cp for a balanced causal split)
   kTpHeads,           // tp does not divide heads or KV heads
@@ -90,6 +106,9 @@ enum class Reason {
   kWaves,             // transport settings out of range
   kDeviceMemory,      // does not fit in HBM (set by the sweep / predict)
   kHostMemory,        // offloaded state does not fit in host memory
+  kZeroStage,         // zero_stage out of 0..3, or 0 with fsdp > 1
+  kPrecision,         // FP8 GEMMs on a GPU without an FP8 peak
+  kStack,             // the training stack cannot run this layout (sim/stack.h)
   kCount
 };
 const char* to_string(Reason r);

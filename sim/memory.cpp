@@ -49,12 +49,13 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.expert_zero = expert_split / static_cast<double>(l.ep);
   s.expert_shard = expert_split * tp;
   const double pp = static_cast<double>(l.pp);
-  s.layers_per_stage = static_cast<double>(t.layers) / pp;
+  s.layers_per_stage = l.stage_layers(t.layers);
+  s.stage_scale = t.layers > 0 ? s.layers_per_stage * pp / static_cast<double>(t.layers) : 1.0;
   s.in_flight = in_flight_micro_batches(l, s.micro_batches);
   s.master_bytes = l.master_dtype == MasterDtype::kFp32 ? 4.0 : 2.0;
   s.grad_bytes = s.master_bytes;
   for (const auto& lc : t.classes) {
-    const double share = static_cast<double>(lc.count) / pp;
+    const double share = static_cast<double>(lc.count) / pp * s.stage_scale;
     s.dense_stage_params += lc.dense_params * share;
     s.expert_stage_params += lc.expert_params * share;
     s.muon_dense_stage_params += lc.muon_dense_params * share;
@@ -64,12 +65,18 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.edge_params = l.pp > 1 ? std::max(emb_sharded, t.head_params) : emb_sharded + t.head_params;
   s.replicated_params = replicate ? t.embedding_params : 0.0;
   double muon_expert = 0.0;
-  for (const auto& lc : t.classes) muon_expert += muon_expert_params(lc) * static_cast<double>(lc.count) / pp;
+  for (const auto& lc : t.classes) {
+    muon_expert += muon_expert_params(lc) * static_cast<double>(lc.count) / pp * s.stage_scale;
+  }
   const double dense_local = (s.dense_stage_params + s.edge_params) / s.dense_shard + s.replicated_params;
   s.params_local = dense_local + s.expert_stage_params / s.expert_shard;
   s.muon_dense_local = s.muon_dense_stage_params / s.dense_shard;
   s.muon_expert_local = muon_expert / s.expert_shard;
   s.adam_local = std::max(0.0, s.params_local - s.muon_dense_local - s.muon_expert_local);
+  s.weights_whole_local = (s.dense_stage_params + s.edge_params) / tp + s.replicated_params +
+                          s.expert_stage_params / (static_cast<double>(l.ep) * tp);
+  s.gathers_per_layer = l.zero_stage >= 3 && !l.keep_gathered_weights;
+  s.grads_local = l.zero_stage >= 2 && !l.keep_gathered_weights ? s.params_local : s.weights_whole_local;
   (void)c;
   return s;
 }
@@ -78,8 +85,12 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
                                 const Calibration& cal, const LayoutShape& s) {
   MemoryBreakdown m;
   const double tp = static_cast<double>(l.tp);
-  m.master_weights = s.params_local * s.master_bytes;
-  m.gradients = s.params_local * s.grad_bytes;
+  // A bf16 master with whole weights on every GPU is those weights (no separate copy).
+  const bool whole_weights = l.zero_stage < 3 || l.keep_gathered_weights;
+  const bool bf16_master = l.master_dtype == MasterDtype::kBf16;
+  m.master_weights = whole_weights && bf16_master && l.zero_stage < 3 ? s.weights_whole_local * 2.0
+                                                                       : s.params_local * s.master_bytes;
+  m.gradients = s.grads_local * s.grad_bytes;
   const double muon_local = s.muon_dense_local + s.muon_expert_local;
   const double states = s.adam_local * 8.0 + muon_local * 4.0;  // fp32 m, v / momentum
   if (l.optimizer_state == StatePlacement::kHost) {
@@ -94,9 +105,13 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const double dense_layer = s.dense_stage_params / layers / tp;
   const double expert_layer_local = s.expert_stage_params / layers / (static_cast<double>(l.ep) * tp);
   const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
-  m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
-                      (s.expert_zero > 1.0 || l.master_dtype == MasterDtype::kFp32 ? expert_layer_local * 2.0 : 0.0) +
-                      (l.fsdp > 1 ? dense_layer * s.grad_bytes : 0.0);
+  if (whole_weights) {
+    m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
+  } else {
+    m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
+                        (s.expert_zero > 1.0 || l.master_dtype == MasterDtype::kFp32 ? expert_layer_local * 2.0 : 0.0) +
+                        (l.fsdp > 1 ? dense_layer * s.grad_bytes : 0.0);
+  }
 
   // Activations of one layer for one micro-batch (bf16), by class, worst class.
   double saved_layer = 0.0, saved_gemm_layer = 0.0;
@@ -130,6 +145,20 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
                                                                        : l.receiver_cf * a * row_bytes;
     m.ep_buffers = 2.0 * per_direction;  // dispatch and combine
   }
+  if (l.cp > 1) {
+    // K and V elements per token of the widest attention op (bf16, split over tp).
+    double kv_per_token = 0.0;
+    for (const auto& lc : t.classes) {
+      for (const auto& e : lc.ops) {
+        if (e.kind == models::OpKind::kAttention) {
+          kv_per_token = std::max(kv_per_token, e.kv_heads * (e.qk_head_dim + e.head_dim) * 2.0 / tp);
+        }
+      }
+    }
+    const double chunk = s.tokens_mb * kv_per_token;  // this rank's share of the sequence
+    m.cp_buffers = l.cp_kind == CpKind::kRing ? 2.0 * 2.0 * chunk  // send + receive, KV and dKV
+                                              : 2.0 * static_cast<double>(l.cp) * chunk;  // gathered KV and dKV
+  }
   const double block = std::min(s.tokens_mb, cal.loss_block_tokens);
   m.loss_workspace = block * static_cast<double>(t.vocab) / tp * (2.0 + 4.0 + 2.0);
   if (l.pp > 1) {
@@ -145,7 +174,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   }
   m.runtime_reserve = cal.runtime_reserved_bytes;
   const double live = m.master_weights + m.gradients + m.optimizer_states + m.working_weights + m.activations +
-                      m.backward_workspace + m.ep_buffers + m.loss_workspace;
+                      m.backward_workspace + m.ep_buffers + m.cp_buffers + m.loss_workspace;
   m.fragmentation = cal.allocator_fragmentation * live;
   m.device_total = live + m.runtime_reserve + m.fragmentation;
   m.host_total = m.host_optimizer + m.host_activations;
@@ -164,6 +193,7 @@ std::vector<std::pair<std::string, double>> MemoryBreakdown::lines() const {
           {"activations", activations},
           {"backward_workspace", backward_workspace},
           {"ep_buffers", ep_buffers},
+          {"cp_buffers", cp_buffers},
           {"loss_workspace", loss_workspace},
           {"runtime_reserve", runtime_reserve},
           {"fragmentation", fragmentation},

@@ -2,13 +2,17 @@
 //
 // Lines (bytes, the most loaded pipeline stage):
 //   master weights     dense params / (fsdp·tp) + experts / (max(ep, fsdp)·tp), at the
-//                      master dtype (fp32 = 4 B); a replicated embedding is whole
-//   gradients          same sharding, master dtype
+//                      master dtype (fp32 = 4 B); a replicated embedding is whole.
+//                      Sharded at every ZeRO stage >= 1; a bf16 master under ZeRO 0-2
+//                      is the replicated bf16 weights themselves
+//   gradients          same sharding (ZeRO 2, 3), master dtype; ZeRO 0-1 and kept
+//                      gathered weights: the stage's whole unsharded gradients
 //   optimizer states   Adam m, v (8 B/param), Muon momentum (4 B/param); on host
 //                      when optimizer_state = host
-//   working weights    bf16 copies: two gathered layers (current + prefetch) and one
-//                      layer's local experts; one layer's unsharded gradient before
-//                      its reduce-scatter
+//   working weights    bf16 copies: ZeRO-3, two gathered layers (current + prefetch) and
+//                      one layer's local experts; one layer's unsharded gradient
+//                      before its reduce-scatter. ZeRO 0-2 (fp32 master) and kept
+//                      gathered weights: the whole stage in bf16
 //   activations        per layer per micro-batch from the layer graph's saved
 //                      activations: none = all of them for every layer in flight;
 //                      selective = those of GEMM / attention ops; full = the residual
@@ -18,9 +22,14 @@
 //   EP buffers         pooled: sender pools (sender_cf·A) + receiver buffers
 //                      (receiver_cf·A) for dispatch and combine; ragged: the receiver
 //                      gate (receiver_cf·A) for both; A = tokens × k routed rows
+//   CP buffers         context parallel, one attention layer at a time: ring = the KV
+//                      block being sent and the one being received (fwd; their
+//                      gradients too in the bwd); all-gather KV = the whole
+//                      sequence's K and V (and in the bwd their gradients)
 //   loss workspace     one block of logits: bf16 logits, fp32 softmax, bf16 grad
 //   runtime reserve    CUDA context, NCCL, cuBLAS workspaces (calibration)
 //   fragmentation      allocator slack, a share of the live bytes (calibration)
+// Uneven stages (Layout::uneven_stages): the most loaded stage holds ceil(layers/pp).
 // In-flight micro-batches per pipeline schedule: 1F1B / zero-bubble (H1) keep
 // min(M, pp) on the first stage; interleaved adds (pp-1)/(pp·v); DualPipeV pp+1.
 //
@@ -53,6 +62,7 @@ struct LayoutShape {
   double expert_shard = 1;           // max(ep, fsdp) × tp
   double expert_zero = 1;            // extra expert sharding beyond EP (fsdp / ep when > 1)
   double layers_per_stage = 0;
+  double stage_scale = 1;            // layers_per_stage / (layers / pp): > 1 on uneven stages
   double in_flight = 1;              // micro-batches with live activations
   double master_bytes = 4;
   double grad_bytes = 4;
@@ -65,13 +75,16 @@ struct LayoutShape {
   double params_local = 0;
   double muon_dense_local = 0, muon_expert_local = 0, adam_local = 0;
   double replicated_params = 0;      // whole on every GPU (a replicated embedding)
+  double weights_whole_local = 0;    // the stage's weights not sharded by fsdp: / tp, experts / (ep·tp)
+  double grads_local = 0;            // gradients held: params_local (ZeRO 2, 3) or weights_whole_local
+  bool gathers_per_layer = false;    // ZeRO-3: weights all-gathered layer by layer
 };
 
 LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const Layout& l);
 
 struct MemoryBreakdown {
   double master_weights = 0, gradients = 0, optimizer_states = 0, working_weights = 0,
-         activations = 0, backward_workspace = 0, ep_buffers = 0, loss_workspace = 0,
+         activations = 0, backward_workspace = 0, ep_buffers = 0, cp_buffers = 0, loss_workspace = 0,
          runtime_reserve = 0, fragmentation = 0;
   double device_total = 0;
   double host_optimizer = 0, host_activations = 0;

@@ -4,13 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <string_view>
 
 #include "models/check.h"
-
-#if __has_include("sim/drops.h")
 #include "sim/drops.h"
-#define RACKSTEP_HAVE_DROPS 1
-#endif
 
 namespace rackstep::sim {
 
@@ -43,12 +41,14 @@ using models::OpClass;
 using models::OpKind;
 
 // Drop fraction of the routed assignments at this layout's dispatch settings.
-double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s, const char** source) {
+// Settings sim/drops cannot price fall back to calibration ep_drops.fallback_fraction
+// (source "fallback"; the prediction carries a warning).
+double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s, const Calibration& cal,
+                         const char** source) {
   if (t.experts == 0 || l.ep <= 1) {
     *source = "none";
     return 0.0;
   }
-#ifdef RACKSTEP_HAVE_DROPS
   // sim/drops caches behind one global mutex; sweeps on several threads repeat the
   // same few settings, so each thread keeps its own small cache in front of it.
   struct Entry {
@@ -64,11 +64,11 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
         e.waves == l.waves && e.chunks == l.ragged_chunks && e.tr == l.ep_transport && e.scf == l.sender_cf &&
         e.rcf == l.receiver_cf) {
       *source = e.ok ? "sim/drops" : "fallback";
-      return e.value;
+      return e.ok ? e.value : cal.fallback_drop_fraction;
     }
   }
   Entry e{t.experts, t.top_k, l.ep, tokens, s.seq, l.waves, l.ragged_chunks, l.ep_transport,
-          l.sender_cf, l.receiver_cf, kFallbackDropFraction, false};
+          l.sender_cf, l.receiver_cf, 0.0, false};
   try {
     const Transport tr = l.ep_transport == EpTransport::kPooled ? Transport::pooled : Transport::ragged;
     e.value = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, tokens, s.seq, tr, l.sender_cf, l.receiver_cf,
@@ -76,15 +76,12 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
                   .total();
     e.ok = true;
   } catch (const std::exception&) {
-    // Settings the drop model cannot price: the measured default below.
+    // Settings the drop model cannot price: the calibrated fallback.
   }
   if (cache.size() >= 64) cache.erase(cache.begin());
   cache.push_back(e);
   *source = e.ok ? "sim/drops" : "fallback";
-  return e.value;
-#endif
-  *source = "fallback";
-  return kFallbackDropFraction;
+  return e.ok ? e.value : cal.fallback_drop_fraction;
 }
 
 // Newton–Schulz FLOPs of one (m x n) matrix: per iteration A = X X^T (2 m^2 n),
@@ -105,17 +102,26 @@ double newton_schulz_flops(double m, double n, int64_t steps) {
 double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration& cal, const Layout& l,
                          const LayoutShape& s, const double* bwd_wall, size_t classes) {
   const int64_t tp = l.tp, cp = l.cp;
-  const int64_t expert_split = std::max(l.ep, l.fsdp);
-  const Group dense_g = group_of(net, l.data / l.fsdp * cp, tp * l.fsdp);
+  // ZeRO-3 reduce-scatters inside each layer's backward; what is left per step is
+  // the all-reduce of the shards across the data/fsdp replicas. ZeRO 0-2 (and kept
+  // gathered weights) hold whole gradients: they reduce over every data rank (a
+  // reduce-scatter, then the updated shards all-gathered back: the bytes of one
+  // all-reduce, Rajbhandari et al. 2020, section 7).
+  const bool whole = !s.gathers_per_layer;
+  const int64_t expert_split = whole ? l.ep : std::max(l.ep, l.fsdp);
+  const int64_t dense_split = whole ? 1 : l.fsdp;
+  const double dense_shard = static_cast<double>(dense_split * tp);
+  const double expert_shard = static_cast<double>(expert_split * tp);
+  const Group dense_g = group_of(net, l.data / dense_split * cp, tp * dense_split);
   const Group expert_g = group_of(net, l.data / expert_split * cp, tp * expert_split);
-  const double edge_s = all_reduce_s(net, dense_g, s.edge_params / s.dense_shard * s.grad_bytes);
+  const double edge_s = all_reduce_s(net, dense_g, s.edge_params / dense_shard * s.grad_bytes);
   const double replicated_s =
       s.replicated_params > 0 ? all_reduce_s(net, group_of(net, l.data * cp, tp), s.replicated_params * s.grad_bytes)
                               : 0.0;
-  if (cal.grad_sync_bucket_layers <= 0 || classes > t.classes.size()) {
-    const double dense_s = all_reduce_s(net, dense_g, s.dense_stage_params / s.dense_shard * s.grad_bytes);
+  if (cal.grad_sync_bucket_layers <= 0) {
+    const double dense_s = all_reduce_s(net, dense_g, s.dense_stage_params / dense_shard * s.grad_bytes);
     const double expert_s = s.expert_stage_params > 0
-                                ? all_reduce_s(net, expert_g, s.expert_stage_params / s.expert_shard * s.grad_bytes)
+                                ? all_reduce_s(net, expert_g, s.expert_stage_params / expert_shard * s.grad_bytes)
                                 : 0.0;
     return dense_s + edge_s + expert_s + replicated_s;
   }
@@ -123,11 +129,11 @@ double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration
   double layer_s[16] = {};
   for (size_t ci = 0; ci < classes && ci < 16; ++ci) {
     const LayerClass& lc = t.classes[ci];
-    layer_s[ci] = all_reduce_s(net, dense_g, lc.dense_params / s.dense_shard * s.grad_bytes) +
-                  (lc.expert_params > 0 ? all_reduce_s(net, expert_g, lc.expert_params / s.expert_shard * s.grad_bytes)
+    layer_s[ci] = all_reduce_s(net, dense_g, lc.dense_params / dense_shard * s.grad_bytes) +
+                  (lc.expert_params > 0 ? all_reduce_s(net, expert_g, lc.expert_params / expert_shard * s.grad_bytes)
                                         : 0.0);
   }
-  const int64_t stage_layers = static_cast<int64_t>(t.layer_class.size()) / std::max<int64_t>(1, l.pp);
+  const auto stage_layers = static_cast<int64_t>(s.layers_per_stage);
   double now = 0.0;             // backward progress of the last micro-batch
   double net_free = edge_s;     // the LM head's gradients are ready first
   double pending = 0.0;
@@ -175,7 +181,10 @@ class StepModel {
     ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
     ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
     ctx_.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
-    drop_ = drop_fraction_for(t, l, s_, &drop_source_);
+    ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
+    ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
+    ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
+    drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
     const double a = s_.routed_rows_mb;
@@ -197,14 +206,17 @@ class StepModel {
     ClassCost k;
     k.compute = price_ops(lc.ops, ctx_);
     const double tp = static_cast<double>(l_.tp);
-    if (l_.fsdp > 1) {
+    // ZeRO-3 gathers each layer's weights (per micro-batch, or once per step when
+    // kept) and reduce-scatters its gradient per micro-batch; ZeRO 0-2 do neither.
+    const bool zero3 = l_.zero_stage >= 3;
+    if (l_.fsdp > 1 && zero3) {
       k.fsdp_gather_s = all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
-      k.grad_rs_s = reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+      if (s_.gathers_per_layer) k.grad_rs_s = reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     }
-    if (s_.expert_zero > 1.0) {
+    if (s_.expert_zero > 1.0 && zero3) {
       const double local = lc.expert_params / (static_cast<double>(l_.ep) * tp);
       k.fsdp_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
-      k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
+      if (s_.gathers_per_layer) k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
     }
     if (lc.moe && l_.ep > 1) {
       const bool pooled = l_.ep_transport == EpTransport::kPooled;
@@ -261,7 +273,7 @@ class StepModel {
 // Exposed EP time of one pass (dispatch + combine) given the expert compute it can hide behind.
 double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double expert_s) {
   if (comm_s <= 0) return 0.0;
-  if (l.ep_transport == EpTransport::kRagged) return comm_s;
+  if (l.ep_transport == EpTransport::kRagged) return comm_s * (1.0 - std::max(0.0, l.ep_comm_overlap));
   const double w = static_cast<double>(l.waves);
   const double ovl = cal.ep_wave_overlap_eff * std::min(1.0, expert_s / comm_s);
   return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));
@@ -282,7 +294,14 @@ double pipeline_bubble(const Layout& l, double f, double b) {
 }  // namespace
 
 Predictor::Predictor(const models::LayerGraph& g, const topologies::Cluster& c, const Calibration& cal)
-    : graph_(g), cluster_(c), cal_(cal), table_(build_op_table(g)), net_(make_network(c, cal)) {}
+    : graph_(g), cluster_(c), cal_(cal), table_(build_op_table(g)), net_(make_network(c, cal)) {
+  const std::string& gpu = c.system.gpu.name;
+  if (!cal.gemm_peak_eff.contains(gpu)) {
+    warnings_.push_back("no GEMM calibration for GPU '" + gpu + "' in " + cal.file +
+                        ": priced at gemm.default_peak_efficiency " + std::to_string(cal.gemm_peak_eff_default) +
+                        " (an assumption); add a measured entry to gemm.peak_efficiency");
+  }
+}
 
 Prediction Predictor::predict(const Layout& l) const {
   std::vector<LayoutIssue> issues = check_layout(l, graph_, cluster_);
@@ -339,7 +358,7 @@ Prediction Predictor::run(const Layout& l) const {
   for (size_t ci = 0; ci < table_.classes.size(); ++ci) {
     const LayerClass& lc = table_.classes[ci];
     const ClassCost k = sm.class_cost(lc);
-    const double n = static_cast<double>(lc.count) / pp;
+    const double n = static_cast<double>(lc.count) / pp * s.stage_scale;
     const BlockTime& bt = k.compute;
     const double rec = full ? bt.fwd_s : selective ? bt.recompute_selective_s : 0.0;
     const double rec_flops = full ? bt.fwd_flops : selective ? bt.recompute_selective_flops : 0.0;
@@ -352,10 +371,15 @@ Prediction Predictor::run(const Layout& l) const {
     const double ep_layer = ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
                             ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
     // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
-    const double fsdp_layer = std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) +
-                              std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec)) +
-                              std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s);
-    const double tp_layer = k.tp_pass_s * (1.0 - cal_.tp_overlap) * (full ? 3.0 : 2.0);
+    // Kept gathered weights: one gather per step, in the first micro-batch's forward
+    // (spread over the step's micro-batches here).
+    const double fsdp_layer =
+        s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) +
+                                  std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec)) +
+                                  std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
+                            : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
+    const double tp_ovl = l.tp_comm_overlap >= 0 ? l.tp_comm_overlap : cal_.tp_overlap;
+    const double tp_layer = k.tp_pass_s * (1.0 - tp_ovl) * (full ? 3.0 : 2.0);
     const double cp_layer = std::max(0.0, k.cp_pass_s - cal_.cp_ring_overlap * k.attention_fwd_s) * (full ? 2.0 : 1.0) +
                             std::max(0.0, 2.0 * k.cp_pass_s - cal_.cp_ring_overlap * k.attention_bwd_s);
     const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);
@@ -428,7 +452,7 @@ Prediction Predictor::run(const Layout& l) const {
   // largest single matrix.
   double ns_time[2] = {0, 0}, ns_fl[2] = {0, 0}, ns_max_time[2] = {0, 0}, ns_max_fl[2] = {0, 0};
   for (const auto& lc : table_.classes) {
-    const double per_stage = static_cast<double>(lc.count) / pp;
+    const double per_stage = static_cast<double>(lc.count) / pp * s.stage_scale;
     for (const auto& mtx : lc.muon_matrices) {
       const int i = mtx.expert ? 1 : 0;
       const double fl = newton_schulz_flops(mtx.m, mtx.n, table_.ns_steps);
@@ -485,6 +509,11 @@ Prediction Predictor::run(const Layout& l) const {
   p.hardware_flops_per_gpu = hw_flops;
   p.hfu = hw_flops / (p.step_time_s * gpu.peak_bf16_flops_per_s);
   p.memory = estimate_memory(table_, cluster_, l, cal_, s);
+  p.warnings = warnings_;
+  if (std::string_view(p.drop_source) == "fallback") {
+    p.warnings.push_back("sim/drops cannot price these EP dispatch settings: drop fraction " +
+                         std::to_string(p.drop_fraction) + " from calibration ep_drops.fallback_fraction");
+  }
   return p;
 }
 
@@ -575,6 +604,7 @@ nlohmann::json prediction_to_json(const Prediction& p) {
   j["memory_bytes"] = mem;
   j["fits_device"] = p.memory.fits_device;
   j["fits_host"] = p.memory.fits_host;
+  j["warnings"] = p.warnings;
   return j;
 }
 
@@ -612,6 +642,7 @@ std::string format_prediction(const Prediction& p) {
   line("  %-20s %10.2f GiB of %.2f GiB host%s\n", "host total", p.memory.host_total / gib,
        p.memory.host_capacity / gib, p.memory.fits_host ? "" : "  DOES NOT FIT");
   for (const auto& i : p.issues) line("  not runnable: %s (%s)\n", to_string(i.reason), i.detail.c_str());
+  for (const auto& w : p.warnings) out += "warning: " + w + "\n";
   return out;
 }
 

@@ -82,6 +82,7 @@ struct StepBreakdown {
 struct Prediction {
   bool valid = false;
   std::vector<LayoutIssue> issues;   // invalid layouts: every reason
+  std::vector<std::string> warnings; // what was priced without calibration (a GPU with no GEMM entry)
   double step_time_s = 0;
   double tokens_per_s = 0;
   double mfu = 0;                    // Marin convention, vs gpu.mfu_peak_flops_per_s
@@ -89,7 +90,7 @@ struct Prediction {
   double model_flops_per_token = 0;  // training (3 × forward), Marin convention
   double hardware_flops_per_gpu = 0; // per step
   double drop_fraction = 0;          // EP drops used for the expert work
-  const char* drop_source = "none"; // "sim/drops", "fallback" or "none" (no EP)
+  const char* drop_source = "none"; // "sim/drops", "fallback" (calibration ep_drops) or "none" (no EP)
   double micro_batches = 0;
   double tokens_per_step = 0;
   StepBreakdown breakdown;
@@ -138,6 +139,7 @@ class Predictor {
   Calibration cal_;
   OpTable table_;
   Network net_;
+  std::vector<std::string> warnings_;  // copied into every prediction
 };
 
 Prediction predict(const models::LayerGraph& g, const topologies::Cluster& c, const Layout& l,
@@ -147,9 +149,5 @@ Prediction predict(const models::LayerGraph& g, const topologies::Cluster& c, co
 nlohmann::json prediction_to_json(const Prediction& p);
 // Human-readable table (step, throughput, MFU, breakdown with shares, memory in GiB).
 std::string format_prediction(const Prediction& p);
-
-// EP drop fraction used when sim/drops is unavailable or cannot price the settings:
-// the Marin hero's measured 2.67% (pooled, cf 1.10/1.15, spec/calibration.md).
-inline constexpr double kFallbackDropFraction = 0.027;
 
 }  // namespace rackstep::sim

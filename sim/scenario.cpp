@@ -95,7 +95,8 @@ void parse_candidates(JsonReader& r, Scenario& s) {
       JsonReader g = c.object("generate");
       const double total = g.number("total_params", kPositive);
       const double active = g.number("active_params", kPositive);
-      if (active >= total) g.fail("active_params", "less than total_params", std::to_string(active));
+      // active = total: a dense candidate (sim/generate.h).
+      if (active > total) g.fail("active_params", "at most total_params", std::to_string(active));
       const std::string att = g.choice("attention", {"gqa", "mla"}, "gqa");
       char def[64];
       std::snprintf(def, sizeof def, "%.0fb-a%.0fb%s", total / 1e9, active / 1e9, att == "mla" ? "-mla" : "");
@@ -193,6 +194,8 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
   const std::string rank = r.choice("rank_by", {"lowest_loss", "fastest", "highest_mfu"}, "lowest_loss");
   s.rank_by = rank == "fastest" ? RankBy::kFastest : (rank == "highest_mfu" ? RankBy::kHighestMfu : RankBy::kLowestLoss);
   s.min_p_finish = r.number("min_p_finish", 0.8, {.min = 0.0, .max = 1.0});
+  s.stack = r.string("stack", "");
+  s.compare_stack = r.string("compare_stack", "");
   if (s.cluster.gpus() <= 0) r.fail("cluster", "at least one GPU", "0");
   parse_candidates(r, s);
   r.finish();

@@ -14,6 +14,8 @@
 //    "goodput": {sim/goodput_defaults.json keys}, "goodput_runs": n, "seed": n,
 //    "scaling_law": {"E", "A", "alpha", "optimal_tokens_per_active_param", "overtrain_10x_efficiency"},
 //    "rank_by": "lowest_loss" | "fastest" | "highest_mfu", "min_p_finish": p,
+//    "stack": name | path (sim/stacks/; the layouts searched are those it runs),
+//    "compare_stack": name | path (a second, separate best layout under it),
 //    "candidates": [{"model": path} | {"inline": {model}} |
 //                   {"generate": {"name", "total_params", "active_params", "attention"}} |
 //                   {"grid": {"total_params": [..], "active_params": [..], "attention"}}]}
@@ -62,6 +64,8 @@ struct Scenario {
   ScalingLaw law;
   RankBy rank_by = RankBy::kLowestLoss;
   double min_p_finish = 0.8;
+  std::string stack;             // training stack (sim/stack.h); empty = every layout, default calibration
+  std::string compare_stack;     // optional: also the best layout under this stack, as its own column
   std::vector<CandidateSpec> candidates;
   std::vector<std::string> warnings;
 

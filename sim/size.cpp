@@ -1,4 +1,6 @@
 #include "sim/size.h"
+
+#include "sim/stack.h"
 #include "models/source_dir.h"
 
 #include <algorithm>
@@ -53,11 +55,27 @@ void evaluate(const Scenario& s, CandidateResult& c, size_t index) {
   c.tokens = s.tokens_for(p.active);
   c.tokens_per_active_param = c.tokens / p.active;
 
-  const Predictor predictor(g, s.cluster);
+  // Under the scenario's stack: its overheads, and only the layouts it runs.
+  Stack stack;
+  if (!s.stack.empty()) stack = load_stack(stack_path(s.stack));
+  const Predictor predictor(g, s.cluster, s.stack.empty() ? default_calibration() : stack_calibration(stack));
   SweepOptions opt;
   opt.tokens_per_step = s.tokens_per_step;
   opt.top = 1;
+  opt.stack = s.stack.empty() ? nullptr : &stack;
   const SweepResult sr = sweep(predictor, opt);
+  if (!s.compare_stack.empty()) {
+    const Stack other = load_stack(stack_path(s.compare_stack));
+    const Predictor po(g, s.cluster, stack_calibration(other));
+    SweepOptions oo = opt;
+    oo.stack = &other;
+    const SweepResult so = sweep(po, oo);
+    c.compare_runnable = !so.top.empty();
+    if (c.compare_runnable) {
+      c.compare_layout = so.top[0].layout;
+      c.compare_prediction = so.top[0].prediction;
+    }
+  }
   c.layouts_enumerated = sr.enumerated;
   c.layouts_valid = sr.valid;
   if (sr.top.empty()) {
@@ -219,6 +237,8 @@ nlohmann::json size_result_json(const SizeResult& r) {
                    {"target_training_days", s.target_training_days},
                    {"rank_by", to_string(s.rank_by)},
                    {"min_p_finish", s.min_p_finish},
+                   {"stack", s.stack},
+                   {"compare_stack", s.compare_stack},
                    {"scaling_law", scaling_law_json(s.law)},
                    {"warnings", s.warnings}};
   nlohmann::json cands = nlohmann::json::array();
@@ -265,6 +285,17 @@ nlohmann::json size_result_json(const SizeResult& r) {
     } else {
       e["why_not"] = c.why_not;
     }
+    if (!s.compare_stack.empty()) {
+      nlohmann::json cmp{{"stack", s.compare_stack}, {"runnable", c.compare_runnable}};
+      if (c.compare_runnable) {
+        cmp.update({{"layout", layout_to_json(c.compare_layout)},
+                    {"layout_summary", describe(c.compare_layout)},
+                    {"mfu", c.compare_prediction.mfu},
+                    {"step_time_s", c.compare_prediction.step_time_s},
+                    {"peak_memory_bytes", c.compare_prediction.memory.device_total}});
+      }
+      e["compare"] = cmp;
+    }
     cands.push_back(e);
   }
   j["candidates"] = cands;
@@ -284,7 +315,7 @@ std::string format_size_table(const SizeResult& r) {
                 s.deadline_date.c_str(), s.training_days_available(), s.bringup_days);
   o << buf;
   for (const auto& w : s.warnings) o << "warning: " << w << "\n";
-  o << "\n";
+  o << "training stack: " << (s.stack.empty() ? "any (every layout, sim/calibration.json)" : s.stack) << "\n\n";
   std::snprintf(buf, sizeof buf, "%-4s %-16s %7s %7s %6s %7s %8s %6s %6s %6s %7s %7s %6s %6s  %s\n", "rank", "candidate",
                 "total", "active", "MFU", "step_s", "Ttok/day", "days", "p90", "P(fin)", "mem_GiB", "head", "drop",
                 "loss", "layout");
@@ -304,6 +335,25 @@ std::string format_size_table(const SizeResult& r) {
                   c.goodput.p_finish_by_deadline, c.prediction.memory.device_total / kGiB, c.headroom_bytes / kGiB,
                   100 * c.prediction.drop_fraction, c.forecast_loss, describe(c.layout).c_str());
     o << buf;
+  }
+  if (!s.compare_stack.empty()) {
+    o << "\nThe best layout under " << s.compare_stack << " (a separate column: what that stack would buy)\n";
+    std::snprintf(buf, sizeof buf, "%-4s %-16s %6s %7s %7s  %s\n", "rank", "candidate", "MFU", "step_s", "speedup",
+                  "layout");
+    o << buf;
+    for (size_t i = 0; i < r.ranking.size(); ++i) {
+      const auto& c = r.candidates[r.ranking[i]];
+      if (!c.compare_runnable) {
+        std::snprintf(buf, sizeof buf, "%-4zu %-16s  no layout fits\n", i + 1, c.name.c_str());
+        o << buf;
+        continue;
+      }
+      const double speedup = c.runnable ? c.prediction.step_time_s / c.compare_prediction.step_time_s : 0.0;
+      std::snprintf(buf, sizeof buf, "%-4zu %-16s %5.1f%% %7.2f %6.2fx  %s\n", i + 1, c.name.c_str(),
+                    100 * c.compare_prediction.mfu, c.compare_prediction.step_time_s, speedup,
+                    describe(c.compare_layout).c_str());
+      o << buf;
+    }
   }
   o << "\nVerdicts:\n";
   for (size_t i = 0; i < r.ranking.size(); ++i) {

@@ -40,6 +40,10 @@ struct CandidateResult {
   double forecast_loss = 0;
   double headroom_bytes = 0;
   bool meets_target_days = false;    // p50 within the planned training days
+  // The best layout under the scenario's compare_stack (when it names one).
+  bool compare_runnable = false;
+  Layout compare_layout;
+  Prediction compare_prediction;
   std::string verdict;
 };
 

@@ -79,9 +79,18 @@ void offer_top(std::vector<SweepEntry>& top, const SweepEntry& e, size_t keep) {
   if (top.size() > keep) top.pop_back();
 }
 
-void evaluate(const Predictor& p, const Layout& l, Worker& w, size_t keep) {
+void evaluate(const Predictor& p, const Layout& l, Worker& w, size_t keep, const Stack* stack) {
   ++w.enumerated;
   Reason r = Reason::kCount;
+  if (stack && !stack_runs(l, *stack)) {
+    const auto i = static_cast<size_t>(Reason::kStack);
+    ++w.rejected[i];
+    if (!w.has_example[i]) {
+      w.has_example[i] = true;
+      w.example[i] = l;
+    }
+    return;
+  }
   const Prediction pr = p.predict_fast(l, &r);
   if (!pr.valid) {
     const auto i = static_cast<size_t>(r);
@@ -149,13 +158,22 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
     models::Recompute r;
     bool offload;
   };
+  std::vector<int64_t> zero_stages{3};
+  if (opt.stack && o.fsdp > 1) {
+    zero_stages.clear();
+    for (int64_t z : opt.stack->supports.zero_stages) {
+      if (z > 0) zero_stages.push_back(z);
+    }
+    if (zero_stages.empty()) zero_stages.push_back(3);  // rejected as stack_support below
+  }
   const Policy policies[] = {{models::Recompute::kNone, false},
                              {models::Recompute::kSelective, false},
                              {models::Recompute::kFull, false},
                              {models::Recompute::kFull, true}};
   // A mesh that is invalid whatever the inner settings: count every inner layout
   // under that reason without predicting each (same reason by construction).
-  const int64_t inner = static_cast<int64_t>(mbs.size() * schedules.size() * 4 * 2 * transports.size());
+  const int64_t inner =
+      static_cast<int64_t>(mbs.size() * schedules.size() * 4 * 2 * transports.size() * zero_stages.size());
   Reason r = Reason::kCount;
   Layout probe = base;
   const bool mesh_bad = first_issue(probe, p.graph(), p.cluster(), &r) && is_mesh_reason(r, probe, seqs);
@@ -174,15 +192,18 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
       for (const Policy& pol : policies) {
         for (StatePlacement place : {StatePlacement::kDevice, StatePlacement::kHost}) {
           for (EpTransport tr : transports) {
-            Layout l = base;
-            l.micro_batch_seqs = mb;
-            l.schedule = s;
-            l.pp_virtual = s == PpSchedule::kInterleaved1F1B ? 2 : 1;
-            l.recompute = pol.r;
-            l.offload_residual = pol.offload;
-            l.optimizer_state = place;
-            l.ep_transport = tr;
-            evaluate(p, l, w, opt.top);
+            for (int64_t zero : zero_stages) {
+              Layout l = base;
+              l.zero_stage = zero;
+              l.micro_batch_seqs = mb;
+              l.schedule = s;
+              l.pp_virtual = s == PpSchedule::kInterleaved1F1B ? 2 : 1;
+              l.recompute = pol.r;
+              l.offload_residual = pol.offload;
+              l.optimizer_state = place;
+              l.ep_transport = tr;
+              evaluate(p, l, w, opt.top, opt.stack);
+            }
           }
         }
       }
@@ -217,8 +238,9 @@ SweepResult sweep(const Predictor& p, const SweepOptions& opt) {
       if (w.has_example[i] && !have[i]) {
         have[i] = true;
         // The detail text of the example: the layout's first issue of this reason.
-        const Prediction full = p.predict(w.example[i]);
-        for (const auto& is : full.issues) {
+        std::vector<LayoutIssue> issues = p.predict(w.example[i]).issues;
+        if (opt.stack && i == static_cast<size_t>(Reason::kStack)) issues = check_stack(w.example[i], *opt.stack);
+        for (const auto& is : issues) {
           if (static_cast<size_t>(is.reason) == i) {
             r.example[i] = describe(w.example[i]) + ": " + is.detail;
             break;

@@ -7,7 +7,8 @@
 // DualPipeV schedules), data = GPUs / (tp·cp·pp), ep over the divisors of the
 // expert count, fsdp in {1, ep, the domain, data}, micro-batches over the powers
 // of two dividing a rank's sequences, recompute none / selective / full (+ carry
-// offload), optimizer state on device / host, pooled / ragged EP transport.
+// offload), optimizer state on device / host, pooled / ragged EP transport; with a
+// training stack (SweepOptions::stack), the ZeRO stages it runs and only what it runs.
 // Work is split over std::thread workers (all cores by default); each outer
 // combination (tp, cp, pp, ep, fsdp) is one work item.
 //
@@ -23,6 +24,7 @@
 
 #include "sim/layout.h"
 #include "sim/predict.h"
+#include "sim/stack.h"
 
 namespace rackstep::sim {
 
@@ -30,6 +32,9 @@ struct SweepOptions {
   int64_t tokens_per_step = 0;   // 0 = the model recipe's batch
   size_t top = 10;
   int threads = 0;               // 0 = std::thread::hardware_concurrency()
+  // Only layouts this training stack runs (rejected as stack_support otherwise), and
+  // its ZeRO stages for sharded layouts; nullptr = every layout, ZeRO-3 sharding.
+  const Stack* stack = nullptr;
 };
 
 struct SweepEntry {

@@ -2,8 +2,13 @@
 #include "models/source_dir.h"
 
 #include <algorithm>
+#include <cmath>
+#include <exception>
+#include <filesystem>
 
+#include "models/json_io.h"
 #include "sim/predict.h"
+#include "sim/stack.h"
 
 namespace rackstep::sim {
 
@@ -154,6 +159,109 @@ std::vector<ValidationRow> validate_calibration(const Calibration& cal) {
   collective_rows(cal, out);
   snowball_rows(cal, out);
   return out;
+}
+
+}  // namespace rackstep::sim
+
+namespace rackstep::sim {
+
+std::string default_validation_dir() { return std::string(rackstep::source_dir()) + "/tests/validation"; }
+
+std::vector<ValidationRun> load_validation_set(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<ValidationRun> out;
+  for (const std::string& f : files) {
+    const nlohmann::json doc = load_json_file(f);  // JsonReader keeps a pointer to it
+    JsonReader r(doc, f);
+    r.string("name");
+    r.ignore("comment");
+    const std::string citation = r.string("citation");
+    for (JsonReader& j : r.object_list("runs")) {
+      ValidationRun v;
+      v.file = f;
+      v.id = j.string("id");
+      v.role = j.string("role");
+      if (v.role != "fitted" && v.role != "validation") j.fail("role", "\"fitted\" or \"validation\"", v.role);
+      v.citation = citation + "; " + j.string("source");
+      v.model_path = src(j.string("model"));
+      v.cluster_path = src(j.string("cluster"));
+      v.domains = j.integer("domains", 0, {.min = 0});
+      v.stack = j.string("stack");
+      if (j.has("layout_file")) {
+        v.layout_json = load_json_file(src(j.string("layout_file")));
+      } else {
+        v.layout_json = j.raw().at("layout");
+        j.ignore("layout");
+      }
+      JsonReader m = j.object("measured");
+      v.measured_step_time_s = m.number("step_time_s", 0.0, {.min = 0});
+      v.measured_mfu = m.number("mfu", 0.0, {.min = 0, .max = 1});
+      v.measured_ran = m.boolean("ran", true);
+      m.ignore("memory_gib");
+      m.ignore("comment");
+      m.finish();
+      j.ignore("comment");
+      j.finish();
+      out.push_back(std::move(v));
+    }
+    r.finish();
+  }
+  return out;
+}
+
+void run_validation(std::vector<ValidationRun>& runs, const std::string& calibration_path) {
+  const std::string base = calibration_path.empty() ? default_calibration_path() : calibration_path;
+  for (ValidationRun& v : runs) {
+    try {
+      const auto g = models::build_layer_graph(models::load_model(v.model_path));
+      const auto c = topologies::load_cluster(v.cluster_path, v.domains);
+      const Layout l = parse_layout(v.layout_json, v.file + " run " + v.id);
+      const Stack stack = load_stack(stack_path(v.stack));
+      const Prediction p = Predictor(g, c, stack_calibration(stack, base)).predict(l);
+      v.layout_desc = describe(l);
+      for (const auto& i : check_stack(l, stack)) v.notes.push_back(i.detail);
+      for (const auto& w : p.warnings) v.notes.push_back(w);
+      bool structural = false;
+      for (const auto& i : p.issues) {
+        if (i.reason != Reason::kDeviceMemory && i.reason != Reason::kHostMemory) {
+          structural = true;
+          v.error_text += std::string(to_string(i.reason)) + ": " + i.detail + "; ";
+        }
+      }
+      if (structural) continue;
+      v.ok = true;
+      v.step_time_s = p.step_time_s;
+      v.mfu = p.mfu;
+      v.fits = p.memory.fits_device && p.memory.fits_host;
+      v.memory_gib = p.memory.device_total / kGiB;
+      v.capacity_gib = p.memory.device_capacity / kGiB;
+    } catch (const std::exception& e) {
+      v.error_text = e.what();
+    }
+  }
+}
+
+ValidationSummary summarize(const std::vector<ValidationRun>& runs, const std::string& role) {
+  ValidationSummary s;
+  std::vector<double> errs;
+  for (const ValidationRun& v : runs) {
+    if (v.role != role) continue;
+    ++s.runs;
+    if (v.ok && v.verdict_right()) ++s.verdicts_right;
+    if (!v.ok || v.measured_step_time_s <= 0) continue;
+    errs.push_back(std::abs(v.step_error()));
+  }
+  s.with_step = static_cast<int>(errs.size());
+  if (errs.empty()) return s;
+  std::sort(errs.begin(), errs.end());
+  const size_t n = errs.size();
+  s.median_abs_step_error = n % 2 ? errs[n / 2] : 0.5 * (errs[n / 2 - 1] + errs[n / 2]);
+  s.max_abs_step_error = errs.back();
+  return s;
 }
 
 }  // namespace rackstep::sim

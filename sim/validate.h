@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "sim/calibration.h"
 
 namespace rackstep::sim {
@@ -27,5 +29,51 @@ struct ValidationRow {
 };
 
 std::vector<ValidationRow> validate_calibration(const Calibration& cal);
+
+}  // namespace rackstep::sim
+
+// The public validation set (tests/validation/*.json): published measured training
+// runs, each with its citation, model, cluster, layout, training stack and
+// measurement, marked "fitted" (used to set a calibration value) or "validation"
+// (never fitted). `rackstep validate` prints the two groups separately.
+//
+//   std::vector<ValidationRun> runs = load_validation_set();   // tests/validation/*.json
+//   run_validation(runs);                                        // fills the predictions
+//   ValidationSummary v = summarize(runs, "validation");
+namespace rackstep::sim {
+
+struct ValidationRun {
+  std::string id;
+  std::string role;              // "fitted" or "validation"
+  std::string file;              // the set file it came from
+  std::string citation;          // where the measurement was published
+  std::string model_path, cluster_path, stack, layout_desc;
+  int64_t domains = 0;
+  nlohmann::json layout_json;    // sim/layout.h JSON
+  // Measured (0 / absent = not published).
+  double measured_step_time_s = 0;
+  double measured_mfu = 0;       // fraction, the run's own MFU convention (noted in the citation)
+  bool measured_ran = true;      // the run fit in memory (it ran)
+  // Predicted.
+  bool ok = false;               // predicted without error
+  std::string error_text;        // why not
+  double step_time_s = 0, mfu = 0;
+  bool fits = false;
+  double memory_gib = 0, capacity_gib = 0;
+  std::vector<std::string> notes;    // stack issues, calibration warnings
+  double step_error() const { return measured_step_time_s > 0 ? step_time_s / measured_step_time_s - 1.0 : 0.0; }
+  bool verdict_right() const { return fits == measured_ran; }
+};
+
+struct ValidationSummary {
+  int runs = 0, with_step = 0;
+  double median_abs_step_error = 0, max_abs_step_error = 0;
+  int verdicts_right = 0;
+};
+
+std::string default_validation_dir();   // <source dir>/tests/validation
+std::vector<ValidationRun> load_validation_set(const std::string& dir = default_validation_dir());
+void run_validation(std::vector<ValidationRun>& runs, const std::string& calibration_path = "");
+ValidationSummary summarize(const std::vector<ValidationRun>& runs, const std::string& role);
 
 }  // namespace rackstep::sim

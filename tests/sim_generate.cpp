@@ -1,6 +1,8 @@
 // Generated Marin-family shapes hit their parameter targets.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "models/check.h"
 #include "models/source_dir.h"
 #include "models/layer_graph.h"
@@ -52,4 +54,17 @@ TEST_CASE("impossible targets are a clear error", "[sim][generate]") {
   CHECK_THROWS_AS(sim::generate_shape(t, family()), UserError);
   t.active_params = 0;
   CHECK_THROWS_AS(sim::generate_shape(t, family()), UserError);
+}
+
+TEST_CASE("active = total asks for a dense shape", "[sim][generate]") {
+  sim::ShapeTarget t;
+  t.name = "dense-70b";
+  t.total_params = 70e9;
+  t.active_params = 70e9;
+  const sim::GeneratedShape s = sim::generate_shape(t, family());
+  CHECK(s.model.moe.experts == 0);
+  CHECK(s.model.moe.dense_width > s.model.d_model);
+  CHECK(std::abs(s.total_rel_err) < 0.05);
+  // Every layer is dense, so the counted active parameters are (nearly) the total.
+  CHECK(s.active_params > 0.9 * s.total_params);
 }

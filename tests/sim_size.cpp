@@ -67,7 +67,7 @@ TEST_CASE("bad scenarios are one clear error", "[sim][size]") {
   CHECK_THAT(error_of(j), Catch::Contains("/candidates: expected at least one candidate"));
   j = small_scenario();
   j["candidates"][0] = {{"generate", {{"total_params", 10e9}, {"active_params", 20e9}}}};
-  CHECK_THAT(error_of(j), Catch::Contains("/candidates/0/generate/active_params: expected less than total_params"));
+  CHECK_THAT(error_of(j), Catch::Contains("/candidates/0/generate/active_params: expected at most total_params"));
   j = small_scenario();
   j["tokens_per_active_param"] = 20;
   CHECK_THAT(error_of(j), Catch::Contains("expected exactly one of token_budget, tokens_per_active_param, found both"));

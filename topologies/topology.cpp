@@ -45,6 +45,7 @@ void parse_gpu(JsonReader r, SystemSpec& s) {
   g.mfu_peak_flops_per_s = r.has("mfu_peak_flops_per_s") ? sourced(r, "mfu_peak_flops_per_s", s, kPositive)
                                                           : g.peak_bf16_flops_per_s;
   g.hbm_bytes = sourced(r, "hbm_bytes", s, kPositive);
+  g.hbm_physical_bytes = sourced(r, "hbm_physical_bytes", s, kNonNegative, false);
   g.hbm_bw_bytes_per_s = sourced(r, "hbm_bw_bytes_per_s", s, kPositive);
   g.hbm_bw_measured_bytes_per_s = r.has("hbm_bw_measured_bytes_per_s")
                                       ? sourced(r, "hbm_bw_measured_bytes_per_s", s, kPositive)

@@ -29,7 +29,8 @@ struct GpuSpec {
   double peak_tf32_flops_per_s = 0;
   double peak_fp32_flops_per_s = 0;
   double mfu_peak_flops_per_s = 0;   // the peak MFU is quoted against (Marin convention)
-  double hbm_bytes = 0;              // usable
+  double hbm_bytes = 0;              // usable by the job (driver-visible), the memory verdicts' capacity
+  double hbm_physical_bytes = 0;     // marketed capacity ("80 GB" = 80 GiB); 0 = not given
   double hbm_bw_bytes_per_s = 0;     // datasheet
   double hbm_bw_measured_bytes_per_s = 0;
   int64_t sms = 0;

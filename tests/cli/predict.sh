@@ -46,6 +46,32 @@ out=$("$bin" predict --model $M --cluster $C --layout "$tmp/unknown_key.json" 2>
 check "unknown layout key exits 2" "[ $rc -eq 2 ]"
 check "unknown layout key is named" "grep -q 'warp_drive' <<<\"\$out\""
 
+# Training stacks: a stack that cannot run the layout says what, and prices with its own overheads.
+out=$("$bin" predict --model $M --cluster $C --layout $L --stack marin-july-2026); rc=$?
+check "predict --stack exits 0" "[ $rc -eq 0 ]"
+check "the July stack has no ragged transport yet" "grep -q 'stack_support (marin-july-2026 does not run the ragged EP transport)' <<<\"\$out\""
+"$bin" predict --model $M --cluster $C --layout $L --stack megatron-lm --json >"$tmp/meg.json"
+check "megatron-lm charges no JAX GC pause" "python3 -c 'import json; d=json.load(open(\"$tmp/meg.json\")); p=json.load(open(\"$tmp/p.json\")); assert d[\"stack\"] == \"megatron-lm\"; assert d[\"breakdown_s\"][\"host_stall\"] == 0 < p[\"breakdown_s\"][\"host_stall\"]'"
+out=$("$bin" predict --model $M --cluster $C --layout $L --stack nope 2>&1); rc=$?
+check "unknown stack exits 2" "[ $rc -eq 2 ]"
+check "unknown stack is one line" "[ \$(printf '%s\n' \"\$out\" | wc -l) -eq 1 ]"
+
+# ZeRO-1 (Megatron's distributed optimizer) is expressible and priced without per-layer gathers.
+python3 - "$L" "$tmp/zero1.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); d["zero_stage"] = 1
+json.dump(d, open(sys.argv[2], "w"))
+PY
+"$bin" predict --model $M --cluster $C --layout "$tmp/zero1.json" --json >"$tmp/z1.json"
+check "zero_stage 1 has no per-layer FSDP traffic" "python3 -c 'import json; d=json.load(open(\"$tmp/z1.json\")); assert d[\"layout\"][\"zero_stage\"] == 1 and d[\"breakdown_s\"][\"fsdp_comm\"] == 0'"
+
+# The public validation set: both tables, each run predicted.
+"$bin" validate --json >"$tmp/v.json"; rc=$?
+check "validate --json exits 0" "[ $rc -eq 0 ]"
+check "validate has fitted and validation rows, all predicted" "python3 -c 'import json; d=json.load(open(\"$tmp/v.json\")); s=d[\"summary\"]; assert s[\"fitted\"][\"runs\"] > 0 and s[\"validation\"][\"runs\"] > 0; assert all(r[\"predicted\"] for r in d[\"runs\"])'"
+out=$("$bin" validate); rc=$?
+check "validate table names both groups" "grep -q '^fitted rows' <<<\"\$out\" && grep -q '^validation rows' <<<\"\$out\""
+
 # Sweep: a small cluster (one rack) keeps the test short.
 out=$("$bin" sweep --model models/zoo/marin-ladder-d768.json --cluster topologies/zoo/gb200-nvl72.json --top 3 --explain); rc=$?
 check "sweep exits 0" "[ $rc -eq 0 ]"

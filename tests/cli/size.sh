@@ -19,8 +19,16 @@ names = {x["name"] for x in c}
 assert {"marin-535b-a23b", "marin-360b-fsdp", "129b-a15b", "707b-a23b", "360b-a21b-mla"} == names, names
 assert j["winner"] == c[0]["name"] and j["winner_reason"].startswith(j["winner"])
 assert [x["rank"] for x in c] == list(range(1, 6))
+# The default scenario runs under the Marin July-2026 stack: no TP, PP or CP, pooled EP only.
+assert j["scenario"]["stack"] == "marin-july-2026", j["scenario"]
+# Pinned (issue 10): which candidate wins and which is runner-up. A calibration or
+# mechanism change that moves the decision must change this line and say why.
+assert [x["name"] for x in c[:2]] == ["707b-a23b", "marin-535b-a23b"], [x["name"] for x in c]
 for x in c:
     assert x["runnable"], x
+    l = x["layout"]
+    assert l["tp"] == 1 and l["pp"] == 1 and l["cp"] == 1, l
+    assert x["ep_transport"] in ("none", "pooled"), x["ep_transport"]
     assert 0 < x["mfu"] < 1 and x["step_time_s"] > 0 and x["days_p50"] > 0
     assert 0 <= x["p_finish"] <= 1
     assert x["peak_memory_bytes"] <= x["hbm_bytes"]
@@ -35,6 +43,18 @@ if ldd "$bin" | grep -q libQt6Charts; then
     check "$png.png rendered" "[ -s \"$tmp/rep/$png.png\" ]"
   done
 fi
+
+# A stronger stack as a separate column.
+"$bin" size --json --runs 100 --compare-stack marin-hero-later >"$tmp/cmp.json"
+check "size --compare-stack exits 0" "[ $? -eq 0 ]"
+/usr/bin/python3 - "$tmp/cmp.json" <<'PY' || fail=1
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["scenario"]["compare_stack"] == "marin-hero-later"
+for x in j["candidates"]:
+    assert x["compare"]["stack"] == "marin-hero-later" and x["compare"]["runnable"], x["compare"]
+    assert x["compare"]["step_time_s"] <= x["step_time_s"] * 1.0001, x["name"]  # a superset of the July stack
+PY
 
 "$bin" size --csv --runs 100 --rank-by fastest >"$tmp/size.csv"
 check "csv has a header and five rows" "[ \$(wc -l <\"$tmp/size.csv\") -eq 6 ]"

@@ -1,0 +1,68 @@
+// Training-stack profiles: what a trainer (Marin's JAX/Levanter, Megatron-LM,
+// PyTorch FSDP, DeepSpeed) can run and how it behaves, as data (sim/stacks/*.json,
+// every entry with a source), like the topologies are for hardware.
+//
+// A stack names the layout features it supports (ZeRO stages, pipeline schedules,
+// uneven stages, CP kinds, EP transports, TP, offload, recompute kinds, kept
+// gathered weights, FP8 GEMMs) and overrides the predictor's calibration where the trainer
+// differs (host GC pauses, gradient bucketing, FSDP prefetch overlap, TP overlap,
+// kernel efficiencies per op class, per-kernel framework overhead). The overrides
+// use sim/calibration.json's own structure and are merged over it.
+//
+//   Stack s = load_stack(stack_path("megatron-lm"));   // or a path to a JSON file
+//   Calibration cal = stack_calibration(s);            // sim/calibration.json + s's overrides
+//   std::vector<LayoutIssue> why = check_stack(layout, s);   // empty = the stack runs it
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/calibration.h"
+#include "sim/layout.h"
+
+namespace rackstep::sim {
+
+struct StackSupport {
+  std::vector<int64_t> zero_stages{0, 1, 2, 3};
+  std::vector<PpSchedule> schedules{PpSchedule::k1F1B, PpSchedule::kInterleaved1F1B, PpSchedule::kZeroBubble,
+                                    PpSchedule::kDualPipeV};
+  bool pipeline = true;
+  bool uneven_stages = true;
+  bool tensor_parallel = true;
+  bool expert_parallel = true;
+  std::vector<CpKind> cp_kinds{CpKind::kRing, CpKind::kAllGatherKv};  // empty = no context parallel
+  std::vector<EpTransport> ep_transports{EpTransport::kPooled, EpTransport::kRagged};
+  bool optimizer_offload = true;
+  bool residual_offload = true;
+  std::vector<models::Recompute> recompute{models::Recompute::kNone, models::Recompute::kSelective,
+                                           models::Recompute::kFull};
+  bool keep_gathered_weights = true;
+  bool replicate_embedding = true;
+  bool coordinated_gc = true;
+  bool fp8_gemms = true;         // FP8 GEMMs (Layout::fp8)
+};
+
+struct Stack {
+  std::string name;
+  std::string file;
+  std::string comment;
+  StackSupport supports;
+  nlohmann::json calibration_overrides = nlohmann::json::object();  // merged over sim/calibration.json
+};
+
+// "marin-july-2026" -> <source dir>/sim/stacks/marin-july-2026.json; a path is returned as is.
+std::string stack_path(const std::string& name_or_path);
+Stack load_stack(const std::string& path);
+Stack parse_stack(const nlohmann::json& doc, const std::string& file);
+// sim/calibration.json (or `base_path`) with the stack's overrides merged in.
+Calibration stack_calibration(const Stack& s, const std::string& base_path = default_calibration_path());
+// Every feature of the layout the stack cannot run (Reason::kStack), empty when it can.
+std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s);
+bool stack_runs(const Layout& l, const Stack& s);
+
+// The stack the default sizing scenario and `--stack` default name.
+inline constexpr const char* kDefaultStack = "marin-july-2026";
+
+}  // namespace rackstep::sim

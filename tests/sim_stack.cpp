@@ -1,0 +1,255 @@
+// ZeRO stages, uneven pipeline stages, training-stack profiles, sourced device
+// memory and the public validation set: the mechanisms of issue 13.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include "models/source_dir.h"
+#include "sim/predict.h"
+#include "sim/stack.h"
+#include "sim/validate.h"
+
+using namespace rackstep;
+using namespace rackstep::sim;
+
+namespace {
+
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
+
+// GPT-175B (Korthikanti et al. 2022) on 8 DGX A100 nodes: a dense model the
+// ZeRO stages are easy to reason about on.
+const Predictor& gpt175b(int64_t nodes) {
+  static const Predictor p8(models::build_layer_graph(models::load_model(src("tests/validation/models/gpt-175b.json"))),
+                            topologies::load_cluster(src("topologies/zoo/dgx-a100-80gb.json"), 8));
+  static const Predictor p16(models::build_layer_graph(models::load_model(src("tests/validation/models/gpt-175b.json"))),
+                             topologies::load_cluster(src("topologies/zoo/dgx-a100-80gb.json"), 16));
+  return nodes == 8 ? p8 : p16;
+}
+
+// data 8 x tp 8 x pp 2 on 128 GPUs, the fsdp group = all 8 data ranks.
+Layout sharded(int64_t zero) {
+  Layout l;
+  l.data = 8;
+  l.fsdp = zero == 0 ? 1 : 8;
+  l.zero_stage = zero;
+  l.tp = 8;
+  l.pp = 2;
+  l.micro_batch_seqs = 1;
+  l.tokens_per_step = 64 * 2048;
+  l.recompute = models::Recompute::kFull;
+  return l;
+}
+
+MemoryBreakdown mem(const Predictor& p, const Layout& l) {
+  return estimate_memory(p.table(), p.cluster(), l, p.calibration(), layout_shape(p.table(), p.cluster(), l));
+}
+
+}  // namespace
+
+TEST_CASE("each ZeRO stage shards what it names", "[stack][zero]") {
+  const Predictor& p = gpt175b(16);
+  const MemoryBreakdown z0 = mem(p, sharded(0)), z1 = mem(p, sharded(1)), z2 = mem(p, sharded(2)),
+                        z3 = mem(p, sharded(3));
+  // ZeRO-1 (Megatron's distributed optimizer): optimizer state and fp32 master / 8.
+  CHECK(z1.optimizer_states == Approx(z0.optimizer_states / 8.0).epsilon(1e-9));
+  CHECK(z1.master_weights == Approx(z0.master_weights / 8.0).epsilon(1e-9));
+  CHECK(z1.gradients == Approx(z0.gradients).epsilon(1e-9));
+  // ZeRO-2: gradients too.
+  CHECK(z2.gradients == Approx(z0.gradients / 8.0).epsilon(1e-9));
+  // ZeRO-1/2 keep whole bf16 weights; ZeRO-3 only two gathered layers of them.
+  CHECK(z1.working_weights > 10.0 * z3.working_weights);
+  CHECK(z3.device_total < z2.device_total);
+  CHECK(z2.device_total < z1.device_total);
+  CHECK(z1.device_total < z0.device_total);
+}
+
+TEST_CASE("ZeRO stages price their communication where it happens", "[stack][zero]") {
+  const Predictor& p = gpt175b(16);
+  const Prediction z1 = p.predict(sharded(1)), z3 = p.predict(sharded(3));
+  REQUIRE(z1.valid);
+  REQUIRE(z3.valid);
+  // ZeRO-1 never gathers weights per layer; ZeRO-3 does, on every micro-batch.
+  CHECK(z1.breakdown.fsdp_comm_s == 0.0);
+  CHECK(z3.breakdown.fsdp_comm_s >= 0.0);
+  // ZeRO-1 reduces whole gradients across all 8 data ranks once per step: more
+  // bytes at the end of the step than ZeRO-3's replica all-reduce (one replica group).
+  CHECK(z1.breakdown.grad_sync_s > z3.breakdown.grad_sync_s);
+  // Kept gathered weights: one gather per step instead of one per micro-batch.
+  Layout keep = sharded(3);
+  keep.keep_gathered_weights = true;
+  Calibration slow = p.calibration();
+  slow.fsdp_prefetch_overlap = 0.0;  // every gather exposed, so the count shows
+  const Predictor ps(p.graph(), p.cluster(), slow);
+  const Prediction per_mb = ps.predict(sharded(3)), kept = ps.predict(keep);
+  REQUIRE(per_mb.micro_batches > 1);
+  CHECK(kept.breakdown.fsdp_comm_s < per_mb.breakdown.fsdp_comm_s / 2.0);
+  CHECK(mem(p, keep).working_weights > mem(p, sharded(3)).working_weights);
+}
+
+TEST_CASE("bad ZeRO settings are rejected with a reason", "[stack][zero]") {
+  const Predictor& p = gpt175b(16);
+  Layout l = sharded(0);
+  l.fsdp = 8;  // stage 0 shards nothing
+  const auto issues = check_layout(l, p.graph(), p.cluster());
+  REQUIRE(!issues.empty());
+  CHECK(issues[0].reason == Reason::kZeroStage);
+  Layout k = sharded(1);
+  k.keep_gathered_weights = true;
+  CHECK(check_layout(k, p.graph(), p.cluster())[0].reason == Reason::kZeroStage);
+  // Round trip keeps the new fields; the defaults are not written.
+  CHECK(parse_layout(layout_to_json(k), "rt").keep_gathered_weights);
+  CHECK(parse_layout(layout_to_json(sharded(1)), "rt").zero_stage == 1);
+  CHECK(!layout_to_json(sharded(3)).contains("zero_stage"));
+}
+
+TEST_CASE("uneven pipeline stages carry the extra layer", "[stack][pipeline]") {
+  const Predictor& p = gpt175b(8);  // 96 layers on 64 GPUs
+  Layout l;
+  l.tp = 8;
+  l.pp = 8;
+  l.data = 1;
+  l.tokens_per_step = 64 * 2048;
+  Layout odd = l;
+  odd.pp = 7;  // 96 / 7 is not whole: 14 layers on the busiest stage
+  odd.data = 1;
+  REQUIRE(!check_layout(odd, p.graph(), p.cluster()).empty());
+  odd.uneven_stages = true;
+  const auto issues = check_layout(odd, p.graph(), p.cluster());
+  // Only the GPU count is off (56 GPUs of 64) once uneven stages are allowed.
+  REQUIRE(issues.size() == 1);
+  CHECK(issues[0].reason == Reason::kGpuProduct);
+  const LayoutShape even = layout_shape(p.table(), p.cluster(), l);
+  const LayoutShape uneven = layout_shape(p.table(), p.cluster(), odd);
+  CHECK(even.layers_per_stage == 12.0);
+  CHECK(uneven.layers_per_stage == 14.0);
+  CHECK(uneven.dense_stage_params / even.dense_stage_params == Approx(14.0 / 12.0).epsilon(1e-9));
+}
+
+TEST_CASE("training stacks limit layouts and change the overheads", "[stack]") {
+  const Stack marin = load_stack(stack_path("marin-july-2026"));
+  const Stack megatron = load_stack(stack_path("megatron-lm"));
+  Layout tp;
+  tp.tp = 8;
+  CHECK(!stack_runs(tp, marin));
+  CHECK(stack_runs(tp, megatron));
+  Layout zb;
+  zb.pp = 4;
+  zb.schedule = PpSchedule::kZeroBubble;
+  CHECK(!stack_runs(zb, megatron));
+  CHECK(check_stack(zb, megatron)[0].reason == Reason::kStack);
+  const Layout hero = load_layout(src("sim/layouts/hero-pooled.json"));
+  CHECK(stack_runs(hero, marin));
+  CHECK(!stack_runs(load_layout(src("sim/layouts/hero-ragged.json")), marin));  // ragged came later
+  // Marin's JAX GC pauses are not charged to Megatron.
+  const Calibration base = default_calibration();
+  const Calibration mc = stack_calibration(megatron);
+  CHECK(base.gc_pause_s > 1.0);
+  CHECK(mc.gc_pause_s == 0.0);
+  CHECK(mc.grad_sync_bucket_layers == 1);
+  CHECK(stack_calibration(marin).gc_pause_s == base.gc_pause_s);
+  // Every shipped stack reads.
+  for (const char* s : {"marin-july-2026", "marin-hero-later", "marin-hero-late", "megatron-lm", "megatron-lm-2021",
+                        "pytorch-fsdp", "deepspeed"}) {
+    CHECK_NOTHROW(stack_calibration(load_stack(stack_path(s))));
+  }
+}
+
+TEST_CASE("device memory is the driver-visible bytes, not marketed GB", "[stack][memory]") {
+  const auto h100 = topologies::load_system(src("topologies/zoo/hgx-h100.json"));
+  // "80 GB" is 80 GiB of HBM3; the driver shows 81,559 MiB of it.
+  CHECK(h100.gpu.hbm_physical_bytes == 80.0 * 1024 * 1024 * 1024);
+  CHECK(h100.gpu.hbm_bytes == 81559.0 * 1024 * 1024);
+  CHECK(h100.gpu.hbm_bytes > 80e9);
+  for (const char* f : {"topologies/zoo/gb200-nvl72.json", "topologies/zoo/hgx-h200.json",
+                        "topologies/zoo/dgx-a100-80gb.json"}) {
+    const auto s = topologies::load_system(src(f));
+    CHECK(s.gpu.hbm_bytes <= s.gpu.hbm_physical_bytes);
+    CHECK(s.gpu.hbm_bytes > 0.95 * s.gpu.hbm_physical_bytes);
+  }
+}
+
+TEST_CASE("a GPU without GEMM calibration is a warning, not a silent default", "[stack]") {
+  Calibration cal = default_calibration();
+  const auto g = models::build_layer_graph(models::load_model(src("tests/validation/models/gpt-22b.json")));
+  const auto c = topologies::load_cluster(src("topologies/zoo/dgx-a100-80gb.json"), 1);
+  Layout l;
+  l.tp = 8;
+  l.tokens_per_step = 4 * 2048;
+  CHECK(Predictor(g, c, cal).predict(l).warnings.empty());
+  cal.gemm_peak_eff.erase(c.system.gpu.name);
+  const Prediction p = Predictor(g, c, cal).predict(l);
+  REQUIRE(p.warnings.size() == 1);
+  CHECK(p.warnings[0].find("A100") != std::string::npos);
+}
+
+TEST_CASE("every published run of the validation set predicts, and every memory verdict is right", "[stack][validation]") {
+  std::vector<ValidationRun> runs = load_validation_set();
+  REQUIRE(runs.size() >= 10);
+  run_validation(runs);
+  int fitted = 0, validation = 0;
+  for (const ValidationRun& v : runs) {
+    INFO(v.id << ": " << v.error_text);
+    CHECK(v.ok);
+    CHECK(v.verdict_right());
+    CHECK(v.citation.size() > 20);
+    (v.role == "fitted" ? fitted : validation) += 1;
+  }
+  CHECK(fitted > 0);
+  CHECK(validation > 0);
+}
+
+TEST_CASE("FP8 GEMMs run at the topology's FP8 peak, only where the layout puts them", "[stack][fp8]") {
+  const auto g = models::build_layer_graph(models::load_model(src("tests/validation/models/gpt-22b.json")));
+  const Predictor h100(g, topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1));
+  Layout l;
+  l.tp = 8;
+  l.tokens_per_step = 4 * 2048;
+  Layout f = l;
+  f.fp8 = Fp8Gemms::kLinear;
+  const Prediction bf16 = h100.predict(l), fp8 = h100.predict(f);
+  REQUIRE(bf16.valid);
+  REQUIRE(fp8.valid);
+  // Faster GEMMs, but less than 2x overall: attention, norms and the LM head stay BF16.
+  CHECK(fp8.breakdown.compute_fwd_s < 0.8 * bf16.breakdown.compute_fwd_s);
+  CHECK(fp8.breakdown.compute_fwd_s > 0.5 * bf16.breakdown.compute_fwd_s);
+  // MFU stays quoted against the BF16 peak: same model FLOPs, shorter step.
+  CHECK(fp8.mfu / bf16.mfu == Approx(bf16.step_time_s / fp8.step_time_s).epsilon(1e-9));
+  // A100 has no FP8 peak in its topology: rejected with a reason, never priced at BF16.
+  const Predictor a100(g, topologies::load_cluster(src("topologies/zoo/dgx-a100-80gb.json"), 1));
+  const auto issues = check_layout(f, g, a100.cluster());
+  REQUIRE(!issues.empty());
+  CHECK(issues[0].reason == Reason::kPrecision);
+  CHECK(!stack_runs(f, load_stack(stack_path("marin-july-2026"))));
+  CHECK(stack_runs(f, load_stack(stack_path("megatron-lm"))));
+}
+
+TEST_CASE("per-run TP and EP overlap settings override the stack's", "[stack]") {
+  const Predictor& p = gpt175b(16);
+  Layout l = sharded(1);
+  const Prediction base = p.predict(l);
+  l.tp_comm_overlap = 1.0;
+  const Prediction hidden = p.predict(l);
+  REQUIRE(base.breakdown.tp_comm_s > 0);
+  CHECK(hidden.breakdown.tp_comm_s == 0.0);
+  CHECK(parse_layout(layout_to_json(l), "rt").tp_comm_overlap == 1.0);
+}
+
+TEST_CASE("context parallel buffers: a ring holds two KV blocks, an all-gather the whole sequence", "[stack][cp]") {
+  const auto& p = gpt175b(8);
+  Layout l;
+  l.tp = 8;
+  l.pp = 2;
+  l.cp = 4;
+  l.data = 1;
+  l.seq_len = 65536;
+  l.tokens_per_step = 16 * 65536;
+  const MemoryBreakdown ring = mem(p, l);
+  l.cp_kind = CpKind::kAllGatherKv;
+  const MemoryBreakdown gathered = mem(p, l);
+  REQUIRE(ring.cp_buffers > 0);
+  // 2 blocks (send, receive) x (KV + dKV) against cp blocks x (KV + dKV).
+  CHECK(gathered.cp_buffers / ring.cp_buffers == Approx(4.0 / 2.0).epsilon(1e-9));
+  l.cp = 1;
+  CHECK(mem(p, l).cp_buffers == 0.0);
+}
