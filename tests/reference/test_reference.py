@@ -10,10 +10,14 @@ each optimizer kind (MuonH, AdamH, Adam), by normalised error
 (for the updates, also of the update itself: after - before, whose tolerance is
 max(1e-4, 4 x its fp32 rounding floor)). Exits 1 on any error above the tolerance (1e-4; fp32
 engine vs float64 reference), 0 when everything matches. Prints
-"SKIP: ..." and exits 0 only when the binary has no `train --reference-dump` at all.
+"SKIP: ..." and exits 77 (CTest: skipped) when python3-torch / numpy are missing or the binary
+has no `train --reference-dump` at all.
 --dump DIR compares an existing dump instead of running the binary (debugging).
+--tied runs the one-step comparison on tiny-moe with tied embeddings (the LM head
+reads embedding.w transposed) instead: a second shape, its own ctest entry.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,8 +28,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+# CTest reads this exit status as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+SKIP = 77
+
+try:
+    import numpy as np  # noqa: E402
+    import torch  # noqa: E402
+except ImportError as e:
+    print("SKIP: the PyTorch reference needs python3-torch and python3-numpy (%s); nothing compared" % e)
+    sys.exit(SKIP)
 
 import marin_ref  # noqa: E402
 from dump import read_dump  # noqa: E402
@@ -378,6 +389,8 @@ def main():
         sys.exit("usage: test_reference.py <rackstep binary> [--keep DIR] [--dump DIR] [--steps-dump DIR]")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     rackstep = args[0]
+    global MODEL
+    tied = "--tied" in args
     keep = args[args.index("--keep") + 1] if "--keep" in args else None
     given = args[args.index("--dump") + 1] if "--dump" in args else None
     given_steps = args[args.index("--steps-dump") + 1] if "--steps-dump" in args else None
@@ -388,14 +401,20 @@ def main():
         if not has_reference_dump(rackstep):
             print("SKIP: %s has no `train --reference-dump` (the training command is not built yet); "
                   "nothing compared" % rackstep)
-            return 0
+            return SKIP
         binary = steps_binary(rackstep)
         if not os.path.exists(binary):
             sys.exit("FAIL: %s not found (build the target reference_dump_steps)" % binary)
         work = keep or tempfile.mkdtemp(prefix="rackstep_ref_")
         os.makedirs(work, exist_ok=True)
+        if tied:
+            doc = json.load(open(MODEL))
+            doc["name"] += "-tied"
+            doc["tied_embeddings"] = True
+            MODEL = os.path.join(work, "tiny-moe-tied.json")
+            json.dump(doc, open(MODEL, "w"), indent=1)
         dump_dir = make_dump(rackstep, work)
-        steps_dir = make_steps_dump(binary, work)
+        steps_dir = None if tied else make_steps_dump(binary, work)
     tables = []
     try:
         if dump_dir:
