@@ -546,6 +546,15 @@ double mean_attention_span(int64_t seq, int64_t window, FlopConvention conventio
 
 namespace {
 
+// The MoE latent projections (down to the expert width, back up to d_model),
+// told apart from the attention projections by their declared shapes.
+bool is_moe_latent(const Op& op) {
+  auto on_moe_width = [](const std::vector<TensorDecl>& ts) {
+    return !ts.empty() && !ts[0].shape.empty() && ts[0].shape.back().name == "moe_width";
+  };
+  return op.kind == OpKind::kLinear && (on_moe_width(op.inputs) || on_moe_width(op.outputs));
+}
+
 double gemm_flops_per_token(const Op& op) {
   return 2.0 * static_cast<double>(op.gemm_k) * static_cast<double>(op.gemm_n) *
          static_cast<double>(op.gemm_count) * op.gemm_rows_per_token;
@@ -587,7 +596,7 @@ ParamCounts count_params(const LayerGraph& g) {
         case OpKind::kSConv: c.sconv += n; break;
         case OpKind::kAttnGate: c.attn_gate += n; break;
         case OpKind::kLinear:
-          (op.name.find(".moe.latent_") != std::string::npos ? c.latent : c.attention) += n;
+          (is_moe_latent(op) ? c.latent : c.attention) += n;
           break;
         default: break;
       }
@@ -616,7 +625,7 @@ FlopCounts count_flops(const LayerGraph& g, int64_t seq, FlopConvention conventi
       case OpKind::kRouter: f.router += gemm; break;
       case OpKind::kLmHead: f.lm_head += gemm; break;
       case OpKind::kLinear:
-        (op.name.find(".moe.latent_") != std::string::npos ? f.latent : f.projections) += gemm;
+        (is_moe_latent(op) ? f.latent : f.projections) += gemm;
         break;
       default: f.other += gemm; break;
     }
