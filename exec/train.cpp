@@ -655,12 +655,16 @@ void write_reference_dump(const TrainOptions& options, const std::string& dir) {
   meta["qk_norm_multiplier"] = m.attention.qk_norm_multiplier;
   meta["xsa_eps"] = kXsaEps;
   meta["rope_theta"] = m.attention.rope_theta;
+  // The q/k head dim: MLA appends the RoPE key dims to each head.
+  const int64_t qk_hd =
+      m.attention.head_dim + (m.attention.kind == models::AttentionKind::kMla ? m.attention.mla_rope_dim : 0);
   auto rot_dims = [&](const models::AttentionLayerKind& k) {
-    return k.position == models::PositionKind::kRope ? std::lround(k.rope_fraction * static_cast<double>(m.attention.head_dim)) : 0L;
+    return k.position == models::PositionKind::kRope ? std::lround(k.rope_fraction * static_cast<double>(qk_hd)) : 0L;
   };
   meta["rot_dims_local"] = rot_dims(m.attention.local);
   meta["rot_dims_global"] = rot_dims(m.attention.global);
-  meta["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(m.attention.head_dim));
+  meta["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(qk_hd));
+  meta["router_loss"] = r.router_loss;
   meta["logit_z_loss_weight"] = m.logit_z_loss_weight;
   meta["routing_weight_sum"] = m.moe.routing_weight_sum;
   meta["router_z_loss"] = r.router_z_loss;
