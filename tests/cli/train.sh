@@ -84,18 +84,18 @@ PY
 # process (virtual GPUs) with the pooled transport gives bitwise the losses of
 # the same settings given as flags; experts and top-k come from the model.
 cat >"$tmp/ep4.json" <<'JSON'
-{"name": "cpu-ep4", "data": 4, "ep": 4, "micro_batch_seqs": 1, "recompute": "full",
+{"name": "cpu-ep4", "data": 4, "ep": 4, "micro_batch_seqs": 2, "recompute": "full",
  "ep_transport": "pooled", "sender_cf": 1.0, "receiver_cf": 1.0, "waves": 2}
 JSON
 lay="--model $model --data $tmp/data --seq 64 --threads 1 --steps 3 --json"
 "$bin" train $lay --layout "$tmp/ep4.json" >"$tmp/layout.json"
 check "train --layout exits 0" "[ $? -eq 0 ]"
-"$bin" train $lay --batch 4 --dispatch pooled --ep 4 --sender-cf 1.0 --receiver-cf 1.0 --waves 2 >"$tmp/flags.json"
+"$bin" train $lay --batch 8 --dispatch pooled --ep 4 --sender-cf 1.0 --receiver-cf 1.0 --waves 2 >"$tmp/flags.json"
 check "train --dispatch exits 0" "[ $? -eq 0 ]"
 /usr/bin/python3 - "$tmp/layout.json" "$tmp/flags.json" <<'PY' || fail=1
 import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-assert a["batch"] == 4, a["batch"]  # data 4 x micro_batch_seqs 1
+assert a["batch"] == 8, a["batch"]  # data 4 x micro_batch_seqs 2 = the recipe's batch
 assert [s["loss"] for s in a["steps"]] == [s["loss"] for s in b["steps"]], (a["steps"], b["steps"])
 assert sum(s["drops"]["fraction"] for s in a["steps"]) > 0, a["steps"]
 d = a["dispatch"]
