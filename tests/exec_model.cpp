@@ -233,13 +233,19 @@ TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", 
   CHECK_THROWS_AS(m.set_dispatch(d), UserError);
 }
 
-TEST_CASE("a model the CPU backend cannot run is a clear user error", "[exec][model]") {
+TEST_CASE("what the CPU backend cannot run is a clear user error", "[exec][model]") {
+  // Router losses under data parallelism: each rank's mean would not add up to
+  // the global batch's, so the first forward refuses, naming the field.
   models::ModelConfig cfg = models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
-  cfg.attention.kind = models::AttentionKind::kMla;
+  cfg.moe.balancing = models::BalancingKind::kAuxLoss;
+  CpuModel m(models::build_layer_graph(cfg), 1, 16);
+  m.init_params(1);
+  m.set_loss_tokens(32);  // this process holds half of the global batch
+  const TestBatch b = make_batch(1, 16, cfg.vocab, 3);
   try {
-    CpuModel m(models::build_layer_graph(cfg), 1, 16);
+    m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
     FAIL("expected a UserError");
   } catch (const UserError& e) {
-    CHECK(std::string(e.what()).find("MLA") != std::string::npos);
+    CHECK(std::string(e.what()).find("/moe/balancing") != std::string::npos);
   }
 }
