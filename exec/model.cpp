@@ -524,7 +524,7 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
   const int qk = static_cast<int>(op.qk_head_dim);  // q/k head dim of attention ops (= hd but for MLA)
   if (p.k_nope >= 0) assemble_key(A(p.in2), A(p.k_nope), A(p.k_rope), N_, op.heads, hd, qk - hd);
   switch (op.kind) {
-    case OpKind::kEmbedding:
+    case OpKind::kEmbedding:  // tokens (N) -> resid (N, d)
       embedding_forward(A(p.out), inputs, P(p.p0), N, d, static_cast<int>(m.vocab));
       return;
     case OpKind::kRmsNorm:  // (N, width) -> (N, width)
@@ -534,7 +534,7 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
       }
       rmsnorm_forward(A(p.out), A(p.save), A(p.in), P(p.p0), eps, N, w(p.in));
       return;
-    case OpKind::kGatedNorm:
+    case OpKind::kGatedNorm:  // x (N, d) -> x * sigmoid(silu(x W_down) W_up) (N, d)
       gated_norm_forward(A(p.out), A(p.save), A(p.save2), A(p.in), P(p.p0), P(p.p1), N, d, w(p.save));
       return;
     case OpKind::kLinear:  // (N, in) -> (N, out)
@@ -546,16 +546,16 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
       }
       linear_forward(A(p.out), A(p.in), P(p.p0), nullptr, N, w(p.in), w(p.out));
       return;
-    case OpKind::kSConv:
+    case OpKind::kSConv:  // (B, T, C) -> (B, T, C), causal along T inside each document
       sconv_forward(A(p.out), A(p.in), P(p.p0), doc, B, T, w(p.in), static_cast<int>(m.sconv.kernel));
       return;
-    case OpKind::kQkNorm: {
+    case OpKind::kQkNorm: {  // q (N, H, qk), k (N, kv, qk) -> the same, RMS-normalised per head
       const auto mult = static_cast<float>(m.attention.qk_norm_multiplier);
       rmsnorm_noparam_forward(A(p.out), A(p.save), A(p.in), mult, eps, N * (w(p.in) / qk), qk);
       rmsnorm_noparam_forward(A(p.out2), A(p.save2), A(p.in2), mult, eps, N * (w(p.in2) / qk), qk);
       return;
     }
-    case OpKind::kRope: {
+    case OpKind::kRope: {  // q (N, H, qk), k (N, kv, qk) -> the leading rot_dims of each head rotated
       const auto theta = static_cast<float>(m.attention.rope_theta);
       rope_forward(A(p.out), A(p.in), pos_.data(), N, w(p.in) / qk, qk, p.rot_dims, theta);
       rope_forward(A(p.out2), A(p.in2), pos_.data(), N, w(p.in2) / qk, qk, p.rot_dims, theta);
@@ -574,14 +574,14 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
                         w(p.in2) / hd, static_cast<int>(op.kv_heads), hd, static_cast<int>(op.window),
                         1.0f / std::sqrt(static_cast<float>(op.qk_head_dim)));
       return;
-    case OpKind::kXsa:
+    case OpKind::kXsa:  // o (N, H, hd), v (N, kv, hd) -> o minus its component along its own v
       xsa_forward(A(p.out), A(p.in), A(p.in2), N, static_cast<int>(op.heads), w(p.in2) / hd,
                   static_cast<int>(op.kv_heads), hd, kXsaEps);
       return;
-    case OpKind::kAttnGate:
+    case OpKind::kAttnGate:  // o (N, H, hd), x (N, d) -> o * 2 sigmoid(x W_gate) per head
       attn_gate_forward(A(p.out), A(p.save), A(p.in), A(p.in2), P(p.p0), N, d, static_cast<int>(op.heads), hd);
       return;
-    case OpKind::kRouter: {
+    case OpKind::kRouter: {  // x (N, d) -> router logits (N, E)
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       linear_forward(A(p.out), A(p.in), P(p.p0), nullptr, N, d, s.E);
       s.router_z = router_z_loss(A(p.out), N, s.E);
@@ -591,7 +591,7 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
       }
       return;
     }
-    case OpKind::kTopK: {
+    case OpKind::kTopK: {  // logits (N, E) -> weights (N, k) [+ expert ids (N, k) in the routing state]
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       const float* bias = s.bias_param >= 0 ? P(s.bias_param) : s.bias.data();
       router_forward(s.expert.data(), A(p.out), s.threshold.data(), A(p.in), bias, N, s.E, s.k, router_kind(m),
@@ -602,14 +602,14 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
       }
       return;
     }
-    case OpKind::kDispatch: {
+    case OpKind::kDispatch: {  // moe_x (N, L) -> rows (N*k, L) grouped by expert; drops decided here
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       moe_group_by_expert(s.sorted_pos.data(), s.offsets.data(), s.expert.data(), N * s.k, s.E);
       dispatch_layer(s, A(p.in2));
       moe_gather_forward(A(p.out), A(p.in), s.sorted_pos.data(), N, s.k, s.L);
       return;
     }
-    case OpKind::kExpertMlp: {
+    case OpKind::kExpertMlp: {  // rows (N*k, L) -> each row through its expert's SwiGLU (N*k, L)
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       if (experts_) {
         s.keep.resize(static_cast<size_t>(N_ * s.k));
@@ -620,17 +620,17 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
                       s.keep.empty() ? nullptr : s.keep.data(), P(p.p0), P(p.p1), P(p.p2), N * s.k, s.E, s.L, s.F);
       return;
     }
-    case OpKind::kCombine: {
+    case OpKind::kCombine: {  // rows (N*k, L), weights (N, k) -> weighted sum per token (N, L)
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       moe_combine_forward(A(p.out), A(p.in), A(p.in2), s.sorted_pos.data(), N, s.k, s.L);
       return;
     }
-    case OpKind::kSharedMlp:
+    case OpKind::kSharedMlp:  // x (N, d) [, routed (N, d)] -> SwiGLU(x) [+ routed] (N, d)
       dense_swiglu_forward(A(p.out), A(p.save), A(p.save2), A(p.save3), A(p.in), P(p.p0), P(p.p1), P(p.p2), N, d,
                            w(p.save));
       if (p.in2 >= 0) add_inplace(A(p.out), A(p.in2), static_cast<size_t>(N_ * d));
       return;
-    case OpKind::kResidualAdd:
+    case OpKind::kResidualAdd:  // resid (N, d), branch (N, d) -> resid + branch (N, d)
       residual_forward(A(p.out), A(p.in), A(p.in2), static_cast<size_t>(N_ * d));
       return;
     case OpKind::kLmHead:  // (N, d) -> logits (N, V)
@@ -640,7 +640,7 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
       }
       linear_forward(A(p.out), A(p.in), P(p.p0), nullptr, N, d, static_cast<int>(m.vocab));
       return;
-    case OpKind::kCrossEntropy: {
+    case OpKind::kCrossEntropy: {  // logits (N, V), targets (N) -> mean CE + logit z-loss
       const CrossEntropyResult r = cross_entropy_forward(A(p.save), A(p.in), targets, N, static_cast<int>(m.vocab),
                                                          static_cast<float>(m.logit_z_loss_weight), counted_targets_);
       last_ce_ = r.ce;
