@@ -7,6 +7,7 @@
 //   rackstep train --model models/zoo/tiny-moe.json --data data/py --steps 300 --out runs/tiny --resume
 //   rackstep train --model models/zoo/tiny-moe.json --data data/py --steps 20 --out runs/p --profile
 //   rackstep train --model models/zoo/tiny-moe.json --data data/py --reference-dump /tmp/ref
+//   rackstep train ... --layout L.json        # the layout file predict reads (exec/train_layout.h)
 //   rackstep train ... --dispatch pooled --ep 4 --sender-cf 1.1 --receiver-cf 1.15   # simulated EP drops
 //   mpirun -np 4 rackstep train --model models/zoo/tiny-moe.json --data data/py --batch 8   # data parallel
 //   mpirun -np 4 rackstep train ... --dispatch pooled --ep 4 [--verify-dispatch]   # real expert parallel
@@ -28,22 +29,18 @@ struct TrainArgs {
   std::string reference_dump;
   std::string dispatch = "none";
   int64_t ep = 1;
-  double sender_cf = 1.10, receiver_cf = 1.15;
-  int waves = 3;
+  sim::DispatchConfig config;  // the flags' defaults are the dispatch library's
 };
 
 int run_on(TrainArgs& a, const Comm& world) {
+  if (!a.o.layout_path.empty() && a.dispatch != "none") {
+    throw UserError("train: expected --layout or --dispatch/--ep (the layout holds the EP settings), found both");
+  }
   if (a.dispatch != "none") {
     a.o.dispatch.enabled = true;
     a.o.dispatch.ep = a.ep;
+    a.o.dispatch.config = a.config;  // experts and top-k: the Trainer reads them from the model
     a.o.dispatch.config.transport = sim::parse_transport(a.dispatch);
-    a.o.dispatch.config.sender_cf = a.sender_cf;
-    a.o.dispatch.config.receiver_cf = a.receiver_cf;
-    a.o.dispatch.config.waves = a.waves;
-    const models::ModelConfig m = models::load_model(a.o.model_path);
-    a.o.dispatch.config.n_experts = m.moe.experts;
-    a.o.dispatch.config.top_k = static_cast<int>(m.moe.top_k);
-    if (m.moe.experts == 0) throw UserError(a.o.model_path, "/moe/experts", "routed experts for --dispatch", "0");
   } else if (a.ep != 1) {
     throw UserError("train: --ep " + std::to_string(a.ep) + " needs --dispatch pooled|ragged|capacity");
   }
@@ -114,9 +111,15 @@ rackstep::cli::Registration reg{
           ->check(CLI::PositiveNumber);
       app.add_flag("--verify-dispatch", a->o.verify_dispatch,
                    "expert parallel under mpirun: check every layer's drops against sim/dispatch (all-gather)");
-      app.add_option("--sender-cf", a->sender_cf, "pooled sender capacity factor");
-      app.add_option("--receiver-cf", a->receiver_cf, "receiver / per-expert capacity factor");
-      app.add_option("--waves", a->waves, "pooled waves");
+      app.add_option("--sender-cf", a->config.sender_cf, "pooled sender capacity factor")->capture_default_str();
+      app.add_option("--receiver-cf", a->config.receiver_cf, "receiver / per-expert capacity factor")
+          ->capture_default_str();
+      app.add_option("--waves", a->config.waves, "pooled waves")->capture_default_str();
+      app.add_option("--layout", a->o.layout_path,
+                     "a parallelism layout, the file `predict` takes (sim/layouts/*.json): data = processes "
+                     "(or, in one process, the EP group split into virtual GPUs), ep with its transport, "
+                     "capacity factors and waves, the batch; tp/cp/pp > 1 or a bf16 master copy are errors, "
+                     "memory-placement fields are listed and not applied");
       app.add_option("--reference-dump", a->reference_dump,
                      "instead of training: write one step's tensors (exec/dump.h) for the PyTorch reference");
       app.add_flag("--json", a->json, "one JSON document at the end instead of text");

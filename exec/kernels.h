@@ -63,6 +63,19 @@ void linear_backward(float* dx,          // (N, in) or nullptr to skip
                      const float* w,     // (in, out)
                      int N, int in, int out, bool accumulate_dx = false);
 
+// Tied LM head: y = x·Wᵀ with W stored (out, in) (the embedding table, (V, d)).
+void linear_t_forward(float* y,        // (N, out)
+                      const float* x,  // (N, in)
+                      const float* w,  // (out, in)
+                      int N, int in, int out);
+// dx = dy·W (or += when accumulate_dx), dW += dyᵀ·x.
+void linear_t_backward(float* dx,        // (N, in) or nullptr to skip
+                       float* dw,        // (out, in) +=
+                       const float* dy,  // (N, out)
+                       const float* x,   // (N, in)
+                       const float* w,   // (out, in)
+                       int N, int in, int out, bool accumulate_dx = false);
+
 // The machine's measured sgemm rate (FLOP/s), the peak CPU MFU is quoted
 // against: square n x n x n products, repeated for at least min_seconds after
 // one warm-up, best repetition wins. Same GEMM path as linear_forward.
@@ -118,6 +131,21 @@ void rmsnorm_backward(float* dx,          // (N, d) =
                       const float* rstd,  // (N)
                       const float* gain,  // (d)
                       int N, int d);
+
+// LayerNorm with a gain and no bias (NormKind::kLayerNorm; the layer graph
+// declares one gain per norm): y = (x - mean) · rstd · gain, rstd = (var + eps)^-1/2.
+void layernorm_forward(float* y,           // (N, d)
+                       float* rstd,        // (N) saved
+                       const float* x,     // (N, d)
+                       const float* gain,  // (d)
+                       float eps, int N, int d);
+void layernorm_backward(float* dx,          // (N, d) =
+                        float* dgain,       // (d) +=
+                        const float* dy,    // (N, d)
+                        const float* x,     // (N, d)
+                        const float* rstd,  // (N)
+                        const float* gain,  // (d)
+                        int N, int d);
 
 // Non-parametric RMSNorm followed by a fixed multiplier (the QK-norm of the
 // spec: multiplier 1.3). Rows are whatever the caller normalises: for QK-norm
@@ -293,8 +321,26 @@ void router_backward(float* dlogits,         // (N, E) =
                      const int32_t* expert,  // (N, k)
                      const float* logits,    // (N, E)
                      int N, int E, int k, RouterKind kind, float weight_sum);
-// Router z-loss, mean over tokens of logsumexp(logits)² (logged, not applied).
+// Router z-loss, mean over tokens of logsumexp(logits)² (logged; applied when
+// the model says router_z_loss_applied).
 double router_z_loss(const float* logits, int N, int E);  // (N, E)
+// d(weight · router_z_loss)/d logits = weight · 2 lse_t softmax(logits_t) / N.
+void router_z_loss_backward(float* dlogits,       // (N, E) +=
+                            const float* logits,  // (N, E)
+                            int N, int E, float weight);
+
+// Auxiliary balancing loss (Switch Transformer, Fedus et al. 2021, eq. 4; with
+// top-k as DeepSeek-V3 §2.1.2 writes it): weight · E · Σ_e f_e P_e, where
+// f_e = (assignments to e) / (N k) and P_e = mean over tokens of the router's
+// probability of e: softmax(logits) for a softmax router, the normalised
+// affinity σ(l_e) / Σ_j σ(l_j) for a sigmoid one. f is a count (no gradient).
+double aux_loss_forward(const float* logits,    // (N, E)
+                        const int32_t* expert,  // (N, k)
+                        int N, int E, int k, RouterKind kind, float weight);
+void aux_loss_backward(float* dlogits,          // (N, E) +=
+                       const float* logits,     // (N, E)
+                       const int32_t* expert,   // (N, k)
+                       int N, int E, int k, RouterKind kind, float weight);
 
 // Quantile balancing (QB), the selection bias for the next step.
 // Algorithm (ours, documented here): a balanced router gives each expert

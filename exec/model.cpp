@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numbers>
 
 #include "exec/kernels.h"
@@ -15,29 +16,9 @@ using models::OpKind;
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// Features of the model JSON this backend does not implement: one clear line.
-void check_supported(const models::ModelConfig& m) {
-  const std::string& f = m.source_file;
-  if (m.attention.kind == models::AttentionKind::kMla) {
-    throw UserError(f, "/attention/kind", "\"gqa\" (the CPU backend cannot run MLA attention)", "\"mla\"");
-  }
-  if (m.norm.kind == models::NormKind::kLayerNorm) {
-    throw UserError(f, "/norm/kind", "\"rmsnorm\" (the CPU backend has no LayerNorm)", "\"layernorm\"");
-  }
-  if (m.moe.experts > 0 && m.moe.balancing == models::BalancingKind::kAuxLoss) {
-    throw UserError(f, "/moe/balancing", "\"quantile\" or \"none\" (the CPU backend has no auxiliary loss)",
-                    "\"aux_loss\"");
-  }
-  if (m.moe.experts > 0 && m.moe.router_z_loss_applied) {
-    throw UserError(f, "/moe/router_z_loss_applied", "false (the CPU backend logs the router z-loss only)", "true");
-  }
-  if (m.tied_embeddings) {
-    throw UserError(f, "/tied_embeddings", "false (the CPU backend has an untied LM head)", "true");
-  }
+bool has_router_losses(const models::ModelConfig& m) {
+  return m.moe.experts > 0 &&
+         (m.moe.balancing == models::BalancingKind::kAuxLoss || m.moe.router_z_loss_applied);
 }
 
 bool all_finite(const float* x, int64_t n) {
@@ -61,6 +42,48 @@ double normal(uint64_t& state) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
+// y (rows, wy) from x (rows, wx): the first min(wx, wy) columns, zeros after
+// (or added into y with accumulate). Slices and pads heads, splits and joins
+// the columns of a two-output linear.
+void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool accumulate = false) {
+  const int64_t n = std::min(wx, wy);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * wy;
+    const float* xr = x + r * wx;
+    for (int64_t j = 0; j < n; ++j) yr[j] = accumulate ? yr[j] + xr[j] : xr[j];
+    if (!accumulate)
+      for (int64_t j = n; j < wy; ++j) yr[j] = 0.0f;
+  }
+}
+
+// MLA key: k (N, H, hd + r) = [k_nope (N, H, hd) | k_rope (N, r) for every head].
+void assemble_key(float* k, const float* k_nope, const float* k_rope, int64_t N, int64_t H, int64_t hd, int64_t r) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h) {
+      float* kr = k + (n * H + h) * (hd + r);
+      std::copy(k_nope + (n * H + h) * hd, k_nope + (n * H + h + 1) * hd, kr);
+      std::copy(k_rope + n * r, k_rope + (n + 1) * r, kr + hd);
+    }
+}
+
+// Its backward: dk_nope = dk[..., :hd], dk_rope = Σ_h dk[..., hd:] (= or +=).
+void split_key_grad(float* dk_nope, bool acc_nope, float* dk_rope, bool acc_rope, const float* dk, int64_t N,
+                    int64_t H, int64_t hd, int64_t r) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    float* dr = dk_rope + n * r;
+    if (!acc_rope) std::fill(dr, dr + r, 0.0f);
+    for (int64_t h = 0; h < H; ++h) {
+      const float* g = dk + (n * H + h) * (hd + r);
+      float* dn = dk_nope + (n * H + h) * hd;
+      for (int64_t j = 0; j < hd; ++j) dn[j] = acc_nope ? dn[j] + g[j] : g[j];
+      for (int64_t j = 0; j < r; ++j) dr[j] += g[hd + j];
+    }
+  }
+}
+
 RouterKind router_kind(const models::ModelConfig& m) {
   return m.moe.router == models::RouterKind::kSoftmax ? RouterKind::kSoftmax : RouterKind::kSigmoid;
 }
@@ -71,7 +94,6 @@ RouterKind router_kind(const models::ModelConfig& m) {
 
 CpuModel::CpuModel(const models::LayerGraph& graph, int64_t batch, int64_t seq)
     : graph_(graph), B_(batch), T_(seq), N_(batch * seq) {
-  check_supported(graph_.model);
   if (batch < 1 || seq < 1) throw UserError("model batch: expected batch >= 1 and seq >= 1");
   params_ = Arena(std::make_shared<const ArenaLayout>(arena_specs_from_graph(graph_)));
   grads_ = Arena(params_.layout_ptr());
@@ -88,17 +110,28 @@ int CpuModel::new_slot(int64_t width) {
   return static_cast<int>(slots_.size()) - 1;
 }
 
-// Walks the op list once, following the data flow of a pre-norm Marin block:
-//   resid -> [site norm (+ gated norm)] -> branch input x
-//   attention: q, k, v = x·Wq, x·Wk, x·Wv -> k SConv -> QK-norm -> RoPE -> attention
-//              -> XSA (reads v) -> gate (reads x) -> o_proj -> SConv -> resid += branch
-//   MoE:       router(x) -> top-k; latent_down(x) -> latent norm -> dispatch -> experts
-//              -> combine -> latent_up; shared experts(x) add to it -> SConv -> resid += branch
+// The data flow is the layer graph's (models::Op::inputs / outputs): every
+// (B, T, ...) f32 output gets an activation slot, every input is the slot its
+// name was written to. Per op kind, this backend adds the buffers its kernels
+// keep for backward ("save") and sizes their scratch. No op is recognised by
+// its name: a new architecture needs a new declaration in the layer graph, not
+// a change here.
+namespace {
+
+// An activation this backend holds in the arena; i32 tensors (token and expert
+// ids) live in the batch and the routing state, the scalar loss in LossResult.
+bool in_arena(const models::TensorDecl& t) {
+  return t.dtype == models::DType::kF32 && t.shape.size() >= 2 && t.shape[0].name == "B" &&
+         t.shape[1].name == "T";
+}
+
+}  // namespace
+
 void CpuModel::plan(const models::LayerGraph& g) {
   const auto& m = g.model;
-  const int64_t d = m.d_model, hd = m.attention.head_dim;
-  int resid = -1, cur = -1, branch = -1, q = -1, k = -1, v = -1, moe_x = -1, weights = -1;
-  bool in_site = false;
+  const int64_t d = m.d_model;
+  std::map<std::string, int> slot_of;   // tensor name -> activation slot
+  std::map<int32_t, int> moe_of_layer;  // layer -> index into moe_
   size_t scratch = 0;  // kernel scratch floats
   auto param_index = [&](const models::Op& op, size_t j) {
     if (j >= op.params.size() || !op.params[j].learnable) return -1;
@@ -107,6 +140,8 @@ void CpuModel::plan(const models::LayerGraph& g) {
     return static_cast<int>(idx);
   };
   auto width = [&](int slot) { return slots_[static_cast<size_t>(slot)].width; };
+  const std::string flow_error = models::check_data_flow(g);
+  RS_CHECK(flow_error.empty(), "layer graph data flow: " + flow_error);
   plan_.resize(g.ops.size());
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const models::Op& op = g.ops[i];
@@ -114,100 +149,91 @@ void CpuModel::plan(const models::LayerGraph& g) {
     p.p0 = param_index(op, 0);
     p.p1 = param_index(op, 1);
     p.p2 = param_index(op, 2);
-    const bool was_site = in_site;
-    in_site = false;
+    if (!op.shared_param.empty()) {  // the tied LM head reads the embedding table
+      const int64_t idx = params_.layout().find(op.shared_param);
+      RS_CHECK(idx >= 0 && p.p0 < 0, "shared parameter missing from the arena: " + op.shared_param);
+      p.p0 = static_cast<int>(idx);
+      p.tied = true;
+    }
+    std::vector<int> in, out;
+    for (const models::TensorDecl& t : op.inputs) {
+      if (in_arena(t)) in.push_back(slot_of.at(t.name));
+    }
+    for (const models::TensorDecl& t : op.outputs) {
+      if (!in_arena(t)) continue;
+      const int s = new_slot(t.elems_per_token());
+      slot_of[t.name] = s;
+      out.push_back(s);
+    }
+    const auto at = [](const std::vector<int>& v, size_t j) { return j < v.size() ? v[j] : -1; };
+    // The layer graph's convention (add_attention_core): an MLA key arrives in
+    // two parts, one input more than the op's (q, k[, v]).
+    const size_t arity = op.kind == OpKind::kAttention ? 3 : 2;
+    const bool mla_key = (op.kind == OpKind::kQkNorm || op.kind == OpKind::kRope || op.kind == OpKind::kAttention) &&
+                         op.inputs.size() == arity + 1;
+    if (mla_key) {
+      // (q, k_nope, k_rope[, v]) -> q, the assembled key, [v].
+      const int64_t qk_w = op.heads * op.qk_head_dim;
+      p.k_nope = in[1];
+      p.k_rope = in[2];
+      in.erase(in.begin() + 2);
+      in[1] = new_slot(qk_w);
+    }
+    RS_CHECK(in.size() <= 3 && out.size() <= 2, "an op with more inputs or outputs than the CPU backend takes: " + op.name);
+    p.in = at(in, 0);
+    p.in2 = at(in, 1);
+    p.in3 = at(in, 2);
+    p.out = at(out, 0);
+    p.out2 = at(out, 1);
+    if (op.layer >= 0 && moe_of_layer.count(op.layer)) p.moe = moe_of_layer.at(op.layer);
     switch (op.kind) {
       case OpKind::kEmbedding:
-        p.out = cur = resid = new_slot(d);
+      case OpKind::kLinear:
+      case OpKind::kResidualAdd:
+      case OpKind::kTopK:
+      case OpKind::kDispatch:
+      case OpKind::kCombine:
         break;
-      case OpKind::kRmsNorm: {
-        p.site_norm = ends_with(op.name, "attn_norm") || ends_with(op.name, "mlp_norm") ||
-                      ends_with(op.name, "final_norm");
-        p.in = p.site_norm ? resid : cur;
-        p.out = cur = new_slot(width(p.in));
+      case OpKind::kLmHead:
+        logits_slot_ = p.out;
+        break;
+      case OpKind::kRmsNorm:
         p.save = new_slot(1);  // rstd
-        in_site = p.site_norm;
-        if (p.site_norm) branch = cur;
-        if (ends_with(op.name, "latent_norm")) moe_x = cur;
         break;
-      }
       case OpKind::kGatedNorm: {
         const int64_t r = op.params[0].shape[1];
-        p.in = cur;
-        p.out = cur = new_slot(d);
         p.save = new_slot(r);   // a = x·W_down
         p.save2 = new_slot(d);  // g
         scratch = std::max(scratch, gated_norm_scratch_floats(static_cast<int>(N_), static_cast<int>(d),
                                                               static_cast<int>(r)));
-        in_site = was_site;
-        if (was_site) branch = cur;
         break;
       }
-      case OpKind::kLinear: {
-        const int64_t out_w = op.params[0].shape[1];  // stored width (K/V: every stored head)
-        if (ends_with(op.name, "attn.q_proj")) {
-          p.in = branch;
-          p.out = q = new_slot(out_w);
-        } else if (ends_with(op.name, "attn.k_proj")) {
-          p.in = branch;
-          p.out = k = new_slot(out_w);
-        } else if (ends_with(op.name, "attn.v_proj")) {
-          p.in = branch;
-          p.out = v = new_slot(out_w);
-        } else if (ends_with(op.name, "moe.latent_down")) {
-          p.in = branch;
-          p.out = cur = moe_x = new_slot(out_w);
-        } else if (ends_with(op.name, "attn.o_proj") || ends_with(op.name, "moe.latent_up")) {
-          p.in = cur;
-          p.out = cur = new_slot(out_w);
-        } else {
-          throw UserError(m.source_file, "", "a projection the CPU backend knows", "op " + op.name);
-        }
-        RS_CHECK(width(p.in) == op.params[0].shape[0], "linear input width differs from its weight: " + op.name);
-        break;
-      }
-      case OpKind::kSConv: {
-        const bool on_k = ends_with(op.name, "attn.k_sconv");
-        p.in = on_k ? k : cur;
-        p.out = new_slot(width(p.in));
+      case OpKind::kSConv:
         RS_CHECK(width(p.in) == op.params[0].shape[0], "SConv channels differ from its kernel: " + op.name);
-        (on_k ? k : cur) = p.out;
         break;
-      }
       case OpKind::kQkNorm:
-      case OpKind::kRope:
-        p.in = q;
-        p.in2 = k;
-        p.out = q = new_slot(width(p.in));
-        p.out2 = k = new_slot(width(p.in2));
-        if (op.kind == OpKind::kQkNorm) {
-          p.save = new_slot(width(p.in) / hd);    // q rstd per head
-          p.save2 = new_slot(width(p.in2) / hd);  // k rstd per head
-        } else {
-          const double rot = op.rope_fraction * static_cast<double>(hd);
-          p.rot_dims = static_cast<int>(std::lround(rot));
-          if (std::abs(rot - p.rot_dims) > 1e-9 || p.rot_dims % 2 != 0) {
-            throw UserError(m.source_file, "/attention/local/rope_fraction",
-                            "a fraction giving an even number of rotated dims per head", std::to_string(op.rope_fraction));
-          }
+        p.save = new_slot(width(p.in) / op.qk_head_dim);    // q rstd per head
+        p.save2 = new_slot(width(p.in2) / op.qk_head_dim);  // k rstd per head
+        break;
+      case OpKind::kRope: {
+        const double rot = op.rope_fraction * static_cast<double>(op.qk_head_dim);
+        p.rot_dims = static_cast<int>(std::lround(rot));
+        if (std::abs(rot - p.rot_dims) > 1e-9 || p.rot_dims % 2 != 0) {
+          throw UserError(m.source_file, "/attention/local/rope_fraction",
+                          "a fraction giving an even number of rotated dims per head", std::to_string(op.rope_fraction));
         }
         break;
+      }
       case OpKind::kAttention:
-        p.in = q;
-        p.in2 = k;
-        p.in3 = v;
-        p.out = cur = new_slot(op.heads * op.head_dim);
         p.save = new_slot(op.heads);  // lse, stored (B, H, T)
+        if (op.qk_head_dim != op.head_dim) {
+          p.v_pad = new_slot(width(p.in3) / op.head_dim * op.qk_head_dim);
+          p.o_pad = new_slot(op.heads * op.qk_head_dim);
+        }
         break;
       case OpKind::kXsa:
-        p.in = cur;
-        p.in2 = v;
-        p.out = cur = new_slot(width(p.in));
         break;
       case OpKind::kAttnGate:
-        p.in = cur;
-        p.in2 = branch;
-        p.out = cur = new_slot(width(p.in));
         p.save = new_slot(op.heads);  // g
         scratch = std::max(scratch, static_cast<size_t>(N_ * op.heads));
         break;
@@ -228,68 +254,36 @@ void CpuModel::plan(const models::LayerGraph& g) {
           s.hist.assign(static_cast<size_t>(s.E * m.moe.balancing_bins), 0);
         }
         moe_.push_back(std::move(s));
-        p.moe = static_cast<int>(moe_.size()) - 1;
+        p.moe = moe_of_layer[op.layer] = static_cast<int>(moe_.size()) - 1;
         p.p1 = -1;  // the bias is a selection input, read by top-k
-        p.in = moe_x = branch;
-        p.out = new_slot(m.moe.experts);
-        cur = p.out;
         break;
       }
-      case OpKind::kTopK:
-        p.moe = static_cast<int>(moe_.size()) - 1;
-        p.in = cur;
-        p.out = weights = new_slot(m.moe.top_k);
-        break;
-      case OpKind::kDispatch:
-        p.moe = static_cast<int>(moe_.size()) - 1;
-        p.in = moe_x;
-        p.in2 = weights;  // read for the capacity transport's router-probability priority only
-        p.out = cur = new_slot(m.moe.top_k * width(moe_x));
-        break;
       case OpKind::kExpertMlp: {
-        p.moe = static_cast<int>(moe_.size()) - 1;
-        const MoeState& s = moe_.back();
-        p.in = cur;
-        p.out = cur = new_slot(width(p.in));
+        const MoeState& s = moe_[static_cast<size_t>(p.moe)];
         p.save = new_slot(s.k * s.F);   // a1
         p.save2 = new_slot(s.k * s.F);  // a3
         p.save3 = new_slot(s.k * s.F);  // h
         scratch = std::max(scratch, experts_scratch_floats(static_cast<int>(N_ * s.k), s.L, s.F));
         break;
       }
-      case OpKind::kCombine:
-        p.moe = static_cast<int>(moe_.size()) - 1;
-        p.in = cur;
-        p.in2 = weights;
-        p.out = cur = new_slot(moe_.back().L);
-        break;
       case OpKind::kSharedMlp: {
         const int64_t F = op.params[0].shape[1];
-        p.in = branch;
-        p.in2 = g.model.is_moe_layer(op.layer) ? cur : -1;  // the routed output it adds to
-        p.out = cur = new_slot(d);
         p.save = new_slot(F);
         p.save2 = new_slot(F);
         p.save3 = new_slot(F);
         scratch = std::max(scratch, static_cast<size_t>(3 * N_ * F));
         break;
       }
-      case OpKind::kResidualAdd:
-        p.in = resid;
-        p.in2 = cur;
-        p.out = cur = resid = new_slot(d);
-        break;
-      case OpKind::kLmHead:
-        p.in = cur;
-        p.out = cur = logits_slot_ = new_slot(m.vocab);
-        break;
       case OpKind::kCrossEntropy:
-        p.in = cur;
         p.save = lse_slot_ = new_slot(1);
         break;
     }
-    // Before the first block, the embedding (and its norm) is the residual stream.
-    if (!g.block_begin.empty() && i < g.block_begin[0]) resid = cur;
+    if (op.kind == OpKind::kLinear) {
+      const int64_t out_w = width(p.out) + (p.out2 >= 0 ? width(p.out2) : 0);
+      RS_CHECK(width(p.in) == op.params[0].shape[0], "linear input width differs from its weight: " + op.name);
+      RS_CHECK(out_w == op.params[0].shape[1], "linear output width differs from its weight: " + op.name);
+      if (p.out2 >= 0) p.joined = new_slot(out_w);
+    }
   }
   RS_CHECK(logits_slot_ >= 0 && lse_slot_ >= 0, "layer graph without LM head and loss");
 
@@ -305,6 +299,8 @@ void CpuModel::plan(const models::LayerGraph& g) {
     mark(p.in, p.acc_in);
     mark(p.in2, p.acc_in2);
     mark(p.in3, p.acc_in3);
+    mark(p.k_nope, p.acc_k_nope);
+    mark(p.k_rope, p.acc_k_rope);
   }
 
   int64_t max_width = 0;
@@ -424,6 +420,17 @@ const int32_t* CpuModel::routed_experts(int layer) const {
   return nullptr;
 }
 
+std::vector<uint8_t> CpuModel::kept_assignments(int layer) const {
+  for (const MoeState& s : moe_) {
+    if (s.layer != layer) continue;
+    std::vector<uint8_t> kept(s.expert.size(), 1);
+    if (s.keep.empty()) return kept;
+    for (size_t a = 0; a < kept.size(); ++a) kept[a] = s.keep[static_cast<size_t>(s.sorted_pos[a])];
+    return kept;
+  }
+  return {};
+}
+
 const float* CpuModel::balancing_bias(int layer) const {
   for (const MoeState& s : moe_)
     if (s.layer == layer) return s.bias.data();
@@ -454,11 +461,17 @@ LossResult CpuModel::forward(const int32_t* inputs, const int32_t* targets, cons
     counted_targets_ += targets[t] >= 0;
   }
   if (loss_tokens_ > 0) {
+    if (has_router_losses(graph_.model)) {
+      throw UserError(graph_.model.source_file, "/moe/balancing",
+                      "one process for the router losses (aux_loss, router_z_loss_applied)",
+                      "a data-parallel run");
+    }
     RS_CHECK(loss_tokens_ >= counted_targets_, "the global batch has fewer targets than this slice");
     counted_targets_ = loss_tokens_;
   }
   if (counted_targets_ == 0) throw UserError("batch: expected at least one target token, found none");
   LossResult r;
+  router_loss_ = 0;
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
     if (!timer_) {
       forward_op(i, inputs, targets, doc_ids);
@@ -470,7 +483,8 @@ LossResult CpuModel::forward(const int32_t* inputs, const int32_t* targets, cons
   }
   r.ce = last_ce_;
   r.z_loss = last_z_;
-  r.loss = r.ce + r.z_loss;
+  r.router_loss = router_loss_;
+  r.loss = r.ce + r.z_loss + r.router_loss;
   for (const MoeState& s : moe_) {
     r.drops += s.drops;
     r.router_z_loss += s.router_z / static_cast<double>(moe_.size());
@@ -507,70 +521,95 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
   const int d = static_cast<int>(m.d_model), hd = static_cast<int>(m.attention.head_dim);
   const float eps = static_cast<float>(m.norm.eps);
   auto w = [&](int slot) { return static_cast<int>(slots_[static_cast<size_t>(slot)].width); };
+  const int qk = static_cast<int>(op.qk_head_dim);  // q/k head dim of attention ops (= hd but for MLA)
+  if (p.k_nope >= 0) assemble_key(A(p.in2), A(p.k_nope), A(p.k_rope), N_, op.heads, hd, qk - hd);
   switch (op.kind) {
-    case OpKind::kEmbedding:
+    case OpKind::kEmbedding:  // tokens (N) -> resid (N, d)
       embedding_forward(A(p.out), inputs, P(p.p0), N, d, static_cast<int>(m.vocab));
       return;
-    case OpKind::kRmsNorm:
+    case OpKind::kRmsNorm:  // (N, width) -> (N, width)
+      if (m.norm.kind == models::NormKind::kLayerNorm) {
+        layernorm_forward(A(p.out), A(p.save), A(p.in), P(p.p0), eps, N, w(p.in));
+        return;
+      }
       rmsnorm_forward(A(p.out), A(p.save), A(p.in), P(p.p0), eps, N, w(p.in));
       return;
-    case OpKind::kGatedNorm:
+    case OpKind::kGatedNorm:  // x (N, d) -> x * sigmoid(silu(x W_down) W_up) (N, d)
       gated_norm_forward(A(p.out), A(p.save), A(p.save2), A(p.in), P(p.p0), P(p.p1), N, d, w(p.save));
       return;
-    case OpKind::kLinear:
+    case OpKind::kLinear:  // (N, in) -> (N, out)
+      if (p.joined >= 0) {  // two outputs: (N, out) and (N, out2), the weight's columns in that order
+        linear_forward(A(p.joined), A(p.in), P(p.p0), nullptr, N, w(p.in), w(p.joined));
+        copy_columns(A(p.out), w(p.out), A(p.joined), w(p.joined), N_);
+        copy_columns(A(p.out2), w(p.out2), A(p.joined) + w(p.out), w(p.joined), N_);
+        return;
+      }
       linear_forward(A(p.out), A(p.in), P(p.p0), nullptr, N, w(p.in), w(p.out));
       return;
-    case OpKind::kSConv:
+    case OpKind::kSConv:  // (B, T, C) -> (B, T, C), causal along T inside each document
       sconv_forward(A(p.out), A(p.in), P(p.p0), doc, B, T, w(p.in), static_cast<int>(m.sconv.kernel));
       return;
-    case OpKind::kQkNorm: {
+    case OpKind::kQkNorm: {  // q (N, H, qk), k (N, kv, qk) -> the same, RMS-normalised per head
       const auto mult = static_cast<float>(m.attention.qk_norm_multiplier);
-      rmsnorm_noparam_forward(A(p.out), A(p.save), A(p.in), mult, eps, N * (w(p.in) / hd), hd);
-      rmsnorm_noparam_forward(A(p.out2), A(p.save2), A(p.in2), mult, eps, N * (w(p.in2) / hd), hd);
+      rmsnorm_noparam_forward(A(p.out), A(p.save), A(p.in), mult, eps, N * (w(p.in) / qk), qk);
+      rmsnorm_noparam_forward(A(p.out2), A(p.save2), A(p.in2), mult, eps, N * (w(p.in2) / qk), qk);
       return;
     }
-    case OpKind::kRope: {
+    case OpKind::kRope: {  // q (N, H, qk), k (N, kv, qk) -> the leading rot_dims of each head rotated
       const auto theta = static_cast<float>(m.attention.rope_theta);
-      rope_forward(A(p.out), A(p.in), pos_.data(), N, w(p.in) / hd, hd, p.rot_dims, theta);
-      rope_forward(A(p.out2), A(p.in2), pos_.data(), N, w(p.in2) / hd, hd, p.rot_dims, theta);
+      rope_forward(A(p.out), A(p.in), pos_.data(), N, w(p.in) / qk, qk, p.rot_dims, theta);
+      rope_forward(A(p.out2), A(p.in2), pos_.data(), N, w(p.in2) / qk, qk, p.rot_dims, theta);
       return;
     }
-    case OpKind::kAttention:
+    case OpKind::kAttention:  // q (N, H, qk), k (N, kv, qk), v (N, kv, hd) -> (N, H, hd)
+      if (p.v_pad >= 0) {  // qk > hd (MLA): run at qk with v zero-padded, keep the first hd
+        copy_columns(A(p.v_pad), qk, A(p.in3), hd, N_ * (w(p.in3) / hd));
+        attention_forward(A(p.o_pad), A(p.save), A(p.in), A(p.in2), A(p.v_pad), doc, B, T,
+                          static_cast<int>(op.heads), w(p.in2) / qk, static_cast<int>(op.kv_heads), qk,
+                          static_cast<int>(op.window), 1.0f / std::sqrt(static_cast<float>(qk)));
+        copy_columns(A(p.out), hd, A(p.o_pad), qk, N_ * op.heads);
+        return;
+      }
       attention_forward(A(p.out), A(p.save), A(p.in), A(p.in2), A(p.in3), doc, B, T, static_cast<int>(op.heads),
                         w(p.in2) / hd, static_cast<int>(op.kv_heads), hd, static_cast<int>(op.window),
                         1.0f / std::sqrt(static_cast<float>(op.qk_head_dim)));
       return;
-    case OpKind::kXsa:
+    case OpKind::kXsa:  // o (N, H, hd), v (N, kv, hd) -> o minus its component along its own v
       xsa_forward(A(p.out), A(p.in), A(p.in2), N, static_cast<int>(op.heads), w(p.in2) / hd,
                   static_cast<int>(op.kv_heads), hd, kXsaEps);
       return;
-    case OpKind::kAttnGate:
+    case OpKind::kAttnGate:  // o (N, H, hd), x (N, d) -> o * 2 sigmoid(x W_gate) per head
       attn_gate_forward(A(p.out), A(p.save), A(p.in), A(p.in2), P(p.p0), N, d, static_cast<int>(op.heads), hd);
       return;
-    case OpKind::kRouter: {
+    case OpKind::kRouter: {  // x (N, d) -> router logits (N, E)
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       linear_forward(A(p.out), A(p.in), P(p.p0), nullptr, N, d, s.E);
       s.router_z = router_z_loss(A(p.out), N, s.E);
+      if (m.moe.router_z_loss_applied) router_loss_ += m.moe.router_z_loss_weight * s.router_z;
       if (training_ && !s.hist.empty()) {
         qb_histogram(s.hist.data(), A(p.out), N, s.E, static_cast<int>(m.moe.balancing_bins), kQbLo, kQbHi);
       }
       return;
     }
-    case OpKind::kTopK: {
+    case OpKind::kTopK: {  // logits (N, E) -> weights (N, k) [+ expert ids (N, k) in the routing state]
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       const float* bias = s.bias_param >= 0 ? P(s.bias_param) : s.bias.data();
       router_forward(s.expert.data(), A(p.out), s.threshold.data(), A(p.in), bias, N, s.E, s.k, router_kind(m),
                      static_cast<float>(m.moe.routing_weight_sum));
+      if (m.moe.balancing == models::BalancingKind::kAuxLoss) {
+        router_loss_ += aux_loss_forward(A(p.in), s.expert.data(), N, s.E, s.k, router_kind(m),
+                                         static_cast<float>(m.moe.aux_loss_weight));
+      }
       return;
     }
-    case OpKind::kDispatch: {
+    case OpKind::kDispatch: {  // moe_x (N, L) -> rows (N*k, L) grouped by expert; drops decided here
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       moe_group_by_expert(s.sorted_pos.data(), s.offsets.data(), s.expert.data(), N * s.k, s.E);
       dispatch_layer(s, A(p.in2));
       moe_gather_forward(A(p.out), A(p.in), s.sorted_pos.data(), N, s.k, s.L);
       return;
     }
-    case OpKind::kExpertMlp: {
+    case OpKind::kExpertMlp: {  // rows (N*k, L) -> each row through its expert's SwiGLU (N*k, L)
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       if (experts_) {
         s.keep.resize(static_cast<size_t>(N_ * s.k));
@@ -581,23 +620,27 @@ void CpuModel::forward_op(size_t i, const int32_t* inputs, const int32_t* target
                       s.keep.empty() ? nullptr : s.keep.data(), P(p.p0), P(p.p1), P(p.p2), N * s.k, s.E, s.L, s.F);
       return;
     }
-    case OpKind::kCombine: {
+    case OpKind::kCombine: {  // rows (N*k, L), weights (N, k) -> weighted sum per token (N, L)
       MoeState& s = moe_[static_cast<size_t>(p.moe)];
       moe_combine_forward(A(p.out), A(p.in), A(p.in2), s.sorted_pos.data(), N, s.k, s.L);
       return;
     }
-    case OpKind::kSharedMlp:
+    case OpKind::kSharedMlp:  // x (N, d) [, routed (N, d)] -> SwiGLU(x) [+ routed] (N, d)
       dense_swiglu_forward(A(p.out), A(p.save), A(p.save2), A(p.save3), A(p.in), P(p.p0), P(p.p1), P(p.p2), N, d,
                            w(p.save));
       if (p.in2 >= 0) add_inplace(A(p.out), A(p.in2), static_cast<size_t>(N_ * d));
       return;
-    case OpKind::kResidualAdd:
+    case OpKind::kResidualAdd:  // resid (N, d), branch (N, d) -> resid + branch (N, d)
       residual_forward(A(p.out), A(p.in), A(p.in2), static_cast<size_t>(N_ * d));
       return;
-    case OpKind::kLmHead:
+    case OpKind::kLmHead:  // (N, d) -> logits (N, V)
+      if (p.tied) {
+        linear_t_forward(A(p.out), A(p.in), P(p.p0), N, d, static_cast<int>(m.vocab));
+        return;
+      }
       linear_forward(A(p.out), A(p.in), P(p.p0), nullptr, N, d, static_cast<int>(m.vocab));
       return;
-    case OpKind::kCrossEntropy: {
+    case OpKind::kCrossEntropy: {  // logits (N, V), targets (N) -> mean CE + logit z-loss
       const CrossEntropyResult r = cross_entropy_forward(A(p.save), A(p.in), targets, N, static_cast<int>(m.vocab),
                                                          static_cast<float>(m.logit_z_loss_weight), counted_targets_);
       last_ce_ = r.ce;
@@ -638,11 +681,22 @@ void CpuModel::backward() {
 }
 
 void CpuModel::backward_op(size_t i) {
+  backward_kernels(i);
+  const OpPlan& p = plan_[i];
+  if (p.k_nope < 0) return;
+  // The MLA key this op assembled: its gradient back to the two parts.
+  const models::Op& op = graph_.ops[i];
+  split_key_grad(D(p.k_nope), p.acc_k_nope, D(p.k_rope), p.acc_k_rope, D(p.in2), N_, op.heads, op.head_dim,
+                 op.qk_head_dim - op.head_dim);
+}
+
+void CpuModel::backward_kernels(size_t i) {
   const models::Op& op = graph_.ops[i];
   const auto& m = graph_.model;
   const OpPlan& p = plan_[i];
   const int N = static_cast<int>(N_), B = static_cast<int>(B_), T = static_cast<int>(T_);
   const int d = static_cast<int>(m.d_model), hd = static_cast<int>(m.attention.head_dim);
+  const int qk = static_cast<int>(op.qk_head_dim);
   auto w = [&](int slot) { return static_cast<int>(slots_[static_cast<size_t>(slot)].width); };
   switch (op.kind) {
     case OpKind::kCrossEntropy: {
@@ -653,6 +707,10 @@ void CpuModel::backward_op(size_t i) {
       return;
     }
     case OpKind::kLmHead:
+      if (p.tied) {
+        linear_t_backward(D(p.in), G(p.p0), D(p.out), A(p.in), P(p.p0), N, d, static_cast<int>(m.vocab), p.acc_in);
+        return;
+      }
       linear_backward(D(p.in), G(p.p0), nullptr, D(p.out), A(p.in), P(p.p0), N, d, static_cast<int>(m.vocab),
                       p.acc_in);
       return;
@@ -708,10 +766,17 @@ void CpuModel::backward_op(size_t i) {
       router_backward(dl, D(p.out), A(p.out), s.expert.data(), A(p.in), N, s.E, s.k, router_kind(m),
                       static_cast<float>(m.moe.routing_weight_sum));
       grad_done(p.in, p.acc_in);
+      if (m.moe.balancing == models::BalancingKind::kAuxLoss) {
+        aux_loss_backward(D(p.in), A(p.in), s.expert.data(), N, s.E, s.k, router_kind(m),
+                          static_cast<float>(m.moe.aux_loss_weight));
+      }
       return;
     }
     case OpKind::kRouter: {
       const MoeState& s = moe_[static_cast<size_t>(p.moe)];
+      if (m.moe.router_z_loss_applied) {
+        router_z_loss_backward(D(p.out), A(p.out), N, s.E, static_cast<float>(m.moe.router_z_loss_weight));
+      }
       linear_backward(D(p.in), G(p.p0), nullptr, D(p.out), A(p.in), P(p.p0), N, d, s.E, p.acc_in);
       return;
     }
@@ -732,6 +797,16 @@ void CpuModel::backward_op(size_t i) {
     }
     case OpKind::kAttention: {
       float* dq = grad_dst(p.in, p.acc_in);
+      if (p.v_pad >= 0) {  // MLA: at qk with v padded (see forward); k and v_pad have this reader only
+        copy_columns(D(p.o_pad), qk, D(p.out), hd, N_ * op.heads);
+        attention_backward(dq, D(p.in2), D(p.v_pad), D(p.o_pad), A(p.in), A(p.in2), A(p.v_pad), A(p.o_pad),
+                           A(p.save), doc_, B, T, static_cast<int>(op.heads), w(p.in2) / qk,
+                           static_cast<int>(op.kv_heads), qk, static_cast<int>(op.window),
+                           1.0f / std::sqrt(static_cast<float>(qk)), false);
+        grad_done(p.in, p.acc_in);
+        copy_columns(D(p.in3), hd, D(p.v_pad), qk, N_ * (w(p.in3) / hd), p.acc_in3);
+        return;
+      }
       const bool acc_kv = p.acc_in2 || p.acc_in3;
       if (acc_kv) {
         zero_if_first(p.in2, p.acc_in2);
@@ -747,8 +822,8 @@ void CpuModel::backward_op(size_t i) {
       const auto theta = static_cast<float>(m.attention.rope_theta);
       float* dq = grad_dst(p.in, p.acc_in, 0);
       float* dk = grad_dst(p.in2, p.acc_in2, 1);
-      rope_backward(dq, D(p.out), pos_.data(), N, w(p.in) / hd, hd, p.rot_dims, theta);
-      rope_backward(dk, D(p.out2), pos_.data(), N, w(p.in2) / hd, hd, p.rot_dims, theta);
+      rope_backward(dq, D(p.out), pos_.data(), N, w(p.in) / qk, qk, p.rot_dims, theta);
+      rope_backward(dk, D(p.out2), pos_.data(), N, w(p.in2) / qk, qk, p.rot_dims, theta);
       grad_done(p.in, p.acc_in, 0);
       grad_done(p.in2, p.acc_in2, 1);
       return;
@@ -757,8 +832,8 @@ void CpuModel::backward_op(size_t i) {
       const auto mult = static_cast<float>(m.attention.qk_norm_multiplier);
       float* dq = grad_dst(p.in, p.acc_in, 0);
       float* dk = grad_dst(p.in2, p.acc_in2, 1);
-      rmsnorm_noparam_backward(dq, D(p.out), A(p.in), A(p.save), mult, N * (w(p.in) / hd), hd);
-      rmsnorm_noparam_backward(dk, D(p.out2), A(p.in2), A(p.save2), mult, N * (w(p.in2) / hd), hd);
+      rmsnorm_noparam_backward(dq, D(p.out), A(p.in), A(p.save), mult, N * (w(p.in) / qk), qk);
+      rmsnorm_noparam_backward(dk, D(p.out2), A(p.in2), A(p.save2), mult, N * (w(p.in2) / qk), qk);
       grad_done(p.in, p.acc_in, 0);
       grad_done(p.in2, p.acc_in2, 1);
       return;
@@ -770,6 +845,13 @@ void CpuModel::backward_op(size_t i) {
       return;
     }
     case OpKind::kLinear:
+      if (p.joined >= 0) {  // two outputs: their gradients side by side, as the weight's columns
+        copy_columns(D(p.joined), w(p.joined), D(p.out), w(p.out), N_);
+        copy_columns(D(p.joined) + w(p.out), w(p.joined), D(p.out2), w(p.out2), N_, true);
+        linear_backward(D(p.in), G(p.p0), nullptr, D(p.joined), A(p.in), P(p.p0), N, w(p.in), w(p.joined),
+                        p.acc_in);
+        return;
+      }
       linear_backward(D(p.in), G(p.p0), nullptr, D(p.out), A(p.in), P(p.p0), N, w(p.in), w(p.out), p.acc_in);
       return;
     case OpKind::kGatedNorm: {
@@ -781,6 +863,11 @@ void CpuModel::backward_op(size_t i) {
     }
     case OpKind::kRmsNorm: {
       float* dx = grad_dst(p.in, p.acc_in);
+      if (m.norm.kind == models::NormKind::kLayerNorm) {
+        layernorm_backward(dx, G(p.p0), D(p.out), A(p.in), A(p.save), P(p.p0), N, w(p.in));
+        grad_done(p.in, p.acc_in);
+        return;
+      }
       rmsnorm_backward(dx, G(p.p0), D(p.out), A(p.in), A(p.save), P(p.p0), N, w(p.in));
       grad_done(p.in, p.acc_in);
       return;

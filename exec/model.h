@@ -5,10 +5,10 @@
 // activation arena one (N, width) buffer per op output ("slot"), N = batch*seq
 // tokens, sized when the model is built. forward() walks graph.ops in order
 // and calls each op's kernel (exec/kernels.h); backward() walks them back.
-// What reads what (the data flow the flat op list leaves implicit: Q/K/V all
-// read the attention branch input, the residual stream skips the branch, the
-// shared experts add to the routed output) is worked out once, when the model
-// is built, into a per-op plan of slots; the passes then read top to bottom.
+// What reads what is the layer graph's: every op declares the tensors it reads
+// and writes (models::Op::inputs / outputs, e.g. the attention core reads
+// layers.3.attn.q_rot, k_rot and v); plan() gives each written tensor a slot
+// and each op the slots its inputs name. The passes then read top to bottom.
 //
 // GRADIENT RULE (as in exec/kernels.h): parameter gradients += (call
 // zero_grads() before a step), activation gradients =, the residual stream +=.
@@ -23,9 +23,18 @@
 // kv_used heads, the unused heads' gradients are zero); QB bias from the
 // previous step's histogram of router logits over [kQbLo, kQbHi].
 //
-// Not runnable here (UserError when the model is built): MLA attention,
-// LayerNorm, auxiliary-loss balancing, an applied router z-loss, tied
-// embeddings.
+// Norms: with norm.kind "layernorm" every parametric norm op (kRmsNorm) runs as
+// LayerNorm with a gain; QK-norm stays RMS. Router losses (aux balancing,
+// an applied router z-loss) are summed over the MoE layers, each a mean over
+// this process's tokens; a tied LM head reads embedding.w transposed.
+//
+// MLA: the key arrives in two parts (k_nope per head, the RoPE key shared by
+// the heads), assembled by the first op that reads it; RoPE rotates the leading
+// rope_fraction of each (hd + rope_dim) q/k head, as the layer graph prices it;
+// attention runs at the q/k head dim with v zero-padded.
+//
+// Not runnable here (UserError at the first forward): the router losses under
+// data parallelism (their per-rank means would not add up to the global batch's).
 //
 //   LayerGraph g = build_layer_graph(load_model("models/zoo/tiny-moe.json"));
 //   CpuModel m(g, /*batch=*/8, /*seq=*/256);
@@ -96,7 +105,8 @@ struct LossResult {
   double loss = 0;    // ce + z_loss (the optimised value)
   double ce = 0;      // mean cross-entropy, nats per token
   double z_loss = 0;  // weighted logit z-loss
-  double router_z_loss = 0;  // mean over MoE layers (logged, not applied)
+  double router_z_loss = 0;  // mean over MoE layers (logged; in `loss` when the model applies it)
+  double router_loss = 0;    // applied router losses: aux balancing + weighted router z-loss, summed over layers
   sim::DropCounts drops;     // summed over MoE layers
 };
 
@@ -167,6 +177,9 @@ class CpuModel {
   // Chosen experts of MoE layer `layer`, (N, k); nullptr for a dense layer.
   const int32_t* routed_experts(int layer) const;
   const float* balancing_bias(int layer) const;    // (E) or nullptr
+  // Which of MoE layer `layer`'s assignments the experts computed, (N*k) in
+  // assignment order (token-major, as routed_experts); all 1 without drops.
+  std::vector<uint8_t> kept_assignments(int layer) const;
   // The forward output of op `i`, (N, out width), and its width. The dispatch and
   // expert ops' outputs are (N*k, L) in expert-grouped order (moe_group_by_expert's
   // sorted positions), not assignment order: assignment a is row sorted_pos[a].
@@ -186,7 +199,18 @@ class CpuModel {
     int p0 = -1, p1 = -1, p2 = -1;     // parameter arena tensors in op.params order
     int moe = -1;                      // index into moe_ of the op's layer
     int rot_dims = 0;                  // RoPE
-    bool site_norm = false;            // RmsNorm reading the residual stream
+    bool tied = false;                 // LM head: p0 is the embedding table (V, d), read transposed
+    // MLA. A linear with two outputs (kv_down: latent | rope key; kv_up: k_nope | v)
+    // computes into `joined` (N, out + out2) and splits its columns.
+    int joined = -1;
+    // The first op reading an MLA key gets it in two parts, k_nope (N, H, hd) and
+    // the rope key shared by the heads, k_rope (N, r); it runs on the assembled
+    // in2 = (N, H, hd + r), a slot of its own.
+    int k_nope = -1, k_rope = -1;
+    bool acc_k_nope = false, acc_k_rope = false;
+    // Attention with qk head dim > v head dim: v is zero-padded to the qk head
+    // dim (v_pad) and the output computed at it (o_pad), then sliced.
+    int v_pad = -1, o_pad = -1;
   };
   // Routing state of one MoE layer.
   struct MoeState {
@@ -213,6 +237,7 @@ class CpuModel {
 
   void forward_op(size_t i, const int32_t* inputs, const int32_t* targets, const int32_t* doc);
   void backward_op(size_t i);
+  void backward_kernels(size_t i);  // backward_op without the MLA key split
   void dispatch_layer(MoeState& m, const float* weights);  // weights: (N, k)
   ExpertLayer expert_layer(const OpPlan& p);  // the kExpertMlp op's layer for the backend
   // Backward helpers for an input gradient: where the kernel writes, and the
@@ -245,6 +270,7 @@ class CpuModel {
   DispatchOptions dispatch_;
   ExpertBackend* experts_ = nullptr;
   int64_t loss_tokens_ = 0;
+  double router_loss_ = 0;          // this forward's applied router losses
   OpTimer timer_;
 };
 

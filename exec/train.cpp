@@ -14,6 +14,7 @@
 
 #include "exec/dump.h"
 #include "exec/kernels.h"
+#include "exec/train_layout.h"
 #include "models/json_io.h"
 
 namespace rackstep::exec {
@@ -108,8 +109,16 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   if (o_.data_dir.empty()) throw UserError("train: expected --data <dataset dir>, found none");
   graph_ = models::build_layer_graph(models::load_model(o_.model_path));
   const auto& m = graph_.model;
-  const int64_t seq = o_.seq > 0 ? o_.seq : m.seq_len;
-  const int64_t batch = o_.batch > 0 ? o_.batch : m.recipe.batch_seqs;
+  int64_t seq = o_.seq > 0 ? o_.seq : m.seq_len;
+  int64_t batch = o_.batch > 0 ? o_.batch : m.recipe.batch_seqs;
+  if (!o_.layout_path.empty()) {
+    const TrainLayout l = train_layout(sim::load_layout(o_.layout_path), o_.layout_path, graph_, world(), o_.batch);
+    if (o_.seq == 0) seq = l.seq;
+    batch = l.batch_seqs;
+    o_.dispatch = l.dispatch;
+    placement_only_ = l.placement_only;
+  }
+  if (o_.dispatch.enabled) o_.dispatch.config = with_model_experts(o_.dispatch.config, graph_);
   if (batch < 1) throw UserError(o_.model_path, "/recipe/batch_seqs", "a batch (or --batch)", "none");
   global_batch_ = batch;
   const auto [first_seq, end_seq] = sequence_slice(batch, world(), comm_ ? comm_->rank() : 0);
@@ -458,12 +467,17 @@ int run_training(const TrainOptions& options, const TrainOutput& out, const Comm
                 current_threads(), t.peak_flops() / 1e9, t.unigram_entropy_nats(),
                 static_cast<long long>(t.total_steps()),
                 options.resume ? (", resumed at step " + std::to_string(t.step_index())).c_str() : "");
+    if (!t.placement_only().empty()) {
+      std::string fields;
+      for (const std::string& f : t.placement_only()) fields += (fields.empty() ? "" : ", ") + f;
+      std::printf("layout fields not applied (memory placement only, the math is the same): %s\n", fields.c_str());
+    }
     if (t.world() > 1) {
-      const bool ep = options.dispatch.enabled && options.dispatch.ep > 1;
+      const bool ep = t.dispatch().enabled && t.dispatch().ep > 1;
       std::printf("processes %d: data parallel over %lld sequences each, ZeRO optimizer shards%s\n", t.world(),
                   static_cast<long long>(t.model().batch()),
-                  ep ? (", expert parallel " + std::to_string(options.dispatch.ep) + " (" +
-                        sim::transport_name(options.dispatch.config.transport) + " transport)")
+                  ep ? (", expert parallel " + std::to_string(t.dispatch().ep) + " (" +
+                        sim::transport_name(t.dispatch().config.transport) + " transport)")
                            .c_str()
                      : "");
     }
@@ -537,6 +551,16 @@ int run_training(const TrainOptions& options, const TrainOutput& out, const Comm
                           {"batch", t.global_batch()},
                           {"processes", t.world()},
                           {"verified_dispatch_layers", t.verified_dispatch_layers()},
+                          {"dispatch", options.layout_path.empty() && !options.dispatch.enabled
+                                           ? nlohmann::json(nullptr)
+                                           : nlohmann::json{{"ep", t.dispatch().ep},
+                                                            {"transport", sim::transport_name(t.dispatch().config.transport)},
+                                                            {"sender_cf", t.dispatch().config.sender_cf},
+                                                            {"receiver_cf", t.dispatch().config.receiver_cf},
+                                                            {"waves", t.dispatch().config.waves},
+                                                            {"experts", t.dispatch().config.n_experts},
+                                                            {"top_k", t.dispatch().config.top_k}}},
+                          {"layout_not_applied", t.placement_only()},
                           {"seq", t.model().seq()},
                           {"threads", current_threads()},
                           {"sgemm_peak_flops_per_s", t.peak_flops()},
@@ -631,12 +655,16 @@ void write_reference_dump(const TrainOptions& options, const std::string& dir) {
   meta["qk_norm_multiplier"] = m.attention.qk_norm_multiplier;
   meta["xsa_eps"] = kXsaEps;
   meta["rope_theta"] = m.attention.rope_theta;
+  // The q/k head dim: MLA appends the RoPE key dims to each head.
+  const int64_t qk_hd =
+      m.attention.head_dim + (m.attention.kind == models::AttentionKind::kMla ? m.attention.mla_rope_dim : 0);
   auto rot_dims = [&](const models::AttentionLayerKind& k) {
-    return k.position == models::PositionKind::kRope ? std::lround(k.rope_fraction * static_cast<double>(m.attention.head_dim)) : 0L;
+    return k.position == models::PositionKind::kRope ? std::lround(k.rope_fraction * static_cast<double>(qk_hd)) : 0L;
   };
   meta["rot_dims_local"] = rot_dims(m.attention.local);
   meta["rot_dims_global"] = rot_dims(m.attention.global);
-  meta["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(m.attention.head_dim));
+  meta["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(qk_hd));
+  meta["router_loss"] = r.router_loss;
   meta["logit_z_loss_weight"] = m.logit_z_loss_weight;
   meta["routing_weight_sum"] = m.moe.routing_weight_sum;
   meta["router_z_loss"] = r.router_z_loss;

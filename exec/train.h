@@ -75,7 +75,9 @@ struct TrainOptions {
   uint64_t seed = 1;            // parameter init and data order
   int threads = 0;              // 0 = the OpenMP default
   double lr_scale = 1.0;        // multiplies both fitted peak LRs
-  DispatchOptions dispatch;     // with several processes, dispatch.ep > 1 = real expert parallelism
+  std::string layout_path;      // a parallelism layout (exec/train_layout.h); "" = the flags below
+  DispatchOptions dispatch;     // with several processes, dispatch.ep > 1 = real expert parallelism;
+                                // experts and top-k are the model's (filled in by the Trainer)
   bool verify_dispatch = false; // EP across processes: check every layer against sim::dispatch
 };
 
@@ -120,6 +122,10 @@ class Trainer {
 
   CpuModel& model() { return *model_; }
   int64_t global_batch() const { return global_batch_; }  // sequences per step over all ranks
+  // Layout fields that place memory only and were not applied ("/recompute: full").
+  const std::vector<std::string>& placement_only() const { return placement_only_; }
+  // The EP dispatch this run uses (from the layout or the flags, experts from the model).
+  const DispatchOptions& dispatch() const { return o_.dispatch; }
   int world() const { return comm_ ? comm_->size() : 1; }
   bool is_root() const { return !comm_ || comm_->root(); }
   // Layers checked against sim::dispatch so far (--verify-dispatch), this rank.
@@ -148,6 +154,7 @@ class Trainer {
 
   const Comm* comm_ = nullptr;
   int64_t global_batch_ = 0;
+  std::vector<std::string> placement_only_;  // layout fields not applied (exec/train_layout.h)
   std::unique_ptr<MpiExperts> experts_;
   ShardPlan shards_;
   Arena shard_params_, shard_grads_;   // this rank's tensors (ZeRO owner range)

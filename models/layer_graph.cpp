@@ -31,6 +31,23 @@ static int64_t product(const std::vector<int64_t>& v) {
 }
 
 int64_t Op::in_elems_per_token() const { return product(in_dims); }
+
+int64_t TensorDecl::elems_per_token() const {
+  int64_t n = 1;
+  for (const Dim& d : shape)
+    if (d.size > 0) n *= d.size;
+  return n;
+}
+
+std::string TensorDecl::shape_string() const {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += shape[i].name;
+    if (shape[i].size > 0) s += "=" + std::to_string(shape[i].size);
+  }
+  return s + ")";
+}
 int64_t Op::out_elems_per_token() const { return product(out_dims); }
 
 namespace {
@@ -42,14 +59,14 @@ class GraphBuilder {
   explicit GraphBuilder(const ModelConfig& m) : m_(m) { g_.model = m; }
 
   LayerGraph build() {
-    add_embedding();
+    TensorDecl resid = add_embedding();
     for (int32_t l = 0; l < m_.layers; ++l) {
       g_.block_begin.push_back(g_.ops.size());
-      add_block(l);
+      resid = add_block(l, resid);
     }
     g_.block_begin.push_back(g_.ops.size());
     g_.head_begin = g_.ops.size();
-    add_head();
+    add_head(resid);
     return std::move(g_);
   }
 
@@ -57,6 +74,30 @@ class GraphBuilder {
   std::string lname(int32_t l, const std::string& what) const {
     return l < 0 ? what : "layers." + std::to_string(l) + "." + what;
   }
+
+  // A (B, T, dims...) tensor of layer l.
+  TensorDecl tensor(int32_t l, const std::string& what, std::vector<Dim> dims,
+                    DType dtype = DType::kF32) const {
+    TensorDecl t;
+    t.name = lname(l, what);
+    t.shape = {{"B", 0}, {"T", 0}};
+    t.shape.insert(t.shape.end(), dims.begin(), dims.end());
+    t.dtype = dtype;
+    return t;
+  }
+  // A tensor of the same shape as `like`, named `what`.
+  TensorDecl same_shape(int32_t l, const std::string& what, const TensorDecl& like) const {
+    TensorDecl t = like;
+    t.name = lname(l, what);
+    return t;
+  }
+  // Declares the op's data flow; returns its first output.
+  static TensorDecl flow(Op& op, std::vector<TensorDecl> inputs, std::vector<TensorDecl> outputs) {
+    op.inputs = std::move(inputs);
+    op.outputs = std::move(outputs);
+    return op.outputs.empty() ? TensorDecl{} : op.outputs[0];
+  }
+  Dim d_model() const { return {"d_model", m_.d_model}; }
 
   Op& add(OpKind kind, OpClass cls, const std::string& name, int32_t layer,
           std::vector<int64_t> in_dims, std::vector<int64_t> out_dims) {
@@ -95,9 +136,12 @@ class GraphBuilder {
 
   // x (in) -> x W (out_used); W stored as (in, out_stored). active: whether the
   // weight is in Marin's active count and model FLOPs.
+  // x: the input tensor, y: the output it declares (at the stored width).
   Op& add_linear(int32_t l, const std::string& what, int64_t in, int64_t out_used,
-                 int64_t out_stored, bool active, bool saves_input = true) {
+                 int64_t out_stored, bool active, const TensorDecl& x, std::vector<TensorDecl> y,
+                 bool saves_input = true) {
     Op& op = add(OpKind::kLinear, OpClass::kGemm, lname(l, what), l, {in}, {out_used});
+    flow(op, {x}, std::move(y));
     op.params.push_back(param(lname(l, what + ".w"), {in, out_stored}, ParamRole::kBlockMatrix,
                               opt_for(ParamRole::kBlockMatrix), active ? 1.0 : 0.0));
     op.gemm_k = in;
@@ -109,17 +153,20 @@ class GraphBuilder {
     return op;
   }
 
-  void add_rmsnorm(int32_t l, const std::string& what, int64_t width) {
+  TensorDecl add_rmsnorm(int32_t l, const std::string& what, int64_t width, const TensorDecl& x) {
     Op& op = add(OpKind::kRmsNorm, OpClass::kNorm, lname(l, what), l, {width}, {width});
+    const TensorDecl y = flow(op, {x}, {same_shape(l, what + ".out", x)});
     op.params.push_back(param(lname(l, what + ".gain"), {width}, ParamRole::kOther,
                               opt_for(ParamRole::kOther), 0.0));
     op.ew_flops_per_token = 4.0 * static_cast<double>(width);
     op.saved_elems_per_token = static_cast<double>(width) + 1.0;  // input + 1/rms
+    return y;
   }
 
-  void add_gated_norm(int32_t l, const std::string& what) {
+  TensorDecl add_gated_norm(int32_t l, const std::string& what, const TensorDecl& x) {
     const int64_t d = m_.d_model, r = m_.norm.gated_rank;
     Op& op = add(OpKind::kGatedNorm, OpClass::kGemm, lname(l, what), l, {d}, {d});
+    const TensorDecl y = flow(op, {x}, {same_shape(l, what + ".out", x)});
     op.params.push_back(param(lname(l, what + ".w_down"), {d, r}, ParamRole::kBlockMatrix,
                               opt_for(ParamRole::kBlockMatrix), 0.0));
     op.params.push_back(param(lname(l, what + ".w_up"), {r, d}, ParamRole::kBlockMatrix,
@@ -130,74 +177,122 @@ class GraphBuilder {
     op.gemm_rows_per_token = 1.0;
     op.ew_flops_per_token = 6.0 * static_cast<double>(d) + 4.0 * static_cast<double>(r);
     op.saved_elems_per_token = 2.0 * static_cast<double>(d) + static_cast<double>(r);
+    return y;
   }
 
-  void add_norm_site(int32_t l, const std::string& what, bool gated) {
-    add_rmsnorm(l, what, m_.d_model);
-    if (gated && m_.norm.gated_rank > 0) add_gated_norm(l, what + "_gate");
+  // A pre-norm site: RMSNorm (+ gated norm) of the residual stream; returns the branch input.
+  TensorDecl add_norm_site(int32_t l, const std::string& what, bool gated, const TensorDecl& resid) {
+    const TensorDecl x = add_rmsnorm(l, what, m_.d_model, resid);
+    if (gated && m_.norm.gated_rank > 0) return add_gated_norm(l, what + "_gate", x);
+    return x;
   }
 
-  void add_sconv(int32_t l, const std::string& what, int64_t channels_used, int64_t channels_stored) {
+  // The convolution runs at the input's (stored) width; channels_used is what sim prices.
+  TensorDecl add_sconv(int32_t l, const std::string& what, int64_t channels_used, int64_t channels_stored,
+                       const TensorDecl& x) {
     const int64_t k = m_.sconv.kernel;
     Op& op = add(OpKind::kSConv, OpClass::kElementwise, lname(l, what), l, {channels_used},
                  {channels_used});
+    const TensorDecl y = flow(op, {x}, {same_shape(l, what + ".out", x)});
     op.params.push_back(param(lname(l, what + ".kernel"), {channels_stored, k}, ParamRole::kOther,
                               opt_for(ParamRole::kOther), 0.0));
     op.ew_flops_per_token = 2.0 * static_cast<double>(k * channels_used);
     op.saved_elems_per_token = static_cast<double>(channels_used);
+    return y;
   }
 
-  void add_residual(int32_t l, const std::string& what) {
+  // resid_out = resid + branch.
+  TensorDecl add_residual(int32_t l, const std::string& what, const TensorDecl& resid, const TensorDecl& branch,
+                          const std::string& resid_out) {
     Op& op = add(OpKind::kResidualAdd, OpClass::kElementwise, lname(l, what), l, {m_.d_model},
                  {m_.d_model});
     op.ew_flops_per_token = static_cast<double>(m_.d_model);
+    return flow(op, {resid, branch}, {tensor(l, resid_out, {d_model()})});
   }
 
-  void add_embedding() {
+  // tokens (B, T) -> the residual stream (B, T, d_model).
+  TensorDecl add_embedding() {
     const int64_t d = m_.d_model;
     Op& op = add(OpKind::kEmbedding, OpClass::kLookup, "embedding", -1, {1}, {d});
     op.params.push_back(param("embedding.w", {m_.vocab, d}, ParamRole::kEmbedding,
                               opt_for(ParamRole::kEmbedding), 0.0));
-    if (m_.norm.embedding_norm) add_norm_site(-1, "embedding_norm", m_.norm.gated_embedding);
+    const TensorDecl x = flow(op, {tensor(-1, "tokens", {}, DType::kI32)}, {tensor(-1, "embedding.out", {d_model()})});
+    if (m_.norm.embedding_norm) return add_norm_site(-1, "embedding_norm", m_.norm.gated_embedding, x);
+    return x;
   }
 
-  void add_attention_gqa(int32_t l) {
+  // Returns the attention branch output (B, T, d_model).
+  TensorDecl add_attention_gqa(int32_t l, const TensorDecl& x) {
     const auto& a = m_.attention;
     const auto& kind = m_.attention_kind(l);
     const int64_t d = m_.d_model, hd = a.head_dim;
     const int64_t q_width = a.heads * hd;
     const int64_t kv_used = kind.kv_heads * hd, kv_stored = a.kv_heads * hd;
-    add_linear(l, "attn.q_proj", d, q_width, q_width, true);
-    add_linear(l, "attn.k_proj", d, kv_used, kv_stored, true, false);
-    add_linear(l, "attn.v_proj", d, kv_used, kv_stored, true, false);
-    if (m_.sconv.kernel > 0 && m_.sconv.on_k) add_sconv(l, "attn.k_sconv", kv_used, kv_stored);
-    add_attention_core(l, a.heads, kind.kv_heads, hd, hd, kind);
+    const Dim heads{"heads", a.heads}, kv_heads{"kv_heads", a.kv_heads}, head_dim{"head_dim", hd};
+    // K and V are projected at the stored KV heads; a layer kind using fewer reads the first kv_used.
+    const TensorDecl q = add_linear(l, "attn.q_proj", d, q_width, q_width, true, x,
+                                    {tensor(l, "attn.q", {heads, head_dim})}).outputs[0];
+    TensorDecl k = add_linear(l, "attn.k_proj", d, kv_used, kv_stored, true, x,
+                              {tensor(l, "attn.k", {kv_heads, head_dim})}, false).outputs[0];
+    const TensorDecl v = add_linear(l, "attn.v_proj", d, kv_used, kv_stored, true, x,
+                                    {tensor(l, "attn.v", {kv_heads, head_dim})}, false).outputs[0];
+    if (m_.sconv.kernel > 0 && m_.sconv.on_k) k = add_sconv(l, "attn.k_sconv", kv_used, kv_stored, k);
+    return add_attention_core(l, a.heads, kind.kv_heads, hd, hd, kind, x, q, {k}, v);
   }
 
-  void add_attention_mla(int32_t l) {
+  // MLA: queries (optionally through a latent), K/V from one compressed latent
+  // plus a decoupled RoPE key shared by the heads. kv_down's output is two
+  // tensors (its first kv_latent columns, then rope_dim); kv_up's is k_nope and v.
+  TensorDecl add_attention_mla(int32_t l, const TensorDecl& x) {
     const auto& a = m_.attention;
     const auto& kind = m_.attention_kind(l);
     const int64_t d = m_.d_model, hd = a.head_dim, rope = a.mla_rope_dim;
     const int64_t q_width = a.heads * (hd + rope);
+    const Dim heads{"heads", a.heads}, head_dim{"head_dim", hd}, qk_dim{"qk_head_dim", hd + rope};
+    const TensorDecl q_out = tensor(l, "attn.q", {heads, qk_dim});
+    TensorDecl q;
     if (a.mla_q_latent > 0) {
-      add_linear(l, "attn.q_down", d, a.mla_q_latent, a.mla_q_latent, true);
-      add_rmsnorm(l, "attn.q_latent_norm", a.mla_q_latent);
-      add_linear(l, "attn.q_up", a.mla_q_latent, q_width, q_width, true);
+      const TensorDecl c = add_linear(l, "attn.q_down", d, a.mla_q_latent, a.mla_q_latent, true, x,
+                                      {tensor(l, "attn.q_latent", {{"q_latent", a.mla_q_latent}})}).outputs[0];
+      const TensorDecl cn = add_rmsnorm(l, "attn.q_latent_norm", a.mla_q_latent, c);
+      q = add_linear(l, "attn.q_up", a.mla_q_latent, q_width, q_width, true, cn, {q_out}).outputs[0];
     } else {
-      add_linear(l, "attn.q_proj", d, q_width, q_width, true);
+      q = add_linear(l, "attn.q_proj", d, q_width, q_width, true, x, {q_out}).outputs[0];
     }
-    add_linear(l, "attn.kv_down", d, a.mla_kv_latent + rope, a.mla_kv_latent + rope, true, false);
-    add_rmsnorm(l, "attn.kv_latent_norm", a.mla_kv_latent);
-    add_linear(l, "attn.kv_up", a.mla_kv_latent, 2 * a.heads * hd, 2 * a.heads * hd, true);
-    add_attention_core(l, a.heads, a.heads, hd, hd + rope, kind);
+    const Op& down = add_linear(l, "attn.kv_down", d, a.mla_kv_latent + rope, a.mla_kv_latent + rope, true, x,
+                                {tensor(l, "attn.kv_latent", {{"kv_latent", a.mla_kv_latent}}),
+                                 tensor(l, "attn.k_rope", {{"rope_dim", rope}})},
+                                false);
+    const TensorDecl kv_latent = down.outputs[0], k_rope = down.outputs[1];
+    const TensorDecl kv_n = add_rmsnorm(l, "attn.kv_latent_norm", a.mla_kv_latent, kv_latent);
+    const Op& up = add_linear(l, "attn.kv_up", a.mla_kv_latent, 2 * a.heads * hd, 2 * a.heads * hd, true, kv_n,
+                              {tensor(l, "attn.k_nope", {heads, head_dim}), tensor(l, "attn.v", {heads, head_dim})});
+    const TensorDecl k_nope = up.outputs[0], v = up.outputs[1];
+    return add_attention_core(l, a.heads, a.heads, hd, hd + rope, kind, x, q, {k_nope, k_rope}, v);
   }
 
-  void add_attention_core(int32_t l, int64_t heads, int64_t kv_heads, int64_t hd, int64_t qk_hd,
-                          const AttentionLayerKind& kind) {
+  // q (B, T, heads, qk_hd), k (B, T, kv heads, qk_hd) — MLA: the two parts
+  // (k_nope, k_rope) the first op reading k assembles — and v (B, T, kv heads,
+  // hd) -> QK-norm -> RoPE -> attention -> XSA -> gate -> o_proj -> SConv.
+  // x is the branch input (the gate reads it). Returns the branch output.
+  TensorDecl add_attention_core(int32_t l, int64_t heads, int64_t kv_heads, int64_t hd, int64_t qk_hd,
+                                const AttentionLayerKind& kind, const TensorDecl& x, TensorDecl q,
+                                std::vector<TensorDecl> k, const TensorDecl& v) {
     const auto& a = m_.attention;
+    // After the first op that reads them, q and k are one tensor each.
+    auto qk_flow = [&](Op& op, const std::string& suffix) {
+      std::vector<TensorDecl> in{q};
+      in.insert(in.end(), k.begin(), k.end());
+      TensorDecl k_out = same_shape(l, "attn.k" + suffix, k[0]);
+      if (k.size() > 1) k_out.shape.back() = {"qk_head_dim", qk_hd};
+      flow(op, std::move(in), {same_shape(l, "attn.q" + suffix, q), k_out});
+      q = op.outputs[0];
+      k = {op.outputs[1]};
+    };
     if (a.qk_norm) {
       Op& op = add(OpKind::kQkNorm, OpClass::kNorm, lname(l, "attn.qk_norm"), l,
                    {heads + kv_heads, qk_hd}, {heads + kv_heads, qk_hd});
+      qk_flow(op, "_norm");
       op.heads = heads;
       op.kv_heads = kv_heads;
       op.head_dim = hd;
@@ -214,9 +309,17 @@ class GraphBuilder {
       op.qk_head_dim = qk_hd;
       op.rope_fraction = kind.rope_fraction;
       op.ew_flops_per_token = 3.0 * kind.rope_fraction * static_cast<double>((heads + kv_heads) * qk_hd);
+      qk_flow(op, "_rot");
     }
     Op& att = add(OpKind::kAttention, OpClass::kAttention, lname(l, "attn.core"), l, {heads, qk_hd},
                   {heads, hd});
+    {
+      std::vector<TensorDecl> in{q};
+      in.insert(in.end(), k.begin(), k.end());
+      in.push_back(v);
+      flow(att, std::move(in), {tensor(l, "attn.o", {{"heads", heads}, {"head_dim", hd}})});
+    }
+    TensorDecl o = att.outputs[0];
     att.heads = heads;
     att.kv_heads = kv_heads;
     att.head_dim = hd;
@@ -228,6 +331,7 @@ class GraphBuilder {
         static_cast<double>(heads * qk_hd + kv_heads * (qk_hd + hd) + heads * hd + heads);
     if (a.xsa) {
       Op& op = add(OpKind::kXsa, OpClass::kElementwise, lname(l, "attn.xsa"), l, {heads, hd}, {heads, hd});
+      o = flow(op, {o, v}, {same_shape(l, "attn.o_xsa", o)});
       op.heads = heads;
       op.kv_heads = kv_heads;
       op.head_dim = hd;
@@ -237,6 +341,7 @@ class GraphBuilder {
     if (a.gate) {
       const int64_t d = m_.d_model;
       Op& op = add(OpKind::kAttnGate, OpClass::kGemm, lname(l, "attn.gate"), l, {heads, hd}, {heads, hd});
+      o = flow(op, {o, x}, {same_shape(l, "attn.o_gated", o)});
       op.params.push_back(param(lname(l, "attn.gate.w"), {d, heads}, ParamRole::kOther,
                                 opt_for(ParamRole::kOther), 0.0));
       op.heads = heads;
@@ -248,12 +353,19 @@ class GraphBuilder {
       op.ew_flops_per_token = static_cast<double>(heads * (hd + 4));
       op.saved_elems_per_token = static_cast<double>(heads * hd + heads);
     }
-    add_linear(l, "attn.o_proj", heads * hd, m_.d_model, m_.d_model, true);
-    if (m_.sconv.kernel > 0 && m_.sconv.on_attn_out) add_sconv(l, "attn.out_sconv", m_.d_model, m_.d_model);
+    TensorDecl out = add_linear(l, "attn.o_proj", heads * hd, m_.d_model, m_.d_model, true, o,
+                                {tensor(l, "attn.out", {d_model()})}).outputs[0];
+    if (m_.sconv.kernel > 0 && m_.sconv.on_attn_out) {
+      out = add_sconv(l, "attn.out_sconv", m_.d_model, m_.d_model, out);
+    }
+    return out;
   }
 
-  void add_swiglu(int32_t l, const std::string& what, OpKind kind, int64_t in, int64_t width) {
+  // inputs: x, and (shared experts) the routed output the result adds to.
+  TensorDecl add_swiglu(int32_t l, const std::string& what, OpKind kind, int64_t in, int64_t width,
+                        std::vector<TensorDecl> inputs) {
     Op& op = add(kind, OpClass::kGemm, lname(l, what), l, {in}, {in});
+    const TensorDecl y = flow(op, std::move(inputs), {tensor(l, what + ".out", {d_model()})});
     const auto opt = opt_for(ParamRole::kBlockMatrix);
     op.params.push_back(param(lname(l, what + ".w1"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
     op.params.push_back(param(lname(l, what + ".w3"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
@@ -265,9 +377,12 @@ class GraphBuilder {
     op.counts_in_model_flops = true;
     op.ew_flops_per_token = 5.0 * static_cast<double>(width);
     op.saved_elems_per_token = static_cast<double>(in + 3 * width);  // x, h1, h3, h
+    return y;
   }
 
-  void add_moe(int32_t l) {
+  // x (B, T, d_model) -> router -> top-k; [latent_down -> norm] -> dispatch ->
+  // experts -> combine -> [latent_up]; shared experts add to it. Returns the branch output.
+  TensorDecl add_moe(int32_t l, const TensorDecl& x) {
     const auto& e = m_.moe;
     const int64_t d = m_.d_model, mw = m_.moe_width();
     Op& router = add(OpKind::kRouter, OpClass::kGemm, lname(l, "moe.router"), l, {d}, {e.experts});
@@ -284,17 +399,26 @@ class GraphBuilder {
     router.counts_in_model_flops = true;
     router.ew_flops_per_token = 4.0 * static_cast<double>(e.experts);
     router.saved_elems_per_token = static_cast<double>(e.experts);
+    const Dim experts{"experts", e.experts}, top_k{"top_k", e.top_k}, width{"moe_width", mw};
+    const TensorDecl logits = flow(router, {x}, {tensor(l, "moe.router_logits", {experts})});
 
     Op& topk = add(OpKind::kTopK, OpClass::kRouting, lname(l, "moe.topk"), l, {e.experts}, {e.top_k});
     topk.ew_flops_per_token = static_cast<double>(e.experts) * std::log2(static_cast<double>(e.top_k + 2));
     topk.saved_elems_per_token = 2.0 * static_cast<double>(e.top_k);
+    flow(topk, {logits},
+         {tensor(l, "moe.weights", {top_k}), tensor(l, "moe.expert", {top_k}, DType::kI32)});
+    const TensorDecl weights = topk.outputs[0], chosen = topk.outputs[1];
 
+    TensorDecl moe_x = x;
     if (e.latent > 0) {
-      add_linear(l, "moe.latent_down", d, e.latent, e.latent, true);
-      add_rmsnorm(l, "moe.latent_norm", e.latent);
+      const TensorDecl z = add_linear(l, "moe.latent_down", d, e.latent, e.latent, true, x,
+                                      {tensor(l, "moe.x_latent", {width})}).outputs[0];
+      moe_x = add_rmsnorm(l, "moe.latent_norm", e.latent, z);
     }
     Op& dispatch = add(OpKind::kDispatch, OpClass::kComm, lname(l, "moe.dispatch"), l, {mw},
                        {e.top_k, mw});
+    // Rows grouped by expert; `weights` only set the drop priority of the capacity transport.
+    const TensorDecl rows = flow(dispatch, {moe_x, weights, chosen}, {tensor(l, "moe.rows", {top_k, width})});
     dispatch.gemm_rows_per_token = static_cast<double>(e.top_k);
 
     Op& ex = add(OpKind::kExpertMlp, OpClass::kGroupedGemm, lname(l, "moe.experts"), l, {e.top_k, mw},
@@ -314,44 +438,50 @@ class GraphBuilder {
     ex.counts_in_model_flops = true;
     ex.ew_flops_per_token = 5.0 * static_cast<double>(e.top_k * e.expert_width);
     ex.saved_elems_per_token = static_cast<double>(e.top_k * (mw + 3 * e.expert_width));
+    const TensorDecl expert_out = flow(ex, {rows, chosen}, {tensor(l, "moe.expert_out", {top_k, width})});
 
     Op& combine = add(OpKind::kCombine, OpClass::kComm, lname(l, "moe.combine"), l, {e.top_k, mw}, {mw});
     combine.gemm_rows_per_token = static_cast<double>(e.top_k);
     combine.ew_flops_per_token = 2.0 * static_cast<double>(e.top_k * mw);
     combine.saved_elems_per_token = static_cast<double>(e.top_k * mw);
+    TensorDecl routed = flow(combine, {expert_out, weights, chosen}, {tensor(l, "moe.routed", {width})});
 
-    if (e.latent > 0) add_linear(l, "moe.latent_up", e.latent, d, d, true);
+    if (e.latent > 0) {
+      routed = add_linear(l, "moe.latent_up", e.latent, d, d, true, routed,
+                          {tensor(l, "moe.routed_up", {d_model()})}).outputs[0];
+    }
     if (e.shared_experts > 0) {
-      add_swiglu(l, "moe.shared", OpKind::kSharedMlp, d, e.shared_experts * e.shared_width);
+      return add_swiglu(l, "moe.shared", OpKind::kSharedMlp, d, e.shared_experts * e.shared_width, {x, routed});
     }
+    return routed;
   }
 
-  void add_block(int32_t l) {
-    add_norm_site(l, "attn_norm", m_.norm.gated_pre_attention);
-    if (m_.attention.kind == AttentionKind::kMla) {
-      add_attention_mla(l);
-    } else {
-      add_attention_gqa(l);
-    }
-    add_residual(l, "attn_residual");
-    add_norm_site(l, "mlp_norm", m_.norm.gated_pre_mlp);
-    if (m_.is_moe_layer(l)) {
-      add_moe(l);
-    } else {
-      add_swiglu(l, "mlp", OpKind::kSharedMlp, m_.d_model, m_.moe.dense_width);
-    }
-    if (m_.sconv.kernel > 0 && m_.sconv.on_moe_out) add_sconv(l, "moe.out_sconv", m_.d_model, m_.d_model);
-    add_residual(l, "mlp_residual");
+  // resid -> resid + attention(norm(resid)) -> resid_mid + mlp(norm(resid_mid)).
+  TensorDecl add_block(int32_t l, const TensorDecl& resid) {
+    const TensorDecl x = add_norm_site(l, "attn_norm", m_.norm.gated_pre_attention, resid);
+    const TensorDecl attn =
+        m_.attention.kind == AttentionKind::kMla ? add_attention_mla(l, x) : add_attention_gqa(l, x);
+    const TensorDecl mid = add_residual(l, "attn_residual", resid, attn, "resid_mid");
+    const TensorDecl x2 = add_norm_site(l, "mlp_norm", m_.norm.gated_pre_mlp, mid);
+    TensorDecl mlp = m_.is_moe_layer(l)
+                         ? add_moe(l, x2)
+                         : add_swiglu(l, "mlp", OpKind::kSharedMlp, m_.d_model, m_.moe.dense_width, {x2});
+    if (m_.sconv.kernel > 0 && m_.sconv.on_moe_out) mlp = add_sconv(l, "moe.out_sconv", m_.d_model, m_.d_model, mlp);
+    return add_residual(l, "mlp_residual", mid, mlp, "resid_out");
   }
 
-  void add_head() {
+  // resid -> final norm -> logits (B, T, vocab) -> loss against targets (B, T).
+  void add_head(const TensorDecl& resid) {
     const int64_t d = m_.d_model;
-    add_norm_site(-1, "final_norm", m_.norm.gated_final);
+    const TensorDecl x = add_norm_site(-1, "final_norm", m_.norm.gated_final, resid);
     Op& head = add(OpKind::kLmHead, OpClass::kGemm, "lm_head", -1, {d}, {m_.vocab});
     if (!m_.tied_embeddings) {
       head.params.push_back(param("lm_head.w", {d, m_.vocab}, ParamRole::kLmHead,
                                   opt_for(ParamRole::kLmHead), 0.0));
+    } else {
+      head.shared_param = "embedding.w";  // read transposed: (vocab, d)
     }
+    const TensorDecl logits = flow(head, {x}, {tensor(-1, "logits", {{"vocab", m_.vocab}})});
     head.gemm_k = d;
     head.gemm_n = m_.vocab;
     head.gemm_count = 1;
@@ -360,6 +490,9 @@ class GraphBuilder {
     head.saved_elems_per_token = static_cast<double>(d);
     Op& loss = add(OpKind::kCrossEntropy, OpClass::kLoss, "cross_entropy", -1, {m_.vocab}, {1});
     loss.ew_flops_per_token = 5.0 * static_cast<double>(m_.vocab);
+    TensorDecl scalar;
+    scalar.name = "loss";  // shape (): mean over the counted targets
+    flow(loss, {logits, tensor(-1, "targets", {}, DType::kI32)}, {scalar});
   }
 
   const ModelConfig& m_;
@@ -369,6 +502,36 @@ class GraphBuilder {
 }  // namespace
 
 LayerGraph build_layer_graph(const ModelConfig& model) { return GraphBuilder(model).build(); }
+
+std::string check_data_flow(const LayerGraph& g) {
+  std::vector<const TensorDecl*> written;
+  auto find = [&](const std::string& name) -> const TensorDecl* {
+    for (const TensorDecl* t : written)
+      if (t->name == name) return t;
+    return nullptr;
+  };
+  TensorDecl tokens, targets;
+  tokens.name = "tokens";
+  targets.name = "targets";
+  tokens.shape = targets.shape = {{"B", 0}, {"T", 0}};
+  tokens.dtype = targets.dtype = DType::kI32;
+  written = {&tokens, &targets};
+  for (const Op& op : g.ops) {
+    if (op.outputs.empty()) return op.name + ": declares no output";
+    for (const TensorDecl& in : op.inputs) {
+      const TensorDecl* src = find(in.name);
+      if (!src) return op.name + ": reads " + in.name + ", which no earlier op writes";
+      if (src->shape_string() != in.shape_string() || src->dtype != in.dtype) {
+        return op.name + ": reads " + in.name + " as " + in.shape_string() + ", written as " + src->shape_string();
+      }
+    }
+    for (const TensorDecl& out : op.outputs) {
+      if (find(out.name)) return op.name + ": writes " + out.name + " a second time";
+      written.push_back(&out);
+    }
+  }
+  return "";
+}
 
 double mean_attention_span(int64_t seq, int64_t window, FlopConvention convention) {
   const double s = static_cast<double>(seq);
@@ -382,6 +545,15 @@ double mean_attention_span(int64_t seq, int64_t window, FlopConvention conventio
 }
 
 namespace {
+
+// The MoE latent projections (down to the expert width, back up to d_model),
+// told apart from the attention projections by their declared shapes.
+bool is_moe_latent(const Op& op) {
+  auto on_moe_width = [](const std::vector<TensorDecl>& ts) {
+    return !ts.empty() && !ts[0].shape.empty() && ts[0].shape.back().name == "moe_width";
+  };
+  return op.kind == OpKind::kLinear && (on_moe_width(op.inputs) || on_moe_width(op.outputs));
+}
 
 double gemm_flops_per_token(const Op& op) {
   return 2.0 * static_cast<double>(op.gemm_k) * static_cast<double>(op.gemm_n) *
@@ -424,7 +596,7 @@ ParamCounts count_params(const LayerGraph& g) {
         case OpKind::kSConv: c.sconv += n; break;
         case OpKind::kAttnGate: c.attn_gate += n; break;
         case OpKind::kLinear:
-          (op.name.find(".moe.latent_") != std::string::npos ? c.latent : c.attention) += n;
+          (is_moe_latent(op) ? c.latent : c.attention) += n;
           break;
         default: break;
       }
@@ -453,7 +625,7 @@ FlopCounts count_flops(const LayerGraph& g, int64_t seq, FlopConvention conventi
       case OpKind::kRouter: f.router += gemm; break;
       case OpKind::kLmHead: f.lm_head += gemm; break;
       case OpKind::kLinear:
-        (op.name.find(".moe.latent_") != std::string::npos ? f.latent : f.projections) += gemm;
+        (is_moe_latent(op) ? f.latent : f.projections) += gemm;
         break;
       default: f.other += gemm; break;
     }
@@ -540,6 +712,14 @@ const char* to_string(OpKind k) {
     case OpKind::kResidualAdd: return "residual_add";
     case OpKind::kLmHead: return "lm_head";
     case OpKind::kCrossEntropy: return "cross_entropy";
+  }
+  return "?";
+}
+
+const char* to_string(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kI32: return "i32";
   }
   return "?";
 }

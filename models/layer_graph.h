@@ -44,6 +44,15 @@ enum class OpKind {
   kCrossEntropy,   // + logit z-loss
 };
 
+// Every OpKind, for tests that must cover the whole op set (priced by sim,
+// run by every exec backend).
+inline constexpr OpKind kAllOpKinds[] = {
+    OpKind::kEmbedding, OpKind::kRmsNorm,  OpKind::kGatedNorm, OpKind::kLinear,    OpKind::kSConv,
+    OpKind::kQkNorm,    OpKind::kRope,     OpKind::kAttention, OpKind::kXsa,       OpKind::kAttnGate,
+    OpKind::kRouter,    OpKind::kTopK,     OpKind::kDispatch,  OpKind::kExpertMlp, OpKind::kCombine,
+    OpKind::kSharedMlp, OpKind::kResidualAdd, OpKind::kLmHead, OpKind::kCrossEntropy,
+};
+
 // What class of kernel an op runs as; efficiencies are calibrated per class.
 enum class OpClass { kGemm, kGroupedGemm, kAttention, kElementwise, kNorm, kRouting, kLoss, kComm, kLookup };
 
@@ -70,6 +79,31 @@ struct ParamTensor {
   int64_t numel() const;
 };
 
+// Element type of a tensor in the data flow. kF32 is an activation (stored at
+// the run's activation precision); kI32 holds token or expert ids.
+enum class DType { kF32, kI32 };
+
+// One dimension of a symbolic shape: "B" and "T" (sequences, tokens per
+// sequence) are bound per step and have size 0; every other dim is a model
+// dimension with its size ("heads" = 4, "head_dim" = 32).
+struct Dim {
+  std::string name;
+  int64_t size = 0;
+};
+
+// A named tensor of the data flow. Names are unique in the graph and written
+// once (the residual stream after layer 3's attention is
+// "layers.3.resid_mid"); an op lists the tensors it reads and writes, and the
+// data flow is exactly those lists: an executor allocates one buffer per
+// output and hands each op the buffers its inputs name.
+struct TensorDecl {
+  std::string name;              // "layers.3.attn.q"
+  std::vector<Dim> shape;        // (B, T, heads=4, head_dim=32)
+  DType dtype = DType::kF32;
+  int64_t elems_per_token() const;   // product of the model dims (B and T excluded)
+  std::string shape_string() const;  // "(B, T, heads=4, head_dim=32)"
+};
+
 struct Op {
   OpKind kind = OpKind::kLinear;
   OpClass op_class = OpClass::kElementwise;
@@ -79,6 +113,14 @@ struct Op {
   std::vector<int64_t> in_dims;  // per-token trailing dims of the main input
   std::vector<int64_t> out_dims; // per-token trailing dims of the output
   std::vector<ParamTensor> params;
+  // The data flow, in the order each OpKind defines (see build_layer_graph):
+  // e.g. kAttention reads (q, k, v) and writes (out); kResidualAdd reads
+  // (resid, branch) and writes the next resid.
+  std::vector<TensorDecl> inputs;
+  std::vector<TensorDecl> outputs;
+  // A parameter of another op this op reads as its weight (the tied LM head
+  // reads "embedding.w", transposed); "" = none.
+  std::string shared_param;
 
   // GEMM geometry: per token, `gemm_rows_per_token` rows of a (k x n) GEMM,
   // `gemm_count` times (3 for SwiGLU). Experts: rows = top_k, k x n = latent x width.
@@ -116,6 +158,11 @@ struct LayerGraph {
 };
 
 LayerGraph build_layer_graph(const ModelConfig& model);
+
+// The data flow is well formed: every input of every op was written by an
+// earlier op (or is a graph input: "tokens", "targets") with the same shape and
+// dtype, and no tensor is written twice. Returns "" or the first problem.
+std::string check_data_flow(const LayerGraph& g);
 
 // FLOP conventions.
 //   kMarin: Marin's MFU convention (spec/marin-architecture.md): 2 x matmul
@@ -176,5 +223,6 @@ int64_t recipe_steps(const LayerGraph& g);
 const char* to_string(OpKind k);
 const char* to_string(OpClass c);
 const char* to_string(ParamRole r);
+const char* to_string(DType t);
 
 }  // namespace rackstep::models

@@ -190,6 +190,7 @@ void parse_moe(JsonReader r, ModelConfig& m) {
   e.balancing = b == "quantile" ? BalancingKind::kQuantile
                                 : (b == "aux_loss" ? BalancingKind::kAuxLoss : BalancingKind::kNone);
   e.balancing_bins = r.integer("balancing_bins", 10000, {.min = 2});
+  e.aux_loss_weight = r.number("aux_loss_weight", MoeConfig{}.aux_loss_weight, kNonNegative);
   e.router_z_loss_weight = r.number("router_z_loss_weight", 0.0, kNonNegative);
   e.router_z_loss_applied = r.boolean("router_z_loss_applied", false);
   r.finish();

@@ -86,6 +86,7 @@ struct MoeConfig {
   double routing_weight_sum = 1.0;
   BalancingKind balancing = BalancingKind::kQuantile;
   int64_t balancing_bins = 10000;
+  double aux_loss_weight = 0.01;  // balancing "aux_loss": weight of E * sum_e f_e P_e (Switch Transformer)
   double router_z_loss_weight = 0.0;
   bool router_z_loss_applied = false;  // logged only when false
   int64_t dense_layers = 0;      // leading dense layers

@@ -200,35 +200,52 @@ TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", 
   const TestBatch b = make_batch(2, 64, g.model.vocab, 21);
   const LossResult r = m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
   CHECK(r.drops.dropped() > 0);
-  // Recompute layer 0's decision from its chosen experts with the library itself.
-  const int32_t* e = m.routed_experts(0);
-  const int64_t k = g.model.moe.top_k, per = 2 * 64 / 4;
-  std::vector<sim::GpuAssignments> gpus(4);
-  for (int q = 0; q < 4; ++q) gpus[q].experts.assign(e + q * per * k, e + (q + 1) * per * k);
-  const sim::DispatchResult ref = sim::dispatch(d.config, gpus);
-  CHECK(ref.counts.dropped() > 0);
-  CHECK(r.drops.dropped() >= ref.counts.dropped());  // summed over layers
+  // Every layer's decision, recomputed by the library itself from that layer's
+  // chosen experts and routing weights (the capacity transport's priority):
+  // the kept set must be the same assignment for assignment.
+  const int64_t k = g.model.moe.top_k, per = 2 * 64 / 4 * k;  // assignments per virtual GPU
+  int64_t layers = 0, dropped = 0;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    if (g.ops[i].kind != models::OpKind::kTopK) continue;
+    const int layer = g.ops[i].layer;
+    INFO("layer " << layer);
+    const int32_t* e = m.routed_experts(layer);
+    const float* weights = m.op_output(i);  // (N, k)
+    std::vector<sim::GpuAssignments> gpus(4);
+    for (int q = 0; q < 4; ++q) {
+      gpus[q].experts.assign(e + q * per, e + (q + 1) * per);
+      gpus[q].probs.assign(weights + q * per, weights + (q + 1) * per);
+    }
+    const sim::DispatchResult ref = sim::dispatch(d.config, gpus);
+    const std::vector<uint8_t> kept = m.kept_assignments(layer);
+    REQUIRE(kept.size() == static_cast<size_t>(4 * per));
+    int64_t differ = 0;
+    for (int64_t a = 0; a < 4 * per; ++a) differ += kept[a] != ref.keep[a / per][a % per];
+    CHECK(differ == 0);
+    CHECK(ref.counts.dropped() > 0);
+    dropped += ref.counts.dropped();
+    ++layers;
+  }
+  CHECK(layers == g.model.layers);
+  CHECK(r.drops.dropped() == dropped);  // the logged count is the sum of the layers' decisions
   // Bad EP sizes are user errors.
   d.ep = 3;
   CHECK_THROWS_AS(m.set_dispatch(d), UserError);
 }
 
-TEST_CASE("a model the CPU backend cannot run is a clear user error", "[exec][model]") {
+TEST_CASE("what the CPU backend cannot run is a clear user error", "[exec][model]") {
+  // Router losses under data parallelism: each rank's mean would not add up to
+  // the global batch's, so the first forward refuses, naming the field.
   models::ModelConfig cfg = models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
-  cfg.tied_embeddings = true;
-  const models::LayerGraph g = models::build_layer_graph(cfg);
+  cfg.moe.balancing = models::BalancingKind::kAuxLoss;
+  CpuModel m(models::build_layer_graph(cfg), 1, 16);
+  m.init_params(1);
+  m.set_loss_tokens(32);  // this process holds half of the global batch
+  const TestBatch b = make_batch(1, 16, cfg.vocab, 3);
   try {
-    CpuModel m(g, 1, 16);
+    m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
     FAIL("expected a UserError");
   } catch (const UserError& e) {
-    CHECK(std::string(e.what()).find("tied_embeddings") != std::string::npos);
-  }
-  cfg.tied_embeddings = false;
-  cfg.attention.kind = models::AttentionKind::kMla;
-  try {
-    CpuModel m(models::build_layer_graph(cfg), 1, 16);
-    FAIL("expected a UserError");
-  } catch (const UserError& e) {
-    CHECK(std::string(e.what()).find("MLA") != std::string::npos);
+    CHECK(std::string(e.what()).find("/moe/balancing") != std::string::npos);
   }
 }

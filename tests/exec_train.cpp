@@ -205,4 +205,39 @@ TEST_CASE("eval loss and logs", "[exec][train]") {
   CHECK(s.grad_norm[static_cast<int>(OptGroup::kAdamH)] > 0);
   CHECK(s.grad_norm[static_cast<int>(OptGroup::kAdam)] > 0);
   CHECK(t.evaluate() == Approx(t.evaluate()));  // evals do not move the model
+
+  // The logs: run_training writes one line per step and one per evaluation to
+  // log.jsonl, and the eval lines hold the losses evaluate() returns.
+  const std::string run = fresh_dir("eval-log");
+  TrainOptions lo = small_options(run);
+  lo.steps = 4;
+  lo.eval_every = 2;
+  TrainOutput quiet;
+  quiet.json = true;
+  REQUIRE(run_training(lo, quiet) == 0);
+  std::ifstream log(fs::path(run) / "log.jsonl");
+  REQUIRE(log.good());
+  std::vector<int64_t> step_lines, eval_steps;
+  std::vector<double> eval_losses;
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("eval_loss")) {
+      eval_steps.push_back(j.at("step").get<int64_t>());
+      eval_losses.push_back(j.at("eval_loss").get<double>());
+    } else {
+      CHECK(std::isfinite(j.at("loss").get<double>()));
+      step_lines.push_back(j.at("step").get<int64_t>());
+    }
+  }
+  CHECK(step_lines == std::vector<int64_t>{1, 2, 3, 4});
+  CHECK(eval_steps == std::vector<int64_t>{2, 4});
+  // The logged eval at step 4 is bitwise the evaluate() of an identical run
+  // after 4 steps (evaluations in between do not change training).
+  TrainOptions again = small_options(fresh_dir("eval-again"));
+  again.steps = 4;
+  Trainer t2(again);
+  for (int i = 0; i < 4; ++i) t2.step();
+  REQUIRE(eval_losses.size() == 2);
+  CHECK(same_bits(eval_losses[1], t2.evaluate()));
+  CHECK(eval_losses[1] < std::log(256.0) + 0.5);  // about ln(vocab) or better, not garbage
 }

@@ -71,3 +71,29 @@ double measure_sgemm_flops_per_s(int n, double min_seconds) {
 }
 
 }  // namespace rackstep::exec
+
+namespace rackstep::exec {
+
+void linear_t_forward(float* y, const float* x, const float* w, int N, int in, int out) {
+  RS_CHECK(N >= 0 && in > 0 && out > 0, "linear_t_forward: bad shape");
+  if (N == 0) return;
+  // y (N, out) = x (N, in) · Wᵀ (in, out)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+}
+
+void linear_t_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, int N, int in,
+                       int out, bool accumulate_dx) {
+  RS_CHECK(N >= 0 && in > 0 && out > 0, "linear_t_backward: bad shape");
+  if (N == 0) return;
+  if (dx) {
+    // dx (N, in) = dy (N, out) · W (out, in)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy, out, w, in,
+                accumulate_dx ? 1.0f : 0.0f, dx, in);
+  }
+  if (dw) {
+    // dW (out, in) += dyᵀ (out, N) · x (N, in)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
+  }
+}
+
+}  // namespace rackstep::exec

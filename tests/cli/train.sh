@@ -80,6 +80,29 @@ for n in ["batch.tokens", "batch.pos", "logits", "loss", "param.lm_head.w", "gra
 assert "lr" in m["meta"] and "xsa_eps" in m["meta"]
 PY
 
+# One layout: --layout takes the file `predict` reads. An EP group of 4 in one
+# process (virtual GPUs) with the pooled transport gives bitwise the losses of
+# the same settings given as flags; experts and top-k come from the model.
+cat >"$tmp/ep4.json" <<'JSON'
+{"name": "cpu-ep4", "data": 4, "ep": 4, "micro_batch_seqs": 2, "recompute": "full",
+ "ep_transport": "pooled", "sender_cf": 1.0, "receiver_cf": 1.0, "waves": 2}
+JSON
+lay="--model $model --data $tmp/data --seq 64 --threads 1 --steps 3 --json"
+"$bin" train $lay --layout "$tmp/ep4.json" >"$tmp/layout.json"
+check "train --layout exits 0" "[ $? -eq 0 ]"
+"$bin" train $lay --batch 8 --dispatch pooled --ep 4 --sender-cf 1.0 --receiver-cf 1.0 --waves 2 >"$tmp/flags.json"
+check "train --dispatch exits 0" "[ $? -eq 0 ]"
+/usr/bin/python3 - "$tmp/layout.json" "$tmp/flags.json" <<'PY' || fail=1
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert a["batch"] == 8, a["batch"]  # data 4 x micro_batch_seqs 2 = the recipe's batch
+assert [s["loss"] for s in a["steps"]] == [s["loss"] for s in b["steps"]], (a["steps"], b["steps"])
+assert sum(s["drops"]["fraction"] for s in a["steps"]) > 0, a["steps"]
+d = a["dispatch"]
+assert d["ep"] == 4 and d["transport"] == "pooled" and d["waves"] == 2 and d["experts"] == 8 and d["top_k"] == 2, d
+assert a["layout_not_applied"] == ["/recompute: full"], a["layout_not_applied"]
+PY
+
 # Bad input: exit 2, one line, nothing overwritten.
 bad() {  # name, expected-substring, args...
   local name=$1 want=$2; shift 2
@@ -91,7 +114,9 @@ bad() {  # name, expected-substring, args...
 }
 bad "missing data" "dataset.json" --model $model --data "$tmp/nope" --steps 1
 sed 's/"kind": "gqa"/"kind": "mla", "mla": {"kv_latent": 32, "rope_dim": 16}/' $model >"$tmp/mla.json"
-bad "MLA model" "MLA" --model "$tmp/mla.json" --data "$tmp/data" --steps 1
+"$bin" train --model "$tmp/mla.json" --data "$tmp/data" --batch 2 --seq 64 --threads 1 --steps 2 --json >"$tmp/mla-run.json"
+check "an MLA model trains" "[ $? -eq 0 ]"
+/usr/bin/python3 -c "import json, math, sys; s = json.load(open(sys.argv[1]))['steps']; assert len(s) == 2 and all(math.isfinite(x['loss']) for x in s), s" "$tmp/mla-run.json" || fail=1
 cp "$tmp/run/ckpt-00000004.rsck" "$tmp/ckpt.bak"
 printf 'garbage' | dd of="$tmp/run/ckpt-00000004.rsck" bs=1 seek=100 conv=notrunc 2>/dev/null
 cp "$tmp/run/ckpt-00000004.rsck" "$tmp/ckpt.corrupt"
@@ -100,6 +125,10 @@ check "corrupt checkpoint left alone" "cmp -s \"$tmp/run/ckpt-00000004.rsck\" \"
 bad "fresh run into a used directory" "--resume" $common --steps 4 --out "$tmp/run"
 sed 's/"layers": 4/"layers": 2/' $model >"$tmp/other.json"
 bad "another model's checkpoint" "run.json" --model "$tmp/other.json" --data "$tmp/data" --batch 2 --seq 64 --steps 4 --out "$tmp/run2" --resume
+bad "hero layout in one process" "/data" $common --steps 1 --layout sim/layouts/hero-pooled.json
+sed 's/"data": 4/"data": 4, "tp": 2/' "$tmp/ep4.json" >"$tmp/tp2.json"
+bad "tensor-parallel layout" "/tp" $common --steps 1 --layout "$tmp/tp2.json"
+bad "layout and flags" "--layout" $common --steps 1 --layout "$tmp/ep4.json" --dispatch pooled --ep 4
 printf 'RSTOKSH\0' >"$tmp/data/train-00000.bin"
 bad "corrupt shard" "train-00000.bin" $common --steps 1
 

@@ -12,12 +12,12 @@
 #     routing) equals the one-process run of the dispatch library on the same
 #     4 virtual GPUs
 #   - bad rank counts: one clear line, non-zero exit
-# Skips (exit 0) only when mpirun is not installed.
+# Skips (exit 77, CTest SKIP_RETURN_CODE) only when mpirun is not installed.
 set -u
 bin=${1:?usage: train_mpi.sh path/to/rackstep}
 if ! command -v mpirun >/dev/null 2>&1; then
   echo "SKIP: mpirun not found (install openmpi-bin to run the multi-process tests)"
-  exit 0
+  exit 77
 fi
 fail=0
 check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; fi; }

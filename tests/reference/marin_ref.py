@@ -38,11 +38,14 @@ class ModelConfig:
         self.seq_len = doc.get("seq_len", 4096)
         self.z_weight = doc.get("logit_z_loss_weight", 0.0)
         a = doc["attention"]
-        if a.get("kind", "gqa") != "gqa":
-            raise ValueError("the reference implements GQA attention only")
+        self.mla = a.get("kind", "gqa") == "mla"
         self.heads = a["heads"]
         self.head_dim = a.get("head_dim", self.d // self.heads)
         self.kv_heads = a.get("kv_heads", self.heads)
+        mla = a.get("mla", {})
+        self.mla_kv_latent = mla.get("kv_latent", 0)
+        self.mla_q_latent = mla.get("q_latent", 0)
+        self.mla_rope_dim = mla.get("rope_dim", 64) if self.mla else 0
         self.local = self._layer_kind(a.get("local", {}))
         self.glob = self._layer_kind(a.get("global", {}))
         self.global_every = a.get("global_every", 1)
@@ -59,8 +62,7 @@ class ModelConfig:
         self.sconv_attn_out = "attn_out" in sites
         self.sconv_moe_out = "moe_out" in sites
         n = doc.get("norm", {})
-        if n.get("kind", "rmsnorm") != "rmsnorm":
-            raise ValueError("the reference implements RMSNorm only")
+        self.layernorm = n.get("kind", "rmsnorm") == "layernorm"
         self.norm_eps = n.get("eps", 1e-6)
         self.gated_rank = n.get("gated_rank", 0)
         gsites = n.get("gated_sites", [])
@@ -71,19 +73,19 @@ class ModelConfig:
         self.embedding_norm = n.get("embedding_norm", self.gated_embedding)
         m = doc.get("moe", {})
         self.experts = m.get("experts", 0)
-        if self.experts == 0 or m.get("dense_layers", 0) != 0:
-            raise ValueError("the reference implements all-MoE models only")
-        self.top_k = m["top_k"]
-        self.expert_width = m["expert_width"]
+        self.dense_layers = m.get("dense_layers", 0)
+        self.dense_width = m.get("dense_width", 0)
+        self.top_k = m.get("top_k", 0)
+        self.expert_width = m.get("expert_width", 0)
         self.latent = m.get("latent", 0)
         self.shared_experts = m.get("shared_experts", 0)
         self.shared_width = m.get("shared_width", self.expert_width if self.shared_experts else 0)
-        if m.get("router", "sigmoid") != "sigmoid":
-            raise ValueError("the reference implements the sigmoid router only")
+        self.router = m.get("router", "sigmoid")
         self.weight_sum = m.get("routing_weight_sum", 1.0)
         self.balancing = m.get("balancing", "quantile")
-        if m.get("router_z_loss_applied", False):
-            raise ValueError("the reference logs the router z-loss; applying it is not implemented")
+        self.aux_weight = m.get("aux_loss_weight", 0.01)
+        self.router_z_applied = m.get("router_z_loss_applied", False)
+        self.router_z_weight = m.get("router_z_loss_weight", 0.0)
         r = doc.get("recipe", {})
         o = r.get("optimizer", {})
         self.opt_block = o.get("block_matrices", MUONH)
@@ -114,6 +116,9 @@ class ModelConfig:
     def kind(self, layer):
         return self.glob if self.is_global(layer) else self.local
 
+    def is_moe_layer(self, layer):
+        return self.experts > 0 and layer >= self.dense_layers
+
     def moe_width(self):
         return self.latent if self.latent > 0 else self.d
 
@@ -140,17 +145,36 @@ def param_specs(cfg):
     for l in range(cfg.layers):
         p = "layers.%d." % l
         norm_site(p + "attn_norm", d, cfg.gated_pre_attention)
-        specs.append((p + "attn.q_proj.w", (d, H * hd), block))
-        specs.append((p + "attn.k_proj.w", (d, cfg.kv_heads * hd), block))
-        specs.append((p + "attn.v_proj.w", (d, cfg.kv_heads * hd), block))
-        if cfg.sconv_k and cfg.sconv_k_site:
-            specs.append((p + "attn.k_sconv.kernel", (cfg.kv_heads * hd, cfg.sconv_k), cfg.opt_other))
+        if cfg.mla:
+            qk, ql, kvl, rd = hd + cfg.mla_rope_dim, cfg.mla_q_latent, cfg.mla_kv_latent, cfg.mla_rope_dim
+            if ql > 0:
+                specs.append((p + "attn.q_down.w", (d, ql), block))
+                specs.append((p + "attn.q_latent_norm.gain", (ql,), cfg.opt_other))
+                specs.append((p + "attn.q_up.w", (ql, H * qk), block))
+            else:
+                specs.append((p + "attn.q_proj.w", (d, H * qk), block))
+            specs.append((p + "attn.kv_down.w", (d, kvl + rd), block))
+            specs.append((p + "attn.kv_latent_norm.gain", (kvl,), cfg.opt_other))
+            specs.append((p + "attn.kv_up.w", (kvl, 2 * H * hd), block))
+        else:
+            specs.append((p + "attn.q_proj.w", (d, H * hd), block))
+            specs.append((p + "attn.k_proj.w", (d, cfg.kv_heads * hd), block))
+            specs.append((p + "attn.v_proj.w", (d, cfg.kv_heads * hd), block))
+            if cfg.sconv_k and cfg.sconv_k_site:
+                specs.append((p + "attn.k_sconv.kernel", (cfg.kv_heads * hd, cfg.sconv_k), cfg.opt_other))
         if cfg.gate:
             specs.append((p + "attn.gate.w", (d, H), cfg.opt_other))
         specs.append((p + "attn.o_proj.w", (H * hd, d), block))
         if cfg.sconv_k and cfg.sconv_attn_out:
             specs.append((p + "attn.out_sconv.kernel", (d, cfg.sconv_k), cfg.opt_other))
         norm_site(p + "mlp_norm", d, cfg.gated_pre_mlp)
+        if not cfg.is_moe_layer(l):
+            specs.append((p + "mlp.w1", (d, cfg.dense_width), block))
+            specs.append((p + "mlp.w3", (d, cfg.dense_width), block))
+            specs.append((p + "mlp.w2", (cfg.dense_width, d), block))
+            if cfg.sconv_k and cfg.sconv_moe_out:
+                specs.append((p + "moe.out_sconv.kernel", (d, cfg.sconv_k), cfg.opt_other))
+            continue
         E, L, F = cfg.experts, cfg.moe_width(), cfg.expert_width
         specs.append((p + "moe.router.w", (d, E), cfg.opt_other))
         if cfg.balancing != "quantile":
@@ -183,6 +207,14 @@ def rmsnorm(x, gain, eps, multiplier=1.0):
     """x / sqrt(mean(x^2) + eps) * gain * multiplier over the last dim (Zhang & Sennrich 2019)."""
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * multiplier
     return y * gain if gain is not None else y
+
+
+def layernorm(x, gain, eps):
+    """(x - mean) / sqrt(var + eps) * gain over the last dim, no bias (Ba et al. 2016;
+    the layer graph declares one gain per norm)."""
+    mu = x.mean(-1, keepdim=True)
+    var = (x - mu).pow(2).mean(-1, keepdim=True)
+    return (x - mu) * torch.rsqrt(var + eps) * gain
 
 
 def gated_norm(x, w_down, w_up):
@@ -312,8 +344,14 @@ class MarinRef:
             return self.c[key]
         return int(kind["rope_fraction"] * self.cfg.head_dim) // 2 * 2
 
+    def norm(self, x, gain):
+        """The model's parametric norm: RMSNorm, or LayerNorm with a gain."""
+        if self.cfg.layernorm:
+            return layernorm(x, gain, self.c["norm_eps"])
+        return rmsnorm(x, gain, self.c["norm_eps"])
+
     def norm_site(self, P, prefix, x, gated):
-        x = rmsnorm(x, P[prefix + ".gain"], self.c["norm_eps"])
+        x = self.norm(x, P[prefix + ".gain"])
         if gated and self.cfg.gated_rank > 0:
             x = gated_norm(x, P[prefix + "_gate.w_down"], P[prefix + "_gate.w_up"])
         return x
@@ -329,6 +367,7 @@ class MarinRef:
             x = self.norm_site(P, "embedding_norm", x, cfg.gated_embedding)
         self.router_z = []
         self.router_logits = []
+        self.router_losses = []  # applied: aux balancing, weighted router z-loss
         for l in range(cfg.layers):
             x = x + self.attention_block(P, l, x, doc, pos)
             x = x + self.moe_block(P, buffers, l, x, doc, routes)
@@ -342,7 +381,10 @@ class MarinRef:
         n = counted.sum()
         ce = ((lse - tgt) * counted).sum() / n
         z = cfg.z_weight * (lse.pow(2) * counted).sum() / n
-        return {"logits": logits, "ce": ce, "z_loss": z, "loss": ce + z}
+        loss = ce + z
+        for r in self.router_losses:
+            loss = loss + r
+        return {"logits": logits, "ce": ce, "z_loss": z, "loss": loss}
 
     def attention_block(self, P, l, x, doc, pos):
         cfg, c = self.cfg, self.c
@@ -352,13 +394,16 @@ class MarinRef:
         kind = cfg.kind(l)
         kv = kind["kv_heads"]
         h = self.norm_site(P, p + "attn_norm", x, cfg.gated_pre_attention)
-        q = (h @ P[p + "attn.q_proj.w"]).view(B, T, H, hd)
-        # Layers that use fewer KV heads than stored read the first `kv` (spec, KV heads).
-        k = h @ P[p + "attn.k_proj.w"][:, :kv * hd]
-        v = (h @ P[p + "attn.v_proj.w"][:, :kv * hd]).view(B, T, kv, hd)
-        if cfg.sconv_k and cfg.sconv_k_site:
-            k = sconv(k, P[p + "attn.k_sconv.kernel"][:kv * hd], doc)
-        k = k.view(B, T, kv, hd)
+        if cfg.mla:
+            q, k, v = self.mla_qkv(P, p, h)
+        else:
+            q = (h @ P[p + "attn.q_proj.w"]).view(B, T, H, hd)
+            # Layers that use fewer KV heads than stored read the first `kv` (spec, KV heads).
+            k = h @ P[p + "attn.k_proj.w"][:, :kv * hd]
+            v = (h @ P[p + "attn.v_proj.w"][:, :kv * hd]).view(B, T, kv, hd)
+            if cfg.sconv_k and cfg.sconv_k_site:
+                k = sconv(k, P[p + "attn.k_sconv.kernel"][:kv * hd], doc)
+            k = k.view(B, T, kv, hd)
         if cfg.qk_norm:
             q = rmsnorm(q, None, c["qk_norm_eps"], cfg.qk_mult)
             k = rmsnorm(k, None, c["qk_norm_eps"], cfg.qk_mult)
@@ -377,6 +422,24 @@ class MarinRef:
         if cfg.sconv_k and cfg.sconv_attn_out:
             y = sconv(y, P[p + "attn.out_sconv.kernel"], doc)
         return y
+
+    def mla_qkv(self, P, p, h):
+        """MLA (DeepSeek-V2 §2.1): queries through an optional latent, K and V from one
+        compressed latent, plus a RoPE key shared by the heads appended to each head's key.
+        Column order of the layer graph: kv_down = [latent | rope key], kv_up = [k_nope | v]."""
+        cfg = self.cfg
+        B, T, _ = h.shape
+        H, hd, r, kvl = cfg.heads, cfg.head_dim, cfg.mla_rope_dim, cfg.mla_kv_latent
+        if cfg.mla_q_latent > 0:
+            q = self.norm(h @ P[p + "attn.q_down.w"], P[p + "attn.q_latent_norm.gain"]) @ P[p + "attn.q_up.w"]
+        else:
+            q = h @ P[p + "attn.q_proj.w"]
+        c = h @ P[p + "attn.kv_down.w"]  # (B, T, kvl + r)
+        kv = self.norm(c[..., :kvl], P[p + "attn.kv_latent_norm.gain"]) @ P[p + "attn.kv_up.w"]
+        k_nope = kv[..., :H * hd].reshape(B, T, H, hd)
+        v = kv[..., H * hd:].reshape(B, T, H, hd)
+        k = torch.cat([k_nope, c[..., kvl:].unsqueeze(2).expand(B, T, H, r)], dim=-1)
+        return q.reshape(B, T, H, hd + r), k, v
 
     def select_experts(self, l, logits, bias, engine_choice):
         """Top-k of the biased scores (ties to the lower id). Where the engine chose
@@ -415,6 +478,11 @@ class MarinRef:
         B, T, d = x.shape
         N = B * T
         h = self.norm_site(P, p + "mlp_norm", x, cfg.gated_pre_mlp).reshape(N, d)
+        if not cfg.is_moe_layer(l):  # a dense layer: one SwiGLU MLP
+            y = swiglu(h, P[p + "mlp.w1"], P[p + "mlp.w3"], P[p + "mlp.w2"]).view(B, T, d)
+            if cfg.sconv_k and cfg.sconv_moe_out:
+                y = sconv(y, P[p + "moe.out_sconv.kernel"], doc)
+            return y
         logits = h @ P[p + "moe.router.w"]  # (N, E)
         self.router_z.append((torch.logsumexp(logits.detach(), -1) ** 2).mean().item())
         bias = buffers.get(p + "moe.router.bias")
@@ -423,9 +491,24 @@ class MarinRef:
         engine = routes.get(p + "moe.expert") if routes else None
         chosen = self.select_experts(l, logits, bias, engine)  # (N, k)
         # Combine weights: sigmoid of the unbiased logits of the chosen k, renormalised
-        # to sum to weight_sum (spec, "router").
-        u = torch.sigmoid(logits.gather(1, chosen))  # (N, k)
-        w = cfg.weight_sum * u / u.sum(-1, keepdim=True)
+        # to sum to weight_sum (spec, "router"); a softmax router: softmax over the chosen k.
+        if cfg.router == "softmax":
+            w = cfg.weight_sum * torch.softmax(logits.gather(1, chosen), dim=-1)
+        else:
+            u = torch.sigmoid(logits.gather(1, chosen))  # (N, k)
+            w = cfg.weight_sum * u / u.sum(-1, keepdim=True)
+        if cfg.router_z_applied:
+            self.router_losses.append(cfg.router_z_weight * (torch.logsumexp(logits, -1) ** 2).mean())
+        if cfg.balancing == "aux_loss":
+            # Switch Transformer eq. 4 with top-k (DeepSeek-V3 §2.1.2): weight E Σ_e f_e P_e,
+            # f_e the share of assignments (no gradient), P_e the mean router probability.
+            if cfg.router == "softmax":
+                prob = torch.softmax(logits, dim=-1)
+            else:
+                s = torch.sigmoid(logits)
+                prob = s / s.sum(-1, keepdim=True)
+            f = torch.bincount(chosen.reshape(-1), minlength=cfg.experts).to(logits.dtype) / chosen.numel()
+            self.router_losses.append(cfg.aux_weight * cfg.experts * (f * prob.mean(0)).sum())
         # Dropped assignments (the engine's keep mask, (N, k) token-major) keep their
         # share of the renormalised weight but contribute nothing (spec, "drops").
         keep = routes.get(p + "moe.keep") if routes else None
@@ -435,7 +518,7 @@ class MarinRef:
             self.router_logits.append(logits.detach())
         z = h
         if cfg.latent > 0:
-            z = rmsnorm(h @ P[p + "moe.latent_down.w"], P[p + "moe.latent_norm.gain"], self.c["norm_eps"])
+            z = self.norm(h @ P[p + "moe.latent_down.w"], P[p + "moe.latent_norm.gain"])
         w1, w3, w2 = P[p + "moe.experts.w1"], P[p + "moe.experts.w3"], P[p + "moe.experts.w2"]
         if self.c.get("moe_impl", "dense") == "routed":
             comb = routed_experts(z, chosen, w, w1, w3, w2)

@@ -10,10 +10,16 @@ each optimizer kind (MuonH, AdamH, Adam), by normalised error
 (for the updates, also of the update itself: after - before, whose tolerance is
 max(1e-4, 4 x its fp32 rounding floor)). Exits 1 on any error above the tolerance (1e-4; fp32
 engine vs float64 reference), 0 when everything matches. Prints
-"SKIP: ..." and exits 0 only when the binary has no `train --reference-dump` at all.
+"SKIP: ..." and exits 77 (CTest: skipped) when python3-torch / numpy are missing or the binary
+has no `train --reference-dump` at all.
 --dump DIR compares an existing dump instead of running the binary (debugging).
+--variant shapes runs the one-step comparison instead on tiny-moe changed to every
+shape the tiny model leaves out (VARIANTS below: MLA with a query latent, tied
+embeddings, LayerNorm, a leading dense layer, a softmax router with auxiliary-loss
+balancing and an applied router z-loss): its own ctest entry.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,13 +30,40 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+# CTest reads this exit status as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+SKIP = 77
+
+try:
+    import numpy as np  # noqa: E402
+    import torch  # noqa: E402
+except ImportError as e:
+    print("SKIP: the PyTorch reference needs python3-torch and python3-numpy (%s); nothing compared" % e)
+    sys.exit(SKIP)
 
 import marin_ref  # noqa: E402
 from dump import read_dump  # noqa: E402
 
 MODEL = os.path.join(REPO, "models", "zoo", "tiny-moe.json")
+# Changes to tiny-moe for --variant NAME (one JSON merge per top-level key).
+VARIANTS = {
+    "tied": {"tied_embeddings": True},
+    "shapes": {
+        "tied_embeddings": True,
+        "attention": {"kind": "mla", "mla": {"kv_latent": 32, "q_latent": 48, "rope_dim": 16},
+                      "kv_heads": 4, "local": {"kv_heads": 4}, "global": {"kv_heads": 4}},
+        "norm": {"kind": "layernorm"},
+        "moe": {"dense_layers": 1, "dense_width": 96, "router": "softmax", "balancing": "aux_loss",
+                "aux_loss_weight": 0.05, "router_z_loss_applied": True, "router_z_loss_weight": 0.01},
+    },
+}
+
+
+def merged(doc, change):
+    """doc with change merged in, dicts recursively."""
+    out = dict(doc)
+    for k, v in change.items():
+        out[k] = merged(doc[k], v) if isinstance(v, dict) and isinstance(doc.get(k), dict) else v
+    return out
 TOLERANCE = 1e-4
 # Text the corpus is built from: files of this repository (always present, real prose and code).
 CORPUS_FILES = ["README.md", "models/model.h", "models/layer_graph.h", "exec/kernels.h", "exec/optim.h"]
@@ -185,7 +218,8 @@ def compare(dump):
         if "grad." + n not in dump:
             table.add("grad", n, float("inf"), note="missing from dump")
             continue
-        table.add("grad", n, norm_err(dump["grad." + n], params[n].grad.numpy()))
+        g = params[n].grad  # None: the loss does not depend on it (a selection-only bias)
+        table.add("grad", n, norm_err(dump["grad." + n], np.zeros(params[n].shape) if g is None else g.numpy()))
 
     # One update of each optimizer kind, from the engine's own gradients, so this
     # checks the optimizer alone (the gradients were checked above).
@@ -378,6 +412,10 @@ def main():
         sys.exit("usage: test_reference.py <rackstep binary> [--keep DIR] [--dump DIR] [--steps-dump DIR]")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     rackstep = args[0]
+    global MODEL
+    variant = args[args.index("--variant") + 1] if "--variant" in args else None
+    if variant is not None and variant not in VARIANTS:
+        sys.exit("usage: --variant one of %s" % ", ".join(VARIANTS))
     keep = args[args.index("--keep") + 1] if "--keep" in args else None
     given = args[args.index("--dump") + 1] if "--dump" in args else None
     given_steps = args[args.index("--steps-dump") + 1] if "--steps-dump" in args else None
@@ -388,14 +426,20 @@ def main():
         if not has_reference_dump(rackstep):
             print("SKIP: %s has no `train --reference-dump` (the training command is not built yet); "
                   "nothing compared" % rackstep)
-            return 0
+            return SKIP
         binary = steps_binary(rackstep)
         if not os.path.exists(binary):
             sys.exit("FAIL: %s not found (build the target reference_dump_steps)" % binary)
         work = keep or tempfile.mkdtemp(prefix="rackstep_ref_")
         os.makedirs(work, exist_ok=True)
+        if variant:
+            doc = merged(json.load(open(MODEL)), VARIANTS[variant])
+            doc["name"] += "-" + variant
+            MODEL = os.path.join(work, "tiny-moe-%s.json" % variant)
+            json.dump(doc, open(MODEL, "w"), indent=1)
+            print("variant %s: %s" % (variant, json.dumps(VARIANTS[variant])))
         dump_dir = make_dump(rackstep, work)
-        steps_dir = make_steps_dump(binary, work)
+        steps_dir = None if variant else make_steps_dump(binary, work)
     tables = []
     try:
         if dump_dir:
