@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "exec/microbench.h"
 #include "models/json_io.h"
+#include "sim/compare.h"
 #include "sim/trace.h"
 
 namespace rackstep::exec {
@@ -121,12 +123,18 @@ void Profiler::write(const std::string& dir) const {
   static const char* kPhase[] = {"forward", "backward", "optimizer"};
   for (const Slice& s : slices_) {
     if (s.phase == 2) {
-      w.complete(pid, tid, "optimizer", kPhase[2], s.start_s, s.duration_s, {{"step", s.step}});
+      w.complete(pid, tid, "optimizer", kPhase[2], s.start_s, s.duration_s,
+                 {{"step", s.step}, {"op", "optimizer"}, {"op_class", "optimizer"}});
       continue;
     }
     const models::Op& op = graph_->ops[s.op];
-    w.complete(pid, tid, op.name + (s.phase == 0 ? ".fwd" : ".bwd"), kPhase[s.phase], s.start_s, s.duration_s,
-               {{"step", s.step}, {"kind", models::to_string(op.kind)}, {"class", models::to_string(op.op_class)}});
+    w.complete(pid, tid, sim::slice_name(op, s.phase == 0 ? sim::Pass::kForward : sim::Pass::kBackward), kPhase[s.phase],
+               s.start_s, s.duration_s,
+               {{"step", s.step},
+                {"op", op.name},
+                {"op_class", models::to_string(op.op_class)},
+                {"kind", models::to_string(op.kind)},
+                {"class", models::to_string(op.op_class)}});
   }
   w.metadata("model", graph_->model.name);
   w.metadata("device", "cpu");
@@ -178,6 +186,7 @@ void Profiler::write(const std::string& dir) const {
                               {"batch", batch_},
                               {"seq", seq_},
                               {"steps", steps_},
+                              {"peak_rss_bytes", peak_rss_bytes()},
                               {"ops", ops}};
   write_json_file_atomic((fs::path(dir) / "op_measurements.json").string(), doc);
 

@@ -4,12 +4,14 @@
 // Three outputs, written by write(dir):
 //   trace.json            Chrome trace events (sim/trace.h, the simulator's
 //                         writer): process "cpu0", thread "compute", one slice
-//                         per op per phase named like the layer-graph op
-//                         ("layers.3.attn.core"), category "forward" /
-//                         "backward" / "optimizer", args {step, op kind, class}.
-//                         Opens beside `rackstep predict --trace` output.
+//                         per op per phase named by sim::slice_name
+//                         ("layers.3.attn.core.fwd"), category "forward" /
+//                         "backward" / "optimizer", args {step, op, op_class,
+//                         kind}. Opens beside `rackstep timeline` output;
+//                         `rackstep compare` puts it next to the prediction.
 //   op_measurements.json  {"format": "rackstep.op_measurements/1", "device",
 //                         "threads", "batch", "seq", "model", "steps",
+//                         "peak_rss_bytes" (the process's resident peak),
 //                         "ops": [{"op", "kind", "class", "layer", "phase",
 //                         "in_shape", "out_shape", "param_shapes", "flops",
 //                         "bytes", "seconds" (median over profiled steps),
