@@ -48,6 +48,7 @@ struct CalibrateArgs {
   std::string from_run;
   std::string topology, calibration;
   bool no_collectives = false;
+  bool quiet = false;
   bool json = false;
 };
 
@@ -97,7 +98,7 @@ int run_calibrate(const CalibrateArgs& a) {
   std::error_code ec;
   fs::create_directories(a.out_dir, ec);
   if (ec) throw UserError(a.out_dir, "", "a directory for the calibration", ec.message());
-  const bool progress = !a.json || isatty(STDERR_FILENO);
+  const bool progress = !a.quiet;
   nlohmann::json m;
   std::string base_topo = a.topology.empty() ? std::string(rackstep::source_dir()) + "/topologies/zoo/cpu-host.json" : a.topology;
   std::string base_cal = a.calibration.empty() ? sim::default_calibration_path() : a.calibration;
@@ -237,6 +238,7 @@ rackstep::cli::Registration reg{
       app.add_option("--topology", a->topology, "base topology JSON (default topologies/zoo/cpu-host.json)");
       app.add_option("--calibration", a->calibration, "base calibration JSON (default sim/calibration.json)");
       app.add_flag("--no-collectives", a->no_collectives, "skip the MPI collectives (no topology-npP.json)");
+      app.add_flag("--quiet", a->quiet, "no progress lines on stderr");
       app.add_flag("--json", a->json, "print the fit summary as JSON (progress stays on stderr)");
       return [a] { return run_calibrate(*a); };
     }};

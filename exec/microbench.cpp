@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -53,6 +54,45 @@ double status_kib(const char* key) {
   return 0.0;
 }
 
+// Nanoseconds this process's threads ran and waited runnable (Linux
+// /proc/self/task/*/schedstat: run time, run-queue wait, slices).
+struct SchedSample {
+  double run_s = 0, wait_s = 0;
+};
+SchedSample sched_sample() {
+  SchedSample s;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream f(t.path() / "schedstat");
+    double run_ns = 0, wait_ns = 0;
+    if (f >> run_ns >> wait_ns) {
+      s.run_s += run_ns * 1e-9;
+      s.wait_s += wait_ns * 1e-9;
+    }
+  }
+  return s;
+}
+
+// A wall-clock interval with its de-loaded length: on a shared machine the
+// threads wait runnable while others run; wall x run / (run + wait) estimates
+// the time the same work takes on an idle machine (1 when nothing waited).
+class LoadedTimer {
+ public:
+  LoadedTimer() : s0_(sched_sample()), t0_(Clock::now()) {}
+  // Wall seconds since construction, and the share of runnable time spent running.
+  std::pair<double, double> stop() const {
+    const double wall = seconds_since(t0_);
+    const SchedSample s1 = sched_sample();
+    const double run = s1.run_s - s0_.run_s, wait = s1.wait_s - s0_.wait_s;
+    const double share = run + wait > 0 ? std::clamp(run / (run + wait), 0.01, 1.0) : 1.0;
+    return {wall, share};
+  }
+
+ private:
+  SchedSample s0_;
+  Clock::time_point t0_;
+};
+
 // The CPU backend: exec/kernels.h GEMMs and the CpuModel's own forward /
 // backward with its per-op timer (the ops exactly as `rackstep train` runs them).
 class CpuOpBackend final : public OpBackend {
@@ -70,19 +110,20 @@ class CpuOpBackend final : public OpBackend {
     fill_random(x, 1);
     fill_random(w, 2);
     const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-    std::vector<double> f, b;
+    std::vector<double> f, b, share;
     for (int r = 0; r <= reps; ++r) {  // the first run warms caches and thread pools
-      auto t0 = Clock::now();
+      const LoadedTimer tf;
       linear_forward(y.data(), x.data(), w.data(), nullptr, M, K, N);
-      const double tf = seconds_since(t0);
-      t0 = Clock::now();
+      const auto [wf, sf] = tf.stop();
+      const LoadedTimer tb;
       linear_backward(dx.data(), dw.data(), nullptr, y.data(), x.data(), w.data(), M, K, N);
-      const double tb = seconds_since(t0);
+      const auto [wb, sb] = tb.stop();
       if (r == 0) continue;
-      f.push_back(tf);
-      b.push_back(tb);
+      f.push_back(wf * sf);
+      b.push_back(wb * sb);
+      share.push_back(std::min(sf, sb));
     }
-    return {*std::min_element(f.begin(), f.end()), *std::min_element(b.begin(), b.end())};
+    return {*std::min_element(f.begin(), f.end()), *std::min_element(b.begin(), b.end()), median(share)};
   }
 
   double stream_bytes_per_s(double bytes, int reps) override {
@@ -90,10 +131,10 @@ class CpuOpBackend final : public OpBackend {
     std::vector<float> a(n, 1.f), b(n, 2.f), y(n);
     double best = 1e30;
     for (int r = 0; r <= reps; ++r) {
-      const auto t0 = Clock::now();
+      const LoadedTimer timer;
       residual_forward(y.data(), a.data(), b.data(), n);
-      const double t = seconds_since(t0);
-      if (r > 0) best = std::min(best, t);
+      const auto [wall, share] = timer.stop();
+      if (r > 0) best = std::min(best, wall * share);
     }
     return 3.0 * static_cast<double>(n) * sizeof(float) / best;
   }
@@ -124,29 +165,38 @@ class CpuOpBackend final : public OpBackend {
     model.set_op_timer([&](size_t op, int phase, Clock::time_point s, Clock::time_point e) {
       if (recording) samples[{op, phase}].push_back(std::chrono::duration<double>(e - s).count());
     });
-    std::vector<double> fwd, bwd, optim;
+    std::vector<double> fwd, bwd, optim, shares;
     for (int r = 0; r <= reps; ++r) {
       recording = r > 0;
       model.zero_grads();
-      auto t0 = Clock::now();
+      const LoadedTimer tf;
       model.forward(tokens.data(), tokens.data() + 1, doc.data());
-      const double tf = seconds_since(t0);
-      t0 = Clock::now();
+      const auto [wf, sf] = tf.stop();
+      const LoadedTimer tb;
       model.backward();
-      const double tb = seconds_since(t0);
-      t0 = Clock::now();
+      const auto [wb, sb] = tb.stop();
+      const LoadedTimer to;
       opt.step(model.params(), model.grads(), state);
-      const double to = seconds_since(t0);
+      const auto [wo, so] = to.stop();
       if (!recording) continue;
-      fwd.push_back(tf);
-      bwd.push_back(tb);
-      optim.push_back(to);
+      fwd.push_back(wf * sf);
+      bwd.push_back(wb * sb);
+      optim.push_back(wo * so);
+      // This pass's ops ran at the pass's share: de-load them the same way.
+      for (int phase = 0; phase < 2; ++phase) {
+        const double share = phase == 0 ? sf : sb;
+        for (auto& [key, secs] : samples) {
+          if (key.second == phase && secs.size() == static_cast<size_t>(r)) secs.back() *= share;
+        }
+      }
+      shares.push_back((wf * sf + wb * sb) / (wf + wb));
     }
     model.set_op_timer(nullptr);
     ModelProfile p;
     p.forward_s = median(fwd);
     p.backward_s = median(bwd);
     p.optimizer_s = median(optim);
+    p.cpu_share = median(shares);
     p.rss_bytes = current_rss_bytes();
     p.model_bytes = static_cast<double>(model.params().bytes() + model.grads().bytes() + model.activation_bytes() +
                                         state.momentum.bytes() + state.second_moment.bytes());
@@ -211,7 +261,9 @@ nlohmann::json run_microbenchmarks(OpBackend& backend, const MicrobenchPlan& pla
                         {"threads", backend.threads()},
                         {"budget_s", plan.budget_s},
                         {"load_start", machine_load()},
-                        {"rss_start_bytes", current_rss_bytes()}};
+                        {"rss_start_bytes", current_rss_bytes()},
+                        {"timing", "seconds de-loaded: wall x the share of runnable time the threads ran "
+                                   "(/proc/self/task/*/schedstat); cpu_share per entry"}};
   // A third of the budget for GEMMs and bandwidth, the rest for model profiles.
   const double gemm_budget_s = plan.budget_s / 3.0;
   nlohmann::json gemms = nlohmann::json::array();
@@ -224,7 +276,8 @@ nlohmann::json run_microbenchmarks(OpBackend& backend, const MicrobenchPlan& pla
     }
     progress("gemm " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k), done++, total);
     const PassSeconds p = backend.gemm(s.m, s.n, s.k, 3);
-    gemms.push_back({{"m", s.m}, {"n", s.n}, {"k", s.k}, {"fwd_s", p.fwd_s}, {"bwd_s", p.bwd_s}, {"source", s.source}});
+    gemms.push_back({{"m", s.m}, {"n", s.n}, {"k", s.k}, {"fwd_s", p.fwd_s}, {"bwd_s", p.bwd_s},
+                     {"cpu_share", p.cpu_share}, {"source", s.source}});
   }
   doc["gemm"] = gemms;
   progress("stream", done++, total);
@@ -252,6 +305,7 @@ nlohmann::json run_microbenchmarks(OpBackend& backend, const MicrobenchPlan& pla
                         {"forward_s", mp.forward_s},
                         {"backward_s", mp.backward_s},
                         {"optimizer_s", mp.optimizer_s},
+                        {"cpu_share", mp.cpu_share},
                         {"rss_bytes", mp.rss_bytes},
                         {"model_bytes", mp.model_bytes},
                         {"ops", ops}});

@@ -35,9 +35,14 @@
 
 namespace rackstep::exec {
 
+// Every time below is de-loaded: wall seconds x the share of its runnable time
+// the process's threads actually ran (Linux schedstat), an estimate of the
+// time on an idle machine; cpu_share keeps that share (1 = nothing else ran).
+//
 // Seconds of one forward and one backward (best of the repetitions).
 struct PassSeconds {
   double fwd_s = 0, bwd_s = 0;
+  double cpu_share = 1;
 };
 
 // One layer-graph op timed inside a real forward + backward.
@@ -52,6 +57,7 @@ struct ModelProfile {
   double optimizer_s = 0;                 // one optimizer step over every parameter
   double rss_bytes = 0;                   // resident set after the step (process)
   double model_bytes = 0;                 // parameters, gradients, optimizer state, activations
+  double cpu_share = 1;                   // median share of runnable time spent running
 };
 
 class OpBackend {
