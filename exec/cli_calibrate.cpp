@@ -10,6 +10,7 @@
 // the host) and DIR/fit.json (the fitted values and residuals). MPI
 // collectives are measured by re-launching this binary under mpirun
 // (`rackstep calibrate-collectives`, hidden) when mpirun exists.
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,7 +90,7 @@ void measure_collectives(const CalibrateArgs& a, nlohmann::json& m, double gemm_
     m["concurrency"].push_back({{"ranks", p},
                                 {"gemm_flops_per_s_per_rank", r["gemm_flops_per_s_per_rank"]},
                                 {"gemm_flops_per_s_alone", gemm_alone_flops_per_s},
-                                {"gemm", "512x512x512 forward, every rank at once, 1 thread each"}});
+                                {"gemm", "512x512x512 forward, every rank at once, 1 thread each, CPU time (de-loaded)"}});
   }
 }
 
@@ -197,11 +198,19 @@ int run_collectives(const std::string& out_file, int threads) {
   std::vector<float> x(512 * 512, 0.5f), w(512 * 512, 0.25f), y(512 * 512);
   linear_forward(y.data(), x.data(), w.data(), nullptr, 512, 512, 512);
   world.barrier();
+  // CPU time of this process (one thread): the work, not the wait for a core, as every calibrate timing.
+  const auto cpu_now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
   double best = 1e30;
   for (int r = 0; r < 3; ++r) {
+    const double c0 = cpu_now();
     const auto t0 = Clock::now();
     linear_forward(y.data(), x.data(), w.data(), nullptr, 512, 512, 512);
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::min(best, std::min(wall, cpu_now() - c0));
   }
   double rate = 2.0 * 512 * 512 * 512 / best;
   world.allreduce_sum(&rate, 1);

@@ -2,10 +2,10 @@
 
 #include <sys/resource.h>
 #include <sys/time.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -54,42 +54,30 @@ double status_kib(const char* key) {
   return 0.0;
 }
 
-// Nanoseconds this process's threads ran and waited runnable (Linux
-// /proc/self/task/*/schedstat: run time, run-queue wait, slices).
-struct SchedSample {
-  double run_s = 0, wait_s = 0;
-};
-SchedSample sched_sample() {
-  SchedSample s;
-  std::error_code ec;
-  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    std::ifstream f(t.path() / "schedstat");
-    double run_ns = 0, wait_ns = 0;
-    if (f >> run_ns >> wait_ns) {
-      s.run_s += run_ns * 1e-9;
-      s.wait_s += wait_ns * 1e-9;
-    }
-  }
-  return s;
+double process_cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// A wall-clock interval with its de-loaded length: on a shared machine the
-// threads wait runnable while others run; wall x run / (run + wait) estimates
-// the time the same work takes on an idle machine (1 when nothing waited).
+// A wall-clock interval and its de-loaded length. On a shared machine the
+// threads wait while other processes run, so wall time measures the load as
+// much as the work; the process's CPU time over the threads it uses does not
+// (exact for one thread; for T threads it assumes the work spread over all T,
+// the same estimator validate-local applies to training runs).
 class LoadedTimer {
  public:
-  LoadedTimer() : s0_(sched_sample()), t0_(Clock::now()) {}
-  // Wall seconds since construction, and the share of runnable time spent running.
+  explicit LoadedTimer(int threads) : threads_(threads), c0_(process_cpu_now()), t0_(Clock::now()) {}
+  // (wall seconds, de-loaded seconds / wall seconds).
   std::pair<double, double> stop() const {
     const double wall = seconds_since(t0_);
-    const SchedSample s1 = sched_sample();
-    const double run = s1.run_s - s0_.run_s, wait = s1.wait_s - s0_.wait_s;
-    const double share = run + wait > 0 ? std::clamp(run / (run + wait), 0.01, 1.0) : 1.0;
-    return {wall, share};
+    const double cpu = (process_cpu_now() - c0_) / threads_;
+    return {wall, wall > 0 ? std::clamp(cpu / wall, 0.01, 1.0) : 1.0};
   }
 
  private:
-  SchedSample s0_;
+  int threads_;
+  double c0_;
   Clock::time_point t0_;
 };
 
@@ -112,10 +100,10 @@ class CpuOpBackend final : public OpBackend {
     const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
     std::vector<double> f, b, share;
     for (int r = 0; r <= reps; ++r) {  // the first run warms caches and thread pools
-      const LoadedTimer tf;
+      const LoadedTimer tf(threads_);
       linear_forward(y.data(), x.data(), w.data(), nullptr, M, K, N);
       const auto [wf, sf] = tf.stop();
-      const LoadedTimer tb;
+      const LoadedTimer tb(threads_);
       linear_backward(dx.data(), dw.data(), nullptr, y.data(), x.data(), w.data(), M, K, N);
       const auto [wb, sb] = tb.stop();
       if (r == 0) continue;
@@ -131,7 +119,7 @@ class CpuOpBackend final : public OpBackend {
     std::vector<float> a(n, 1.f), b(n, 2.f), y(n);
     double best = 1e30;
     for (int r = 0; r <= reps; ++r) {
-      const LoadedTimer timer;
+      const LoadedTimer timer(threads_);
       residual_forward(y.data(), a.data(), b.data(), n);
       const auto [wall, share] = timer.stop();
       if (r > 0) best = std::min(best, wall * share);
@@ -169,13 +157,13 @@ class CpuOpBackend final : public OpBackend {
     for (int r = 0; r <= reps; ++r) {
       recording = r > 0;
       model.zero_grads();
-      const LoadedTimer tf;
+      const LoadedTimer tf(threads_);
       model.forward(tokens.data(), tokens.data() + 1, doc.data());
       const auto [wf, sf] = tf.stop();
-      const LoadedTimer tb;
+      const LoadedTimer tb(threads_);
       model.backward();
       const auto [wb, sb] = tb.stop();
-      const LoadedTimer to;
+      const LoadedTimer to(threads_);
       opt.step(model.params(), model.grads(), state);
       const auto [wo, so] = to.stop();
       if (!recording) continue;
@@ -262,8 +250,7 @@ nlohmann::json run_microbenchmarks(OpBackend& backend, const MicrobenchPlan& pla
                         {"budget_s", plan.budget_s},
                         {"load_start", machine_load()},
                         {"rss_start_bytes", current_rss_bytes()},
-                        {"timing", "seconds de-loaded: wall x the share of runnable time the threads ran "
-                                   "(/proc/self/task/*/schedstat); cpu_share per entry"}};
+                        {"timing", "seconds de-loaded: min(wall, process CPU time / threads); cpu_share = that over wall"}};
   // A third of the budget for GEMMs and bandwidth, the rest for model profiles.
   const double gemm_budget_s = plan.budget_s / 3.0;
   nlohmann::json gemms = nlohmann::json::array();

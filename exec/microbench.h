@@ -35,9 +35,9 @@
 
 namespace rackstep::exec {
 
-// Every time below is de-loaded: wall seconds x the share of its runnable time
-// the process's threads actually ran (Linux schedstat), an estimate of the
-// time on an idle machine; cpu_share keeps that share (1 = nothing else ran).
+// Every time below is de-loaded: min(wall, process CPU time / threads), an
+// estimate of the time on an idle machine (exact for one thread); cpu_share
+// keeps that over the wall time (1 = nothing else ran).
 //
 // Seconds of one forward and one backward (best of the repetitions).
 struct PassSeconds {

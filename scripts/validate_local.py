@@ -52,51 +52,6 @@ def run(cmd, env=None):
     return p.stdout, wall, cpu, after.ru_maxrss * 1024.0
 
 
-def rackstep_tasks():
-    """{(pid, tid): (run_s, wait_s)} of every running rackstep thread (Linux schedstat)."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/comm") as f:
-                if f.read().strip() != "rackstep":
-                    continue
-            for t in os.listdir(f"/proc/{d}/task"):
-                with open(f"/proc/{d}/task/{t}/schedstat") as f:
-                    run_ns, wait_ns = f.read().split()[:2]
-                out[(int(d), int(t))] = (int(run_ns) * 1e-9, int(wait_ns) * 1e-9)
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def run_sampled(cmd, env):
-    """Runs cmd, sampling its rackstep threads' run and run-queue wait time; returns
-    (stdout, wall_s, child_cpu_s, child_max_rss_bytes, share) with share = run / (run + wait):
-    the part of the time its threads were runnable that they actually ran."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    others = set(rackstep_tasks())  # rackstep processes of other engineers are not ours
-    t0 = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    seen = {}
-    while p.poll() is None:
-        for k, v in rackstep_tasks().items():
-            if k not in others:
-                seen[k] = v
-        time.sleep(0.1)
-    stdout, stderr = p.communicate()
-    wall = time.time() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {stderr.strip()[-2000:]}")
-    run_s = sum(v[0] for v in seen.values())
-    wait_s = sum(v[1] for v in seen.values())
-    share = run_s / (run_s + wait_s) if run_s + wait_s > 0 else 1.0
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return stdout, wall, cpu, after.ru_maxrss * 1024.0, share
-
-
 def mpi_prefix(n):
     return ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none",
             "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS", "-x", "OMP_WAIT_POLICY", "-np", str(n)]
@@ -134,7 +89,8 @@ def main():
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
     out = sys.argv[2] if len(sys.argv) > 2 else "/tmp/rackstep-validate-local"
     budget = float(os.environ.get("RACKSTEP_CAL_BUDGET_S", "60"))
-    steps = int(os.environ.get("RACKSTEP_VALIDATE_STEPS", "8"))
+    steps = int(os.environ.get("RACKSTEP_VALIDATE_STEPS", "14"))
+    short_steps = 3
     bin_ = os.path.join(build, "rackstep")
     os.makedirs(out, exist_ok=True)
     have_mpi = shutil.which("mpirun") is not None
@@ -217,19 +173,25 @@ def main():
         renv = dict(env, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
         attempts = []
         for attempt in range(2):
+            # Two runs, short and long: the difference of their CPU time is the CPU time of
+            # the extra steps alone (start-up, data loading and the final eval cancel).
             l0 = loadavg()
             log(f"{c['name']}: train ({procs} process(es) x {threads} thread(s)), load {l0:.1f}")
-            stdout, wall, cpu, maxrss, share = run_sampled(cmd, renv)
+            short = list(cmd)
+            short[short.index("--steps") + 1] = str(short_steps)
+            _, _, cpu_short, _ = run(short, env=renv)
+            stdout, wall, cpu, maxrss = run(cmd, env=renv)
             l1 = loadavg()
             doc = json.loads(stdout)
             step_s = [s["step_s"] for s in doc["steps"]][1:]  # the first step warms up
-            # De-loaded like the calibration's measurements: wall x the share of runnable time that ran.
-            attempts.append({"measured_step_s": statistics.median(step_s) * share,
-                             "wall_step_s": statistics.median(step_s), "run_share": share,
-                             "step_s_min": min(step_s),
-                             "step_s_max": max(step_s), "wall_s": wall, "cpu_s": cpu,
-                             # CPU the run obtained over what it could use: 1.0 = it had its cores to itself
-                             "cpu_share": cpu / (wall * min(cores, procs * threads)),
+            cpu_per_step = (cpu - cpu_short) / (steps - short_steps)
+            wall_step = statistics.median(step_s)
+            # De-loaded like every calibrate timing: CPU time over the threads used
+            # (exact for one thread; with several it assumes they all worked).
+            deloaded = min(wall_step, cpu_per_step / (procs * threads))
+            attempts.append({"measured_step_s": deloaded, "wall_step_s": wall_step,
+                             "cpu_per_step_s": cpu_per_step, "run_share": deloaded / wall_step,
+                             "step_s_min": min(step_s), "step_s_max": max(step_s), "wall_s": wall, "cpu_s": cpu,
                              "load1_start": l0, "load1_end": l1, "peak_rss_bytes": maxrss})
             if max(l0, l1) <= cores:
                 break  # not overloaded: no repeat needed
@@ -276,8 +238,7 @@ def main():
              "",
              "Calibrated from micro-benchmarks only (`rackstep calibrate --backend cpu`, tiny-moe profiles in one process, "
              f"budget {budget:.0f} s per thread count); every row below is a configuration the fit never saw, "
-             f"trained for {steps} steps with `rackstep train` (median step time without the first step; peak resident "
-             "memory of the largest process).",
+             f"trained with `rackstep train` (peak resident memory of the largest process).",
              "",
              "| config | model | batch x seq | threads | procs | EP | predicted ms | measured ms (de-loaded) | error | measured wall ms | run share | predicted MiB | measured MiB | mem error | load1 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -306,9 +267,11 @@ def main():
               f"Goal ({s['goal']}): {'met' if s['goal_met'] else 'NOT met'}.",
               "",
               f"Noise: load average (1 min) {noise['load1_min']}..{noise['load1_max']} on {cores} cores while measuring; "
-              f"a run's threads ran {noise['cpu_share_min']:.2f} (worst) / {noise['cpu_share_median']:.2f} (median) of the time "
-              f"they were runnable (schedstat run / (run + run-queue wait)); every time in this report (calibration "
-              "and runs) is de-loaded as wall x that share, the raw wall step is shown beside it. "
+              f"a run got {noise['cpu_share_min']:.2f} (worst) / {noise['cpu_share_median']:.2f} (median) of the CPU its "
+              "threads could use (de-loaded step over wall step). Every time in this report, calibration and runs, is "
+              "de-loaded the same way: CPU seconds over the threads used (a run's per-step CPU is the CPU-time "
+              f"difference of a {steps}-step and a {short_steps}-step run), i.e. the step on an idle machine with a core per "
+              "thread; the raw wall step is shown beside it. "
               f"{noise['repeated_rows']} rows were repeated because the machine was overloaded (load above its core "
               "count); the faster de-loaded attempt is shown, every attempt is in the JSON."
               if shares else "",
