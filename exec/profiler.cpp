@@ -19,8 +19,16 @@ void Profiler::attach(CpuModel& model) {
   model.set_op_timer([this](size_t op, int phase, Clock::time_point s, Clock::time_point e) { on_op(op, phase, s, e); });
 }
 
-void Profiler::begin_step(int64_t step) { step_ = step; }
-void Profiler::end_step() { ++steps_; }
+void Profiler::begin_step(int64_t step) {
+  step_ = step;
+  step_wall0_ = Clock::now();
+  step_cpu0_ = process_cpu_seconds();
+}
+void Profiler::end_step() {
+  ++steps_;
+  step_wall_s_.push_back(std::chrono::duration<double>(Clock::now() - step_wall0_).count());
+  step_cpu_s_.push_back(process_cpu_seconds() - step_cpu0_);
+}
 
 void Profiler::on_op(size_t op, int phase, Clock::time_point start, Clock::time_point end) {
   slices_.push_back({op, phase, step_, since_origin(start), std::chrono::duration<double>(end - start).count()});
@@ -187,6 +195,8 @@ void Profiler::write(const std::string& dir) const {
                               {"seq", seq_},
                               {"steps", steps_},
                               {"peak_rss_bytes", peak_rss_bytes()},
+                              {"step_wall_s", step_wall_s_},
+                              {"step_cpu_s", step_cpu_s_},
                               {"ops", ops}};
   write_json_file_atomic((fs::path(dir) / "op_measurements.json").string(), doc);
 

@@ -12,6 +12,9 @@
 //   op_measurements.json  {"format": "rackstep.op_measurements/1", "device",
 //                         "threads", "batch", "seq", "model", "steps",
 //                         "peak_rss_bytes" (the process's resident peak),
+//                         "step_wall_s" / "step_cpu_s" (per profiled step,
+//                         begin_step to end_step: wall and process CPU time,
+//                         so a run on a shared machine can be de-loaded),
 //                         "ops": [{"op", "kind", "class", "layer", "phase",
 //                         "in_shape", "out_shape", "param_shapes", "flops",
 //                         "bytes", "seconds" (median over profiled steps),
@@ -78,6 +81,9 @@ class Profiler {
   Clock::time_point origin_;
   int64_t step_ = 0;
   int64_t steps_ = 0;
+  Clock::time_point step_wall0_;
+  double step_cpu0_ = 0;
+  std::vector<double> step_wall_s_, step_cpu_s_;
   struct Slice {
     size_t op;
     int phase;  // 0 forward, 1 backward, 2 optimizer

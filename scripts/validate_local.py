@@ -89,8 +89,7 @@ def main():
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build")
     out = sys.argv[2] if len(sys.argv) > 2 else "/tmp/rackstep-validate-local"
     budget = float(os.environ.get("RACKSTEP_CAL_BUDGET_S", "60"))
-    steps = int(os.environ.get("RACKSTEP_VALIDATE_STEPS", "14"))
-    short_steps = 3
+    steps = int(os.environ.get("RACKSTEP_VALIDATE_STEPS", "8"))
     bin_ = os.path.join(build, "rackstep")
     os.makedirs(out, exist_ok=True)
     have_mpi = shutil.which("mpirun") is not None
@@ -173,26 +172,24 @@ def main():
         renv = dict(env, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
         attempts = []
         for attempt in range(2):
-            # Two runs, short and long: the difference of their CPU time is the CPU time of
-            # the extra steps alone (start-up, data loading and the final eval cancel).
             l0 = loadavg()
             log(f"{c['name']}: train ({procs} process(es) x {threads} thread(s)), load {l0:.1f}")
-            short = list(cmd)
-            short[short.index("--steps") + 1] = str(short_steps)
-            _, _, cpu_short, _ = run(short, env=renv)
-            stdout, wall, cpu, maxrss = run(cmd, env=renv)
+            run_dir = os.path.join(out, "runs", f"{c['name']}-{attempt}")
+            shutil.rmtree(run_dir, ignore_errors=True)
+            # --profile records each step's wall and process CPU time (exec/profiler.h).
+            stdout, wall, cpu, maxrss = run(cmd + ["--out", run_dir, "--profile", "--profile-steps", str(steps)],
+                                            env=renv)
             l1 = loadavg()
-            doc = json.loads(stdout)
-            step_s = [s["step_s"] for s in doc["steps"]][1:]  # the first step warms up
-            cpu_per_step = (cpu - cpu_short) / (steps - short_steps)
-            wall_step = statistics.median(step_s)
-            # De-loaded like every calibrate timing: CPU time over the threads used
+            prof = json.load(open(os.path.join(run_dir, "op_measurements.json")))
+            walls, cpus = prof["step_wall_s"][1:], prof["step_cpu_s"][1:]  # the first step warms up
+            # De-loaded like every calibrate timing: CPU time over the threads of the process
             # (exact for one thread; with several it assumes they all worked).
-            deloaded = min(wall_step, cpu_per_step / (procs * threads))
+            deloaded = statistics.median(min(w, c_ / threads) for w, c_ in zip(walls, cpus))
+            wall_step = statistics.median(walls)
             attempts.append({"measured_step_s": deloaded, "wall_step_s": wall_step,
-                             "cpu_per_step_s": cpu_per_step, "run_share": deloaded / wall_step,
-                             "step_s_min": min(step_s), "step_s_max": max(step_s), "wall_s": wall, "cpu_s": cpu,
-                             "load1_start": l0, "load1_end": l1, "peak_rss_bytes": maxrss})
+                             "run_share": deloaded / wall_step, "step_s_min": min(walls), "step_s_max": max(walls),
+                             "wall_s": wall, "cpu_s": cpu, "load1_start": l0, "load1_end": l1,
+                             "peak_rss_bytes": maxrss})
             if max(l0, l1) <= cores:
                 break  # not overloaded: no repeat needed
         best = min(attempts, key=lambda a: a["measured_step_s"])
@@ -269,8 +266,8 @@ def main():
               f"Noise: load average (1 min) {noise['load1_min']}..{noise['load1_max']} on {cores} cores while measuring; "
               f"a run got {noise['cpu_share_min']:.2f} (worst) / {noise['cpu_share_median']:.2f} (median) of the CPU its "
               "threads could use (de-loaded step over wall step). Every time in this report, calibration and runs, is "
-              "de-loaded the same way: CPU seconds over the threads used (a run's per-step CPU is the CPU-time "
-              f"difference of a {steps}-step and a {short_steps}-step run), i.e. the step on an idle machine with a core per "
+              "de-loaded the same way: CPU seconds of the process over its threads (a run's per-step CPU comes from "
+              "`rackstep train --profile`, rank 0), i.e. the step on an idle machine with a core per "
               "thread; the raw wall step is shown beside it. "
               f"{noise['repeated_rows']} rows were repeated because the machine was overloaded (load above its core "
               "count); the faster de-loaded attempt is shown, every attempt is in the JSON."
