@@ -75,7 +75,7 @@ def variant(base, out_dir, name, **changes):
 
 def layout(out_dir, name, procs, ep, batch, seq, transport):
     # The same layout sim::cpu_run_layout builds for `rackstep compare`.
-    l = {"name": name, "data": procs, "fsdp": 1, "ep": ep, "micro_batch_seqs": batch // procs,
+    l = {"name": name, "data": procs, "fsdp": procs, "ep": ep, "micro_batch_seqs": batch // procs,
          "tokens_per_step": batch * seq, "seq_len": seq, "recompute": "none", "optimizer_state": "device",
          "master_dtype": "fp32", "ep_transport": transport}
     path = os.path.join(out_dir, "layouts", name + ".json")

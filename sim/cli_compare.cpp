@@ -22,12 +22,14 @@ struct CompareArgs {
   std::string predicted, measured, cluster, calibration, out;
   int64_t step = -1;
   bool json = false;
+  bool deload = false;
 };
 
 int run_compare(CompareArgs a) {
   CompareInputs in;
   in.run_dir = a.measured;
   in.step = a.step;
+  in.deload = a.deload;
   in.cluster = a.cluster;
   in.calibration = a.calibration;
   if (!a.predicted.empty() && fs::is_directory(a.predicted)) {
@@ -70,6 +72,8 @@ rackstep::cli::Registration reg{
       app.add_option("--calibration", a->calibration, "calibration JSON (default: CAL/calibration.json)");
       app.add_option("--step", a->step, "measured step shown in the trace (default: the last profiled one)");
       app.add_option("-o,--out", a->out, "write the Chrome trace of both timelines here");
+      app.add_flag("--deload", a->deload,
+                   "scale the measured timeline by its step's CPU / (threads x wall): the step on an idle machine");
       app.add_flag("--json", a->json, "print the table as JSON");
       return [a] { return run_compare(*a); };
     }};

@@ -9,13 +9,14 @@
 #include "models/check.h"
 #include "models/layer_graph.h"
 #include "sim/cli/command.h"
+#include "sim/emit_run.h"
 #include "sim/sweep.h"
 
 namespace rackstep::sim {
 namespace {
 
 struct SweepArgs {
-  std::string model_path, cluster_path, calibration_path;
+  std::string model_path, cluster_path, calibration_path, emit_run_dir;
   int64_t domains = 0;
   int64_t tokens_per_step = 0;
   size_t top = 10;
@@ -60,6 +61,12 @@ int run_sweep(const SweepArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   const SweepResult r = sweep(p, {.tokens_per_step = a.tokens_per_step, .top = a.top, .threads = a.threads});
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.emit_run_dir.empty() && !r.top.empty()) {
+    emit_run(a.emit_run_dir, {a.model_path, a.cluster_path, a.calibration_path}, r.top.front().layout,
+             r.top.front().prediction);
+    std::fprintf(stderr, "sweep: the fastest layout's run written to %s (launch-mpirun.sh, launch-slurm.sbatch)\n",
+                 a.emit_run_dir.c_str());
+  }
 
   if (a.json) {
     nlohmann::json j;
@@ -123,6 +130,9 @@ rackstep::cli::Registration reg{
       app.add_option("--top", a->top, "how many layouts to show (default 10)");
       app.add_option("--threads", a->threads, "worker threads (default: all cores)");
       app.add_option("--calibration", a->calibration_path, "calibration JSON");
+      app.add_option("--emit-run", a->emit_run_dir,
+                     "write the fastest layout's model, layout, cluster, calibration and mpirun / Slurm launch "
+                     "scripts into this directory");
       app.add_flag("--explain", a->explain, "count rejected layouts per reason, with an example each");
       app.add_flag("--json", a->json, "print JSON");
       return [a] { return run_sweep(*a); };

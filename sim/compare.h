@@ -9,7 +9,9 @@
 // plus the pass, e.g. "layers.3.attn.q_proj.fwd".
 //
 // Output: a table per op class (predicted and measured seconds of one step,
-// forward + backward) and per logged step, and one Chrome trace with both
+// forward + backward, the measured also de-loaded: x CPU time / (threads x
+// wall) of the step, as `rackstep calibrate` times its measurements) and per
+// logged step, and one Chrome trace with both
 // timelines of the same step aligned at 0: predicted pids < 1000000, measured
 // pids + 1000000, process names "predicted: ..." / "measured: ...", every
 // slice with cat = pass and args {op, op_class}, otherData.rackstep_compare.
@@ -45,6 +47,7 @@ struct CompareInputs {
   std::string cluster;       // topology JSON (a calibrate output's topology.json)
   std::string calibration;   // calibration JSON
   int64_t step = -1;         // measured step to show (-1: the last profiled step)
+  bool deload = false;       // scale the measured slices by the step's CPU / (threads x wall)
 };
 
 struct Comparison {

@@ -57,9 +57,11 @@ FitResult fit_measurements(const nlohmann::json& measurements, const std::string
 // document with one profile; UserError when the run has no profile.
 nlohmann::json measurements_from_run(const std::string& run_dir);
 
-// The one-process layout of a CPU run: one data rank per process, the whole
-// batch in one micro-batch, no recompute (the CPU engine keeps every
-// activation), optimizer state beside the weights.
+// The layout of a CPU run: one data rank per process, the process's batch in
+// one micro-batch, no recompute (the CPU engine keeps every activation),
+// optimizer state beside the weights and sharded over every process (fsdp =
+// processes: the engine reduce-scatters gradients into ZeRO shards, steps its
+// shard and all-gathers the parameters).
 Layout cpu_run_layout(int64_t processes, int64_t ep, int64_t batch, int64_t seq, const std::string& transport);
 
 }  // namespace rackstep::sim

@@ -44,6 +44,13 @@ check "compare exits 0" "[ $? -eq 0 ]"
 "$bin" compare --predicted "$tmp/cal" --measured "$tmp/nothing" >/dev/null 2>"$tmp/noerr"
 check "compare of a missing run exits 2" "[ $? -eq 2 ]"
 
+"$bin" sweep --model models/zoo/tiny-moe.json --cluster "$tmp/cal/topology.json" --calibration "$tmp/cal/calibration.json" \
+  --top 1 --emit-run "$tmp/emit" >/dev/null 2>&1
+check "sweep --emit-run exits 0" "[ $? -eq 0 ]"
+check "emit-run writes the launch scripts" "[ -x $tmp/emit/launch-mpirun.sh ] && grep -q srun $tmp/emit/launch-slurm.sbatch"
+check "emit-run layout loads in predict" \
+  "'$bin' predict --model $tmp/emit/model.json --cluster $tmp/emit/cluster.json --calibration $tmp/emit/calibration.json --layout $tmp/emit/layout.json >/dev/null"
+
 /usr/bin/python3 - "$tmp" <<'PY' || fail=1
 import json, sys, os
 tmp = sys.argv[1]
@@ -86,6 +93,9 @@ assert t["otherData"]["rackstep_compare"]["measured"].endswith("run")
 table = json.load(open(os.path.join(tmp, "table.json")))
 assert table["step"]["measured_median_s"] > 0 and table["step"]["predicted_s"] > 0
 assert {r["op_class"] for r in table["by_class"]} >= {"gemm", "attention"}
+assert table["step"]["measured_deloaded_median_s"] > 0
+refit = json.load(open(os.path.join(tmp, "cal2.json")))
+assert refit["profiles"] == 1 and 0 < refit["efficiencies"]["gemm"] <= 1
 PY
 
 exit $fail
