@@ -39,7 +39,8 @@ namespace rackstep::exec {
 // estimate of the time on an idle machine (exact for one thread); cpu_share
 // keeps that over the wall time (1 = nothing else ran).
 //
-// Seconds of one forward and one backward (best of the repetitions).
+// Seconds of one forward and one backward (the fastest repetition, as every
+// time here: on a shared machine noise only adds time).
 struct PassSeconds {
   double fwd_s = 0, bwd_s = 0;
   double cpu_share = 1;
