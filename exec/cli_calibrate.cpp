@@ -1,6 +1,7 @@
 // `rackstep calibrate`: measure the backend's ops on this machine and fit the
 // predictor to them (exec/microbench.h measures, sim/fit.h fits).
 //
+//   OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 \
 //   rackstep calibrate --backend cpu --out cal [--model M ...] [--budget-s 60] [--threads 2] [--ranks 2,4]
 //   rackstep predict --model M --cluster cal/topology.json --calibration cal/calibration.json --layout L
 //   rackstep calibrate --from-run runs/p --out cal2 [--topology cal/topology.json --calibration cal/calibration.json]
@@ -107,6 +108,11 @@ int run_calibrate(const CalibrateArgs& a) {
     m = sim::measurements_from_run(a.from_run);
   } else {
     std::unique_ptr<OpBackend> backend = make_op_backend(a.backend, a.threads);
+    if (backend->threads() > 1 && (!std::getenv("OPENBLAS_THREAD_TIMEOUT") || !std::getenv("OMP_WAIT_POLICY"))) {
+      // Spinning idle threads burn CPU time the de-loading counts as work.
+      std::fprintf(stderr, "calibrate: note: set OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 so idle threads "
+                           "sleep (and train the same way); on a shared machine spinning threads skew the timings\n");
+    }
     std::vector<std::string> models = a.models;
     if (models.empty()) models.push_back(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
     const MicrobenchPlan plan = make_plan(models, a.budget_s);
