@@ -1,7 +1,7 @@
 // `rackstep calibrate`: measure the backend's ops on this machine and fit the
 // predictor to them (exec/microbench.h measures, sim/fit.h fits).
 //
-//   OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 \
+//   export OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4   # idle threads sleep, not spin
 //   rackstep calibrate --backend cpu --out cal [--model M ...] [--budget-s 60] [--threads 2] [--ranks 2,4]
 //   rackstep predict --model M --cluster cal/topology.json --calibration cal/calibration.json --layout L
 //   rackstep calibrate --from-run runs/p --out cal2 [--topology cal/topology.json --calibration cal/calibration.json]
