@@ -91,6 +91,7 @@ void measure_collectives(const CalibrateArgs& a, nlohmann::json& m, double gemm_
     m["concurrency"].push_back({{"ranks", p},
                                 {"gemm_flops_per_s_per_rank", r["gemm_flops_per_s_per_rank"]},
                                 {"gemm_flops_per_s_alone", gemm_alone_flops_per_s},
+                                {"rss_after_mpi_init_bytes", r.value("rss_after_mpi_init_bytes", 0.0)},
                                 {"gemm", "512x512x512 forward, every rank at once, 1 thread each, CPU time (de-loaded)"}});
   }
 }
@@ -150,6 +151,11 @@ int run_calibrate(const CalibrateArgs& a) {
   const std::string cal_path = (fs::path(a.out_dir) / "calibration.json").string();
   write_json_file_atomic(cal_path, r.calibration);
   nlohmann::json files = {{"measurements", meas_path}, {"calibration", cal_path}};
+  for (const auto& [name, doc] : r.calibrations) {
+    const std::string path = (fs::path(a.out_dir) / name).string();
+    write_json_file_atomic(path, doc);
+    files[name] = path;
+  }
   for (const auto& [name, doc] : r.topologies) {
     const std::string path = (fs::path(a.out_dir) / name).string();
     write_json_file_atomic(path, doc);
@@ -184,6 +190,9 @@ int run_calibrate(const CalibrateArgs& a) {
 int run_collectives(const std::string& out_file, int threads) {
   set_threads(threads);
   Comm world = Comm::world();
+  // The resident set of a rank once MPI is up: what an MPI process holds beyond a lone one.
+  double rss_base = current_rss_bytes();
+  world.allreduce_max(&rss_base, 1);
   nlohmann::json coll = nlohmann::json::array();
   for (double bytes : {8e3, 64e3, 512e3, 4e6}) {
     std::vector<double> buf(static_cast<size_t>(bytes / sizeof(double)), 1.0);
@@ -223,7 +232,10 @@ int run_collectives(const std::string& out_file, int threads) {
   world.allreduce_sum(&rate, 1);
   rate /= world.size();
   if (world.root()) {
-    write_json_file_atomic(out_file, {{"collectives", coll}, {"gemm_flops_per_s_per_rank", rate}, {"ranks", world.size()}});
+    write_json_file_atomic(out_file, {{"collectives", coll},
+                                      {"gemm_flops_per_s_per_rank", rate},
+                                      {"rss_after_mpi_init_bytes", rss_base},
+                                      {"ranks", world.size()}});
   }
   world.barrier();
   return 0;

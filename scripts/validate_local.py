@@ -163,8 +163,11 @@ def main():
         ep = c.get("ep", 1)
         transport = c.get("dispatch", "ragged")
         lay = layout(out, c["name"], procs, ep, c["batch"], c["seq"], transport)
+        cal_file = os.path.join(cal, f"calibration-np{procs}.json")
+        if procs == 1 or not os.path.exists(cal_file):
+            cal_file = os.path.join(cal, "calibration.json")
         pred_out, _, _, _ = run([bin_, "predict", "--model", c["model"], "--cluster", topo, "--calibration",
-                                 os.path.join(cal, "calibration.json"), "--layout", lay, "--json"])
+                                 cal_file, "--layout", lay, "--json"])
         pred = json.loads(pred_out)
         cmd = [bin_, "train", "--model", c["model"], "--data", data, "--batch", str(c["batch"]), "--seq",
                str(c["seq"]), "--steps", str(steps), "--threads", str(threads), "--json"]

@@ -38,7 +38,10 @@ int run_compare(CompareArgs a) {
     if (fs::exists(run_json)) procs = load_json_file(run_json.string()).value("processes", int64_t{1});
     const fs::path topo = fs::path(a.predicted) / (procs > 1 ? "topology-np" + std::to_string(procs) + ".json" : "topology.json");
     if (in.cluster.empty()) in.cluster = topo.string();
-    if (in.calibration.empty()) in.calibration = (fs::path(a.predicted) / "calibration.json").string();
+    const fs::path cal_np = fs::path(a.predicted) / ("calibration-np" + std::to_string(procs) + ".json");
+    if (in.calibration.empty()) {
+      in.calibration = (procs > 1 && fs::exists(cal_np) ? cal_np : fs::path(a.predicted) / "calibration.json").string();
+    }
     in.predicted = in.calibration;
   } else if (!a.predicted.empty()) {
     in.predicted = a.predicted;

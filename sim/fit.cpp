@@ -515,6 +515,18 @@ FitResult fit_measurements(const nlohmann::json& m, const std::string& base_topo
       v = sourced(v["value"].get<double>() * share, v["source"].get<std::string>() + why);
     }
     out.topologies["topology-np" + std::to_string(p) + ".json"] = t;
+    const double mpi_rss = c.value("rss_after_mpi_init_bytes", 0.0), lone_rss = m.value("rss_start_bytes", 0.0);
+    if (mpi_rss > 0 && lone_rss > 0) {
+      nlohmann::json cp = cj;
+      const double extra = std::max(0.0, mpi_rss - lone_rss);
+      const auto& rr = cj["memory"]["runtime_reserved_bytes"];
+      cp["memory"]["runtime_reserved_bytes"] = sourced(
+          rr["value"].get<double>() + extra,
+          rr["source"].get<std::string>() + "; + [M] " + fmt("%.1f", extra / 1048576.0) + " MiB: an MPI rank's resident set " +
+              "after MPI_Init with " + std::to_string(p) + " processes over a lone process's at start (" + src + ")");
+      parse_calibration(cp, "fitted calibration");
+      out.calibrations["calibration-np" + std::to_string(p) + ".json"] = cp;
+    }
   }
 
   nlohmann::json eff = nlohmann::json::object();

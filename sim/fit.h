@@ -28,7 +28,9 @@
 //   collectives        latency and bandwidth of a ring all-reduce
 //                      (2(P-1)·α + 2(P-1)/P·bytes/bw) over the measured points;
 //                      per rank count, the per-process compute share when P
-//                      processes share the host (topology-npP.json)
+//                      processes share the host (topology-npP.json), and what
+//                      an MPI rank holds resident beyond a lone process
+//                      (calibration-npP.json: runtime_reserved_bytes)
 //
 //   FitResult r = fit_measurements(measurements, "topologies/zoo/cpu-host.json", default_calibration_path(), "cal/measurements.json");
 //   write r.calibration, r.topologies["topology.json"], ...; r.summary for --json.
@@ -47,6 +49,7 @@ namespace rackstep::sim {
 struct FitResult {
   nlohmann::json calibration;                        // sim/calibration.json format
   std::map<std::string, nlohmann::json> topologies;  // file name -> topology JSON
+  std::map<std::string, nlohmann::json> calibrations;  // per process count: calibration-npP.json
   nlohmann::json summary;                            // fitted values and fit errors
 };
 
