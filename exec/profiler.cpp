@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "exec/microbench.h"
 #include "models/json_io.h"
+#include "sim/compare.h"
 #include "sim/trace.h"
 
 namespace rackstep::exec {
@@ -17,8 +19,16 @@ void Profiler::attach(CpuModel& model) {
   model.set_op_timer([this](size_t op, int phase, Clock::time_point s, Clock::time_point e) { on_op(op, phase, s, e); });
 }
 
-void Profiler::begin_step(int64_t step) { step_ = step; }
-void Profiler::end_step() { ++steps_; }
+void Profiler::begin_step(int64_t step) {
+  step_ = step;
+  step_wall0_ = Clock::now();
+  step_cpu0_ = process_cpu_seconds();
+}
+void Profiler::end_step() {
+  ++steps_;
+  step_wall_s_.push_back(std::chrono::duration<double>(Clock::now() - step_wall0_).count());
+  step_cpu_s_.push_back(process_cpu_seconds() - step_cpu0_);
+}
 
 void Profiler::on_op(size_t op, int phase, Clock::time_point start, Clock::time_point end) {
   slices_.push_back({op, phase, step_, since_origin(start), std::chrono::duration<double>(end - start).count()});
@@ -121,12 +131,18 @@ void Profiler::write(const std::string& dir) const {
   static const char* kPhase[] = {"forward", "backward", "optimizer"};
   for (const Slice& s : slices_) {
     if (s.phase == 2) {
-      w.complete(pid, tid, "optimizer", kPhase[2], s.start_s, s.duration_s, {{"step", s.step}});
+      w.complete(pid, tid, "optimizer", kPhase[2], s.start_s, s.duration_s,
+                 {{"step", s.step}, {"op", "optimizer"}, {"op_class", "optimizer"}});
       continue;
     }
     const models::Op& op = graph_->ops[s.op];
-    w.complete(pid, tid, op.name + (s.phase == 0 ? ".fwd" : ".bwd"), kPhase[s.phase], s.start_s, s.duration_s,
-               {{"step", s.step}, {"kind", models::to_string(op.kind)}, {"class", models::to_string(op.op_class)}});
+    w.complete(pid, tid, sim::slice_name(op, s.phase == 0 ? sim::Pass::kForward : sim::Pass::kBackward), kPhase[s.phase],
+               s.start_s, s.duration_s,
+               {{"step", s.step},
+                {"op", op.name},
+                {"op_class", models::to_string(op.op_class)},
+                {"kind", models::to_string(op.kind)},
+                {"class", models::to_string(op.op_class)}});
   }
   w.metadata("model", graph_->model.name);
   w.metadata("device", "cpu");
@@ -178,6 +194,9 @@ void Profiler::write(const std::string& dir) const {
                               {"batch", batch_},
                               {"seq", seq_},
                               {"steps", steps_},
+                              {"peak_rss_bytes", peak_rss_bytes()},
+                              {"step_wall_s", step_wall_s_},
+                              {"step_cpu_s", step_cpu_s_},
                               {"ops", ops}};
   write_json_file_atomic((fs::path(dir) / "op_measurements.json").string(), doc);
 

@@ -4,12 +4,17 @@
 // Three outputs, written by write(dir):
 //   trace.json            Chrome trace events (sim/trace.h, the simulator's
 //                         writer): process "cpu0", thread "compute", one slice
-//                         per op per phase named like the layer-graph op
-//                         ("layers.3.attn.core"), category "forward" /
-//                         "backward" / "optimizer", args {step, op kind, class}.
-//                         Opens beside `rackstep predict --trace` output.
+//                         per op per phase named by sim::slice_name
+//                         ("layers.3.attn.core.fwd"), category "forward" /
+//                         "backward" / "optimizer", args {step, op, op_class,
+//                         kind}. Opens beside `rackstep timeline` output;
+//                         `rackstep compare` puts it next to the prediction.
 //   op_measurements.json  {"format": "rackstep.op_measurements/1", "device",
 //                         "threads", "batch", "seq", "model", "steps",
+//                         "peak_rss_bytes" (the process's resident peak),
+//                         "step_wall_s" / "step_cpu_s" (per profiled step,
+//                         begin_step to end_step: wall and process CPU time,
+//                         so a run on a shared machine can be de-loaded),
 //                         "ops": [{"op", "kind", "class", "layer", "phase",
 //                         "in_shape", "out_shape", "param_shapes", "flops",
 //                         "bytes", "seconds" (median over profiled steps),
@@ -76,6 +81,9 @@ class Profiler {
   Clock::time_point origin_;
   int64_t step_ = 0;
   int64_t steps_ = 0;
+  Clock::time_point step_wall0_;
+  double step_cpu0_ = 0;
+  std::vector<double> step_wall_s_, step_cpu_s_;
   struct Slice {
     size_t op;
     int phase;  // 0 forward, 1 backward, 2 optimizer

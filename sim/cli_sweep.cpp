@@ -10,13 +10,14 @@
 #include "models/layer_graph.h"
 #include "sim/cli/command.h"
 #include "sim/stack.h"
+#include "sim/emit_run.h"
 #include "sim/sweep.h"
 
 namespace rackstep::sim {
 namespace {
 
 struct SweepArgs {
-  std::string model_path, cluster_path, calibration_path, stack_name;
+  std::string model_path, cluster_path, calibration_path, stack_name, emit_run_dir;
   int64_t domains = 0;
   int64_t tokens_per_step = 0;
   size_t top = 10;
@@ -69,6 +70,12 @@ int run_sweep(const SweepArgs& a) {
                                   .threads = a.threads,
                                   .stack = a.stack_name.empty() ? nullptr : &stack});
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.emit_run_dir.empty() && !r.top.empty()) {
+    emit_run(a.emit_run_dir, {a.model_path, a.cluster_path, a.calibration_path}, r.top.front().layout,
+             r.top.front().prediction);
+    std::fprintf(stderr, "sweep: the fastest layout's run written to %s (launch-mpirun.sh, launch-slurm.sbatch)\n",
+                 a.emit_run_dir.c_str());
+  }
 
   if (a.json) {
     nlohmann::json j;
@@ -135,6 +142,9 @@ rackstep::cli::Registration reg{
       app.add_option("--stack", a->stack_name,
                      "training stack (sim/stacks/NAME.json or a path): propose only layouts it runs, priced with "
                      "its overheads");
+      app.add_option("--emit-run", a->emit_run_dir,
+                     "write the fastest layout's model, layout, cluster, calibration and mpirun / Slurm launch "
+                     "scripts into this directory");
       app.add_flag("--explain", a->explain, "count rejected layouts per reason, with an example each");
       app.add_flag("--json", a->json, "print JSON");
       return [a] { return run_sweep(*a); };
