@@ -148,7 +148,8 @@ nlohmann::json prediction_to_json(const Prediction& p);
 std::string format_prediction(const Prediction& p);
 
 // EP drop fraction used when sim/drops is unavailable or cannot price the settings:
-// the Marin hero's measured 2.67% (pooled, cf 1.10/1.15, spec/calibration.md).
-inline constexpr double kFallbackDropFraction = 0.027;
+// the drop the default calibration was fitted to (sim/drop_calibration.json,
+// fit/target_drop: the Marin hero's 2.67%); a UserError when that file cannot be read.
+struct CalibratedDropFallback { operator double() const; }; inline constexpr CalibratedDropFallback kFallbackDropFraction{};
 
 }  // namespace rackstep::sim

@@ -161,6 +161,13 @@ RoutingGenerator::RoutingGenerator(const RoutingModel& model, const RoutingShape
   if (model.topics < 1) throw UserError("routing model topics: expected >= 1, found " + std::to_string(model.topics));
   if (!(model.topic_sharpness > 0) || !(model.concentration > 0) || !(model.doc_lengths.mean_tokens >= 1))
     throw UserError("routing model: topic_sharpness and concentration must be > 0, mean document length >= 1");
+  if (!model.popularity.empty()) {
+    if (static_cast<int64_t>(model.popularity.size()) != shape.n_experts)
+      throw UserError("routing model popularity: expected " + std::to_string(shape.n_experts) +
+                      " shares (one per expert), found " + std::to_string(model.popularity.size()));
+    for (double p : model.popularity)
+      if (!(p > 0 && p < 1)) throw UserError("routing model popularity: expected shares in (0, 1), found " + std::to_string(p));
+  }
   const int64_t E = shape.n_experts, K = model.topics;
   // Topic rows: Dirichlet, water-filled to top-k inclusion probabilities <= 1, and
   // balanced so the average topic routes uniformly (what QB holds in expectation).
@@ -202,7 +209,14 @@ RoutingGenerator::RoutingGenerator(const RoutingHistogram& hist, const RoutingSh
 // Calls visit(n) for every document fragment on one GPU (fragment lengths sum to
 // tokens_per_gpu). Each window starts inside a length-biased document.
 template <typename Visit>
-void RoutingGenerator::for_each_fragment(std::mt19937_64& rng, Visit&& visit) const {
+void RoutingGenerator::for_each_fragment(std::mt19937_64& rng, Visit&& raw_visit) const {
+  // A fragment longer than the coherence length routes as independent pieces.
+  const int64_t coherence = model_.coherence_tokens;
+  auto visit = [&](int64_t n) {
+    if (coherence <= 0) return raw_visit(n);
+    for (; n > coherence; n -= coherence) raw_visit(coherence);
+    raw_visit(n);
+  };
   const int64_t w = shape_.window_tokens();
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (int64_t start = 0; start < shape_.tokens_per_gpu; start += w) {
@@ -275,7 +289,22 @@ void RoutingGenerator::sample_rates(std::mt19937_64& rng, std::vector<double>& r
       add_histogram_rates(rng, &rates[g * E]);
     }
   }
-  balance_columns(rates, G, E, 4);
+  if (model_.balance_each_step || !synthetic()) {
+    balance_columns(rates, G, E, 4);
+    return;
+  }
+  if (model_.popularity.empty()) return;  // topic rows already average to a uniform load
+  // The long-run skew QB leaves: expert e carries E * popularity[e] times its share.
+  for (int64_t g = 0; g < G; ++g) {
+    double* row = &rates[g * E];
+    double before = 0, after = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      before += row[e];
+      after += (row[e] *= double(E) * model_.popularity[e]);
+    }
+    if (after > 0)
+      for (int64_t e = 0; e < E; ++e) row[e] *= before / after;
+  }
 }
 
 void RoutingGenerator::sample_counts(std::mt19937_64& rng, std::vector<int32_t>& counts) const {
@@ -284,18 +313,32 @@ void RoutingGenerator::sample_counts(std::mt19937_64& rng, std::vector<int32_t>&
   sample_rates(rng, rates);
   counts.assign(G * E, 0);
   const int64_t a = shape_.tokens_per_gpu * shape_.top_k;
+  // Top-k without replacement: per-token variance k p (1 - k p) instead of the
+  // multinomial's k p (1 - p); at p = 1/E the deviations shrink by sqrt of the ratio.
+  const double k = shape_.top_k, uniform = 1.0 / double(E);
+  const double shrink = std::sqrt(std::max(0.0, (1.0 - k * uniform) / (1.0 - uniform)));
   // Multinomial(a, rates/a) as a chain of conditional binomials.
   for (int64_t g = 0; g < G; ++g) {
     const double* r = &rates[g * E];
+    int32_t* c = &counts[g * E];
     double rest = std::accumulate(r, r + E, 0.0);
     int64_t left = a;
     for (int64_t e = 0; e < E && left > 0; ++e) {
       const double p = rest > 0 ? std::min(1.0, r[e] / rest) : 1.0;
-      const int64_t c = (e == E - 1) ? left : binomial(rng, left, p);
-      counts[g * E + e] = static_cast<int32_t>(c);
-      left -= c;
+      c[e] = static_cast<int32_t>((e == E - 1) ? left : binomial(rng, left, p));
+      left -= c[e];
       rest -= r[e];
     }
+    if (shrink >= 1.0) continue;
+    int64_t sum = 0, top = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const double mean = r[e];
+      c[e] = static_cast<int32_t>(std::clamp<double>(std::llround(mean + shrink * (double(c[e]) - mean)), 0.0,
+                                                     double(shape_.tokens_per_gpu)));
+      sum += c[e];
+      if (c[e] > c[top]) top = e;
+    }
+    c[top] = static_cast<int32_t>(std::max<int64_t>(0, c[top] + (a - sum)));  // rows keep tokens * k
   }
 }
 

@@ -22,8 +22,10 @@
 //   4. Quantile balancing (QB): the router bias equalises the *global* per-expert
 //      load of the step. Modelled by Sinkhorn scaling of the (gpus, experts) rate
 //      matrix: rows keep tokens*k, columns become equal.
-//   5. Given the rates, a GPU's counts are multinomial(tokens*k, rates): the
-//      per-token noise.
+//   5. Given the rates, a GPU's counts are multinomial(tokens*k, rates) with the
+//      spread shrunk to top-k without replacement (a token's k experts are
+//      distinct, so an expert's per-token variance is k p (1 - k p), not k p (1 - p)):
+//      the per-token noise.
 //
 // A measured histogram (per-document or per-sequence expert counts, JSON, format
 // below) can replace steps 1-3: units are drawn at random to fill each GPU.
@@ -77,6 +79,15 @@ struct RoutingModel {
   double topic_sharpness = 0.1;  // Dirichlet parameter per expert of each topic's expert distribution
   uint64_t topic_seed = 1;       // which topic->expert map (fixed per trained router)
   double concentration = 1.0;    // per-document Dirichlet total over topics; smaller = more specialised
+  // A document's topic mixture holds for this many tokens, then is drawn again
+  // (routing affinity fades along a long document); 0 = the whole document.
+  int64_t coherence_tokens = 0;
+  // true: QB equalises every step's global expert load exactly (step 4 above).
+  // false: QB works from past steps (the Marin trainer's bias comes from the
+  // previous step's histogram), so a step's documents move its global load, and
+  // the long-run load is `popularity`. This is what gives receiver drops.
+  bool balance_each_step = true;
+  std::vector<double> popularity;  // (n_experts) long-run share of assignments; empty = uniform
 };
 
 struct RoutingHistogram {
