@@ -203,7 +203,9 @@ nlohmann::json fit_statistics(const TraceFit& f) {
   for (const auto& l : f.layers) {
     nlohmann::json scales = nlohmann::json::array();
     for (const auto& p : l.scales) scales.push_back({{"tokens", p.tokens}, {"chunks", p.chunks}, {"excess", p.excess}});
-    nlohmann::json j = {{"layer", l.layer}, {"affinity", l.affinity}, {"topic_variance", l.topic_variance},
+    nlohmann::json j = {{"layer", l.layer}, {"affinity", l.affinity}, {"affinity_document", l.affinity_document},
+                        {"affinity_local", l.affinity_local}, {"persistent_share", l.model.persistent_share},
+                        {"topic_variance", l.topic_variance},
                         {"popularity_cv", l.popularity_cv}, {"coherence_tokens", l.model.coherence_tokens},
                         {"concentration", l.model.concentration}, {"scales", scales}};
     if (l.drift_affinity_first > 0 || l.drift_affinity_last > 0)
@@ -248,6 +250,12 @@ int run_drops(DropsArgs& a) {
     if (!given(a.experts)) a.scenario.dispatch.n_experts = fitted->n_experts;
     if (!given(a.top_k)) a.scenario.dispatch.top_k = fitted->top_k;
   }
+  const std::string cal_path = a.calibration.empty() ? default_drop_calibration_path() : a.calibration;
+  DropCalibration cal = load_drop_calibration(cal_path);
+  if (!a.calibration.empty() && !replay && !fitted) {  // a calibration for another router: its experts and top-k
+    if (!given(a.experts)) a.scenario.dispatch.n_experts = cal.scenario.dispatch.n_experts;
+    if (!given(a.top_k)) a.scenario.dispatch.top_k = cal.scenario.dispatch.top_k;
+  }
   apply_model_and_layout(a);
   DropScenario base = a.scenario;
   base.dispatch.transport = parse_transport(a.transport);
@@ -257,8 +265,6 @@ int run_drops(DropsArgs& a) {
   if (a.json && a.csv) throw UserError("--json and --csv: expected at most one output format");
   base.validate();
 
-  const std::string cal_path = a.calibration.empty() ? default_drop_calibration_path() : a.calibration;
-  DropCalibration cal = load_drop_calibration(cal_path);
   if (fitted) {
     cal.layer_models.clear();
     cal.layers.clear();

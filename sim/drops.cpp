@@ -182,7 +182,12 @@ class AnalyticModel {
     noise_scale_ = (1.0 - k / double(E_)) / (1.0 - 1.0 / double(E_));
     // Var of the rate: k^2 * E[sum_f n_f^2] * Var_t(phi_A) / (concentration + 1), from the
     // symmetric Dirichlet covariance Cov(theta_t, theta_u) = (delta_tu/K - 1/K^2)/(alpha + 1).
-    rate_var_scale_ = k * k * gen.fragment_square_sum() / (gen.model().concentration + 1.0);
+    // With fading affinity the document-wide and the local mixtures add:
+    // w^2 E[sum n_f^2] + (1 - w)^2 E[sum piece^2].
+    const RoutingModel& rm = gen.model();
+    const double w = rm.coherence_tokens > 0 ? rm.persistent_share : 1.0;
+    rate_var_scale_ = k * k * (w * w * gen.fragment_square_sum() + (1 - w) * (1 - w) * gen.piece_square_sum()) /
+                      (rm.concentration + 1.0);
   }
 
   Moments of_experts(int64_t first, int64_t count) const {
@@ -407,6 +412,10 @@ RoutingModel read_routing_model(JsonReader& m) {
   model.topic_seed = static_cast<uint64_t>(m.integer("topic_seed", 1, one_or_more));
   model.concentration = m.number("concentration", positive);
   model.coherence_tokens = m.integer("coherence_tokens", 0, non_negative);
+  NumberRange share;
+  share.min = 0.0;
+  share.max = 1.0;
+  model.persistent_share = m.number("persistent_share", 1.0, share);
   model.balance_each_step = m.boolean("balance_each_step", true);
   if (m.has("popularity")) {
     const nlohmann::json& p = m.raw()["popularity"];
@@ -434,6 +443,7 @@ nlohmann::json routing_model_json(const RoutingModel& m) {
                       {"topic_seed", m.topic_seed},
                       {"concentration", m.concentration},
                       {"coherence_tokens", m.coherence_tokens},
+                      {"persistent_share", m.persistent_share},
                       {"balance_each_step", m.balance_each_step}};
   if (!m.popularity.empty()) j["popularity"] = m.popularity;
   return j;

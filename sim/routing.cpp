@@ -161,6 +161,8 @@ RoutingGenerator::RoutingGenerator(const RoutingModel& model, const RoutingShape
   if (model.topics < 1) throw UserError("routing model topics: expected >= 1, found " + std::to_string(model.topics));
   if (!(model.topic_sharpness > 0) || !(model.concentration > 0) || !(model.doc_lengths.mean_tokens >= 1))
     throw UserError("routing model: topic_sharpness and concentration must be > 0, mean document length >= 1");
+  if (!(model.persistent_share >= 0 && model.persistent_share <= 1) || model.coherence_tokens < 0)
+    throw UserError("routing model: persistent_share must be in [0, 1] and coherence_tokens >= 0");
   if (!model.popularity.empty()) {
     if (static_cast<int64_t>(model.popularity.size()) != shape.n_experts)
       throw UserError("routing model popularity: expected " + std::to_string(shape.n_experts) +
@@ -191,8 +193,17 @@ RoutingGenerator::RoutingGenerator(const RoutingModel& model, const RoutingShape
   std::mt19937_64 lrng(12345);
   double sq = 0;
   const int reps = 2000;
-  for (int i = 0; i < reps; ++i) for_each_fragment(lrng, [&](int64_t n) { sq += double(n) * double(n); });
+  double piece_sq = 0;
+  const int64_t coherence = model.coherence_tokens;
+  for (int i = 0; i < reps; ++i)
+    for_each_fragment(lrng, [&](int64_t n) {
+      sq += double(n) * double(n);
+      if (coherence <= 0) return;
+      for (; n > coherence; n -= coherence) piece_sq += double(coherence) * double(coherence);
+      piece_sq += double(n) * double(n);
+    });
   fragment_square_sum_ = sq / reps;
+  piece_square_sum_ = piece_sq / reps;
 }
 
 RoutingGenerator::RoutingGenerator(const RoutingHistogram& hist, const RoutingShape& shape)
@@ -209,14 +220,7 @@ RoutingGenerator::RoutingGenerator(const RoutingHistogram& hist, const RoutingSh
 // Calls visit(n) for every document fragment on one GPU (fragment lengths sum to
 // tokens_per_gpu). Each window starts inside a length-biased document.
 template <typename Visit>
-void RoutingGenerator::for_each_fragment(std::mt19937_64& rng, Visit&& raw_visit) const {
-  // A fragment longer than the coherence length routes as independent pieces.
-  const int64_t coherence = model_.coherence_tokens;
-  auto visit = [&](int64_t n) {
-    if (coherence <= 0) return raw_visit(n);
-    for (; n > coherence; n -= coherence) raw_visit(coherence);
-    raw_visit(n);
-  };
+void RoutingGenerator::for_each_fragment(std::mt19937_64& rng, Visit&& visit) const {
   const int64_t w = shape_.window_tokens();
   std::uniform_real_distribution<double> u(0.0, 1.0);
   for (int64_t start = 0; start < shape_.tokens_per_gpu; start += w) {
@@ -235,9 +239,17 @@ void RoutingGenerator::add_synthetic_rates(std::mt19937_64& rng, double* row) co
   const int64_t E = shape_.n_experts, K = model_.topics;
   std::vector<double> weight(K, 0.0), theta(K);
   const double shape = model_.concentration / double(K);
-  for_each_fragment(rng, [&](int64_t n) {
+  const int64_t coherence = model_.coherence_tokens;
+  const double persistent = coherence > 0 ? model_.persistent_share : 1.0;
+  auto add = [&](double tokens) {
     dirichlet(rng, shape, theta);
-    for (int64_t t = 0; t < K; ++t) weight[t] += double(n) * theta[t];
+    for (int64_t t = 0; t < K; ++t) weight[t] += tokens * theta[t];
+  };
+  for_each_fragment(rng, [&](int64_t n) {
+    if (persistent > 0) add(persistent * double(n));
+    if (persistent >= 1) return;
+    for (; n > coherence; n -= coherence) add((1 - persistent) * double(coherence));
+    add((1 - persistent) * double(n));
   });
   const double k = shape_.top_k;
   for (int64_t t = 0; t < K; ++t) {

@@ -79,9 +79,12 @@ struct RoutingModel {
   double topic_sharpness = 0.1;  // Dirichlet parameter per expert of each topic's expert distribution
   uint64_t topic_seed = 1;       // which topic->expert map (fixed per trained router)
   double concentration = 1.0;    // per-document Dirichlet total over topics; smaller = more specialised
-  // A document's topic mixture holds for this many tokens, then is drawn again
-  // (routing affinity fades along a long document); 0 = the whole document.
+  // Routing affinity fades along a document: a token's expert rates mix a
+  // document-wide topic mixture (weight persistent_share) with a local one drawn
+  // afresh every coherence_tokens tokens (weight 1 - persistent_share). Both are
+  // Dirichlet(concentration/K). coherence_tokens = 0: document-wide only.
   int64_t coherence_tokens = 0;
+  double persistent_share = 1.0;
   // true: QB equalises every step's global expert load exactly (step 4 above).
   // false: QB works from past steps (the Marin trainer's bias comes from the
   // previous step's histogram), so a step's documents move its global load, and
@@ -130,6 +133,8 @@ class RoutingGenerator {
   // E[sum over a GPU's document fragments of fragment_tokens^2]: the second moment the
   // analytic estimate needs (from 20,000 simulated windows of the length process).
   double fragment_square_sum() const { return fragment_square_sum_; }
+  // The same for the local pieces (fragments cut every coherence_tokens).
+  double piece_square_sum() const { return piece_square_sum_; }
 
  private:
   void add_synthetic_rates(std::mt19937_64& rng, double* row) const;
@@ -143,6 +148,7 @@ class RoutingGenerator {
   std::vector<double> topic_experts_;  // (topics, n_experts)
   std::vector<double> unit_cumulative_tokens_;  // histogram: for length-biased unit draws
   double fragment_square_sum_ = 0;
+  double piece_square_sum_ = 0;
 };
 
 // Water-fills p so that sum(p) = total and every p_i <= 1 (top-k inclusion

@@ -155,7 +155,9 @@ TraceFit fit_routing(const std::vector<RoutingTrace>& traces, const FitOptions& 
       }
       if (sum.chunks > 0) f.scales.push_back({L, sum.chunks, sum.excess / double(sum.chunks)});
     }
-    // Coherence length and affinity: least squares of log Y(L) - log(A * S2(L, ell)).
+    // Fading affinity: Y(L) = A_doc L^2 + A_loc S2(L, ell), a document-wide part and
+    // a local part of coherence length ell. For each candidate ell, non-negative
+    // least squares in relative error; the best ell wins.
     std::vector<const ScalePoint*> usable;
     for (const auto& s : f.scales)
       if (s.chunks >= 16 && s.excess > 0) usable.push_back(&s);
@@ -163,33 +165,56 @@ TraceFit fit_routing(const std::vector<RoutingTrace>& traces, const FitOptions& 
       throw UserError("fit: layer " + std::to_string(f.layer) + ": expected at least 2 chunk lengths with 16+ chunks "
                       "and affinity above the per-token noise, found " + std::to_string(usable.size()) +
                       "; record more tokens");
-    double best_resid = INFINITY, best_log_a = 0;
+    double best_resid = INFINITY, best_doc = 0, best_loc = 0;
     int64_t best_ell = 0;
-    std::vector<int64_t> candidates = {0};
-    for (const auto* s : usable) candidates.push_back(s->tokens);
+    std::vector<int64_t> candidates;
+    for (int64_t ell = 4; ell <= 4 * max_scale; ell *= 2) candidates.push_back(ell);
     for (int64_t ell : candidates) {
-      double wsum = 0, lsum = 0;
-      for (const auto* s : usable) {
-        const double w = std::sqrt(double(s->chunks));
-        wsum += w;
-        lsum += w * (std::log(s->excess) - std::log(piece_square_sum(s->tokens, ell)));
+      // Rows: weight * (L^2 / Y, S2 / Y) . (A_doc, A_loc) = weight * 1.
+      auto solve = [&](bool use_doc, bool use_loc, double& a_doc, double& a_loc) {
+        double xx = 0, xy = 0, yy = 0, x1 = 0, y1 = 0;
+        for (const auto* s : usable) {
+          const double w = double(s->chunks), L = double(s->tokens);
+          const double x = use_doc ? L * L / s->excess : 0, y = use_loc ? piece_square_sum(s->tokens, ell) / s->excess : 0;
+          xx += w * x * x, xy += w * x * y, yy += w * y * y, x1 += w * x, y1 += w * y;
+        }
+        a_doc = a_loc = 0;
+        if (use_doc && use_loc) {
+          const double det = xx * yy - xy * xy;
+          if (std::fabs(det) < 1e-300) return false;
+          a_doc = (x1 * yy - y1 * xy) / det;
+          a_loc = (y1 * xx - x1 * xy) / det;
+          return a_doc >= 0 && a_loc >= 0;
+        }
+        if (use_doc) a_doc = x1 / xx;
+        if (use_loc) a_loc = y1 / yy;
+        return true;
+      };
+      for (int variant = 0; variant < 3; ++variant) {
+        double a_doc = 0, a_loc = 0;
+        if (!solve(variant != 2, variant != 1, a_doc, a_loc)) continue;
+        double resid = 0;
+        for (const auto* s : usable) {
+          const double L = double(s->tokens);
+          const double d = (a_doc * L * L + a_loc * piece_square_sum(s->tokens, ell)) / s->excess - 1.0;
+          resid += double(s->chunks) * d * d;
+        }
+        if (resid < best_resid - 1e-12) best_resid = resid, best_doc = a_doc, best_loc = a_loc, best_ell = ell;
       }
-      const double log_a = lsum / wsum;
-      double resid = 0;
-      for (const auto* s : usable) {
-        const double d = std::log(s->excess) - log_a - std::log(piece_square_sum(s->tokens, ell));
-        resid += std::sqrt(double(s->chunks)) * d * d;
-      }
-      if (resid < best_resid - 1e-12) best_resid = resid, best_log_a = log_a, best_ell = ell;
     }
-    f.affinity = std::exp(best_log_a);
+    // A_doc = w^2 X, A_loc = (1 - w)^2 X with X = V / (concentration + 1).
+    const double root_doc = std::sqrt(best_doc), root_loc = std::sqrt(best_loc);
+    f.affinity = (root_doc + root_loc) * (root_doc + root_loc);
+    f.affinity_document = best_doc;
+    f.affinity_local = best_loc;
 
     RoutingModel m = opt.base;
     m.doc_lengths = out.doc_lengths;
     m.balance_each_step = false;
     m.popularity = p;
-    m.coherence_tokens = best_ell;
-    // Concentration from V / A - 1; sharper topics where the router is more
+    m.coherence_tokens = best_loc > 0 ? best_ell : 0;
+    m.persistent_share = root_doc / (root_doc + root_loc);
+    // Concentration from V / X - 1; sharper topics where the router is more
     // specialised than the topic rows allow.
     for (int round = 0; round < 12; ++round) {
       f.topic_variance = topic_variance(m, E, static_cast<int>(k));
@@ -205,7 +230,7 @@ TraceFit fit_routing(const std::vector<RoutingTrace>& traces, const FitOptions& 
     if (!first.eval && traces.size() == 1 && first.tokens.front().step != first.tokens.back().step) {
       const int64_t n = first.token_count(), L = std::min<int64_t>(64, max_scale);
       const ScaleSum a = measure_scale(first, l, p, L, 0, n / 3), b = measure_scale(first, l, p, L, n - n / 3, n);
-      const double s2 = piece_square_sum(L, best_ell);
+      const double s2 = double(L) * double(L);
       if (a.chunks > 0) f.drift_affinity_first = a.excess / double(a.chunks) / s2;
       if (b.chunks > 0) f.drift_affinity_last = b.excess / double(b.chunks) / s2;
     }

@@ -8,12 +8,14 @@
 //                   prefers some experts beyond per-token noise:
 //                     Y(L) = E[sum_e (X_e - L k p_e)^2 - L k p_e (1 - k p_e)] / k^2
 //                   over chunks of L tokens inside one document (X_e = the chunk's
-//                   assignments to expert e). The topic-mixture model gives
-//                   Y(L) = V / (concentration + 1) * E[sum of squared coherent piece
-//                   lengths], V = sum_e Var over topics of the expert share. Fitted
-//                   over L = 8, 16, ... up to `max_scale`: the coherence length
-//                   (pieces of a document that route independently) by least squares
-//                   in log space, then the concentration from V / A - 1.
+//                   assignments to expert e). Measured affinity fades along a
+//                   document, so the model has a document-wide and a local part:
+//                   Y(L) = A_doc L^2 + A_loc S2(L, ell), S2 = E[sum of squared pieces
+//                   of ell tokens]. Fitted over L = 8, 16, ... up to `max_scale` by
+//                   least squares in relative error (ell by search). The topic
+//                   mixture gives A_doc = w^2 X, A_loc = (1 - w)^2 X, X = V /
+//                   (concentration + 1), V = sum_e Var over topics of the expert
+//                   share: w = persistent_share, then concentration = V / X - 1.
 //   document lengths  lognormal fitted to the whole documents of the stream (an
 //                   evaluation trace is consecutive windows; the first and last
 //                   documents, cut by the trace's edges, are left out).
@@ -50,7 +52,9 @@ struct LayerFit {
   int32_t layer = 0;
   RoutingModel model;
   std::vector<ScalePoint> scales;
-  double affinity = 0;          // A = V / (concentration + 1)
+  double affinity = 0;          // X = V / (concentration + 1) = (sqrt(A_doc) + sqrt(A_loc))^2
+  double affinity_document = 0; // A_doc: document-wide part of Y(L) / L^2
+  double affinity_local = 0;    // A_loc: the part that fades after coherence_tokens
   double topic_variance = 0;    // V of the topic rows
   double popularity_cv = 0;     // coefficient of variation of the expert shares
   double drift_affinity_first = 0, drift_affinity_last = 0;  // training traces; 0 otherwise

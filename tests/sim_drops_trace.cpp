@@ -10,6 +10,7 @@
 
 #include "models/check.h"
 #include "sim/drops.h"
+#include "sim/expert_load.h"
 #include "sim/routing_fit.h"
 #include "sim/routing_replay.h"
 #include "sim/routing_trace.h"
@@ -168,4 +169,31 @@ TEST_CASE("the fit recovers popularity and document affinity from a trace", "[dr
   CHECK(fitted.mean.receiver > 0);
   CHECK(truth.estimate.mean.receiver > 0);
   CHECK(fitted.mean.receiver == Approx(truth.estimate.mean.receiver).epsilon(0.5));
+}
+
+TEST_CASE("the expert load per EP rank averages to one and grows with context", "[drops][load]") {
+  DropScenario s;
+  s.dispatch.n_experts = 64;
+  s.dispatch.top_k = 4;
+  s.ep = 8;
+  s.tokens_per_gpu = 4096;
+  RoutingModel m;
+  m.concentration = 0.5;
+  m.balance_each_step = false;
+  auto load_at = [&](int64_t context) {
+    s.context = context;
+    RoutingGenerator gen(m, s.routing_shape());
+    return expert_load(s, gen, {.samples = 8});
+  };
+  const ExpertLoad short_ctx = load_at(256), long_ctx = load_at(4096);
+  double sum = 0;
+  for (size_t r = 0; r < short_ctx.rank_sorted.size(); ++r) {
+    sum += short_ctx.rank_sorted[r];
+    if (r > 0) CHECK(short_ctx.rank_sorted[r] <= short_ctx.rank_sorted[r - 1]);
+  }
+  CHECK(sum == Approx(8.0).epsilon(1e-9));
+  CHECK(short_ctx.max_over_mean > 1.0);
+  CHECK(short_ctx.max_over_mean == Approx(short_ctx.rank_sorted[0]));
+  // Fewer documents per GPU at a longer context: the busiest rank is busier.
+  CHECK(long_ctx.max_over_mean > short_ctx.max_over_mean);
 }
