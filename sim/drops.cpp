@@ -570,7 +570,7 @@ DropFractions predict_drops(int64_t n_experts, int top_k, int64_t ep, int64_t to
 
   static std::mutex mu;
   static std::unique_ptr<DropCalibration> cal;
-  using GenKey = std::tuple<int64_t, int, int64_t, int64_t>;
+  using GenKey = std::tuple<int64_t, int, int64_t, int64_t, size_t>;  // ..., layer model
   static std::map<GenKey, std::shared_ptr<RoutingGenerator>> generators;
   using Key = std::tuple<int64_t, int, int64_t, int64_t, int64_t, int, double, double, int, int>;
   static std::map<Key, DropFractions> results;
@@ -579,10 +579,15 @@ DropFractions predict_drops(int64_t n_experts, int top_k, int64_t ep, int64_t to
   const Key key{n_experts, top_k, ep, tokens_per_gpu, context, int(transport), sender_cf, receiver_cf, waves, ragged_chunks};
   if (auto it = results.find(key); it != results.end()) return it->second;
   if (!cal) cal = std::make_unique<DropCalibration>(load_drop_calibration());
-  const GenKey gkey{n_experts, top_k, tokens_per_gpu, context};
-  auto& gen = generators[gkey];
-  if (!gen) gen = std::make_shared<RoutingGenerator>(cal->model, s.routing_shape());
-  return results[key] = estimate_drops_analytic(s, *gen).mean;
+  // A calibration fitted to routing traces has one model per MoE layer: average them.
+  const std::vector<RoutingModel> models = calibration_models(*cal);
+  std::vector<DropEstimate> per_layer;
+  for (size_t i = 0; i < models.size(); ++i) {
+    auto& gen = generators[GenKey{n_experts, top_k, tokens_per_gpu, context, i}];
+    if (!gen) gen = std::make_shared<RoutingGenerator>(models[i], s.routing_shape());
+    per_layer.push_back(estimate_drops_analytic(s, *gen));
+  }
+  return results[key] = average_estimates(per_layer).mean;
 }
 
 }  // namespace rackstep::sim

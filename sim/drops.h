@@ -17,10 +17,14 @@
 //                E[max(0, X - cap)] = s*pdf(z) + (m - cap)*(1 - cdf(z)), z = (cap-m)/s.
 //                Microseconds; used inside the predictor's sweeps.
 //
-// Calibration: the one free parameter is the routing concentration (how specialised
-// documents are). fit_concentration() bisects it to a measured drop fraction; the
-// default, fitted on the Marin hero (2.67%, spec/calibration.md), lives in
-// sim/drop_calibration.json with its source.
+// Calibration, two kinds, both in the same JSON with their provenance:
+//   - fitted to a drop number: fit_concentration() bisects the routing
+//     concentration to a measured drop fraction; the default, fitted on the Marin
+//     hero (2.67%, spec/calibration.md), lives in sim/drop_calibration.json.
+//   - fitted to routing traces of a real router (sim/routing_fit.h: popularity,
+//     document affinity and its fading, document lengths), one model per MoE
+//     layer ("layer_models"); predictions average the layers. Checked out of
+//     sample against exact replay (sim/routing_replay.h) by scripts/validate_drops.sh.
 //
 //   DropScenario s;                              // hero defaults: pooled, 1.10 / 1.15
 //   s.context = 16384;
