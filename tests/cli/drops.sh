@@ -204,6 +204,29 @@ EOF
 printf 'RSROUTE\0garbage' >"$TMP/bad.rsrt"
 expect_user_error "damaged trace" "bad.rsrt" --replay "$TMP/bad.rsrt"
 
+# The trainer writes a trace a replay reads: one short step, then the evaluation.
+if "$RS" data build --from README.md sim/drops.h sim/routing.h --split blank-lines --eval-fraction 0.5 \
+    --out "$TMP/data" >/dev/null 2>"$TMP/err"; then
+  "$RS" train --model models/zoo/tiny-moe.json --data "$TMP/data" --steps 1 --batch 2 --seq 64 --eval-batches 4 \
+    --routing-trace-eval "$TMP/eval.rsrt" --routing-trace "$TMP/train.rsrt" --threads 1 >/dev/null 2>"$TMP/err" ||
+    fail "train --routing-trace exited $?: $(cat "$TMP/err")"
+  "$RS" drops --replay "$TMP/eval.rsrt" --ep 2 --tokens-per-gpu 128 --context 64 --transport ragged --json \
+    >"$TMP/r2" 2>"$TMP/err" || fail "--replay of a trained trace exited $?: $(cat "$TMP/err")"
+  "$RS" drops --replay "$TMP/train.rsrt" --ep 2 --tokens-per-gpu 64 --context 64 --json >/dev/null 2>"$TMP/err" ||
+    fail "--replay of a training-step trace exited $?: $(cat "$TMP/err")"
+  python3 - "$TMP/eval.rsrt" "$TMP/r2" <<'EOF' || fail "trained trace content"
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+assert b[:8] == b"RSROUTE\0", b[:8]
+version, E, k, layers, seq, split, tokens = struct.unpack("<6IQ", b[8:40])
+assert (version, E, k, seq, split) == (1, 8, 2, 64, 1), (version, E, k, seq, split)
+assert layers >= 1 and tokens == 4 * 2 * 64, (layers, tokens)
+assert json.load(open(sys.argv[2]))["points"][0]["total"] >= 0
+EOF
+else
+  fail "data build for the trace test exited: $(cat "$TMP/err")"
+fi
+
 if [ "$fails" -ne 0 ]; then
   echo "drops.sh: $fails failure(s)"
   exit 1
