@@ -87,8 +87,7 @@ RoutingTrace read_routing_trace(const std::string& path) {
   if (!in) fail("", "a readable routing trace (rackstep train --routing-trace)", "no such file");
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
-  // 64 bytes + 16 per token per layer-less record: a bound that keeps a corrupt
-  // header from asking for more memory than the file could describe.
+  // The whole file is read at once: bound it before allocating.
   if (ec || size > (uint64_t(1) << 36)) fail("", "a routing trace of at most 64 GiB", ec ? ec.message() : std::to_string(size) + " bytes");
   std::string b(static_cast<size_t>(size), '\0');
   in.read(b.data(), static_cast<std::streamsize>(size));

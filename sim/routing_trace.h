@@ -1,5 +1,5 @@
 // Routing traces: every token's routed experts, recorded from a real run, so
-// drops can be replayed exactly (sim/replay.h) and the routing model fitted to
+// drops can be replayed exactly (sim/routing_replay.h) and the routing model fitted to
 // what a trained router does (sim/routing_fit.h).
 //
 // The CPU engine writes them (`rackstep train --routing-trace F` for training
