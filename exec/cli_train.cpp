@@ -11,6 +11,7 @@
 //   rackstep train ... --dispatch pooled --ep 4 --sender-cf 1.1 --receiver-cf 1.15   # simulated EP drops
 //   mpirun -np 4 rackstep train --model models/zoo/tiny-moe.json --data data/py --batch 8   # data parallel
 //   mpirun -np 4 rackstep train ... --dispatch pooled --ep 4 [--verify-dispatch]   # real expert parallel
+//   rackstep train ... --routing-trace-eval runs/t/eval.rsrt --eval-batches 64   # routing for drops --replay
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -120,6 +121,13 @@ rackstep::cli::Registration reg{
                      "(or, in one process, the EP group split into virtual GPUs), ep with its transport, "
                      "capacity factors and waves, the batch; tp/cp/pp > 1 or a bf16 master copy are errors, "
                      "memory-placement fields are listed and not applied");
+      app.add_option("--routing-trace", a->o.routing_trace,
+                     "write every recorded training step's routing (experts, scores, sequence, position, document) "
+                     "to this file, format sim/routing_trace.h (for rackstep drops --replay / --fit)");
+      app.add_option("--routing-trace-every", a->o.routing_trace_every, "with --routing-trace: every N-th step")
+          ->check(CLI::PositiveNumber);
+      app.add_option("--routing-trace-eval", a->o.routing_trace_eval,
+                     "write the last evaluation's routing to this file (consecutive windows: whole documents)");
       app.add_option("--reference-dump", a->reference_dump,
                      "instead of training: write one step's tensors (exec/dump.h) for the PyTorch reference");
       app.add_flag("--json", a->json, "one JSON document at the end instead of text");

@@ -195,6 +195,15 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
     profiler_->attach(*model_);
   }
   if (!o_.out_dir.empty() && is_root()) write_run_json();
+  if (!o_.routing_trace.empty() || !o_.routing_trace_eval.empty()) {
+    if (distributed()) throw UserError("train: --routing-trace records one process (not under mpirun)");
+    if (o_.routing_trace_every < 1) throw UserError("train: --routing-trace-every: expected >= 1");
+    const int64_t max_tokens = int64_t(1) << 24;  // 16M tokens: 1 GiB for a 4-layer top-2 model
+    if (!o_.routing_trace.empty())
+      trace_train_ = std::make_unique<RoutingTraceRecorder>(graph_, seq, false, o_.routing_trace, max_tokens);
+    if (!o_.routing_trace_eval.empty())
+      trace_eval_ = std::make_unique<RoutingTraceRecorder>(graph_, seq, true, o_.routing_trace_eval, max_tokens);
+  }
 }
 
 // --- data parallel -----------------------------------------------------------------
@@ -320,6 +329,7 @@ StepLog Trainer::step() {
   model_->set_training(true);
   LossResult r = model_->forward(b.inputs.data(), b.targets.data(), b.doc_ids.data());
   const int64_t step_no = opt_state_.step + 1;
+  if (trace_train_ && step_no % o_.routing_trace_every == 0) trace_train_->record(*model_, b, step_no);
   if (distributed()) {
     // Slices' losses are shares of the global mean; drops are each rank's own assignments.
     double sums[4] = {r.ce, r.z_loss, r.router_z_loss / world(), 0};
@@ -388,12 +398,15 @@ double Trainer::evaluate() {
   model_->set_training(false);
   model_->set_op_timer(nullptr);  // evals are not part of the step profile
   double sum = 0.0;
+  if (trace_eval_) trace_eval_->clear();  // the trace holds the last evaluation
   for (int64_t i = 0; i < n; ++i) {
     const Batch global = eval_->eval_batch(i, global_batch_);
     const Batch b = my_slice(global);
     if (distributed()) model_->set_loss_tokens(target_count(global));
     sum += model_->forward(b.inputs.data(), b.targets.data(), b.doc_ids.data()).ce;
+    if (trace_eval_) trace_eval_->record(*model_, b, opt_state_.step);
   }
+  if (trace_eval_) trace_eval_->write();
   if (comm_) comm_->allreduce_sum(&sum, 1);
   model_->set_training(true);
   if (profiler_ && opt_state_.step - started_at_ < o_.profile_steps) profiler_->attach(*model_);
@@ -430,6 +443,10 @@ void Trainer::append_log(const nlohmann::json& line) const {
   if (o_.out_dir.empty() || !is_root()) return;
   std::ofstream f(fs::path(o_.out_dir) / "log.jsonl", std::ios::app);
   f << line.dump() << "\n";
+}
+
+void Trainer::write_routing_trace() const {
+  if (trace_train_) trace_train_->write();
 }
 
 void Trainer::write_profile() const {
@@ -544,6 +561,7 @@ int run_training(const TrainOptions& options, const TrainOutput& out, const Comm
   if (last_eval_step != t.step_index()) run_eval();
   if (!options.out_dir.empty() && last_ckpt_step != t.step_index()) checkpoint();
   t.write_profile();
+  t.write_routing_trace();
   if (!root) return 0;
   if (out.json) {
     nlohmann::json doc = {{"model", m.name},

@@ -54,6 +54,7 @@
 #include "exec/model.h"
 #include "exec/optim.h"
 #include "exec/profiler.h"
+#include "exec/routing_trace.h"
 #include "models/check.h"
 
 namespace rackstep::exec {
@@ -79,6 +80,9 @@ struct TrainOptions {
   DispatchOptions dispatch;     // with several processes, dispatch.ep > 1 = real expert parallelism;
                                 // experts and top-k are the model's (filled in by the Trainer)
   bool verify_dispatch = false; // EP across processes: check every layer against sim::dispatch
+  std::string routing_trace;       // training steps' routing (exec/routing_trace.h); "" = none
+  std::string routing_trace_eval;  // the last evaluation's routing; "" = none
+  int64_t routing_trace_every = 1; // record every N-th training step
 };
 
 struct StepLog {
@@ -119,6 +123,7 @@ class Trainer {
   std::string save_checkpoint();
   void append_log(const nlohmann::json& line) const;
   void write_profile() const;  // no-op without --profile and --out
+  void write_routing_trace() const;  // no-op without --routing-trace
 
   CpuModel& model() { return *model_; }
   int64_t global_batch() const { return global_batch_; }  // sequences per step over all ranks
@@ -166,6 +171,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   OptimizerState opt_state_;
   std::unique_ptr<Profiler> profiler_;
+  std::unique_ptr<RoutingTraceRecorder> trace_train_, trace_eval_;
   int64_t total_steps_ = 0;
   int64_t started_at_ = 0;      // step index when this invocation began
   double peak_flops_ = 0;

@@ -7,6 +7,10 @@
 //   rackstep drops --model models/zoo/marin-535b-a23b.json --layout L.json
 //   rackstep drops --target-drop 0.0267 --gpus 704 --write-calibration sim/drop_calibration.json
 //   rackstep drops --histogram routing.json          # measured routing instead of the model
+//   rackstep drops --replay eval.rsrt --ep 4 --tokens-per-gpu 2048 --context 1024   # exact, from a trace
+//   rackstep drops --fit eval.rsrt --fit-max-scale 512 --write-calibration fit.json  # model from a trace
+//   rackstep drops --calibration fit.json --ep 4 --tokens-per-gpu 2048 --context 1024 # predict with it
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -19,6 +23,9 @@
 #include "sim/cli/command.h"
 #include "sim/drops.h"
 #include "sim/layout.h"
+#include "sim/routing_fit.h"
+#include "sim/routing_replay.h"
+#include "sim/routing_trace.h"
 
 namespace rackstep::sim {
 namespace {
@@ -34,6 +41,11 @@ struct DropsArgs {
   std::string calibration;      // empty = sim/drop_calibration.json
   std::string write_calibration;
   std::string histogram;
+  std::string replay;                // routing trace to replay exactly
+  std::vector<std::string> fit;      // routing traces to fit the model to
+  int64_t fit_max_scale = 0;         // longest chunk measured; 0 = the traces' sequence length
+  int shuffles = 4;                  // replay: sequence orders
+  std::string target_source;         // provenance of --target-drop
   std::string model;
   std::string layout;
   std::string sweep;
@@ -87,7 +99,16 @@ void apply_model_and_layout(DropsArgs& a) {
     if (!given(a.waves)) s.dispatch.waves = static_cast<int>(l.waves);
     if (!given(a.chunks)) s.dispatch.ragged_chunks = static_cast<int>(l.ragged_chunks);
     // One MoE dispatch carries a micro-batch; context parallelism splits its sequences.
-    if (!given(a.tokens) && seq > 0) s.tokens_per_gpu = l.micro_batch_seqs * seq / std::max<int64_t>(1, l.cp);
+    if (!given(a.gpus) && l.data > kMaxGpus)
+      throw UserError(a.layout, "/data", "at most " + std::to_string(kMaxGpus) + " GPUs", std::to_string(l.data));
+    if (!given(a.tokens) && seq > 0) {
+      if (l.micro_batch_seqs > kMaxTokensPerGpu || seq > kMaxTokensPerGpu ||
+          l.micro_batch_seqs * seq / std::max<int64_t>(1, l.cp) > kMaxTokensPerGpu)
+        throw UserError(a.layout, "/micro_batch_seqs",
+                        "micro_batch_seqs x seq_len / cp of at most " + std::to_string(kMaxTokensPerGpu) + " tokens per GPU",
+                        std::to_string(l.micro_batch_seqs) + " x " + std::to_string(seq) + " / " + std::to_string(l.cp));
+      s.tokens_per_gpu = l.micro_batch_seqs * seq / std::max<int64_t>(1, l.cp);
+    }
   }
   if (seq > 0 && !given(a.context)) s.context = seq;
 }
@@ -154,33 +175,112 @@ std::string describe_scenario(const DropScenario& s) {
 std::string calibration_source(const DropsArgs& a, const DropScenario& s) {
   std::ostringstream o;
   o << "Fitted by `rackstep drops --target-drop " << a.target_drop << " --gpus " << s.step_gpus() << " --samples "
-    << a.mc.samples << " --seed " << a.mc.seed << " --method " << a.method
-    << "` at the settings under \"fit\": the Marin 535B-A23B hero's EP drop fraction with the pooled-wave "
-       "transport, 2.67% (shared/spec/calibration.md, from the marin repo README: sender cf 1.10, receiver cf "
-       "1.15, 65,536 tokens/GPU, 4k context, EP 64, 11 racks). Only `concentration` is fitted; the document-length "
-       "distribution, topic count and topic sharpness are assumptions, not measurements.";
+    << a.mc.samples << " --seed " << a.mc.seed << " --method " << a.method << "` at the settings under \"fit\" ("
+    << describe_scenario(s) << "). Target: " << a.target_drop << " total drop fraction, "
+    << (a.target_source.empty() ? "given on the command line (no --target-source)" : a.target_source)
+    << ". Only `concentration` is fitted; the document-length distribution, topic count and topic sharpness are "
+       "assumptions, not measurements.";
   return o.str();
 }
 
+std::string trace_fit_source(const DropsArgs& a, const TraceFit& f) {
+  std::ostringstream o;
+  o << "Fitted by `rackstep drops --fit";
+  for (const auto& t : a.fit) o << " " << t;
+  if (a.fit_max_scale > 0) o << " --fit-max-scale " << a.fit_max_scale;
+  o << "` to statistics measured from " << f.tokens << " routed tokens (" << f.n_experts << " experts top-" << f.top_k
+    << ", " << f.layers.size() << " MoE layers): per-layer expert popularity, document affinity over chunk lengths "
+    << "8.." << (a.fit_max_scale > 0 ? std::to_string(a.fit_max_scale) : "the trace context")
+    << " tokens (concentration and coherence length), and the lengths of " << f.documents
+    << " whole documents (lognormal). No drop rate was fitted; the traces: ";
+  for (size_t i = 0; i < f.sources.size(); ++i) o << (i ? "; " : "") << f.sources[i];
+  o << ".";
+  return o.str();
+}
+
+nlohmann::json fit_statistics(const TraceFit& f) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : f.layers) {
+    nlohmann::json scales = nlohmann::json::array();
+    for (const auto& p : l.scales) scales.push_back({{"tokens", p.tokens}, {"chunks", p.chunks}, {"excess", p.excess}});
+    nlohmann::json j = {{"layer", l.layer}, {"affinity", l.affinity}, {"affinity_document", l.affinity_document},
+                        {"affinity_local", l.affinity_local}, {"persistent_share", l.model.persistent_share},
+                        {"topic_variance", l.topic_variance},
+                        {"popularity_cv", l.popularity_cv}, {"coherence_tokens", l.model.coherence_tokens},
+                        {"concentration", l.model.concentration}, {"scales", scales}};
+    if (l.drift_affinity_first > 0 || l.drift_affinity_last > 0)
+      j["drift"] = {{"affinity_first_third", l.drift_affinity_first}, {"affinity_last_third", l.drift_affinity_last}};
+    if (!l.note.empty()) j["note"] = l.note;
+    layers.push_back(j);
+  }
+  return {{"tokens", f.tokens},
+          {"documents", f.documents},
+          {"doc_lengths", {{"kind", "lognormal"}, {"mean_tokens", f.doc_lengths.mean_tokens}, {"sigma", f.doc_lengths.sigma}}},
+          {"layers", layers}};
+}
+
+void check_finite(const std::string& flag, double x) {
+  if (!std::isfinite(x)) throw UserError(flag + ": expected a finite number, found " + std::to_string(x));
+}
+
 int run_drops(DropsArgs& a) {
+  check_finite("--concentration", a.concentration);
+  check_finite("--doc-mean-tokens", a.doc_mean_tokens);
+  check_finite("--target-drop", a.target_drop);
+  check_finite("--sender-cf", a.scenario.dispatch.sender_cf);
+  check_finite("--receiver-cf", a.scenario.dispatch.receiver_cf);
+  if (a.mc.samples < 1 || a.mc.samples > kMaxSamples)
+    throw UserError("--samples: expected 1.." + std::to_string(kMaxSamples) + " (at most " + std::to_string(kMaxSamples) +
+                    "), found " + std::to_string(a.mc.samples));
+  if (a.mc.threads < 1 || a.mc.threads > 256)
+    throw UserError("--threads: expected 1..256 (at most 256), found " + std::to_string(a.mc.threads));
+  std::unique_ptr<RoutingTrace> replay;
+  if (!a.replay.empty()) {
+    replay = std::make_unique<RoutingTrace>(read_routing_trace(a.replay));
+    if (!given(a.experts)) a.scenario.dispatch.n_experts = replay->n_experts;
+    if (!given(a.top_k)) a.scenario.dispatch.top_k = replay->top_k;
+  }
+  std::unique_ptr<TraceFit> fitted;
+  if (!a.fit.empty()) {
+    std::vector<RoutingTrace> traces;
+    for (const auto& t : a.fit) traces.push_back(read_routing_trace(t));
+    FitOptions fo;
+    fo.max_scale = a.fit_max_scale;
+    fitted = std::make_unique<TraceFit>(fit_routing(traces, fo));
+    if (!given(a.experts)) a.scenario.dispatch.n_experts = fitted->n_experts;
+    if (!given(a.top_k)) a.scenario.dispatch.top_k = fitted->top_k;
+  }
+  const std::string cal_path = a.calibration.empty() ? default_drop_calibration_path() : a.calibration;
+  DropCalibration cal = load_drop_calibration(cal_path);
+  if (!a.calibration.empty() && !replay && !fitted) {  // a calibration for another router: its experts and top-k
+    if (!given(a.experts)) a.scenario.dispatch.n_experts = cal.scenario.dispatch.n_experts;
+    if (!given(a.top_k)) a.scenario.dispatch.top_k = cal.scenario.dispatch.top_k;
+  }
   apply_model_and_layout(a);
   DropScenario base = a.scenario;
   base.dispatch.transport = parse_transport(a.transport);
   if (a.method != "mc" && a.method != "analytic")
     throw UserError("--method: expected mc or analytic, found \"" + a.method + "\"");
   const Method method = a.method == "mc" ? Method::monte_carlo : Method::analytic;
-  if (a.mc.samples < 1) throw UserError("--samples: expected >= 1, found " + std::to_string(a.mc.samples));
-  if (a.mc.threads < 1) throw UserError("--threads: expected >= 1, found " + std::to_string(a.mc.threads));
   if (a.json && a.csv) throw UserError("--json and --csv: expected at most one output format");
   base.validate();
 
-  const std::string cal_path = a.calibration.empty() ? default_drop_calibration_path() : a.calibration;
-  DropCalibration cal = load_drop_calibration(cal_path);
+  if (fitted) {
+    cal.layer_models.clear();
+    cal.layers.clear();
+    for (const auto& l : fitted->layers) {
+      cal.layer_models.push_back(l.model);
+      cal.layers.push_back(l.layer);
+    }
+    cal.model = fitted->layers.front().model;
+  }
   RoutingModel model = cal.model;
-  if (a.concentration < 0 || a.doc_mean_tokens < 0)
+  if (!(a.concentration >= 0) || !(a.doc_mean_tokens >= 0))
     throw UserError("--concentration / --doc-mean-tokens: expected > 0");
   if (a.concentration > 0) model.concentration = a.concentration;
   if (a.doc_mean_tokens > 0) model.doc_lengths.mean_tokens = a.doc_mean_tokens;
+  std::vector<RoutingModel> layer_models = calibration_models(cal);
+  if (a.concentration > 0 || a.doc_mean_tokens > 0 || a.target_drop != 0) layer_models = {model};
 
   std::unique_ptr<RoutingHistogram> hist;
   if (!a.histogram.empty()) hist = std::make_unique<RoutingHistogram>(load_routing_histogram(a.histogram));
@@ -188,11 +288,24 @@ int run_drops(DropsArgs& a) {
     throw UserError("--histogram: the analytic estimate needs the synthetic model; use --method mc");
 
   if (a.target_drop != 0) {
-    if (hist) throw UserError("--target-drop fits the synthetic model; it cannot be combined with --histogram");
+    if (hist || fitted || replay)
+      throw UserError("--target-drop fits the synthetic model; it cannot be combined with --histogram, --fit or --replay");
     model.concentration = fit_concentration(base, model, a.target_drop, method, a.mc);
+    layer_models = {model};
   }
-  if (!a.write_calibration.empty()) {
-    if (a.target_drop == 0) throw UserError("--write-calibration: expected --target-drop to fit first");
+  if (!a.write_calibration.empty() && fitted) {
+    DropCalibration out = cal;
+    out.scenario = base;
+    out.target_drop = 0;
+    out.achieved_drop = 0;
+    out.method = "trace_statistics";
+    out.samples = 0;
+    out.traces = a.fit;
+    out.statistics = fit_statistics(*fitted);
+    out.source = trace_fit_source(a, *fitted);
+    write_drop_calibration(a.write_calibration, out);
+  } else if (!a.write_calibration.empty()) {
+    if (a.target_drop == 0) throw UserError("--write-calibration: expected --target-drop or --fit to fit first");
     DropCalibration out;
     out.model = model;
     out.scenario = base;
@@ -225,9 +338,23 @@ int run_drops(DropsArgs& a) {
     p.scenario.validate();
     if (!(m.concentration > 0)) throw UserError("concentration: expected > 0");
     p.concentration = m.concentration;
-    auto gen = hist ? std::make_unique<RoutingGenerator>(*hist, p.scenario.routing_shape())
-                    : std::make_unique<RoutingGenerator>(m, p.scenario.routing_shape());
-    p.estimate = estimate_drops(p.scenario, *gen, method, a.mc);
+    if (replay) {
+      ReplayOptions ro;
+      ro.shuffles = a.shuffles;
+      ro.seed = a.mc.seed;
+      p.estimate = replay_drops(*replay, p.scenario, ro).estimate;
+    } else if (hist) {
+      RoutingGenerator gen(*hist, p.scenario.routing_shape());
+      p.estimate = estimate_drops(p.scenario, gen, method, a.mc);
+    } else {
+      std::vector<DropEstimate> per_layer;
+      for (RoutingModel lm : layer_models) {
+        if (sweep_key == "concentration") lm.concentration = m.concentration;
+        RoutingGenerator gen(lm, p.scenario.routing_shape());
+        per_layer.push_back(estimate_drops(p.scenario, gen, method, a.mc));
+      }
+      p.estimate = average_estimates(per_layer);
+    }
     points.push_back(p);
   }
 
@@ -239,10 +366,13 @@ int run_drops(DropsArgs& a) {
                      {"transport", transport_name(s.dispatch.transport)}, {"sender_cf", s.dispatch.sender_cf},
                      {"receiver_cf", s.dispatch.receiver_cf}, {"waves", s.dispatch.waves},
                      {"ragged_chunks", s.dispatch.ragged_chunks}};
-    j["routing"] = hist ? nlohmann::json{{"kind", "histogram"}, {"file", a.histogram}}
-                        : nlohmann::json{{"kind", "synthetic"}, {"concentration", model.concentration},
-                                         {"fitted", a.target_drop != 0}, {"calibration", cal_path}};
-    j["method"] = method == Method::monte_carlo ? "monte_carlo" : "analytic";
+    j["routing"] = replay ? nlohmann::json{{"kind", "replay"}, {"file", a.replay}, {"shuffles", a.shuffles}}
+                   : hist ? nlohmann::json{{"kind", "histogram"}, {"file", a.histogram}}
+                          : nlohmann::json{{"kind", "synthetic"}, {"concentration", model.concentration},
+                                           {"layers", layer_models.size()}, {"fitted", a.target_drop != 0 || fitted},
+                                           {"calibration", fitted ? "--fit" : cal_path}};
+    if (fitted) j["fit"] = fit_statistics(*fitted);
+    j["method"] = replay ? "replay" : method == Method::monte_carlo ? "monte_carlo" : "analytic";
     j["samples"] = method == Method::monte_carlo ? a.mc.samples : 0;
     j["seed"] = a.mc.seed;
     if (!sweep_key.empty()) j["sweep"] = sweep_key;
@@ -263,14 +393,23 @@ int run_drops(DropsArgs& a) {
     return 0;
   }
   std::printf("EP token drops: %s\n", describe_scenario(base).c_str());
-  if (hist) {
+  if (replay) {
+    std::printf("routing: replay of %s (%lld tokens, %lld MoE layers, recorded at context %lld), %d shuffles\n",
+                a.replay.c_str(), static_cast<long long>(replay->token_count()), static_cast<long long>(replay->layers()),
+                static_cast<long long>(replay->seq_len), a.shuffles);
+  } else if (hist) {
     std::printf("routing: histogram %s (%zu %ss)\n", a.histogram.c_str(), hist->tokens.size(), hist->unit.c_str());
+  } else if (layer_models.size() > 1 || fitted) {
+    std::printf("routing: %zu per-layer models fitted to routing traces (%s)\n", layer_models.size(),
+                fitted ? "--fit" : cal_path.c_str());
   } else {
     std::printf("routing: synthetic, concentration %.4g (%s), mean document %.0f tokens\n", model.concentration,
                 a.target_drop != 0 ? "fitted to --target-drop" : (a.concentration > 0 ? "--concentration" : cal_path.c_str()),
                 model.doc_lengths.mean_tokens);
   }
-  std::printf("estimate: %s\n\n", method == Method::monte_carlo
+  if (replay) {
+    std::printf("estimate: exact dispatch of the recorded routing, mean over steps, 95%% CI over steps\n\n");
+  } else std::printf("estimate: %s\n\n", method == Method::monte_carlo
                                       ? ("Monte Carlo, " + std::to_string(a.mc.samples) + " steps, seed " +
                                          std::to_string(a.mc.seed) + ", 95% CI").c_str()
                                       : "analytic (normal/gamma overflow), no CI");
@@ -316,8 +455,19 @@ rackstep::cli::Registration reg{
       app.add_option("--concentration", a->concentration, "routing concentration (smaller = more specialised)");
       app.add_option("--doc-mean-tokens", a->doc_mean_tokens, "mean document length in tokens");
       app.add_option("--calibration", a->calibration, "calibration JSON (default sim/drop_calibration.json)");
-      app.add_option("--write-calibration", a->write_calibration, "with --target-drop: write the fit as calibration JSON");
+      app.add_option("--write-calibration", a->write_calibration, "with --target-drop or --fit: write the fit as calibration JSON");
       app.add_option("--histogram", a->histogram, "measured routing histogram JSON instead of the synthetic model");
+      app.add_option("--replay", a->replay,
+                     "routing trace (rackstep train --routing-trace-eval): exact drops of the recorded routing, "
+                     "re-packed into sequences of --context and dealt to GPUs as the trainer does");
+      app.add_option("--shuffles", a->shuffles, "--replay: sequence orders replayed (default 4)");
+      app.add_option("--fit", a->fit,
+                     "routing traces: fit per-layer routing models to their measured statistics (popularity, "
+                     "document affinity, coherence, document lengths); with --write-calibration, save them");
+      app.add_option("--fit-max-scale", a->fit_max_scale,
+                     "--fit: longest chunk of one document measured, in tokens (default: the trace context)");
+      app.add_option("--target-source", a->target_source,
+                     "--target-drop: where the target comes from, written into the calibration's provenance");
       app.add_option("--model", a->model, "model JSON: experts, top-k and sequence length");
       app.add_option("--layout", a->layout, "layout JSON: EP size, transport, capacity factors, micro-batch");
       app.add_option("--sweep", a->sweep, "key=v1,v2,...: context, cf, sender-cf, receiver-cf, tokens-per-gpu, ep, transport, concentration");

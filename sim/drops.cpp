@@ -12,6 +12,7 @@
 
 #include "models/check.h"
 #include "models/json_io.h"
+#include "sim/predict.h"
 
 namespace rackstep::sim {
 
@@ -171,16 +172,29 @@ class AnalyticModel {
       : E_(s.dispatch.n_experts), K_(gen.model().topics), A_(double(s.tokens_per_gpu * s.dispatch.top_k)),
         phi_(gen.topic_experts()) {
     const double k = s.dispatch.top_k;
+    // Long-run popularity (a model whose QB does not balance each step): expert e
+    // carries E * popularity[e] times its topic share.
+    const auto& pop = gen.model().popularity;
+    weight_.assign(static_cast<size_t>(E_), 1.0);
+    if (!gen.model().balance_each_step && !pop.empty())
+      for (int64_t e = 0; e < E_; ++e) weight_[static_cast<size_t>(e)] = double(E_) * pop[static_cast<size_t>(e)];
+    // Top-k without replacement shrinks the per-token noise (sim/routing.h, step 5).
+    noise_scale_ = (1.0 - k / double(E_)) / (1.0 - 1.0 / double(E_));
     // Var of the rate: k^2 * E[sum_f n_f^2] * Var_t(phi_A) / (concentration + 1), from the
     // symmetric Dirichlet covariance Cov(theta_t, theta_u) = (delta_tu/K - 1/K^2)/(alpha + 1).
-    rate_var_scale_ = k * k * gen.fragment_square_sum() / (gen.model().concentration + 1.0);
+    // With fading affinity the document-wide and the local mixtures add:
+    // w^2 E[sum n_f^2] + (1 - w)^2 E[sum piece^2].
+    const RoutingModel& rm = gen.model();
+    const double w = rm.coherence_tokens > 0 ? rm.persistent_share : 1.0;
+    rate_var_scale_ = k * k * (w * w * gen.fragment_square_sum() + (1 - w) * (1 - w) * gen.piece_square_sum()) /
+                      (rm.concentration + 1.0);
   }
 
   Moments of_experts(int64_t first, int64_t count) const {
     double m1 = 0, m2 = 0;
     for (int64_t t = 0; t < K_; ++t) {
       double p = 0;
-      for (int64_t e = first; e < first + count; ++e) p += phi_[t * E_ + e];
+      for (int64_t e = first; e < first + count; ++e) p += phi_[t * E_ + e] * weight_[static_cast<size_t>(e)];
       m1 += p;
       m2 += p * p;
     }
@@ -189,7 +203,7 @@ class AnalyticModel {
     const double mean = A_ * m1;
     const double rate_var = rate_var_scale_ * std::max(0.0, m2 - m1 * m1);
     // Multinomial noise around the rate: E[lambda (1 - lambda / A)].
-    const double noise = mean - (mean * mean + rate_var) / A_;
+    const double noise = noise_scale_ * (mean - (mean * mean + rate_var) / A_);
     return {mean, rate_var + noise};
   }
 
@@ -197,7 +211,9 @@ class AnalyticModel {
   int64_t E_, K_;
   double A_;
   const std::vector<double>& phi_;
+  std::vector<double> weight_;  // (E) popularity weights, 1 = uniform
   double rate_var_scale_ = 0;
+  double noise_scale_ = 1;
 };
 
 }  // namespace
@@ -214,11 +230,34 @@ RoutingShape DropScenario::routing_shape() const {
 
 void DropScenario::validate() const {
   sim::validate(dispatch, ep);
-  if (tokens_per_gpu < 1) throw UserError("tokens per GPU: expected >= 1, found " + std::to_string(tokens_per_gpu));
+  auto num = [](double x) { return std::to_string(x); };
+  // Bounds that keep one sampled step's memory and work finite (checked before
+  // anything is allocated): counts are (GPUs, experts) int32, a GPU's windows
+  // each draw a document mixture.
+  if (!(dispatch.sender_cf <= kMaxCapacityFactor) || !(dispatch.receiver_cf <= kMaxCapacityFactor))
+    throw UserError("capacity factors: expected at most " + num(kMaxCapacityFactor) + ", found " +
+                    num(dispatch.sender_cf) + " / " + num(dispatch.receiver_cf));
+  if (dispatch.waves > kMaxWaves)
+    throw UserError("waves: expected at most " + std::to_string(kMaxWaves) + ", found " + std::to_string(dispatch.waves));
+  if (dispatch.n_experts > kMaxExperts)
+    throw UserError("experts: expected at most " + std::to_string(kMaxExperts) + ", found " + std::to_string(dispatch.n_experts));
+  if (tokens_per_gpu < 1 || tokens_per_gpu > kMaxTokensPerGpu)
+    throw UserError("tokens per GPU: expected 1.." + std::to_string(kMaxTokensPerGpu) + " (at most " +
+                    std::to_string(kMaxTokensPerGpu) + "), found " + std::to_string(tokens_per_gpu));
   if (context < 1) throw UserError("context: expected >= 1 token, found " + std::to_string(context));
-  if (gpus < 0 || step_gpus() % ep != 0)
+  if (tokens_per_gpu / context > kMaxSequencesPerGpu)
+    throw UserError("context: expected at least " + std::to_string((tokens_per_gpu + kMaxSequencesPerGpu - 1) / kMaxSequencesPerGpu) +
+                    " tokens (at most " + std::to_string(kMaxSequencesPerGpu) + " sequences per GPU at " +
+                    std::to_string(tokens_per_gpu) + " tokens per GPU), found " + std::to_string(context));
+  if (gpus < 0 || gpus > kMaxGpus)
+    throw UserError("GPUs: expected 0.." + std::to_string(kMaxGpus) + " (at most " + std::to_string(kMaxGpus) +
+                    "), found " + std::to_string(gpus));
+  if (step_gpus() % ep != 0)
     throw UserError("GPUs: expected a multiple of the EP size " + std::to_string(ep) + ", found " +
                     std::to_string(gpus));
+  if (step_gpus() * dispatch.n_experts > kMaxGpuExperts)
+    throw UserError("GPUs x experts: expected at most " + std::to_string(kMaxGpuExperts) + " counts per step, found " +
+                    std::to_string(step_gpus() * dispatch.n_experts));
 }
 
 DropFractions drops_from_counts(const DropScenario& s, const std::vector<int32_t>& counts) {
@@ -342,6 +381,92 @@ double fit_concentration(const DropScenario& s, RoutingModel model, double targe
 
 std::string default_drop_calibration_path() { return std::string(rackstep::source_dir()) + "/sim/drop_calibration.json"; }
 
+namespace {
+
+RoutingModel read_routing_model(JsonReader& m) {
+  NumberRange positive;
+  positive.min_exclusive = 0.0;
+  NumberRange one_or_more;
+  one_or_more.min = 1.0;
+  NumberRange non_negative;
+  non_negative.min = 0.0;
+  RoutingModel model;
+  JsonReader dl = m.object("doc_lengths");
+  model.doc_lengths.kind = parse_doc_length_kind(dl.choice("kind", {"lognormal", "exponential", "fixed"}, "lognormal"));
+  model.doc_lengths.mean_tokens = dl.number("mean_tokens", one_or_more);
+  model.doc_lengths.sigma = dl.number("sigma", 1.0, positive);
+  dl.ignore("comment");
+  dl.finish();
+  model.topics = static_cast<int>(m.integer("topics", one_or_more));
+  model.topic_sharpness = m.number("topic_sharpness", positive);
+  model.topic_seed = static_cast<uint64_t>(m.integer("topic_seed", 1, one_or_more));
+  model.concentration = m.number("concentration", positive);
+  model.coherence_tokens = m.integer("coherence_tokens", 0, non_negative);
+  NumberRange share;
+  share.min = 0.0;
+  share.max = 1.0;
+  model.persistent_share = m.number("persistent_share", 1.0, share);
+  model.balance_each_step = m.boolean("balance_each_step", true);
+  if (m.has("popularity")) {
+    const nlohmann::json& p = m.raw()["popularity"];
+    if (!p.is_array()) m.fail("popularity", "an array of expert shares", p.dump());
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (!p[i].is_number() || !(p[i].get<double>() > 0 && p[i].get<double>() < 1))
+        m.fail("popularity/" + std::to_string(i), "a share in (0, 1)", p[i].dump());
+      model.popularity.push_back(p[i].get<double>());
+    }
+    m.ignore("popularity");
+  }
+  m.ignore("comment");
+  m.ignore("layer");
+  m.finish();
+  return model;
+}
+
+nlohmann::json routing_model_json(const RoutingModel& m) {
+  nlohmann::json j = {{"doc_lengths",
+                       {{"kind", doc_length_kind_name(m.doc_lengths.kind)},
+                        {"mean_tokens", m.doc_lengths.mean_tokens},
+                        {"sigma", m.doc_lengths.sigma}}},
+                      {"topics", m.topics},
+                      {"topic_sharpness", m.topic_sharpness},
+                      {"topic_seed", m.topic_seed},
+                      {"concentration", m.concentration},
+                      {"coherence_tokens", m.coherence_tokens},
+                      {"persistent_share", m.persistent_share},
+                      {"balance_each_step", m.balance_each_step}};
+  if (!m.popularity.empty()) j["popularity"] = m.popularity;
+  return j;
+}
+
+}  // namespace
+
+std::vector<RoutingModel> calibration_models(const DropCalibration& cal) {
+  return cal.layer_models.empty() ? std::vector<RoutingModel>{cal.model} : cal.layer_models;
+}
+
+DropEstimate average_estimates(const std::vector<DropEstimate>& per_layer) {
+  RS_CHECK(!per_layer.empty(), "at least one layer");
+  DropEstimate out = per_layer.front();
+  if (per_layer.size() == 1) return out;
+  const double n = double(per_layer.size());
+  out.mean = {};
+  out.ci95 = {};
+  out.total_ci95 = 0;
+  for (const auto& e : per_layer) {
+    out.mean.sender += e.mean.sender / n;
+    out.mean.receiver += e.mean.receiver / n;
+    out.mean.padding += e.mean.padding / n;
+    out.ci95.sender += e.ci95.sender * e.ci95.sender;
+    out.ci95.receiver += e.ci95.receiver * e.ci95.receiver;
+    out.ci95.padding += e.ci95.padding * e.ci95.padding;
+    out.total_ci95 += e.total_ci95 * e.total_ci95;
+  }
+  out.ci95 = {std::sqrt(out.ci95.sender) / n, std::sqrt(out.ci95.receiver) / n, std::sqrt(out.ci95.padding) / n};
+  out.total_ci95 = std::sqrt(out.total_ci95) / n;
+  return out;
+}
+
 DropCalibration load_drop_calibration(const std::string& path) {
   const nlohmann::json doc = load_json_file(path);
   JsonReader r(doc, path);
@@ -351,20 +476,18 @@ DropCalibration load_drop_calibration(const std::string& path) {
   positive.min_exclusive = 0.0;
   NumberRange one_or_more;
   one_or_more.min = 1.0;
+  NumberRange fraction;
+  fraction.min = 0.0;
+  fraction.max = 1.0;
   {
     JsonReader m = r.object("routing_model");
-    JsonReader dl = m.object("doc_lengths");
-    cal.model.doc_lengths.kind = parse_doc_length_kind(dl.choice("kind", {"lognormal", "exponential", "fixed"}, "lognormal"));
-    cal.model.doc_lengths.mean_tokens = dl.number("mean_tokens", one_or_more);
-    cal.model.doc_lengths.sigma = dl.number("sigma", 1.0, positive);
-    dl.ignore("comment");
-    dl.finish();
-    cal.model.topics = static_cast<int>(m.integer("topics", one_or_more));
-    cal.model.topic_sharpness = m.number("topic_sharpness", positive);
-    cal.model.topic_seed = static_cast<uint64_t>(m.integer("topic_seed", 1, one_or_more));
-    cal.model.concentration = m.number("concentration", positive);
-    m.ignore("comment");
-    m.finish();
+    cal.model = read_routing_model(m);
+  }
+  if (r.has("layer_models")) {
+    for (auto& m : r.object_list("layer_models")) {
+      cal.layers.push_back(static_cast<int32_t>(m.integer("layer", NumberRange{})));
+      cal.layer_models.push_back(read_routing_model(m));
+    }
   }
   {
     JsonReader f = r.object("fit");
@@ -380,31 +503,24 @@ DropCalibration load_drop_calibration(const std::string& path) {
     s.tokens_per_gpu = f.integer("tokens_per_gpu", one_or_more);
     s.context = f.integer("context", one_or_more);
     s.gpus = f.integer("gpus", 0, NumberRange{});
-    cal.target_drop = f.number("target_drop", positive);
-    cal.achieved_drop = f.number("achieved_drop", 0.0, NumberRange{});
-    cal.method = f.choice("method", {"monte_carlo", "analytic"}, "monte_carlo");
+    cal.target_drop = f.number("target_drop", 0.0, fraction);
+    cal.achieved_drop = f.number("achieved_drop", 0.0, fraction);
+    cal.method = f.choice("method", {"monte_carlo", "analytic", "trace_statistics"}, "monte_carlo");
     cal.samples = static_cast<int>(f.integer("samples", 0, NumberRange{}));
     cal.seed = static_cast<uint64_t>(f.integer("seed", 1, NumberRange{}));
+    cal.traces = f.string_list("traces", {});
     f.finish();
   }
+  r.ignore("statistics");
   r.finish();
   return cal;
 }
 
 void write_drop_calibration(const std::string& path, const DropCalibration& cal) {
-  const auto& m = cal.model;
   const auto& s = cal.scenario;
   nlohmann::json doc = {
       {"source", cal.source},
-      {"routing_model",
-       {{"doc_lengths",
-         {{"kind", doc_length_kind_name(m.doc_lengths.kind)},
-          {"mean_tokens", m.doc_lengths.mean_tokens},
-          {"sigma", m.doc_lengths.sigma}}},
-        {"topics", m.topics},
-        {"topic_sharpness", m.topic_sharpness},
-        {"topic_seed", m.topic_seed},
-        {"concentration", m.concentration}}},
+      {"routing_model", routing_model_json(cal.model)},
       {"fit",
        {{"n_experts", s.dispatch.n_experts}, {"top_k", s.dispatch.top_k},
         {"transport", transport_name(s.dispatch.transport)}, {"sender_cf", s.dispatch.sender_cf},
@@ -413,6 +529,17 @@ void write_drop_calibration(const std::string& path, const DropCalibration& cal)
         {"context", s.context}, {"gpus", s.gpus}, {"target_drop", cal.target_drop},
         {"achieved_drop", cal.achieved_drop}, {"method", cal.method}, {"samples", cal.samples},
         {"seed", cal.seed}}}};
+  if (!cal.traces.empty()) doc["fit"]["traces"] = cal.traces;
+  if (!cal.layer_models.empty()) {
+    RS_CHECK(cal.layers.size() == cal.layer_models.size(), "one layer index per model");
+    doc["layer_models"] = nlohmann::json::array();
+    for (size_t i = 0; i < cal.layer_models.size(); ++i) {
+      nlohmann::json m = routing_model_json(cal.layer_models[i]);
+      m["layer"] = cal.layers[i];
+      doc["layer_models"].push_back(m);
+    }
+  }
+  if (!cal.statistics.is_null()) doc["statistics"] = cal.statistics;
   write_json_file_atomic(path, doc);
 }
 
@@ -433,7 +560,7 @@ DropFractions predict_drops(int64_t n_experts, int top_k, int64_t ep, int64_t to
 
   static std::mutex mu;
   static std::unique_ptr<DropCalibration> cal;
-  using GenKey = std::tuple<int64_t, int, int64_t, int64_t>;
+  using GenKey = std::tuple<int64_t, int, int64_t, int64_t, size_t>;  // ..., layer model
   static std::map<GenKey, std::shared_ptr<RoutingGenerator>> generators;
   using Key = std::tuple<int64_t, int, int64_t, int64_t, int64_t, int, double, double, int, int>;
   static std::map<Key, DropFractions> results;
@@ -442,10 +569,15 @@ DropFractions predict_drops(int64_t n_experts, int top_k, int64_t ep, int64_t to
   const Key key{n_experts, top_k, ep, tokens_per_gpu, context, int(transport), sender_cf, receiver_cf, waves, ragged_chunks};
   if (auto it = results.find(key); it != results.end()) return it->second;
   if (!cal) cal = std::make_unique<DropCalibration>(load_drop_calibration());
-  const GenKey gkey{n_experts, top_k, tokens_per_gpu, context};
-  auto& gen = generators[gkey];
-  if (!gen) gen = std::make_shared<RoutingGenerator>(cal->model, s.routing_shape());
-  return results[key] = estimate_drops_analytic(s, *gen).mean;
+  // A calibration fitted to routing traces has one model per MoE layer: average them.
+  const std::vector<RoutingModel> models = calibration_models(*cal);
+  std::vector<DropEstimate> per_layer;
+  for (size_t i = 0; i < models.size(); ++i) {
+    auto& gen = generators[GenKey{n_experts, top_k, tokens_per_gpu, context, i}];
+    if (!gen) gen = std::make_shared<RoutingGenerator>(models[i], s.routing_shape());
+    per_layer.push_back(estimate_drops_analytic(s, *gen));
+  }
+  return results[key] = average_estimates(per_layer).mean;
 }
 
 }  // namespace rackstep::sim

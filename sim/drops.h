@@ -17,10 +17,14 @@
 //                E[max(0, X - cap)] = s*pdf(z) + (m - cap)*(1 - cdf(z)), z = (cap-m)/s.
 //                Microseconds; used inside the predictor's sweeps.
 //
-// Calibration: the one free parameter is the routing concentration (how specialised
-// documents are). fit_concentration() bisects it to a measured drop fraction; the
-// default, fitted on the Marin hero (2.67%, spec/calibration.md), lives in
-// sim/drop_calibration.json with its source.
+// Calibration, two kinds, both in the same JSON with their provenance:
+//   - fitted to a drop number: fit_concentration() bisects the routing
+//     concentration to a measured drop fraction; the default, fitted on the Marin
+//     hero (2.67%, spec/calibration.md), lives in sim/drop_calibration.json.
+//   - fitted to routing traces of a real router (sim/routing_fit.h: popularity,
+//     document affinity and its fading, document lengths), one model per MoE
+//     layer ("layer_models"); predictions average the layers. Checked out of
+//     sample against exact replay (sim/routing_replay.h) by scripts/validate_drops.sh.
 //
 //   DropScenario s;                              // hero defaults: pooled, 1.10 / 1.15
 //   s.context = 16384;
@@ -34,10 +38,22 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "sim/dispatch.h"
 #include "sim/routing.h"
 
 namespace rackstep::sim {
+
+// Largest settings a drop estimate accepts (DropScenario::validate).
+inline constexpr double kMaxCapacityFactor = 16;
+inline constexpr int kMaxWaves = 64;
+inline constexpr int64_t kMaxExperts = 65536;
+inline constexpr int64_t kMaxTokensPerGpu = int64_t(1) << 22;
+inline constexpr int64_t kMaxSequencesPerGpu = 4096;
+inline constexpr int64_t kMaxGpus = 65536;
+inline constexpr int64_t kMaxGpuExperts = int64_t(1) << 26;
+inline constexpr int kMaxSamples = 100000;
 
 struct DropScenario {
   DispatchConfig dispatch;  // experts, k, transport, capacity factors, waves, chunks
@@ -83,17 +99,27 @@ DropEstimate estimate_drops(const DropScenario& s, const RoutingGenerator& gen, 
 // UserError when the target lies outside what the model can reach here.
 double fit_concentration(const DropScenario& s, RoutingModel model, double target, Method m, const McOptions& opt);
 
-// The fitted default routing model and the settings it was fitted at.
+// The fitted default routing model and the settings it was fitted at. A model
+// fitted to routing traces (sim/routing_fit.h) holds one model per MoE layer;
+// predictions average the layers' drops.
 struct DropCalibration {
   RoutingModel model;
+  std::vector<RoutingModel> layer_models;  // empty = `model` for every layer
+  std::vector<int32_t> layers;             // (layer_models) model layer indices
+  std::vector<std::string> traces;         // routing traces fitted to, if any
+  nlohmann::json statistics;               // what was measured from them (sim/routing_fit.h)
   DropScenario scenario;
-  double target_drop = 0;
+  double target_drop = 0;                  // 0 = not fitted to a drop number
   double achieved_drop = 0;
   std::string method = "monte_carlo";
   int samples = 0;
   uint64_t seed = 1;
   std::string source;
 };
+// The models predictions average over: layer_models, or {model}.
+std::vector<RoutingModel> calibration_models(const DropCalibration& cal);
+// Mean of per-layer estimates (CI half-widths combined as independent).
+DropEstimate average_estimates(const std::vector<DropEstimate>& per_layer);
 std::string default_drop_calibration_path();  // <source dir>/sim/drop_calibration.json
 DropCalibration load_drop_calibration(const std::string& path = default_drop_calibration_path());
 void write_drop_calibration(const std::string& path, const DropCalibration& cal);

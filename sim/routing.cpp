@@ -161,6 +161,15 @@ RoutingGenerator::RoutingGenerator(const RoutingModel& model, const RoutingShape
   if (model.topics < 1) throw UserError("routing model topics: expected >= 1, found " + std::to_string(model.topics));
   if (!(model.topic_sharpness > 0) || !(model.concentration > 0) || !(model.doc_lengths.mean_tokens >= 1))
     throw UserError("routing model: topic_sharpness and concentration must be > 0, mean document length >= 1");
+  if (!(model.persistent_share >= 0 && model.persistent_share <= 1) || model.coherence_tokens < 0)
+    throw UserError("routing model: persistent_share must be in [0, 1] and coherence_tokens >= 0");
+  if (!model.popularity.empty()) {
+    if (static_cast<int64_t>(model.popularity.size()) != shape.n_experts)
+      throw UserError("routing model popularity: expected " + std::to_string(shape.n_experts) +
+                      " shares (one per expert), found " + std::to_string(model.popularity.size()));
+    for (double p : model.popularity)
+      if (!(p > 0 && p < 1)) throw UserError("routing model popularity: expected shares in (0, 1), found " + std::to_string(p));
+  }
   const int64_t E = shape.n_experts, K = model.topics;
   // Topic rows: Dirichlet, water-filled to top-k inclusion probabilities <= 1, and
   // balanced so the average topic routes uniformly (what QB holds in expectation).
@@ -184,8 +193,17 @@ RoutingGenerator::RoutingGenerator(const RoutingModel& model, const RoutingShape
   std::mt19937_64 lrng(12345);
   double sq = 0;
   const int reps = 2000;
-  for (int i = 0; i < reps; ++i) for_each_fragment(lrng, [&](int64_t n) { sq += double(n) * double(n); });
+  double piece_sq = 0;
+  const int64_t coherence = model.coherence_tokens;
+  for (int i = 0; i < reps; ++i)
+    for_each_fragment(lrng, [&](int64_t n) {
+      sq += double(n) * double(n);
+      if (coherence <= 0) return;
+      for (; n > coherence; n -= coherence) piece_sq += double(coherence) * double(coherence);
+      piece_sq += double(n) * double(n);
+    });
   fragment_square_sum_ = sq / reps;
+  piece_square_sum_ = piece_sq / reps;
 }
 
 RoutingGenerator::RoutingGenerator(const RoutingHistogram& hist, const RoutingShape& shape)
@@ -221,9 +239,17 @@ void RoutingGenerator::add_synthetic_rates(std::mt19937_64& rng, double* row) co
   const int64_t E = shape_.n_experts, K = model_.topics;
   std::vector<double> weight(K, 0.0), theta(K);
   const double shape = model_.concentration / double(K);
-  for_each_fragment(rng, [&](int64_t n) {
+  const int64_t coherence = model_.coherence_tokens;
+  const double persistent = coherence > 0 ? model_.persistent_share : 1.0;
+  auto add = [&](double tokens) {
     dirichlet(rng, shape, theta);
-    for (int64_t t = 0; t < K; ++t) weight[t] += double(n) * theta[t];
+    for (int64_t t = 0; t < K; ++t) weight[t] += tokens * theta[t];
+  };
+  for_each_fragment(rng, [&](int64_t n) {
+    if (persistent > 0) add(persistent * double(n));
+    if (persistent >= 1) return;
+    for (; n > coherence; n -= coherence) add((1 - persistent) * double(coherence));
+    add((1 - persistent) * double(n));
   });
   const double k = shape_.top_k;
   for (int64_t t = 0; t < K; ++t) {
@@ -275,7 +301,22 @@ void RoutingGenerator::sample_rates(std::mt19937_64& rng, std::vector<double>& r
       add_histogram_rates(rng, &rates[g * E]);
     }
   }
-  balance_columns(rates, G, E, 4);
+  if (model_.balance_each_step || !synthetic()) {
+    balance_columns(rates, G, E, 4);
+    return;
+  }
+  if (model_.popularity.empty()) return;  // topic rows already average to a uniform load
+  // The long-run skew QB leaves: expert e carries E * popularity[e] times its share.
+  for (int64_t g = 0; g < G; ++g) {
+    double* row = &rates[g * E];
+    double before = 0, after = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      before += row[e];
+      after += (row[e] *= double(E) * model_.popularity[e]);
+    }
+    if (after > 0)
+      for (int64_t e = 0; e < E; ++e) row[e] *= before / after;
+  }
 }
 
 void RoutingGenerator::sample_counts(std::mt19937_64& rng, std::vector<int32_t>& counts) const {
@@ -284,18 +325,32 @@ void RoutingGenerator::sample_counts(std::mt19937_64& rng, std::vector<int32_t>&
   sample_rates(rng, rates);
   counts.assign(G * E, 0);
   const int64_t a = shape_.tokens_per_gpu * shape_.top_k;
+  // Top-k without replacement: per-token variance k p (1 - k p) instead of the
+  // multinomial's k p (1 - p); at p = 1/E the deviations shrink by sqrt of the ratio.
+  const double k = shape_.top_k, uniform = 1.0 / double(E);
+  const double shrink = std::sqrt(std::max(0.0, (1.0 - k * uniform) / (1.0 - uniform)));
   // Multinomial(a, rates/a) as a chain of conditional binomials.
   for (int64_t g = 0; g < G; ++g) {
     const double* r = &rates[g * E];
+    int32_t* c = &counts[g * E];
     double rest = std::accumulate(r, r + E, 0.0);
     int64_t left = a;
     for (int64_t e = 0; e < E && left > 0; ++e) {
       const double p = rest > 0 ? std::min(1.0, r[e] / rest) : 1.0;
-      const int64_t c = (e == E - 1) ? left : binomial(rng, left, p);
-      counts[g * E + e] = static_cast<int32_t>(c);
-      left -= c;
+      c[e] = static_cast<int32_t>((e == E - 1) ? left : binomial(rng, left, p));
+      left -= c[e];
       rest -= r[e];
     }
+    if (shrink >= 1.0) continue;
+    int64_t sum = 0, top = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const double mean = r[e];
+      c[e] = static_cast<int32_t>(std::clamp<double>(std::llround(mean + shrink * (double(c[e]) - mean)), 0.0,
+                                                     double(shape_.tokens_per_gpu)));
+      sum += c[e];
+      if (c[e] > c[top]) top = e;
+    }
+    c[top] = static_cast<int32_t>(std::max<int64_t>(0, c[top] + (a - sum)));  // rows keep tokens * k
   }
 }
 

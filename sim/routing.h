@@ -22,8 +22,10 @@
 //   4. Quantile balancing (QB): the router bias equalises the *global* per-expert
 //      load of the step. Modelled by Sinkhorn scaling of the (gpus, experts) rate
 //      matrix: rows keep tokens*k, columns become equal.
-//   5. Given the rates, a GPU's counts are multinomial(tokens*k, rates): the
-//      per-token noise.
+//   5. Given the rates, a GPU's counts are multinomial(tokens*k, rates) with the
+//      spread shrunk to top-k without replacement (a token's k experts are
+//      distinct, so an expert's per-token variance is k p (1 - k p), not k p (1 - p)):
+//      the per-token noise.
 //
 // A measured histogram (per-document or per-sequence expert counts, JSON, format
 // below) can replace steps 1-3: units are drawn at random to fill each GPU.
@@ -77,6 +79,18 @@ struct RoutingModel {
   double topic_sharpness = 0.1;  // Dirichlet parameter per expert of each topic's expert distribution
   uint64_t topic_seed = 1;       // which topic->expert map (fixed per trained router)
   double concentration = 1.0;    // per-document Dirichlet total over topics; smaller = more specialised
+  // Routing affinity fades along a document: a token's expert rates mix a
+  // document-wide topic mixture (weight persistent_share) with a local one drawn
+  // afresh every coherence_tokens tokens (weight 1 - persistent_share). Both are
+  // Dirichlet(concentration/K). coherence_tokens = 0: document-wide only.
+  int64_t coherence_tokens = 0;
+  double persistent_share = 1.0;
+  // true: QB equalises every step's global expert load exactly (step 4 above).
+  // false: QB works from past steps (the Marin trainer's bias comes from the
+  // previous step's histogram), so a step's documents move its global load, and
+  // the long-run load is `popularity`. This is what gives receiver drops.
+  bool balance_each_step = true;
+  std::vector<double> popularity;  // (n_experts) long-run share of assignments; empty = uniform
 };
 
 struct RoutingHistogram {
@@ -119,6 +133,8 @@ class RoutingGenerator {
   // E[sum over a GPU's document fragments of fragment_tokens^2]: the second moment the
   // analytic estimate needs (from 20,000 simulated windows of the length process).
   double fragment_square_sum() const { return fragment_square_sum_; }
+  // The same for the local pieces (fragments cut every coherence_tokens).
+  double piece_square_sum() const { return piece_square_sum_; }
 
  private:
   void add_synthetic_rates(std::mt19937_64& rng, double* row) const;
@@ -132,6 +148,7 @@ class RoutingGenerator {
   std::vector<double> topic_experts_;  // (topics, n_experts)
   std::vector<double> unit_cumulative_tokens_;  // histogram: for length-biased unit draws
   double fragment_square_sum_ = 0;
+  double piece_square_sum_ = 0;
 };
 
 // Water-fills p so that sum(p) = total and every p_i <= 1 (top-k inclusion

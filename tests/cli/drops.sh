@@ -129,6 +129,104 @@ expect_user_error "missing histogram" "nope.json" --histogram "$TMP/nope.json"
 expect_user_error "missing model" "nomodel.json" --model "$TMP/nomodel.json"
 expect_user_error "both formats" "at most one" --json --csv
 
+# Sizes that would allocate or loop without end are refused before any work.
+expect_user_error "huge waves" "at most 64" --waves 1000000000
+expect_user_error "huge samples" "at most" --samples 1000000000
+expect_user_error "huge GPU count" "at most" --gpus 1000000000
+expect_user_error "huge tokens per GPU" "at most" --tokens-per-gpu 1000000000000
+expect_user_error "context 1" "at most 4096 sequences" --context 1
+expect_user_error "NaN concentration" "finite" --concentration nan
+expect_user_error "infinite cf" "finite" --receiver-cf inf
+if [ -f "$LAYOUT" ]; then
+  python3 - "$LAYOUT" "$TMP/huge-layout.json" <<'EOF'
+import json, sys
+l = json.load(open(sys.argv[1]))
+l["data"] = 1000000000
+json.dump(l, open(sys.argv[2], "w"))
+EOF
+  expect_user_error "layout with a huge data axis" "huge-layout.json: /data" --layout "$TMP/huge-layout.json"
+fi
+
+# --write-calibration names what it was fitted to: the target's source, never a
+# hard-coded claim about the hero.
+"$RS" drops --method analytic --target-drop 0.02 --write-calibration "$TMP/cal2.json" >/dev/null || fail "fit without source"
+"$RS" drops --method analytic --target-drop 0.02 --target-source "a test target" --write-calibration "$TMP/cal3.json" \
+  >/dev/null || fail "fit with --target-source"
+python3 - "$TMP/cal2.json" "$TMP/cal3.json" <<'EOF' || fail "calibration provenance"
+import json, sys
+a, b = (json.load(open(f))["source"] for f in sys.argv[1:])
+assert "2.67" not in a and "Marin" not in a and "0.02" in a and "command line" in a, a
+assert "a test target" in b, b
+EOF
+
+# Routing traces: replay is exact and fit writes per-layer models with their provenance.
+python3 - "$TMP/t.rsrt" <<'EOF'
+import random, struct, sys
+random.seed(2)
+E, k, seq, n = 8, 2, 128, 32768
+toks, ex, sc = [], [], []
+for i in range(n):
+    doc = i // 1000
+    toks.append(struct.pack("<4I", 0, i // seq, i % seq, doc))
+    pref = doc % E
+    first = pref if random.random() < 0.4 else random.randrange(E)
+    second = (first + 1 + random.randrange(E - 1)) % E
+    ex += [first, second]
+    sc += [0.6, 0.4]
+src = b"cli test"
+payload = src + struct.pack("<I", 1) + b"".join(toks) + struct.pack(f"<{len(ex)}H", *ex) + struct.pack(f"<{len(sc)}f", *sc)
+h = 1469598103934665603
+for byte in payload:
+    h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+header = b"RSROUTE\0" + struct.pack("<6IQQI", 1, E, k, 1, seq, 1, n, h, len(src)) + bytes(12)
+open(sys.argv[1], "wb").write(header + payload)
+EOF
+R="--ep 4 --tokens-per-gpu 1024 --context 512 --transport ragged --receiver-cf 1.05"
+"$RS" drops --replay "$TMP/t.rsrt" $R --json >"$TMP/rep" 2>"$TMP/err" || fail "--replay exited $?: $(cat "$TMP/err")"
+"$RS" drops --fit "$TMP/t.rsrt" --write-calibration "$TMP/tfit.json" $R --samples 4 --json >"$TMP/fitj" 2>"$TMP/err" ||
+  fail "--fit exited $?: $(cat "$TMP/err")"
+"$RS" drops --calibration "$TMP/tfit.json" $R --samples 8 --json >"$TMP/pred" 2>"$TMP/err" ||
+  fail "--calibration (fitted) exited $?: $(cat "$TMP/err")"
+python3 - "$TMP/rep" "$TMP/tfit.json" "$TMP/pred" <<'EOF' || fail "replay / fit content"
+import json, sys
+rep = json.load(open(sys.argv[1]))
+assert rep["method"] == "replay" and rep["scenario"]["experts"] == 8, rep
+r = rep["points"][0]
+assert r["receiver"] > 0 and r["sender"] == 0, r
+cal = json.load(open(sys.argv[2]))
+assert cal["fit"]["method"] == "trace_statistics" and cal["fit"]["traces"], cal["fit"]
+assert "t.rsrt" in cal["source"] and "No drop rate was fitted" in cal["source"], cal["source"]
+assert len(cal["layer_models"]) == 1 and len(cal["layer_models"][0]["popularity"]) == 8, cal
+assert cal["statistics"]["documents"] >= 20, cal["statistics"]
+p = json.load(open(sys.argv[3]))["points"][0]
+assert p["receiver"] > 0, p
+EOF
+printf 'RSROUTE\0garbage' >"$TMP/bad.rsrt"
+expect_user_error "damaged trace" "bad.rsrt" --replay "$TMP/bad.rsrt"
+
+# The trainer writes a trace a replay reads: one short step, then the evaluation.
+if "$RS" data build --from README.md sim/drops.h sim/routing.h --split blank-lines --eval-fraction 0.5 \
+    --out "$TMP/data" >/dev/null 2>"$TMP/err"; then
+  "$RS" train --model models/zoo/tiny-moe.json --data "$TMP/data" --steps 1 --batch 2 --seq 64 --eval-batches 4 \
+    --routing-trace-eval "$TMP/eval.rsrt" --routing-trace "$TMP/train.rsrt" --threads 1 >/dev/null 2>"$TMP/err" ||
+    fail "train --routing-trace exited $?: $(cat "$TMP/err")"
+  "$RS" drops --replay "$TMP/eval.rsrt" --ep 2 --tokens-per-gpu 128 --context 64 --transport ragged --json \
+    >"$TMP/r2" 2>"$TMP/err" || fail "--replay of a trained trace exited $?: $(cat "$TMP/err")"
+  "$RS" drops --replay "$TMP/train.rsrt" --ep 2 --tokens-per-gpu 64 --context 64 --json >/dev/null 2>"$TMP/err" ||
+    fail "--replay of a training-step trace exited $?: $(cat "$TMP/err")"
+  python3 - "$TMP/eval.rsrt" "$TMP/r2" <<'EOF' || fail "trained trace content"
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+assert b[:8] == b"RSROUTE\0", b[:8]
+version, E, k, layers, seq, split, tokens = struct.unpack("<6IQ", b[8:40])
+assert (version, E, k, seq, split) == (1, 8, 2, 64, 1), (version, E, k, seq, split)
+assert layers >= 1 and tokens == 4 * 2 * 64, (layers, tokens)
+assert json.load(open(sys.argv[2]))["points"][0]["total"] >= 0
+EOF
+else
+  fail "data build for the trace test exited: $(cat "$TMP/err")"
+fi
+
 if [ "$fails" -ne 0 ]; then
   echo "drops.sh: $fails failure(s)"
   exit 1
