@@ -30,6 +30,7 @@
 #include "sim/calibration.h"
 #include "sim/cli/command.h"
 #include "sim/des.h"
+#include "sim/expert_load.h"
 #include "sim/predict.h"
 #include "sim/step_graph.h"
 #include "sim/trace.h"
@@ -393,7 +394,15 @@ int run_timeline(TimelineArgs a) {
   const Calibration cal = a.calibration_path.empty() ? load_calibration() : load_calibration(a.calibration_path);
   const Predictor pred(g, c, cal);
   a.graph.gc_stalls = !a.no_gc;
-  if (!a.expert_load.empty()) a.graph.expert_load = parse_list("--expert-load", a.expert_load);
+  if (a.expert_load == "routing") {
+    const ExpertLoad load = expert_load_for_layout(g.model, l, {.samples = 8});
+    a.graph.expert_load = load.rank_sorted;
+    char line[160];
+    std::snprintf(line, sizeof line, "%.3f", load.max_over_mean);
+    a.expert_load = "from the drop model's routing (busiest EP rank " + std::string(line) + "x the mean)";
+  } else if (!a.expert_load.empty()) {
+    a.graph.expert_load = parse_list("--expert-load", a.expert_load);
+  }
   check_memory(pred, l, a);
   StepGraph sg = build_step_graph(pred, l, a.graph);
   WhatIf w;
@@ -531,8 +540,8 @@ rackstep::cli::Registration reg{
                     "rack:gpus, the rack (NVLink domain; ranks numbered rack-major) runs its work on fewer healthy GPUs, "
                     "each doing gpus_per_rack / gpus of it; repeatable");
       w->add_option("--expert-load", a->expert_load,
-                    "f0,f1,...: rank r's routed-expert GEMMs take f[r mod n] times as long (uneven EP load, e.g. from "
-                    "the drop model's routing)");
+                    "f0,f1,...: rank r's routed-expert GEMMs take f[r mod n] times as long (uneven EP load); "
+                    "'routing': the per-rank load the drop model's routing implies for this layout (busiest rank first)");
       w->add_option("--sweep", a->sweep,
                     "knob=v1,v2,...: step time against one knob, graph built once (slow-gpu-factor [the --slow-gpu "
                     "ranks, else rank 0], jitter, straggler-prob, nic-factor, nvlink-factor [the degraded ranks, else "

@@ -47,4 +47,23 @@ ExpertLoad expert_load(const DropScenario& s, const RoutingGenerator& gen, const
   return out;
 }
 
+ExpertLoad expert_load_for_layout(const models::ModelConfig& model, const Layout& layout, const McOptions& opt) {
+  if (model.moe.experts == 0 || layout.ep <= 1) return ExpertLoad{.rank_sorted = {1.0}};
+  DropScenario s;
+  s.dispatch.n_experts = model.moe.experts;
+  s.dispatch.top_k = static_cast<int>(model.moe.top_k);
+  s.dispatch.transport = layout.ep_transport == EpTransport::kPooled ? Transport::pooled : Transport::ragged;
+  s.dispatch.sender_cf = layout.sender_cf;
+  s.dispatch.receiver_cf = layout.receiver_cf;
+  s.dispatch.waves = static_cast<int>(layout.waves);
+  s.dispatch.ragged_chunks = static_cast<int>(layout.ragged_chunks);
+  s.ep = layout.ep;
+  s.tokens_per_gpu = layout.micro_batch_seqs * model.seq_len / std::max<int64_t>(1, layout.cp);
+  s.context = model.seq_len;
+  const std::vector<RoutingModel> models = calibration_models(load_drop_calibration());
+  RS_CHECK(!models.empty(), "a drop calibration holds at least one routing model");
+  const RoutingGenerator gen(models.front(), s.routing_shape());
+  return expert_load(s, gen, opt);
+}
+
 }  // namespace rackstep::sim

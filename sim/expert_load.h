@@ -12,7 +12,9 @@
 
 #include <vector>
 
+#include "models/model.h"
 #include "sim/drops.h"
+#include "sim/layout.h"
 #include "sim/routing.h"
 
 namespace rackstep::sim {
@@ -27,5 +29,15 @@ struct ExpertLoad {
 // Monte Carlo over sampled steps (McOptions.samples, seed). UserError on
 // impossible settings (DropScenario::validate).
 ExpertLoad expert_load(const DropScenario& s, const RoutingGenerator& gen, const McOptions& opt);
+
+// The expert load a layout's EP ranks see under the default drop calibration's
+// routing model (the first MoE layer's model where the calibration has one per
+// layer): tokens per GPU = micro_batch_seqs · seq / cp, the model's context,
+// experts and top-k, the layout's transport, capacity factors and waves.
+// A dense model or ep = 1 is balanced ({1}). `rackstep timeline --expert-load
+// routing` feeds rank_sorted to the step graph: rank r's expert GEMMs take
+// rank_sorted[r mod ep] times as long, so the busiest EP rank is slower in the
+// timeline, not only a drop count.
+ExpertLoad expert_load_for_layout(const models::ModelConfig& model, const Layout& layout, const McOptions& opt);
 
 }  // namespace rackstep::sim

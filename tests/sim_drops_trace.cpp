@@ -9,8 +9,11 @@
 #include <string>
 
 #include "models/check.h"
+#include "models/model.h"
+#include "models/source_dir.h"
 #include "sim/drops.h"
 #include "sim/expert_load.h"
+#include "sim/layout.h"
 #include "sim/routing_fit.h"
 #include "sim/routing_replay.h"
 #include "sim/routing_trace.h"
@@ -197,4 +200,15 @@ TEST_CASE("the expert load per EP rank averages to one and grows with context", 
   CHECK(short_ctx.max_over_mean == Approx(short_ctx.rank_sorted[0]));
   // Fewer documents per GPU at a longer context: the busiest rank is busier.
   CHECK(long_ctx.max_over_mean > short_ctx.max_over_mean);
+}
+
+TEST_CASE("a layout's expert load comes from the drop model's routing; dense or ep 1 is balanced", "[drops][load]") {
+  const auto model = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json");
+  Layout l = load_layout(std::string(rackstep::source_dir()) + "/sim/layouts/hero-pooled.json");
+  const ExpertLoad hero = expert_load_for_layout(model, l, {.samples = 4});
+  REQUIRE(static_cast<int64_t>(hero.rank_sorted.size()) == l.ep);
+  CHECK(hero.rank_sorted.front() > 1.0);   // the busiest EP rank does more than the mean
+  CHECK(hero.rank_sorted.back() < 1.0);
+  l.ep = 1;
+  CHECK(expert_load_for_layout(model, l, {.samples = 4}).rank_sorted == std::vector<double>{1.0});
 }

@@ -94,6 +94,13 @@ assert abs(t[0] - w["baseline_step_time_s"]) < 1e-9 * t[0], (t[0], w["baseline_s
 PY
 out=$("$bin" timeline "${hero[@]}" --ranks-per-stage 4 --failed-nic 1 --expert-load 1,1.3) || fail "failed-nic run"
 grep -qF "what-if:" <<<"$out" || fail "what-if section missing"
+# Expert load from the drop model's routing: the busiest EP rank makes the step longer than balanced.
+"$bin" timeline "${hero[@]}" --expert-load routing --json >"$tmp/load.json" || fail "expert-load routing run"
+python3 - "$tmp/load.json" <<'PY' || fail "expert-load routing does not slow the step"
+import json, sys
+w = json.load(open(sys.argv[1]))["what_if"]
+assert w["change"] > 0, w
+PY
 
 # A pipeline trace: no two slices on one thread overlap (what makes Perfetto move or drop slices).
 "$bin" timeline --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/gb200-12-racks.json \
