@@ -16,8 +16,10 @@
 
 #include "exec/dist.h"
 #include "exec/train.h"
+#include "exec/watchdog.h"
 #include "models/check.h"
 #include "sim/cli/command.h"
+#include "sim/cli/flags.h"
 
 namespace rackstep::exec {
 namespace {
@@ -30,6 +32,7 @@ struct TrainArgs {
   int64_t ep = 1;
   double sender_cf = 1.10, receiver_cf = 1.15;
   int waves = 3;
+  double collective_timeout_s = 600;  // exec/watchdog.h; 0 = off
 };
 
 int run_on(TrainArgs& a, const Comm& world) {
@@ -68,9 +71,10 @@ int run_on(TrainArgs& a, const Comm& world) {
 int run(TrainArgs& a) {
   Comm world = Comm::world();  // UserError when launched as several processes without MPI
   if (world.size() == 1) return run_on(a, world);
+  start_collective_watchdog(world, a.collective_timeout_s);
   try {
     return run_on(a, world);
-  } catch (const UserError& e) {
+  } catch (const std::exception& e) {  // UserError, a failed write, bad_alloc: the same for every rank
     std::fprintf(stderr, "rackstep: rank %d: %s\n", world.rank(), e.what());
     std::fflush(stderr);
     world.abort(2);
@@ -86,7 +90,11 @@ rackstep::cli::Registration reg{
       app.add_option("--steps", a->o.steps, "schedule length in steps (default: the model recipe's)")
           ->check(CLI::PositiveNumber);
       app.add_option("--out", a->o.out_dir, "run directory: run.json, log.jsonl, checkpoints, profile");
-      app.add_flag("--resume", a->o.resume, "continue from the newest checkpoint in --out (bitwise identical)");
+      app.add_flag("--resume", a->o.resume,
+                   "continue from the newest valid checkpoint in --out (bitwise identical); refused when the "
+                   "dataset or layout differs from the checkpoint's");
+      app.add_flag("--allow-data-change", a->o.allow_data_change,
+                   "with --resume: continue although --data is not the checkpoint's dataset (logged in log.jsonl)");
       app.add_option("--eval-every", a->o.eval_every, "eval loss on held-out shards every N steps (and at the end)")
           ->check(CLI::NonNegativeNumber);
       app.add_option("--eval-batches", a->o.eval_batches, "batches per evaluation")->check(CLI::PositiveNumber);
@@ -117,6 +125,10 @@ rackstep::cli::Registration reg{
       app.add_option("--sender-cf", a->sender_cf, "pooled sender capacity factor");
       app.add_option("--receiver-cf", a->receiver_cf, "receiver / per-expert capacity factor");
       app.add_option("--waves", a->waves, "pooled waves");
+      app.add_option("--collective-timeout-s", a->collective_timeout_s,
+                     "under mpirun: a collective waiting longer than this names the stopped rank and aborts the "
+                     "job (default 600; 0 = wait forever)")
+          ->check(rackstep::cli::number(0, 1e6));
       app.add_option("--reference-dump", a->reference_dump,
                      "instead of training: write one step's tensors (exec/dump.h) for the PyTorch reference");
       app.add_flag("--json", a->json, "one JSON document at the end instead of text");
