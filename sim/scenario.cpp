@@ -93,8 +93,8 @@ void parse_candidates(JsonReader& r, Scenario& s) {
       s.candidates.push_back(std::move(spec));
     } else if (c.has("generate")) {
       JsonReader g = c.object("generate");
-      const double total = g.number("total_params", kPositive);
-      const double active = g.number("active_params", kPositive);
+      const double total = g.number("total_params", {.min_exclusive = 0, .max = 1e15});
+      const double active = g.number("active_params", {.min_exclusive = 0, .max = 1e15});
       if (active >= total) g.fail("active_params", "less than total_params", std::to_string(active));
       const std::string att = g.choice("attention", {"gqa", "mla"}, "gqa");
       char def[64];
@@ -136,8 +136,9 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
   JsonReader c = r.object("cluster");
   const std::string cfile = resolve(file, c.string("file"));
   if (!std::filesystem::exists(cfile)) c.fail("file", "an existing system or cluster file", "\"" + cfile + "\" (no such file)");
-  const int64_t domains = c.integer("domains", 0, {.min = 1});
-  const int64_t healthy = c.integer("healthy_gpus_per_domain", 0, {.min = 1});
+  // Bounds on counts that drive time and memory (checked before any work).
+  const int64_t domains = c.integer("domains", 0, {.min = 1, .max = 10000});
+  const int64_t healthy = c.integer("healthy_gpus_per_domain", 0, {.min = 1, .max = 1 << 16});
   c.ignore("comment");
   c.finish();
   s.cluster = topologies::load_cluster(cfile, domains);
@@ -152,7 +153,7 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
   s.start_date = r.string("start_date");
   s.start_day = parse_date(s.start_date);
   if (s.start_day < 0) r.fail("start_date", "a date YYYY-MM-DD", "\"" + s.start_date + "\"");
-  s.bringup_days = r.number("bringup_days", 0.0, kNonNegative);
+  s.bringup_days = r.number("bringup_days", 0.0, {.min = 0, .max = 36500});  // days become integer dates
   if (r.has("deadline") == r.has("training_days")) {
     r.fail("", "exactly one of deadline, training_days", r.has("deadline") ? "both" : "neither");
   }
@@ -164,7 +165,7 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
       r.fail("deadline", "a date after start_date (" + s.start_date + ")", "\"" + s.deadline_date + "\"");
     }
   } else {
-    const double days = r.number("training_days", kPositive);
+    const double days = r.number("training_days", {.min_exclusive = 0, .max = 36500});
     s.deadline_day = s.start_day + static_cast<int64_t>(std::ceil(days + s.bringup_days));
     s.deadline_date = format_date(s.deadline_day);
   }
@@ -181,13 +182,13 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
   s.tokens_per_active_param = r.number("tokens_per_active_param", 0.0, kNonNegative);
   s.unique_tokens = r.number("unique_tokens", 0.0, kNonNegative);
   s.max_epochs = r.number("max_epochs", 1.0, kPositive);
-  s.tokens_per_step = r.integer("tokens_per_step", 0, kNonNegative);
+  s.tokens_per_step = r.integer("tokens_per_step", 0, {.min = 0, .max = 1 << 30});
   s.goodput = default_goodput_config();
   if (r.has("goodput")) {
     apply_goodput_json(s.goodput, r.raw().at("goodput"), file, false);
     r.ignore("goodput");
   }
-  s.goodput_runs = r.integer("goodput_runs", 400, {.min = 10});
+  s.goodput_runs = r.integer("goodput_runs", 400, {.min = 10, .max = 1000000});
   s.seed = static_cast<uint64_t>(r.integer("seed", 1, kNonNegative));
   s.law = parse_scaling_law(r.object_or_empty("scaling_law"));
   const std::string rank = r.choice("rank_by", {"lowest_loss", "fastest", "highest_mfu"}, "lowest_loss");
