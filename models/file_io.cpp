@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -60,6 +61,31 @@ void write_in_place(const std::string& path, const std::string& target, const st
     }
   }
   ::close(fd);
+}
+
+// The descriptor a path names (/dev/stdout, /dev/fd/N, /proc/self/fd/N), -1 for
+// other paths. Written through the descriptor itself: `-o /dev/stdout >> log`
+// appends where the shell put it, never replaced by a rename or reopened at 0.
+int named_descriptor(const std::string& path) {
+  if (path == "/dev/stdout") return 1;
+  if (path == "/dev/stderr") return 2;
+  for (const char* prefix : {"/dev/fd/", "/proc/self/fd/"}) {
+    const std::string p = prefix;
+    if (path.rfind(p, 0) != 0 || path.size() == p.size()) continue;
+    const std::string digits = path.substr(p.size());
+    if (digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoi(digits);
+  }
+  return -1;
+}
+
+void write_to_descriptor(const std::string& path, int fd, const std::vector<OutputPiece>& pieces) {
+  if (fd == 1) std::fflush(stdout);  // keep the order of what the command printed before
+  for (const OutputPiece& piece : pieces) {
+    if (!write_all(fd, piece.data, piece.bytes)) {
+      throw UserError(path, "", "the output written in full", "write failed: " + errno_text(errno));
+    }
+  }
 }
 
 void write_atomic(const std::string& path, const std::string& target, const std::vector<OutputPiece>& pieces) {
@@ -119,6 +145,7 @@ void write_output_file(const std::string& path, const std::vector<OutputPiece>& 
   }
   if (S_ISDIR(st.st_mode)) throw UserError(path, "", "a file to write", "a directory");
   // The kernel follows the path itself, /dev/stdout's /proc links included.
+  if (const int fd = named_descriptor(path); fd >= 0) return write_to_descriptor(path, fd, pieces);
   if (!S_ISREG(st.st_mode)) return write_in_place(path, path, pieces);
   char* real = ::realpath(path.c_str(), nullptr);
   if (real == nullptr) throw UserError(path, "", "a resolvable output path", errno_text(errno));

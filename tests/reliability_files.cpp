@@ -5,6 +5,7 @@
 // resume's fallback to the newest valid checkpoint.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -94,6 +95,17 @@ TEST_CASE("output to a FIFO reaches its reader and the FIFO stays", "[reliabilit
   CHECK(S_ISFIFO(st.st_mode));
 }
 
+TEST_CASE("output to /dev/fd/N writes through the descriptor, appending where it stands", "[reliability]") {
+  TempDir dir("rel", "fd");
+  const std::string log = dir.file("log.txt");
+  write(log, "before;");
+  const int fd = ::open(log.c_str(), O_WRONLY | O_APPEND);
+  REQUIRE(fd >= 0);
+  write_text_file_atomic("/dev/fd/" + std::to_string(fd), "after");
+  ::close(fd);
+  CHECK(slurp(log) == "before;after");
+}
+
 TEST_CASE("bad output paths are one UserError each", "[reliability]") {
   TempDir dir("rel", "badout");
   CHECK(user_error([&] { write_text_file_atomic(dir.path.string(), "x"); }).find("a directory") != std::string::npos);
@@ -169,12 +181,12 @@ TEST_CASE("input files are bounded: size, endless devices, nesting, overflow, na
 }
 
 TEST_CASE("error messages describe a value without serialising it", "[reliability]") {
-  nlohmann::json deep = nlohmann::json::array();
-  for (int i = 0; i < 200000; ++i) deep = nlohmann::json::array({std::move(deep)});  // would overflow dump()'s recursion
-  CHECK(describe_json(deep) == "array of 1 elements");
+  // Deep enough to overflow dump()'s recursion (nlohmann's own parser and destructor are iterative).
+  const nlohmann::json doc =
+      nlohmann::json::parse("{\"layers\": " + std::string(200000, '[') + std::string(200000, ']') + "}");
+  CHECK(describe_json(doc["layers"]) == "array of 1 elements");
   CHECK(describe_json(nlohmann::json(std::string(1000000, 'x'))).size() < 60);
   const std::string e = user_error([&] {
-    nlohmann::json doc = {{"layers", deep}};
     JsonReader r(doc, "m.json");
     r.integer("layers");
   });

@@ -130,8 +130,8 @@ try:
             problem = "exit %d" % p.returncode
         elif p.returncode == 0 and nonfinite.search(out):
             problem = "nan/inf in the output: %s" % nonfinite.search(out).group(0)
-        elif p.returncode == 2 and not err.strip():
-            problem = "exit 2 without a message"
+        elif p.returncode == 2 and not err.strip() and not out.strip():
+            problem = "exit 2 with nothing said"  # (an invalid layout or --json report goes to stdout)
         if problem:
             failures += 1
             print("FAIL run %d (seed %d): %s: %s\n  stderr: %s" % (i, seed, problem, " ".join(args), err[-400:]))

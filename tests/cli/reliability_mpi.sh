@@ -23,7 +23,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 mkdir -p "$tmp/text"
 cp /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 "$tmp/text/" 2>/dev/null || true
 cp README.md models/*.h "$tmp/text/" 2>/dev/null || true
-"$bin" data build --from "$tmp/text" --out "$tmp/data" --split blank-lines --eval-fraction 0.2 --quiet || exit 1
+"$bin" data build --from "$tmp/text" --out "$tmp/data" --split blank-lines --eval-fraction 0.2 --quiet >/dev/null || exit 1
 
 mpirun --oversubscribe --allow-run-as-root --bind-to none -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -np 2 \
   "$bin" train --model models/zoo/tiny-moe.json --data "$tmp/data" --batch 2 --seq 32 --threads 1 --steps 100000 \
