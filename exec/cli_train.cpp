@@ -91,8 +91,11 @@ rackstep::cli::Registration reg{
           ->check(CLI::PositiveNumber);
       app.add_option("--out", a->o.out_dir, "run directory: run.json, log.jsonl, checkpoints, profile");
       app.add_flag("--resume", a->o.resume,
-                   "continue from the newest valid checkpoint in --out (bitwise identical); refused when the "
-                   "dataset or layout differs from the checkpoint's");
+                   "continue from the newest checkpoint in --out (bitwise identical); refused when it is corrupt "
+                   "(see --resume-fallback) or its dataset or layout differs from this run's");
+      app.add_flag("--resume-fallback", a->o.resume_fallback,
+                   "with --resume: when the newest checkpoints are corrupt, move them aside (*.corrupt) and "
+                   "resume from the newest valid one");
       app.add_flag("--allow-data-change", a->o.allow_data_change,
                    "with --resume: continue although --data is not the checkpoint's dataset (logged in log.jsonl)");
       app.add_option("--eval-every", a->o.eval_every, "eval loss on held-out shards every N steps (and at the end)")

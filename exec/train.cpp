@@ -179,11 +179,11 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   }
   if (o_.resume) {
     if (o_.out_dir.empty()) throw UserError("train: --resume needs --out <run dir> holding the checkpoints");
-    const bool root = is_root();
-    const std::string latest = newest_valid_checkpoint(o_.out_dir, [root](const std::string& line) {
-      if (root) std::fprintf(stderr, "rackstep: %s\n", line.c_str());
-    });
+    std::vector<std::string> notes;
+    const std::string latest =
+        newest_valid_checkpoint(o_.out_dir, [&notes](const std::string& line) { notes.push_back(line); });
     if (latest.empty()) throw UserError(o_.out_dir, "", "a checkpoint ckpt-*.rsck to resume from", "none");
+    if (!notes.empty()) fall_back_past_invalid(latest, notes);
     resume_from(latest);
   } else if (!o_.out_dir.empty()) {
     const std::string existing = latest_checkpoint(o_.out_dir);
@@ -309,6 +309,27 @@ void Trainer::resume_from(const std::string& path) {
   std::memcpy(qb.data(), meta.qb_state.data(), meta.qb_state.size());
   model_->set_balancing_state(qb);
   train_->set_position(meta.data_position);
+}
+
+// Newer checkpoints than `valid` failed validation (`notes` says why). Refused
+// unless --resume-fallback; then they are moved aside (kept as *.corrupt, so
+// the next resume does not meet them again) and the run continues from `valid`.
+void Trainer::fall_back_past_invalid(const std::string& valid, const std::vector<std::string>& notes) {
+  const std::string& why = notes.front();  // "skipping an unusable checkpoint: <file>: <reason>"
+  const std::string reason = why.substr(why.find(": ") + 2);
+  if (!o_.resume_fallback) {
+    throw UserError(reason + "; the newest valid checkpoint is " + fs::path(valid).filename().string() +
+                    " (resume from it with --resume-fallback)");
+  }
+  if (!is_root()) return;
+  for (const std::string& n : notes) std::fprintf(stderr, "rackstep: %s\n", n.c_str());
+  for (const std::string& path : checkpoints_newest_first(o_.out_dir)) {
+    if (path == valid) break;
+    std::error_code ec;
+    fs::rename(path, path + ".corrupt", ec);
+    std::fprintf(stderr, "rackstep: moved %s aside to %s.corrupt%s\n", path.c_str(), path.c_str(),
+                 ec ? (": " + ec.message()).c_str() : "");
+  }
 }
 
 // The checkpoint's dataset and layout against this invocation's (exec/run_identity.h).

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <regex>
 
 #include "models/check.h"
 
@@ -216,15 +215,19 @@ void AppendFile::append(const std::string& text) {
 }
 
 std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
-  static const std::regex kTemp(R"(.+\.tmp(\.(\d{1,9}))?)");
   std::vector<std::string> removed;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(name, m, kTemp)) continue;
-    if (m[2].matched) {
-      const long pid = std::stol(m[2].str());
+    // NAME.tmp (older writers) or NAME.tmp.PID
+    const size_t at = name.rfind(".tmp");
+    if (at == std::string::npos || at == 0) continue;
+    const std::string tail = name.substr(at + 4);
+    const bool has_pid = tail.size() >= 2 && tail.size() <= 10 && tail[0] == '.' &&
+                         tail.find_first_not_of("0123456789", 1) == std::string::npos;
+    if (!tail.empty() && !has_pid) continue;
+    if (has_pid) {
+      const long pid = std::stol(tail.substr(1));
       if (pid == ::getpid()) continue;
       if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its writer may still run
     }

@@ -6,7 +6,8 @@
 #   5 crashes: JSON nested 100,000 deep, over-long names, symlink loops, sweep --top 0 / --threads 100000
 #   6 unbounded work: layers 1e5, /dev/zero as input, tokens_per_step 4e9, goodput extremes
 #   7 bad values: NaN / inf / 0 / negatives on flags, 1e400 in JSON, tiny published totals
-#   8 litter: stale ckpt-N.rsck.tmp.PID and run.json.tmp removed; a corrupt newest checkpoint falls back
+#   8 litter: stale ckpt-N.rsck.tmp.PID and run.json.tmp removed; a corrupt newest checkpoint names the
+#     newest valid one, and --resume-fallback resumes from it
 # Every refusal: exit 2, one line on stderr, no signal, within a time limit.
 set -u
 bin=${1:?usage: reliability.sh path/to/rackstep}
@@ -147,15 +148,20 @@ cp "$tmp/data2/train-00000.bin" "$tmp/swapped/train-00000.bin"
 run "resume with one shard swapped is refused" 2 "digest" "$bin" train --model $model --data "$tmp/swapped" --batch 2 --seq 32 --threads 1 --steps 6 --out "$tmp/run-b" --resume
 run "--allow-data-change continues" 0 "" "$bin" train --model $model --data "$tmp/data2" --batch 2 --seq 32 --threads 1 --steps 6 --out "$tmp/run-b" --resume --allow-data-change
 check "the data change is logged" "grep -q data_change $tmp/run-b/log.jsonl"
-# Litter from killed writers, and a corrupt newest checkpoint.
+# A corrupt newest checkpoint: refused, naming the newest valid one; --resume-fallback resumes from it.
 cp -r "$tmp/run" "$tmp/run-c"
-printf 'half' >"$tmp/run-c/ckpt-00000006.rsck.tmp.999999999"
-printf '{' >"$tmp/run-c/run.json.tmp"
 python3 - "$tmp/run-c/ckpt-00000004.rsck" <<'PY'
 import sys
 p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[200] ^= 0xff; open(p, "wb").write(bytes(b))
 PY
-run "resume past a corrupt newest checkpoint" 0 "newest valid checkpoint" "$bin" train $common --steps 6 --out "$tmp/run-c" --resume
+run "resume with a corrupt newest checkpoint names the valid one" 2 "ckpt-00000002.rsck (resume from it with --resume-fallback)" "$bin" train $common --steps 6 --out "$tmp/run-c" --resume
+# Litter from killed writers is removed at start.
+printf 'half' >"$tmp/run-c/ckpt-00000006.rsck.tmp.999999999"
+printf '{' >"$tmp/run-c/run.json.tmp"
+timeout 60 "$bin" train $common --steps 6 --out "$tmp/run-c" --resume --resume-fallback >"$tmp/out" 2>"$tmp/err"
+check "--resume-fallback exits 0" "[ $? -eq 0 ]"
+check "--resume-fallback says where it resumed" "grep -q 'newest valid checkpoint, .*ckpt-00000002.rsck' $tmp/err"
+check "the corrupt checkpoint is kept aside" "[ -e $tmp/run-c/ckpt-00000004.rsck.corrupt ]"
 check "stale checkpoint temp removed" "[ ! -e $tmp/run-c/ckpt-00000006.rsck.tmp.999999999 ]"
 check "stale run.json.tmp removed" "[ ! -e $tmp/run-c/run.json.tmp ]"
 check "the run finished at step 6" "[ -e $tmp/run-c/ckpt-00000006.rsck ]"
