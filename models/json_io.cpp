@@ -53,20 +53,49 @@ void write_json_file_atomic(const std::string& path, const nlohmann::json& doc, 
   write_text_file_atomic(path, doc.dump(indent) + "\n");
 }
 
-std::string describe_json(const nlohmann::json& v) {
-  // Never dump a container: it may be huge or deep. Scalars are short except
-  // strings, cut before quoting.
-  switch (v.type()) {
-    case nlohmann::json::value_t::string: {
-      const auto& str = v.get_ref<const std::string&>();
-      if (str.size() <= 37) return "string " + nlohmann::json(str).dump();
-      return "string " + nlohmann::json(str.substr(0, 34)).dump() + "...";
+namespace {
+
+// Compact JSON text of v, stopping once `out` passes `limit` characters and
+// never descending more than a few levels: bounded time and stack for any value.
+void brief(const nlohmann::json& v, int depth, size_t limit, std::string& out) {
+  if (out.size() > limit) return;
+  if (!v.is_structured()) {
+    if (v.is_string() && v.get_ref<const std::string&>().size() > limit) {
+      out += nlohmann::json(v.get_ref<const std::string&>().substr(0, limit)).dump();
+      return;
     }
-    case nlohmann::json::value_t::boolean: return std::string("boolean ") + (v.get<bool>() ? "true" : "false");
-    case nlohmann::json::value_t::array: return "array of " + std::to_string(v.size()) + " elements";
-    case nlohmann::json::value_t::object: return "object with " + std::to_string(v.size()) + " keys";
+    out += v.dump();
+    return;
+  }
+  if (depth >= 4) {
+    out += v.is_array() ? "[...]" : "{...}";
+    return;
+  }
+  out += v.is_array() ? '[' : '{';
+  bool first = true;
+  for (auto it = v.begin(); it != v.end() && out.size() <= limit; ++it) {
+    if (!first) out += ',';
+    first = false;
+    if (v.is_object()) out += nlohmann::json(it.key()).dump() + ':';
+    brief(*it, depth + 1, limit, out);
+  }
+  out += v.is_array() ? ']' : '}';
+}
+
+}  // namespace
+
+std::string describe_json(const nlohmann::json& v) {
+  // Never a full dump(): the value may be huge or nested 100,000 deep.
+  std::string s;
+  brief(v, 0, 40, s);
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  switch (v.type()) {
+    case nlohmann::json::value_t::string: return "string " + s;
+    case nlohmann::json::value_t::boolean: return "boolean " + s;
+    case nlohmann::json::value_t::array: return "array " + s;
+    case nlohmann::json::value_t::object: return "object " + s;
     case nlohmann::json::value_t::null: return "null";
-    default: return v.dump();
+    default: return s;
   }
 }
 
