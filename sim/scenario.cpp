@@ -47,9 +47,10 @@ std::string resolve(const std::string& scenario_file, const std::string& p) {
   namespace fs = std::filesystem;
   if (fs::path(p).is_absolute()) return p;
   const fs::path near = fs::path(scenario_file).parent_path() / p;
-  if (fs::exists(near)) return near.string();
+  std::error_code ec;  // over-long or looping names count as missing, never a filesystem_error
+  if (fs::exists(near, ec)) return near.string();
   const fs::path tree = fs::path(rackstep::source_dir()) / p;
-  if (fs::exists(tree)) return tree.string();
+  if (fs::exists(tree, ec)) return tree.string();
   return p;
 }
 
@@ -76,7 +77,7 @@ void parse_candidates(JsonReader& r, Scenario& s) {
     if (kinds != 1) c.fail("", "exactly one of model, inline, generate, grid", std::to_string(kinds) + " of them");
     if (c.has("model")) {
       const std::string path = resolve(s.file, c.string("model"));
-      if (!std::filesystem::exists(path)) c.fail("model", "an existing model file", "\"" + path + "\" (no such file)");
+      if (std::error_code ec; !std::filesystem::exists(path, ec)) c.fail("model", "an existing model file", "\"" + path + "\" (no such file)");
       CandidateSpec spec;
       spec.model = models::load_model(path);
       spec.name = c.string("name", spec.model.name);
@@ -135,7 +136,7 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
 
   JsonReader c = r.object("cluster");
   const std::string cfile = resolve(file, c.string("file"));
-  if (!std::filesystem::exists(cfile)) c.fail("file", "an existing system or cluster file", "\"" + cfile + "\" (no such file)");
+  if (std::error_code ec; !std::filesystem::exists(cfile, ec)) c.fail("file", "an existing system or cluster file", "\"" + cfile + "\" (no such file)");
   // Bounds on counts that drive time and memory (checked before any work).
   const int64_t domains = c.integer("domains", 0, {.min = 1, .max = 10000});
   const int64_t healthy = c.integer("healthy_gpus_per_domain", 0, {.min = 1, .max = 1 << 16});
