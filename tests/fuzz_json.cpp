@@ -144,7 +144,10 @@ void mutate_tree(json& doc, Rng& rng) {
       break;
     }
     default:
-      if (node->is_number_integer()) *node = node->get<int64_t>() + static_cast<int64_t>(pick(rng, 5)) - 2;
+      // Off by a little, wrapping like the unsigned bits would (no signed overflow in the harness itself).
+      if (node->is_number_integer()) {
+        *node = static_cast<int64_t>(static_cast<uint64_t>(node->get<int64_t>()) + pick(rng, 5) - 2);
+      }
       else if (node->is_number()) *node = -node->get<double>();
       else *node = extreme_value(rng);
   }
