@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "models/check.h"
+#include "models/file_io.h"
 #include "models/layer_graph.h"
 
 namespace rackstep::exec {
@@ -207,49 +208,11 @@ uint64_t checksum64(const void* data, size_t bytes, uint64_t seed) {
 
 // --- atomic file writes ------------------------------------------------------------
 
-namespace {
-
-bool write_all(int fd, const void* data, size_t bytes) {
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return true;
-}
-
-}  // namespace
-
 void write_binary_file_atomic(const std::string& path, const std::vector<FilePiece>& pieces) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw UserError(path, "", "a writable location", std::strerror(errno));
-  bool ok = true;
-  for (const FilePiece& piece : pieces) ok = ok && write_all(fd, piece.data, piece.bytes);
-  const int write_errno = errno;
-  ok = ok && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok) {
-    ::unlink(tmp.c_str());
-    throw UserError(path, "", "the file written in full", std::string("write failed: ") + std::strerror(write_errno));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw UserError(path, "", "a rename of the finished temp file", std::strerror(e));
-  }
-  // Make the rename itself durable.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  std::vector<OutputPiece> out;
+  out.reserve(pieces.size());
+  for (const FilePiece& p : pieces) out.push_back({p.data, p.bytes});
+  write_output_file(path, out);  // models/file_io.h: symlinks, devices, checked writes
 }
 
 }  // namespace rackstep::exec

@@ -155,10 +155,11 @@ class Checksum64 {
 };
 uint64_t checksum64(const void* data, size_t bytes, uint64_t seed = 0);
 
-// Writes `pieces` one after another to `path` atomically: a temp file in the
-// same directory, fsync, rename over `path`, fsync of the directory. On any
-// failure the temp file is removed, `path` is untouched, and a UserError says
-// what failed. (Binary twin of write_text_file_atomic in models/json_io.h.)
+// Writes `pieces` one after another to `path` through models/file_io.h's
+// write_output_file: a regular file atomically (temp file, fsync, rename,
+// fsync of the directory; on failure the temp file is removed and `path` is
+// untouched), symlinks followed, devices and FIFOs written in place; a failed
+// or short write is a UserError saying what failed.
 struct FilePiece {
   const void* data;
   size_t bytes;

@@ -23,8 +23,10 @@ enum SectionId : uint32_t {
   kRng = 6,
   kDataPosition = 7,
   kQb = 8,
+  kIdentity = 9,
 };
-constexpr uint32_t kSectionCount = 8;
+constexpr uint32_t kSectionCount = 9;
+constexpr uint32_t kVersion1SectionCount = 8;  // version 1: no identity section
 
 const char* section_name(uint32_t id) {
   switch (id) {
@@ -36,6 +38,7 @@ const char* section_name(uint32_t id) {
     case kRng: return "RNG state";
     case kDataPosition: return "data position";
     case kQb: return "QB state";
+    case kIdentity: return "run identity";
   }
   return "unknown";
 }
@@ -85,8 +88,9 @@ ParsedFile read_and_check(const std::string& path) {
     throw UserError(path, "", "a rackstep checkpoint (magic \"RSCKPT\")", "other bytes");
   }
   f.info.version = get<uint32_t>(b, 8);
-  if (f.info.version != kCheckpointVersion) {
-    throw UserError(path, "", "checkpoint version " + std::to_string(kCheckpointVersion), std::to_string(f.info.version));
+  if (f.info.version != kCheckpointVersion && f.info.version != 1) {
+    throw UserError(path, "", "checkpoint version 1 or " + std::to_string(kCheckpointVersion),
+                    std::to_string(f.info.version));
   }
   f.info.fingerprint = get<uint64_t>(b, 16);
   f.info.step = get<int64_t>(b, 24);
@@ -120,8 +124,9 @@ void save_checkpoint(const std::string& path, const Arena& params, const Optimiz
       {kRng, meta.rng_state.data(), meta.rng_state.size()},
       {kDataPosition, position, sizeof position},
       {kQb, meta.qb_state.data(), meta.qb_state.size()},
+      {kIdentity, meta.identity.data(), meta.identity.size()},
   };
-  static_assert(kSectionCount == 8, "one piece per section");
+  static_assert(kSectionCount == 9, "one piece per section");
 
   std::vector<unsigned char> head(kHeaderBytes + kSectionCount * kSectionEntryBytes, 0);
   uint64_t offset = head.size();
@@ -168,8 +173,12 @@ void load_checkpoint(const std::string& path, Arena& params, OptimizerState& opt
   }
   RS_CHECK(opt.momentum.layout().fingerprint() == want_fp, "optimizer state belongs to another model");
   const uint32_t count = get<uint32_t>(b, 12);
-  if (count != kSectionCount) {
-    throw UserError(path, "", std::to_string(kSectionCount) + " sections", std::to_string(count));
+  const uint32_t want_count = f.info.version == 1 ? kVersion1SectionCount : kSectionCount;
+  if (count != want_count) {
+    throw UserError(path, "", std::to_string(want_count) + " sections", std::to_string(count));
+  }
+  if (kHeaderBytes + uint64_t{count} * kSectionEntryBytes > b.size() - 8) {
+    throw UserError(path, "", "a section table inside the file", std::to_string(b.size()) + " bytes");
   }
   // Locate every section and check its size against this model before copying anything.
   const uint64_t body_end = b.size() - 8;
@@ -183,6 +192,7 @@ void load_checkpoint(const std::string& path, Arena& params, OptimizerState& opt
       UINT64_MAX,  // RNG: any size
       3 * sizeof(uint64_t),
       UINT64_MAX,  // QB: any size
+      UINT64_MAX,  // identity: any size
   };
   const char* where[kSectionCount + 1] = {};
   uint64_t sizes[kSectionCount + 1] = {};
@@ -191,8 +201,8 @@ void load_checkpoint(const std::string& path, Arena& params, OptimizerState& opt
     const auto id = get<uint32_t>(b, e);
     const auto off = get<uint64_t>(b, e + 8);
     const auto bytes = get<uint64_t>(b, e + 16);
-    if (id < 1 || id > kSectionCount || where[id] != nullptr) {
-      throw UserError(path, "", "section ids 1.." + std::to_string(kSectionCount) + " once each",
+    if (id < 1 || id > count || where[id] != nullptr) {
+      throw UserError(path, "", "section ids 1.." + std::to_string(count) + " once each",
                       "id " + std::to_string(id));
     }
     if (off < kHeaderBytes + count * kSectionEntryBytes || off > body_end || bytes > body_end - off) {
@@ -221,6 +231,7 @@ void load_checkpoint(const std::string& path, Arena& params, OptimizerState& opt
   std::memcpy(position, where[kDataPosition], sizeof position);
   meta.data_position = {position[0], position[1], position[2]};
   meta.qb_state.assign(where[kQb], where[kQb] + sizes[kQb]);
+  meta.identity = where[kIdentity] ? std::string(where[kIdentity], sizes[kIdentity]) : std::string();
 }
 
 }  // namespace rackstep::exec

@@ -6,7 +6,7 @@
 // File layout (little-endian):
 //   offset  size  field
 //        0     8  magic "RSCKPT\0\0"
-//        8     4  version (1)
+//        8     4  version (2; version 1 files, without the identity section, still load)
 //       12     4  section count N
 //       16     8  model fingerprint (ArenaLayout::fingerprint: names, shapes, groups)
 //       24     8  training step
@@ -16,7 +16,9 @@
 //        …        sections, each at an 8-byte aligned offset
 //   size-8     8  checksum64 of every byte before it
 // Sections: params, momentum, second moment (fp32 arenas, padding included),
-// ||W0|| (doubles), optimizer step, RNG state, data position, QB state.
+// ||W0|| (doubles), optimizer step, RNG state, data position, QB state and
+// (version 2) the run identity: JSON text naming the dataset and the layout
+// (exec/run_identity.h), which `train --resume` compares.
 //
 // Writes are atomic (temp file, fsync, rename): a crash leaves the previous
 // checkpoint. Loads validate the whole file (size, magic, version, checksum,
@@ -39,13 +41,14 @@
 namespace rackstep::exec {
 
 constexpr char kCheckpointMagic[8] = {'R', 'S', 'C', 'K', 'P', 'T', '\0', '\0'};
-constexpr uint32_t kCheckpointVersion = 1;
+constexpr uint32_t kCheckpointVersion = 2;
 
 struct CheckpointMeta {
   int64_t step = 0;                   // training steps completed
   std::vector<uint8_t> rng_state;     // the loop's RNG, opaque
   DataPosition data_position;
   std::vector<uint8_t> qb_state;      // quantile-balancing bias/histograms, opaque
+  std::string identity;               // JSON (exec/run_identity.h); "" = not recorded (version 1)
 };
 
 void save_checkpoint(const std::string& path, const Arena& params, const OptimizerState& opt,

@@ -18,8 +18,10 @@
 
 #include "exec/dist.h"
 #include "exec/train.h"
+#include "exec/watchdog.h"
 #include "models/check.h"
 #include "sim/cli/command.h"
+#include "sim/cli/flags.h"
 
 namespace rackstep::exec {
 namespace {
@@ -31,6 +33,7 @@ struct TrainArgs {
   std::string dispatch = "none";
   int64_t ep = 1;
   sim::DispatchConfig config;  // the flags' defaults are the dispatch library's
+  double collective_timeout_s = 600;  // exec/watchdog.h; 0 = off
 };
 
 int run_on(TrainArgs& a, const Comm& world) {
@@ -66,9 +69,10 @@ int run_on(TrainArgs& a, const Comm& world) {
 int run(TrainArgs& a) {
   Comm world = Comm::world();  // UserError when launched as several processes without MPI
   if (world.size() == 1) return run_on(a, world);
+  start_collective_watchdog(world, a.collective_timeout_s);
   try {
     return run_on(a, world);
-  } catch (const UserError& e) {
+  } catch (const std::exception& e) {  // UserError, a failed write, bad_alloc: the same for every rank
     std::fprintf(stderr, "rackstep: rank %d: %s\n", world.rank(), e.what());
     std::fflush(stderr);
     world.abort(2);
@@ -84,7 +88,14 @@ rackstep::cli::Registration reg{
       app.add_option("--steps", a->o.steps, "schedule length in steps (default: the model recipe's)")
           ->check(CLI::PositiveNumber);
       app.add_option("--out", a->o.out_dir, "run directory: run.json, log.jsonl, checkpoints, profile");
-      app.add_flag("--resume", a->o.resume, "continue from the newest checkpoint in --out (bitwise identical)");
+      app.add_flag("--resume", a->o.resume,
+                   "continue from the newest checkpoint in --out (bitwise identical); refused when it is corrupt "
+                   "(see --resume-fallback) or its dataset or layout differs from this run's");
+      app.add_flag("--resume-fallback", a->o.resume_fallback,
+                   "with --resume: when the newest checkpoints are corrupt, move them aside (*.corrupt) and "
+                   "resume from the newest valid one");
+      app.add_flag("--allow-data-change", a->o.allow_data_change,
+                   "with --resume: continue although --data is not the checkpoint's dataset (logged in log.jsonl)");
       app.add_option("--eval-every", a->o.eval_every, "eval loss on held-out shards every N steps (and at the end)")
           ->check(CLI::NonNegativeNumber);
       app.add_option("--eval-batches", a->o.eval_batches, "batches per evaluation")->check(CLI::PositiveNumber);
@@ -128,6 +139,10 @@ rackstep::cli::Registration reg{
           ->check(CLI::PositiveNumber);
       app.add_option("--routing-trace-eval", a->o.routing_trace_eval,
                      "write the last evaluation's routing to this file (consecutive windows: whole documents)");
+      app.add_option("--collective-timeout-s", a->collective_timeout_s,
+                     "under mpirun: a collective waiting longer than this names the stopped rank and aborts the "
+                     "job (default 600; 0 = wait forever)")
+          ->check(rackstep::cli::number(0, 1e6));
       app.add_option("--reference-dump", a->reference_dump,
                      "instead of training: write one step's tensors (exec/dump.h) for the PyTorch reference");
       app.add_flag("--json", a->json, "one JSON document at the end instead of text");

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "exec/kernels.h"
+#include "exec/watchdog.h"
 #include "models/check.h"
 
 #ifdef RACKSTEP_HAVE_MPI
@@ -51,6 +52,13 @@ namespace {
       std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, rs_mpi_msg); \
       MPI_Abort(MPI_COMM_WORLD, 3);                                                        \
     }                                                                                      \
+  } while (0)
+
+// A collective: RS_MPI under the watchdog's eye (exec/watchdog.h).
+#define RS_MPI_COLLECTIVE(call)                \
+  do {                                         \
+    const CollectiveGuard rs_guard(#call);     \
+    RS_MPI(call);                              \
   } while (0)
 
 MPI_Comm mpi(void* c) { return *static_cast<MPI_Comm*>(c); }
@@ -102,7 +110,7 @@ Comm Comm::split(int color) const {
   Comm c;
   if (!comm_) return c;
   auto* nc = new MPI_Comm;
-  RS_MPI(MPI_Comm_split(mpi(comm_), color, rank_, nc));
+  RS_MPI_COLLECTIVE(MPI_Comm_split(mpi(comm_), color, rank_, nc));
   c.comm_ = nc;
   RS_MPI(MPI_Comm_rank(*nc, &c.rank_));
   RS_MPI(MPI_Comm_size(*nc, &c.size_));
@@ -110,13 +118,13 @@ Comm Comm::split(int color) const {
 }
 
 void Comm::allreduce_sum(double* x, int n) const {
-  if (comm_) RS_MPI(MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, mpi(comm_)));
+  if (comm_) RS_MPI_COLLECTIVE(MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_SUM, mpi(comm_)));
 }
 void Comm::allreduce_sum(int64_t* x, int n) const {
-  if (comm_) RS_MPI(MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_INT64_T, MPI_SUM, mpi(comm_)));
+  if (comm_) RS_MPI_COLLECTIVE(MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_INT64_T, MPI_SUM, mpi(comm_)));
 }
 void Comm::allreduce_max(double* x, int n) const {
-  if (comm_) RS_MPI(MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_MAX, mpi(comm_)));
+  if (comm_) RS_MPI_COLLECTIVE(MPI_Allreduce(MPI_IN_PLACE, x, n, MPI_DOUBLE, MPI_MAX, mpi(comm_)));
 }
 
 void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) const {
@@ -124,7 +132,7 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<
     std::copy(send, send + counts[0], recv);
     return;
   }
-  RS_MPI(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, mpi(comm_)));
+  RS_MPI_COLLECTIVE(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, mpi(comm_)));
 }
 
 void Comm::allgatherv(const float* send, float* recv, const std::vector<int>& counts) const {
@@ -133,7 +141,7 @@ void Comm::allgatherv(const float* send, float* recv, const std::vector<int>& co
     return;
   }
   const std::vector<int> d = displacements(counts);
-  RS_MPI(MPI_Allgatherv(send, counts[rank_], MPI_FLOAT, recv, counts.data(), d.data(), MPI_FLOAT, mpi(comm_)));
+  RS_MPI_COLLECTIVE(MPI_Allgatherv(send, counts[rank_], MPI_FLOAT, recv, counts.data(), d.data(), MPI_FLOAT, mpi(comm_)));
 }
 
 void Comm::gatherv(const float* send, float* recv, const std::vector<int>& counts) const {
@@ -142,7 +150,7 @@ void Comm::gatherv(const float* send, float* recv, const std::vector<int>& count
     return;
   }
   const std::vector<int> d = displacements(counts);
-  RS_MPI(MPI_Gatherv(send, counts[rank_], MPI_FLOAT, recv, counts.data(), d.data(), MPI_FLOAT, 0, mpi(comm_)));
+  RS_MPI_COLLECTIVE(MPI_Gatherv(send, counts[rank_], MPI_FLOAT, recv, counts.data(), d.data(), MPI_FLOAT, 0, mpi(comm_)));
 }
 
 void Comm::gatherv(const double* send, double* recv, const std::vector<int>& counts) const {
@@ -151,7 +159,7 @@ void Comm::gatherv(const double* send, double* recv, const std::vector<int>& cou
     return;
   }
   const std::vector<int> d = displacements(counts);
-  RS_MPI(MPI_Gatherv(send, counts[rank_], MPI_DOUBLE, recv, counts.data(), d.data(), MPI_DOUBLE, 0, mpi(comm_)));
+  RS_MPI_COLLECTIVE(MPI_Gatherv(send, counts[rank_], MPI_DOUBLE, recv, counts.data(), d.data(), MPI_DOUBLE, 0, mpi(comm_)));
 }
 
 void Comm::allgather(const int32_t* send, int count, int32_t* recv) const {
@@ -159,7 +167,7 @@ void Comm::allgather(const int32_t* send, int count, int32_t* recv) const {
     std::copy(send, send + count, recv);
     return;
   }
-  RS_MPI(MPI_Allgather(send, count, MPI_INT32_T, recv, count, MPI_INT32_T, mpi(comm_)));
+  RS_MPI_COLLECTIVE(MPI_Allgather(send, count, MPI_INT32_T, recv, count, MPI_INT32_T, mpi(comm_)));
 }
 
 void Comm::alltoall(const float* send, float* recv, int count) const {
@@ -167,7 +175,7 @@ void Comm::alltoall(const float* send, float* recv, int count) const {
     std::copy(send, send + count, recv);
     return;
   }
-  RS_MPI(MPI_Alltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, mpi(comm_)));
+  RS_MPI_COLLECTIVE(MPI_Alltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, mpi(comm_)));
 }
 
 void Comm::alltoall(const int32_t* send, int32_t* recv, int count) const {
@@ -175,7 +183,7 @@ void Comm::alltoall(const int32_t* send, int32_t* recv, int count) const {
     std::copy(send, send + count, recv);
     return;
   }
-  RS_MPI(MPI_Alltoall(send, count, MPI_INT32_T, recv, count, MPI_INT32_T, mpi(comm_)));
+  RS_MPI_COLLECTIVE(MPI_Alltoall(send, count, MPI_INT32_T, recv, count, MPI_INT32_T, mpi(comm_)));
 }
 
 void Comm::alltoallv(const float* send, const std::vector<int>& send_counts, float* recv,
@@ -185,12 +193,12 @@ void Comm::alltoallv(const float* send, const std::vector<int>& send_counts, flo
     return;
   }
   const std::vector<int> sd = displacements(send_counts), rd = displacements(recv_counts);
-  RS_MPI(MPI_Alltoallv(send, send_counts.data(), sd.data(), MPI_FLOAT, recv, recv_counts.data(), rd.data(), MPI_FLOAT,
+  RS_MPI_COLLECTIVE(MPI_Alltoallv(send, send_counts.data(), sd.data(), MPI_FLOAT, recv, recv_counts.data(), rd.data(), MPI_FLOAT,
                        mpi(comm_)));
 }
 
 void Comm::barrier() const {
-  if (comm_) RS_MPI(MPI_Barrier(mpi(comm_)));
+  if (comm_) RS_MPI_COLLECTIVE(MPI_Barrier(mpi(comm_)));
 }
 
 void Comm::abort(int code) const {

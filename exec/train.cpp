@@ -14,6 +14,9 @@
 
 #include "exec/dump.h"
 #include "exec/kernels.h"
+#include "exec/resources.h"
+#include "exec/run_identity.h"
+#include "models/file_io.h"
 #include "exec/train_layout.h"
 #include "models/json_io.h"
 
@@ -122,6 +125,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   if (batch < 1) throw UserError(o_.model_path, "/recipe/batch_seqs", "a batch (or --batch)", "none");
   global_batch_ = batch;
   const auto [first_seq, end_seq] = sequence_slice(batch, world(), comm_ ? comm_->rank() : 0);
+  check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
   // UserError for what this backend cannot run
   model_ = std::make_unique<CpuModel>(graph_, end_seq - first_seq, seq);
   const int64_t ep = o_.dispatch.enabled ? o_.dispatch.ep : 1;
@@ -148,6 +152,9 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
                     std::to_string(m.vocab));
   }
   unigram_nats_ = info.unigram_entropy_bits_per_token * std::log(2.0);
+  identity_ = run_identity(dataset_identity(info), {{"batch", batch},
+                                                    {"seq", seq},
+                                                    {"dispatch", run_settings(o_, graph_, 0, 0, 0, 0)["dispatch"]}});
   train_ = std::make_unique<TokenLoader>(o_.data_dir, Split::kTrain, seq, o_.seed);
   if (info.eval_tokens > seq) eval_ = std::make_unique<TokenLoader>(o_.data_dir, Split::kEval, seq, o_.seed);
 
@@ -173,10 +180,19 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   } else {
     opt_state_ = init_optimizer_state(model_->params());
   }
+  if (!o_.out_dir.empty() && is_root()) {
+    // Temp files of writers killed mid-write (ckpt-N.rsck.tmp.PID, run.json.tmp.PID).
+    for (const std::string& name : remove_stale_temp_files(o_.out_dir)) {
+      std::fprintf(stderr, "rackstep: removed %s, left by an interrupted write\n", name.c_str());
+    }
+  }
   if (o_.resume) {
     if (o_.out_dir.empty()) throw UserError("train: --resume needs --out <run dir> holding the checkpoints");
-    const std::string latest = latest_checkpoint(o_.out_dir);
+    std::vector<std::string> notes;
+    const std::string latest =
+        newest_valid_checkpoint(o_.out_dir, [&notes](const std::string& line) { notes.push_back(line); });
     if (latest.empty()) throw UserError(o_.out_dir, "", "a checkpoint ckpt-*.rsck to resume from", "none");
+    if (!notes.empty()) fall_back_past_invalid(latest, notes);
     resume_from(latest);
   } else if (!o_.out_dir.empty()) {
     const std::string existing = latest_checkpoint(o_.out_dir);
@@ -270,6 +286,7 @@ void Trainer::write_run_json() const {
   nlohmann::json settings =
       run_settings(o_, graph_, model_->params().layout().fingerprint(), total_steps_, global_batch_, model_->seq());
   settings["processes"] = world();  // informational: any rank count may resume
+  settings["identity"] = identity_;   // also in every checkpoint, which is what resume compares
   write_json_file_atomic((fs::path(o_.out_dir) / "run.json").string(), settings);
 }
 
@@ -301,6 +318,7 @@ void Trainer::resume_from(const std::string& path) {
     std::copy_n(full.second_moment.data() + my.v_offset, my.v_floats, opt_state_.second_moment.data());
     std::copy_n(full.w0_norm.begin() + my.w0_offset, my.w0_count, opt_state_.w0_norm.begin());
   }
+  check_identity(path, meta.identity);
   if (meta.rng_state != to_bytes(&o_.seed, sizeof o_.seed)) {
     throw UserError(path, "", "a checkpoint of a run with seed " + std::to_string(o_.seed), "another seed");
   }
@@ -309,6 +327,63 @@ void Trainer::resume_from(const std::string& path) {
   std::memcpy(qb.data(), meta.qb_state.data(), meta.qb_state.size());
   model_->set_balancing_state(qb);
   train_->set_position(meta.data_position);
+}
+
+// Newer checkpoints than `valid` failed validation (`notes` says why). Refused
+// unless --resume-fallback; then they are moved aside (kept as *.corrupt, so
+// the next resume does not meet them again) and the run continues from `valid`.
+void Trainer::fall_back_past_invalid(const std::string& valid, const std::vector<std::string>& notes) {
+  const std::string& why = notes.front();  // "skipping an unusable checkpoint: <file>: <reason>"
+  const std::string reason = why.substr(why.find(": ") + 2);
+  if (!o_.resume_fallback) {
+    throw UserError(reason + "; the newest valid checkpoint is " + fs::path(valid).filename().string() +
+                    " (resume from it with --resume-fallback)");
+  }
+  if (!is_root()) return;
+  for (const std::string& n : notes) std::fprintf(stderr, "rackstep: %s\n", n.c_str());
+  for (const std::string& path : checkpoints_newest_first(o_.out_dir)) {
+    if (path == valid) break;
+    std::error_code ec;
+    fs::rename(path, path + ".corrupt", ec);
+    std::fprintf(stderr, "rackstep: moved %s aside to %s.corrupt%s\n", path.c_str(), path.c_str(),
+                 ec ? (": " + ec.message()).c_str() : "");
+  }
+}
+
+// The checkpoint's dataset and layout against this invocation's (exec/run_identity.h).
+void Trainer::check_identity(const std::string& path, const std::string& saved_text) {
+  if (saved_text.empty()) {
+    if (is_root()) {
+      std::fprintf(stderr, "rackstep: %s records no dataset identity (an older checkpoint): the dataset is not checked\n",
+                   path.c_str());
+    }
+    return;
+  }
+  nlohmann::json saved;
+  try {
+    saved = nlohmann::json::parse(saved_text);
+  } catch (const nlohmann::json::exception&) {
+    throw UserError(path, "", "a run identity section of JSON text", "other bytes");
+  }
+  const std::vector<std::string> diffs = identity_differences(saved, identity_, o_.data_dir);
+  if (diffs.empty()) return;
+  std::string layout_diffs, data_diffs;
+  for (const std::string& d : diffs) {
+    std::string& to = d.rfind("layout", 0) == 0 ? layout_diffs : data_diffs;
+    to += (to.empty() ? "" : "; ") + d;
+  }
+  if (!layout_diffs.empty()) throw UserError(path, "", "a checkpoint of this layout", layout_diffs);
+  if (!o_.allow_data_change) {
+    throw UserError(path, "", "a checkpoint of this dataset (or --allow-data-change to continue on other data)",
+                    data_diffs);
+  }
+  if (!is_root()) return;
+  std::fprintf(stderr, "rackstep: --allow-data-change: continuing on other data: %s\n", data_diffs.c_str());
+  append_log({{"event", "data_change"},
+              {"step", opt_state_.step},
+              {"checkpoint", path},
+              {"from", saved["dataset"]},
+              {"to", identity_["dataset"]}});
 }
 
 bool Trainer::done() const {
@@ -433,6 +508,7 @@ std::string Trainer::save_checkpoint() {
   meta.data_position = train_->position();
   const std::vector<float> qb = model_->balancing_state();
   meta.qb_state = to_bytes(qb.data(), qb.size() * sizeof(float));
+  meta.identity = identity_.dump();
   const std::string path = (fs::path(o_.out_dir) / checkpoint_name(opt_state_.step)).string();
   if (is_root()) exec::save_checkpoint(path, model_->params(), *state, meta);
   if (comm_) comm_->barrier();  // the file exists for every rank once this returns
@@ -441,8 +517,8 @@ std::string Trainer::save_checkpoint() {
 
 void Trainer::append_log(const nlohmann::json& line) const {
   if (o_.out_dir.empty() || !is_root()) return;
-  std::ofstream f(fs::path(o_.out_dir) / "log.jsonl", std::ios::app);
-  f << line.dump() << "\n";
+  // Opened per line (a few per step): each write is checked, a full disk stops the run at once.
+  AppendFile((fs::path(o_.out_dir) / "log.jsonl").string()).append(line.dump() + "\n");
 }
 
 void Trainer::write_routing_trace() const {

@@ -12,8 +12,13 @@
 // A run directory (--out RUN) holds run.json (the settings a resume must
 // share), log.jsonl (one JSON object per step and per eval), checkpoints
 // ckpt-NNNNNNNN.rsck (exec/checkpoint.h: atomic, checksummed) and, with
-// --profile, the profiler's outputs (exec/profiler.h). --resume loads the
-// newest checkpoint and continues bitwise identically to an uninterrupted run:
+// --profile, the profiler's outputs (exec/profiler.h). Temp files left by a
+// killed writer are removed at start; every log line's write is checked.
+// --resume loads the newest checkpoint; when it does not validate the error
+// names the newest one that does, and --resume-fallback resumes from that one
+// (moving the corrupt ones aside). It refuses a checkpoint whose dataset or layout differs
+// (exec/run_identity.h; --allow-data-change continues on other data, logged),
+// and continues bitwise identically to an uninterrupted run:
 // parameters, optimizer moments and step, data position and QB bias all come
 // back; nothing else carries state between steps.
 //
@@ -71,6 +76,8 @@ struct TrainOptions {
   int64_t eval_batches = 4;     // eval batches per evaluation (fewer if the split is small)
   int64_t checkpoint_every = 0; // 0 = only at the end (with --out)
   bool resume = false;
+  bool allow_data_change = false;  // resume on a dataset other than the checkpoint's (logged)
+  bool resume_fallback = false;    // resume past corrupt newer checkpoints (moved aside) from the newest valid one
   bool profile = false;
   int64_t profile_steps = 10;   // profile the first N steps of this invocation
   uint64_t seed = 1;            // parameter init and data order
@@ -150,6 +157,8 @@ class Trainer {
 
  private:
   void resume_from(const std::string& path);
+  void check_identity(const std::string& path, const std::string& saved_identity);
+  void fall_back_past_invalid(const std::string& valid, const std::vector<std::string>& notes);
   void write_run_json() const;
   bool distributed() const { return world() > 1; }
   Batch my_slice(const Batch& global) const;       // this rank's sequences
@@ -177,6 +186,7 @@ class Trainer {
   double peak_flops_ = 0;
   double flops_per_token_ = 0;
   double unigram_nats_ = 0;
+  nlohmann::json identity_;     // dataset + layout (exec/run_identity.h), written into every checkpoint
 };
 
 // The whole command: train with progress output, evals, checkpoints and the

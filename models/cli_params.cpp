@@ -7,6 +7,7 @@
 #include "models/json_io.h"
 #include "models/layer_graph.h"
 #include "sim/cli/command.h"
+#include "sim/cli/flags.h"
 
 namespace rackstep::models {
 namespace {
@@ -131,7 +132,8 @@ cli::Registration reg{
       auto args = std::make_shared<ParamsArgs>();
       app.add_option("model", args->model_path, "model JSON (e.g. models/zoo/marin-535b-a23b.json)")
           ->required();
-      app.add_option("--seq", args->seq, "sequence length for attention FLOPs (default: the model's)");
+      app.add_option("--seq", args->seq, "sequence length for attention FLOPs (default: the model's)")
+          ->check(cli::count(1, int64_t{1} << 32));
       app.add_flag("--json", args->json, "print JSON instead of a table");
       return [args] { return run_params(*args); };
     }};

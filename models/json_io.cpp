@@ -3,47 +3,91 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+
+#include "models/file_io.h"
 
 namespace rackstep {
 
+namespace {
+
+// Thrown by the parse callback past kMaxJsonDepth; the parser stops there, so a
+// file nested 100,000 deep is refused before any deep recursion can happen.
+struct TooDeep {};
+
+}  // namespace
+
 nlohmann::json load_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    throw UserError(path, "", "a readable JSON file",
-                    std::filesystem::exists(path) ? "a file that cannot be read" : "no such file");
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
+  return parse_json_text(read_input_file(path, kMaxJsonInputBytes, "a readable JSON file"), path);
+}
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& path) {
+  const nlohmann::json::parser_callback_t limit_depth = [](int depth, nlohmann::json::parse_event_t event,
+                                                            nlohmann::json&) {
+    if ((event == nlohmann::json::parse_event_t::object_start ||
+         event == nlohmann::json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth) {
+      throw TooDeep{};
+    }
+    return true;
+  };
   try {
-    return nlohmann::json::parse(ss.str());
+    return nlohmann::json::parse(text, limit_depth);
+  } catch (const TooDeep&) {
+    throw UserError(path, "", "JSON nested at most " + std::to_string(kMaxJsonDepth) + " levels deep",
+                    "deeper nesting");
   } catch (const nlohmann::json::parse_error& e) {
-    throw UserError(path, "", "valid JSON",
-                    "a syntax error at byte " + std::to_string(e.byte));
+    throw UserError(path, "", "valid JSON", "a syntax error at byte " + std::to_string(e.byte));
+  } catch (const nlohmann::json::out_of_range&) {
+    // 406: a number beyond double range, e.g. 1e400.
+    throw UserError(path, "", "numbers within double range (|x| < 1.8e308)", "a number that overflows");
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(path, "", "valid JSON", e.what());
   }
 }
 
 void write_text_file_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw UserError(path, "", "a writable path", "cannot create " + tmp);
-    out << text;
-    out.flush();
-    if (!out) throw UserError(path, "", "a writable path", "a write error");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw UserError(path, "", "a writable path", "rename failed: " + ec.message());
+  write_output_file(path, {{text.data(), text.size()}});
 }
 
 void write_json_file_atomic(const std::string& path, const nlohmann::json& doc, int indent) {
   write_text_file_atomic(path, doc.dump(indent) + "\n");
 }
 
+namespace {
+
+// Compact JSON text of v, stopping once `out` passes `limit` characters and
+// never descending more than a few levels: bounded time and stack for any value.
+void brief(const nlohmann::json& v, int depth, size_t limit, std::string& out) {
+  if (out.size() > limit) return;
+  if (!v.is_structured()) {
+    if (v.is_string() && v.get_ref<const std::string&>().size() > limit) {
+      out += nlohmann::json(v.get_ref<const std::string&>().substr(0, limit)).dump();
+      return;
+    }
+    out += v.dump();
+    return;
+  }
+  if (depth >= 4) {
+    out += v.is_array() ? "[...]" : "{...}";
+    return;
+  }
+  out += v.is_array() ? '[' : '{';
+  bool first = true;
+  for (auto it = v.begin(); it != v.end() && out.size() <= limit; ++it) {
+    if (!first) out += ',';
+    first = false;
+    if (v.is_object()) out += nlohmann::json(it.key()).dump() + ':';
+    brief(*it, depth + 1, limit, out);
+  }
+  out += v.is_array() ? ']' : '}';
+}
+
+}  // namespace
+
 std::string describe_json(const nlohmann::json& v) {
-  std::string s = v.dump();
+  // Never a full dump(): the value may be huge or nested 100,000 deep.
+  std::string s;
+  brief(v, 0, 40, s);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   switch (v.type()) {
     case nlohmann::json::value_t::string: return "string " + s;
@@ -83,19 +127,25 @@ const nlohmann::json& JsonReader::at(const std::string& key) {
 }
 
 double JsonReader::checked_number(const std::string& key, const nlohmann::json& v,
-                                  NumberRange range) {
+                                  NumberRange range, bool as_count) {
   if (!v.is_number()) fail(key, "a number", describe_json(v));
   double x = v.get<double>();
   if (!std::isfinite(x)) fail(key, "a finite number", describe_json(v));
   auto fmt = [](double d) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%g", d);
+    // Whole numbers in full (a limit of 16777216 reads better than 1.67772e+07).
+    if (std::floor(d) == d && std::fabs(d) < 1e15) {
+      std::snprintf(buf, sizeof buf, "%.0f", d);
+    } else {
+      std::snprintf(buf, sizeof buf, "%g", d);
+    }
     return std::string(buf);
   };
   if (range.min && x < *range.min) fail(key, "a number >= " + fmt(*range.min), fmt(x));
   if (range.min_exclusive && x <= *range.min_exclusive)
     fail(key, "a number > " + fmt(*range.min_exclusive), fmt(x));
-  if (range.max && x > *range.max) fail(key, "a number <= " + fmt(*range.max), fmt(x));
+  // Integer maxima bound memory or time: stated as a limit.
+  if (range.max && x > *range.max) fail(key, (as_count ? "at most " : "a number <= ") + fmt(*range.max), fmt(x));
   return x;
 }
 
@@ -106,7 +156,7 @@ int64_t JsonReader::integer(const std::string& key, NumberRange range) {
         std::fabs(v.get<double>()) < 9e15)) {
     fail(key, "an integer", describe_json(v));
   }
-  return static_cast<int64_t>(checked_number(key, v, range));
+  return static_cast<int64_t>(checked_number(key, v, range, /*as_count=*/true));
 }
 
 int64_t JsonReader::integer(const std::string& key, int64_t fallback, NumberRange range) {

@@ -25,11 +25,22 @@
 
 namespace rackstep {
 
-// Reads and parses a JSON file; a missing file or a syntax error is a UserError
-// naming the file (and the byte offset for syntax errors).
-nlohmann::json load_json_file(const std::string& path);
+// Nesting deeper than this is refused while parsing (the deepest shipped file
+// nests 5 levels); nothing recursive ever sees a deeper value.
+constexpr int kMaxJsonDepth = 64;
 
-// Writes JSON atomically (temp file + rename) so a crash never leaves half a file.
+// Reads and parses a JSON file of at most kMaxJsonInputBytes (models/file_io.h)
+// nested at most kMaxJsonDepth deep; a missing file, a syntax error (with its
+// byte offset), a number beyond double range (1e400) or a limit exceeded is a
+// UserError naming the file.
+nlohmann::json load_json_file(const std::string& path);
+// The parsing half of load_json_file: `path` only names the text in errors.
+nlohmann::json parse_json_text(const std::string& text, const std::string& path);
+
+// Writes through models/file_io.h's write_output_file: regular files are
+// replaced atomically (temp file + fsync + rename) so a crash never leaves half
+// a file; symlinks are followed; devices and FIFOs are written in place; a
+// failed or short write is a UserError naming the file and the reason.
 void write_json_file_atomic(const std::string& path, const nlohmann::json& doc, int indent = 2);
 void write_text_file_atomic(const std::string& path, const std::string& text);
 
@@ -80,7 +91,7 @@ class JsonReader {
 
  private:
   const nlohmann::json& at(const std::string& key);
-  double checked_number(const std::string& key, const nlohmann::json& v, NumberRange range);
+  double checked_number(const std::string& key, const nlohmann::json& v, NumberRange range, bool as_count = false);
 
   const nlohmann::json* obj_;
   std::string file_;

@@ -35,6 +35,17 @@ namespace {
 
 const NumberRange kPositive{.min_exclusive = 0.0};
 const NumberRange kNonNegative{.min = 0.0};
+// Bounds on every count that sizes the layer graph or an allocation, checked
+// while reading (a `layers` of 1e5 once took 1.5 GB before any check). Each is
+// well above any model in the zoo or in the literature.
+constexpr double kMaxLayers = 4096;
+constexpr double kMaxWidth = 1 << 20;      // d_model, head_dim, expert / dense widths, latents
+constexpr double kMaxHeads = 1 << 14;
+constexpr double kMaxVocab = 1 << 24;
+constexpr double kMaxSeq = 1 << 24;
+constexpr double kMaxExperts = 1 << 16;
+NumberRange positive_at_most(double max) { return {.min_exclusive = 0.0, .max = max}; }
+NumberRange non_negative_at_most(double max) { return {.min = 0.0, .max = max}; }
 
 OptimizerKind parse_optimizer(JsonReader& r, const std::string& key, OptimizerKind fallback) {
   std::string s = r.choice(key, {"muonh", "muon", "adamh", "adam"}, to_string(fallback));
@@ -46,7 +57,7 @@ OptimizerKind parse_optimizer(JsonReader& r, const std::string& key, OptimizerKi
 
 AttentionLayerKind parse_layer_kind(JsonReader r, int64_t stored_kv, int64_t heads) {
   AttentionLayerKind k;
-  k.kv_heads = r.integer("kv_heads", stored_kv, kPositive);
+  k.kv_heads = r.integer("kv_heads", stored_kv, positive_at_most(kMaxHeads));
   if (k.kv_heads > stored_kv) {
     r.fail("kv_heads", "at most the stored kv_heads (" + std::to_string(stored_kv) + ")",
            std::to_string(k.kv_heads));
@@ -60,7 +71,7 @@ AttentionLayerKind parse_layer_kind(JsonReader r, int64_t stored_kv, int64_t hea
     if (w.is_string() && w.get<std::string>() == "full") {
       r.ignore("window");
     } else {
-      k.window = r.integer("window", kPositive);
+      k.window = r.integer("window", positive_at_most(kMaxSeq));
     }
   }
   std::string pos = r.choice("position", {"rope", "nope"}, "rope");
@@ -75,9 +86,9 @@ void parse_attention(JsonReader r, ModelConfig& m) {
   auto& a = m.attention;
   std::string kind = r.choice("kind", {"gqa", "mla"}, "gqa");
   a.kind = kind == "mla" ? AttentionKind::kMla : AttentionKind::kGqa;
-  a.heads = r.integer("heads", kPositive);
-  a.head_dim = r.integer("head_dim", m.d_model / a.heads, kPositive);
-  a.kv_heads = r.integer("kv_heads", a.heads, kPositive);
+  a.heads = r.integer("heads", positive_at_most(kMaxHeads));
+  a.head_dim = r.integer("head_dim", m.d_model / a.heads, positive_at_most(kMaxWidth));
+  a.kv_heads = r.integer("kv_heads", a.heads, positive_at_most(kMaxHeads));
   if (a.kv_heads > a.heads) {
     r.fail("kv_heads", "at most heads (" + std::to_string(a.heads) + ")",
            std::to_string(a.kv_heads));
@@ -88,7 +99,7 @@ void parse_attention(JsonReader r, ModelConfig& m) {
   }
   a.local = parse_layer_kind(r.object_or_empty("local"), a.kv_heads, a.heads);
   a.global = parse_layer_kind(r.object_or_empty("global"), a.kv_heads, a.heads);
-  a.global_every = r.integer("global_every", 1, kNonNegative);
+  a.global_every = r.integer("global_every", 1, non_negative_at_most(kMaxLayers));
   a.last_layer_global = r.boolean("last_layer_global", false);
   a.rope_theta = r.number("rope_theta", 10000.0, kPositive);
   a.qk_norm = r.boolean("qk_norm", false);
@@ -101,9 +112,9 @@ void parse_attention(JsonReader r, ModelConfig& m) {
   }
   JsonReader mla = r.object_or_empty("mla");
   if (a.kind == AttentionKind::kMla) {
-    a.mla_kv_latent = mla.integer("kv_latent", kPositive);
-    a.mla_q_latent = mla.integer("q_latent", 0, kNonNegative);
-    a.mla_rope_dim = mla.integer("rope_dim", 64, kNonNegative);
+    a.mla_kv_latent = mla.integer("kv_latent", positive_at_most(kMaxWidth));
+    a.mla_q_latent = mla.integer("q_latent", 0, non_negative_at_most(kMaxWidth));
+    a.mla_rope_dim = mla.integer("rope_dim", 64, non_negative_at_most(kMaxWidth));
     if (a.mla_kv_latent > m.d_model) {
       mla.fail("kv_latent", "at most d_model (" + std::to_string(m.d_model) + ")",
                std::to_string(a.mla_kv_latent));
@@ -114,7 +125,7 @@ void parse_attention(JsonReader r, ModelConfig& m) {
 }
 
 void parse_sconv(JsonReader r, ModelConfig& m) {
-  m.sconv.kernel = r.integer("kernel", 0, kNonNegative);
+  m.sconv.kernel = r.integer("kernel", 0, non_negative_at_most(kMaxSeq));
   auto sites = r.string_list("sites", {});
   for (size_t i = 0; i < sites.size(); ++i) {
     const auto& s = sites[i];
@@ -133,7 +144,7 @@ void parse_norm(JsonReader r, ModelConfig& m) {
   n.kind = r.choice("kind", {"rmsnorm", "layernorm"}, "rmsnorm") == "rmsnorm" ? NormKind::kRmsNorm
                                                                            : NormKind::kLayerNorm;
   n.eps = r.number("eps", 1e-6, kPositive);
-  n.gated_rank = r.integer("gated_rank", 0, kNonNegative);
+  n.gated_rank = r.integer("gated_rank", 0, non_negative_at_most(kMaxWidth));
   auto sites = r.string_list("gated_sites", {});
   for (size_t i = 0; i < sites.size(); ++i) {
     const auto& s = sites[i];
@@ -158,9 +169,9 @@ void parse_norm(JsonReader r, ModelConfig& m) {
 
 void parse_moe(JsonReader r, ModelConfig& m) {
   auto& e = m.moe;
-  e.experts = r.integer("experts", 0, kNonNegative);
-  e.dense_layers = r.integer("dense_layers", e.experts > 0 ? 0 : m.layers, kNonNegative);
-  e.dense_width = r.integer("dense_width", 0, kNonNegative);
+  e.experts = r.integer("experts", 0, non_negative_at_most(kMaxExperts));
+  e.dense_layers = r.integer("dense_layers", e.experts > 0 ? 0 : m.layers, non_negative_at_most(kMaxLayers));
+  e.dense_width = r.integer("dense_width", 0, non_negative_at_most(kMaxWidth));
   if (e.dense_layers > m.layers) {
     r.fail("dense_layers", "at most layers (" + std::to_string(m.layers) + ")", std::to_string(e.dense_layers));
   }
@@ -171,17 +182,17 @@ void parse_moe(JsonReader r, ModelConfig& m) {
     r.finish();
     return;
   }
-  e.top_k = r.integer("top_k", kPositive);
+  e.top_k = r.integer("top_k", positive_at_most(kMaxExperts));
   if (e.top_k > e.experts) {
     r.fail("top_k", "at most experts (" + std::to_string(e.experts) + ")", std::to_string(e.top_k));
   }
-  e.expert_width = r.integer("expert_width", kPositive);
-  e.latent = r.integer("latent", 0, kNonNegative);
+  e.expert_width = r.integer("expert_width", positive_at_most(kMaxWidth));
+  e.latent = r.integer("latent", 0, non_negative_at_most(kMaxWidth));
   if (e.latent > m.d_model) {
     r.fail("latent", "at most d_model (" + std::to_string(m.d_model) + ")", std::to_string(e.latent));
   }
-  e.shared_experts = r.integer("shared_experts", 0, kNonNegative);
-  e.shared_width = r.integer("shared_width", e.shared_experts > 0 ? e.expert_width : 0, kNonNegative);
+  e.shared_experts = r.integer("shared_experts", 0, non_negative_at_most(kMaxExperts));
+  e.shared_width = r.integer("shared_width", e.shared_experts > 0 ? e.expert_width : 0, non_negative_at_most(kMaxWidth));
   if (e.shared_experts > 0 && e.shared_width == 0) r.fail("shared_width", "a width > 0", "0");
   e.router = r.choice("router", {"sigmoid", "softmax"}, "sigmoid") == "sigmoid" ? RouterKind::kSigmoid
                                                                               : RouterKind::kSoftmax;
@@ -189,7 +200,7 @@ void parse_moe(JsonReader r, ModelConfig& m) {
   std::string b = r.choice("balancing", {"quantile", "aux_loss", "none"}, "quantile");
   e.balancing = b == "quantile" ? BalancingKind::kQuantile
                                 : (b == "aux_loss" ? BalancingKind::kAuxLoss : BalancingKind::kNone);
-  e.balancing_bins = r.integer("balancing_bins", 10000, {.min = 2});
+  e.balancing_bins = r.integer("balancing_bins", 10000, {.min = 2, .max = 1 << 20});
   e.aux_loss_weight = r.number("aux_loss_weight", MoeConfig{}.aux_loss_weight, kNonNegative);
   e.router_z_loss_weight = r.number("router_z_loss_weight", 0.0, kNonNegative);
   e.router_z_loss_applied = r.boolean("router_z_loss_applied", false);
@@ -198,7 +209,7 @@ void parse_moe(JsonReader r, ModelConfig& m) {
 
 void parse_recipe(JsonReader r, ModelConfig& m) {
   auto& c = m.recipe;
-  c.batch_seqs = r.integer("batch_seqs", kPositive);
+  c.batch_seqs = r.integer("batch_seqs", positive_at_most(1 << 24));
   c.steps = r.integer("steps", 0, kNonNegative);
   c.total_tokens = r.integer("total_tokens", 0, kNonNegative);
   c.tokens_per_active_param = r.number("tokens_per_active_param", 0.0, kNonNegative);
@@ -213,7 +224,7 @@ void parse_recipe(JsonReader r, ModelConfig& m) {
   c.beta2 = r.number("beta2", 0.95, {.min = 0.0, .max = 1.0});
   c.adam_lr = r.number("adam_lr", 0.0, kNonNegative);
   c.muonh_lr_ratio = r.number("muonh_lr_ratio", 13.0 / 3.0, kPositive);
-  c.newton_schulz_steps = r.integer("newton_schulz_steps", 5, kNonNegative);
+  c.newton_schulz_steps = r.integer("newton_schulz_steps", 5, non_negative_at_most(100));
   c.grad_clip = r.number("grad_clip", 0.0, kNonNegative);
   JsonReader o = r.object_or_empty("optimizer");
   c.block_matrices = parse_optimizer(o, "block_matrices", OptimizerKind::kMuonH);
@@ -226,8 +237,15 @@ void parse_recipe(JsonReader r, ModelConfig& m) {
 
 void parse_published(JsonReader r, ModelConfig& m) {
   auto& p = m.published;
-  p.total_params = r.number("total_params", 0.0, kNonNegative);
-  p.active_params = r.number("active_params", 0.0, kNonNegative);
+  // 0 = not published; otherwise a count of at least one parameter (a relative
+  // error against 1e-300 printed "error +inf%").
+  auto count_or_zero = [&r](const char* key) {
+    const double v = r.number(key, 0.0, {.min = 0.0, .max = 1e16});
+    if (v > 0 && v < 1) r.fail(key, "0 (not published) or a parameter count >= 1", std::to_string(v));
+    return v;
+  };
+  p.total_params = count_or_zero("total_params");
+  p.active_params = count_or_zero("active_params");
   p.active_convention = r.choice("active_convention", {"marin", "total_minus_unselected"}, "marin");
   p.forward_flops_per_token = r.number("forward_flops_per_token", 0.0, kNonNegative);
   p.steps = r.integer("steps", 0, kNonNegative);
@@ -244,11 +262,11 @@ ModelConfig parse_model(const nlohmann::json& doc, const std::string& file) {
   r.ignore("comment");
   r.ignore("$schema");
   m.name = r.string("name");
-  m.vocab = r.integer("vocab", kPositive);
+  m.vocab = r.integer("vocab", positive_at_most(kMaxVocab));
   m.tied_embeddings = r.boolean("tied_embeddings", false);
-  m.d_model = r.integer("d_model", kPositive);
-  m.layers = r.integer("layers", kPositive);
-  m.seq_len = r.integer("seq_len", 4096, kPositive);
+  m.d_model = r.integer("d_model", positive_at_most(kMaxWidth));
+  m.layers = r.integer("layers", positive_at_most(kMaxLayers));
+  m.seq_len = r.integer("seq_len", 4096, positive_at_most(kMaxSeq));
   m.init_std_scale = r.number("init_std_scale", 0.5, kPositive);
   m.logit_z_loss_weight = r.number("logit_z_loss_weight", 0.0, kNonNegative);
   parse_attention(r.object("attention"), m);

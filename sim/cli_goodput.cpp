@@ -10,6 +10,7 @@
 
 #include "models/check.h"
 #include "sim/cli/command.h"
+#include "sim/cli/flags.h"
 #include "sim/goodput.h"
 
 namespace rackstep::sim {
@@ -18,16 +19,12 @@ namespace {
 struct GoodputArgs {
   GoodputRequest req;
   std::string config;
-  double checkpoint_interval_s = 0;  // 0 = from the config
+  double checkpoint_interval_s = 0;  // 0 = not given: from the config (the flag itself must be > 0)
   bool json = false;
 };
 
 int run_goodput(const GoodputArgs& a) {
   GoodputConfig cfg = a.config.empty() ? default_goodput_config() : load_goodput_config(a.config);
-  if (a.checkpoint_interval_s < 0) {
-    throw UserError("goodput: --checkpoint-interval-s: expected seconds > 0, found " +
-                    std::to_string(a.checkpoint_interval_s));
-  }
   if (a.checkpoint_interval_s > 0) cfg.checkpoint_interval_s = a.checkpoint_interval_s;
   GoodputResult r = simulate_goodput(a.req, cfg);
   if (a.json) {
@@ -44,20 +41,26 @@ rackstep::cli::Registration reg{
     "goodput", "Days to train a token budget with interruptions, restarts and checkpoints (Monte Carlo)",
     [](CLI::App& app) {
       auto a = std::make_shared<GoodputArgs>();
+      // Bounds: a step of 1 us to 1e6 s (11.6 days), at most 1e12 steps (also checked in sim/goodput.cpp).
       app.add_option("--step-time-s", a->req.step_time_s, "seconds per training step (without GC stalls)")
-          ->required();
+          ->required()
+          ->check(cli::number(1e-6, 1e6));
       app.add_option("--tokens-per-step", a->req.tokens_per_step, "tokens per step (global batch x sequence)")
-          ->required();
-      app.add_option("--tokens", a->req.tokens, "token budget, e.g. 18e12")->required();
-      app.add_option("--gpus", a->req.gpus, "GPUs in the job")->required();
+          ->required()
+          ->check(cli::number(1, 1e12));
+      app.add_option("--tokens", a->req.tokens, "token budget, e.g. 18e12")->required()->check(cli::positive(1e18));
+      app.add_option("--gpus", a->req.gpus, "GPUs in the job")->required()->check(cli::count(1, 100000000));
       app.add_option("--params", a->req.total_params, "model parameters, e.g. 535.48e9 (checkpoint size scales with them)")
-          ->required();
-      app.add_option("--deadline-days", a->req.deadline_days, "report P(finish within this many days)");
-      app.add_option("--runs", a->req.runs, "Monte Carlo runs (default 1000)");
+          ->required()
+          ->check(cli::positive(1e16));
+      app.add_option("--deadline-days", a->req.deadline_days, "report P(finish within this many days)")
+          ->check(cli::number(0, 1e6));
+      app.add_option("--runs", a->req.runs, "Monte Carlo runs (default 1000)")->check(cli::count(1, 10000000));
       app.add_option("--seed", a->req.seed, "random seed (default 0)");
-      app.add_option("--bins", a->req.bins, "histogram bins (default 20)");
+      app.add_option("--bins", a->req.bins, "histogram bins (default 20)")->check(cli::count(1, 1000));
       app.add_option("--config", a->config, "JSON overriding sim/goodput_defaults.json (same shape, keys optional)");
-      app.add_option("--checkpoint-interval-s", a->checkpoint_interval_s, "running seconds between checkpoints");
+      app.add_option("--checkpoint-interval-s", a->checkpoint_interval_s, "running seconds between checkpoints (> 0)")
+          ->check(cli::positive(1e9));
       app.add_flag("--json", a->json, "print JSON (with histogram bins) instead of text");
       return [a] { return run_goodput(*a); };
     }};

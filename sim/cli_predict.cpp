@@ -7,6 +7,7 @@
 #include "models/json_io.h"
 #include "models/layer_graph.h"
 #include "sim/cli/command.h"
+#include "sim/cli/flags.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
 
@@ -57,7 +58,8 @@ rackstep::cli::Registration reg{
       app.add_option("--model", a->model_path, "model JSON (models/zoo/*.json)")->required();
       app.add_option("--cluster", a->cluster_path, "cluster or system JSON (topologies/zoo/*.json)")->required();
       app.add_option("--layout", a->layout_path, "layout JSON (sim/layouts/*.json)")->required();
-      app.add_option("--domains", a->domains, "override the cluster's domain (rack / node) count");
+      app.add_option("--domains", a->domains, "override the cluster's domain (rack / node) count")
+          ->check(cli::count(1, 10000));
       app.add_option("--calibration", a->calibration_path, "calibration JSON (default sim/calibration.json)");
       app.add_option("--stack", a->stack_name,
                      "training stack (sim/stacks/NAME.json or a path): its overrides of the calibration, and "

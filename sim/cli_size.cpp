@@ -8,6 +8,7 @@
 
 #include "models/json_io.h"
 #include "sim/cli/command.h"
+#include "sim/cli/flags.h"
 #include "sim/size.h"
 #if RACKSTEP_HAVE_QT
 #include "gui/charts.h"
@@ -176,8 +177,8 @@ cli::Registration reg{
       app.add_option("--compare-stack", a->compare_stack,
                      "also show each candidate's best layout under this (stronger) stack, as a separate column");
       app.add_option("--min-p-finish", a->min_p_finish, "required P(finish by the deadline) for lowest_loss ranking")
-          ->check(CLI::Range(0.0, 1.0));
-      app.add_option("--runs", a->runs, "goodput Monte Carlo runs per candidate")->check(CLI::Range(10, 1000000));
+          ->check(cli::number(0.0, 1.0));
+      app.add_option("--runs", a->runs, "goodput Monte Carlo runs per candidate")->check(cli::count(10, 1000000));
       app.add_flag("--json", a->json, "print JSON");
       app.add_flag("--csv", a->csv, "print CSV");
       app.add_flag("--quiet", a->quiet, "no progress bar");

@@ -9,8 +9,9 @@
 #include "models/check.h"
 #include "models/layer_graph.h"
 #include "sim/cli/command.h"
-#include "sim/stack.h"
+#include "sim/cli/flags.h"
 #include "sim/emit_run.h"
+#include "sim/stack.h"
 #include "sim/sweep.h"
 
 namespace rackstep::sim {
@@ -134,10 +135,11 @@ rackstep::cli::Registration reg{
       auto a = std::make_shared<SweepArgs>();
       app.add_option("--model", a->model_path, "model JSON")->required();
       app.add_option("--cluster", a->cluster_path, "cluster or system JSON")->required();
-      app.add_option("--domains", a->domains, "override the cluster's domain count");
-      app.add_option("--tokens-per-step", a->tokens_per_step, "global batch in tokens (default: the recipe's)");
-      app.add_option("--top", a->top, "how many layouts to show (default 10)");
-      app.add_option("--threads", a->threads, "worker threads (default: all cores)");
+      app.add_option("--domains", a->domains, "override the cluster's domain count")->check(cli::count(1, 10000));
+      app.add_option("--tokens-per-step", a->tokens_per_step, "global batch in tokens (default: the recipe's)")
+          ->check(cli::count(1, int64_t{1} << 28));  // the sweep's time grows with it: ~6 s per thread at 2^28
+      app.add_option("--top", a->top, "how many layouts to show (default 10)")->check(cli::count(1, 100000));
+      app.add_option("--threads", a->threads, "worker threads (default: all cores)")->check(cli::count(1, 1024));
       app.add_option("--calibration", a->calibration_path, "calibration JSON");
       app.add_option("--stack", a->stack_name,
                      "training stack (sim/stacks/NAME.json or a path): propose only layouts it runs, priced with "

@@ -160,7 +160,9 @@ Model make_model(const GoodputRequest& req, const GoodputConfig& c, double inter
   // GC stalls are a share of elapsed time (calibration.md: 3.83%), so a step
   // stretches by 1 / (1 - share).
   m.step_s = req.step_time_s / (1.0 - c.gc_stall_fraction);
-  m.k = std::max<int64_t>(1, std::llround(interval_s / m.step_s));
+  // In double first: a tiny step against a long interval overflows llround.
+  const double k = interval_s / m.step_s;
+  m.k = k >= static_cast<double>(m.steps) ? std::max<int64_t>(1, m.steps) : std::max<int64_t>(1, std::llround(k));
   m.save_s = c.checkpoint_blocking_fraction * c.checkpoint_bytes_per_param * req.total_params /
              c.checkpoint_write_bytes_per_s;
   const double g = static_cast<double>(req.gpus);
@@ -286,12 +288,43 @@ std::vector<HistogramBin> histogram(const std::vector<double>& sorted, int bins)
   return h;
 }
 
+// Every interruption is one turn of simulate_run's loop. A segment (k steps and
+// a save) completes with probability q = exp(-lambda * seg_s) * (1 - p_save_fail),
+// so a run expects segments * (1/q - 1) interruptions. Refused before any work
+// when a run would never finish or the whole Monte Carlo would take too long.
+constexpr double kMaxInterruptions = 2e8;  // a few seconds' worth of loop turns in total
+
+double expected_interruptions(const GoodputRequest& req, const Model& m) {
+  const double seg_s = static_cast<double>(m.k) * m.step_s + m.save_s;
+  const double log_q = -m.lambda * seg_s + std::log1p(-m.p_save_fail);
+  const double segments = std::ceil(static_cast<double>(m.steps) / static_cast<double>(m.k));
+  const double per_run = log_q < -700 ? std::numeric_limits<double>::infinity() : segments * std::expm1(-log_q);
+  return per_run * static_cast<double>(req.runs);
+}
+
+void check_work(const GoodputRequest& req, const Model& m) {
+  const double seg_s = static_cast<double>(m.k) * m.step_s + m.save_s;
+  const double log_q = -m.lambda * seg_s + std::log1p(-m.p_save_fail);
+  const double segments = std::ceil(static_cast<double>(m.steps) / static_cast<double>(m.k));
+  const double per_run = log_q < -700 ? std::numeric_limits<double>::infinity() : segments * std::expm1(-log_q);
+  const double total = per_run * static_cast<double>(req.runs);
+  if (std::isfinite(total) && total <= kMaxInterruptions) return;
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "goodput: expected at most %.0g simulated interruptions in total, found %.3g (%.3g per run: "
+                "a checkpoint segment of %.3g s completes with probability %.3g against a mean time between "
+                "interruptions of %.3g s); shorten --step-time-s or --checkpoint-interval-s, or lower --runs",
+                kMaxInterruptions, total, per_run, seg_s, std::exp(log_q), m.lambda > 0 ? 1.0 / m.lambda : 0.0);
+  throw UserError(buf);
+}
+
 }  // namespace
 
 GoodputResult simulate_goodput(const GoodputRequest& req, const GoodputConfig& cfg) {
   validate(req);
   GoodputResult r;
   const Model m = make_model(req, cfg, cfg.checkpoint_interval_s);
+  check_work(req, m);
   r.steps = m.steps;
   r.steps_per_checkpoint = m.k;
   r.ideal_days = static_cast<double>(m.steps) * req.step_time_s / kDay;
@@ -340,7 +373,11 @@ GoodputResult simulate_goodput(const GoodputRequest& req, const GoodputConfig& c
   r.save_cost_s = m.save_s;
   double lambda = m.lambda + (m.p_save_fail > 0 ? m.p_save_fail / cfg.checkpoint_interval_s : 0);
   r.system_mtbf_s = lambda > 0 ? 1.0 / lambda : std::numeric_limits<double>::infinity();
-  if (lambda > 0 && m.save_s > 0) {
+  // Daly's comparison re-runs the Monte Carlo; skipped (not printed) where that run alone would be too long.
+  const bool daly_affordable =
+      lambda > 0 && m.save_s > 0 &&
+      expected_interruptions(req, make_model(req, cfg, daly_interval_s(m.save_s, 1.0 / lambda))) <= kMaxInterruptions;
+  if (daly_affordable) {
     r.young_interval_s = young_interval_s(m.save_s, r.system_mtbf_s);
     r.daly_interval_s = daly_interval_s(m.save_s, r.system_mtbf_s);
     // Re-run the same draws at Daly's interval: the simulated effect of the choice.

@@ -47,9 +47,10 @@ std::string resolve(const std::string& scenario_file, const std::string& p) {
   namespace fs = std::filesystem;
   if (fs::path(p).is_absolute()) return p;
   const fs::path near = fs::path(scenario_file).parent_path() / p;
-  if (fs::exists(near)) return near.string();
+  std::error_code ec;  // over-long or looping names count as missing, never a filesystem_error
+  if (fs::exists(near, ec)) return near.string();
   const fs::path tree = fs::path(rackstep::source_dir()) / p;
-  if (fs::exists(tree)) return tree.string();
+  if (fs::exists(tree, ec)) return tree.string();
   return p;
 }
 
@@ -76,7 +77,7 @@ void parse_candidates(JsonReader& r, Scenario& s) {
     if (kinds != 1) c.fail("", "exactly one of model, inline, generate, grid", std::to_string(kinds) + " of them");
     if (c.has("model")) {
       const std::string path = resolve(s.file, c.string("model"));
-      if (!std::filesystem::exists(path)) c.fail("model", "an existing model file", "\"" + path + "\" (no such file)");
+      if (std::error_code ec; !std::filesystem::exists(path, ec)) c.fail("model", "an existing model file", "\"" + path + "\" (no such file)");
       CandidateSpec spec;
       spec.model = models::load_model(path);
       spec.name = c.string("name", spec.model.name);
@@ -93,8 +94,8 @@ void parse_candidates(JsonReader& r, Scenario& s) {
       s.candidates.push_back(std::move(spec));
     } else if (c.has("generate")) {
       JsonReader g = c.object("generate");
-      const double total = g.number("total_params", kPositive);
-      const double active = g.number("active_params", kPositive);
+      const double total = g.number("total_params", {.min_exclusive = 0, .max = 1e15});
+      const double active = g.number("active_params", {.min_exclusive = 0, .max = 1e15});
       // active = total: a dense candidate (sim/generate.h).
       if (active > total) g.fail("active_params", "at most total_params", std::to_string(active));
       const std::string att = g.choice("attention", {"gqa", "mla"}, "gqa");
@@ -136,9 +137,10 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
 
   JsonReader c = r.object("cluster");
   const std::string cfile = resolve(file, c.string("file"));
-  if (!std::filesystem::exists(cfile)) c.fail("file", "an existing system or cluster file", "\"" + cfile + "\" (no such file)");
-  const int64_t domains = c.integer("domains", 0, {.min = 1});
-  const int64_t healthy = c.integer("healthy_gpus_per_domain", 0, {.min = 1});
+  if (std::error_code ec; !std::filesystem::exists(cfile, ec)) c.fail("file", "an existing system or cluster file", "\"" + cfile + "\" (no such file)");
+  // Bounds on counts that drive time and memory (checked before any work).
+  const int64_t domains = c.integer("domains", 0, {.min = 1, .max = 10000});
+  const int64_t healthy = c.integer("healthy_gpus_per_domain", 0, {.min = 1, .max = 1 << 16});
   c.ignore("comment");
   c.finish();
   s.cluster = topologies::load_cluster(cfile, domains);
@@ -153,7 +155,7 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
   s.start_date = r.string("start_date");
   s.start_day = parse_date(s.start_date);
   if (s.start_day < 0) r.fail("start_date", "a date YYYY-MM-DD", "\"" + s.start_date + "\"");
-  s.bringup_days = r.number("bringup_days", 0.0, kNonNegative);
+  s.bringup_days = r.number("bringup_days", 0.0, {.min = 0, .max = 36500});  // days become integer dates
   if (r.has("deadline") == r.has("training_days")) {
     r.fail("", "exactly one of deadline, training_days", r.has("deadline") ? "both" : "neither");
   }
@@ -165,7 +167,7 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
       r.fail("deadline", "a date after start_date (" + s.start_date + ")", "\"" + s.deadline_date + "\"");
     }
   } else {
-    const double days = r.number("training_days", kPositive);
+    const double days = r.number("training_days", {.min_exclusive = 0, .max = 36500});
     s.deadline_day = s.start_day + static_cast<int64_t>(std::ceil(days + s.bringup_days));
     s.deadline_date = format_date(s.deadline_day);
   }
@@ -182,13 +184,14 @@ Scenario parse_scenario(const nlohmann::json& doc, const std::string& file) {
   s.tokens_per_active_param = r.number("tokens_per_active_param", 0.0, kNonNegative);
   s.unique_tokens = r.number("unique_tokens", 0.0, kNonNegative);
   s.max_epochs = r.number("max_epochs", 1.0, kPositive);
-  s.tokens_per_step = r.integer("tokens_per_step", 0, kNonNegative);
+  // The sweep behind each candidate takes time linear in it (~6 s per thread at 2^28).
+  s.tokens_per_step = r.integer("tokens_per_step", 0, {.min = 0, .max = 1 << 28});
   s.goodput = default_goodput_config();
   if (r.has("goodput")) {
     apply_goodput_json(s.goodput, r.raw().at("goodput"), file, false);
     r.ignore("goodput");
   }
-  s.goodput_runs = r.integer("goodput_runs", 400, {.min = 10});
+  s.goodput_runs = r.integer("goodput_runs", 400, {.min = 10, .max = 1000000});
   s.seed = static_cast<uint64_t>(r.integer("seed", 1, kNonNegative));
   s.law = parse_scaling_law(r.object_or_empty("scaling_law"));
   const std::string rank = r.choice("rank_by", {"lowest_loss", "fastest", "highest_mfu"}, "lowest_loss");

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "sim/cli/command.h"
+#include "sim/cli/flags.h"
 #include "topologies/topology.h"
 
 namespace rackstep::topologies {
@@ -46,7 +47,8 @@ cli::Registration reg{"topology", "Show a hardware description (system or cluste
                       [](CLI::App& app) {
                         auto a = std::make_shared<Args>();
                         app.add_option("file", a->path, "system or cluster JSON")->required();
-                        app.add_option("--domains", a->domains, "override the number of racks/nodes");
+                        app.add_option("--domains", a->domains, "override the number of racks/nodes")
+                            ->check(cli::count(1, 10000));
                         app.add_flag("--json", a->json, "print JSON");
                         return [a] { return run(*a); };
                       }};

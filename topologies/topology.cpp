@@ -168,10 +168,11 @@ Cluster load_cluster(const std::string& path, int64_t domains) {
   std::string name = r.string("name");
   std::string system_file = r.string("system");
   std::filesystem::path sys_path = std::filesystem::path(path).parent_path() / system_file;
-  int64_t n = r.integer("domains", {.min = 1});
+  int64_t n = r.integer("domains", {.min = 1, .max = 10000});  // bounds memory and time (issue 17)
   int64_t per = r.integer("healthy_gpus_per_domain", 0, {.min = 0});
   r.finish();
-  if (!std::filesystem::exists(sys_path)) {
+  std::error_code ec;  // an over-long or looping name is "missing", not a filesystem_error
+  if (!std::filesystem::exists(sys_path, ec)) {
     r.fail("system", "a system file next to the cluster file", "\"" + sys_path.string() + "\" missing");
   }
   SystemSpec sys = load_system(sys_path.string());

@@ -12,8 +12,10 @@
 //         return [args] { return run_params(*args); };  // returns the exit status
 //       }};
 //
-// main() catches rackstep::UserError from a command and prints its one line
-// with exit status 2.
+// main() catches rackstep::UserError (and every other std::exception: a
+// filesystem error, bad_alloc, system_error) from a command and prints one
+// line with exit status 2; an exception of no known kind is an internal error,
+// exit 1. A failed write to stdout is an error too (exit 2).
 #pragma once
 
 #include <CLI/CLI.hpp>

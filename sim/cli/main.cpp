@@ -2,8 +2,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <nlohmann/json.hpp>
 
 #include "models/check.h"
@@ -19,6 +26,15 @@ std::vector<CommandInfo>& registry() {
 bool stdout_is_terminal() { return isatty(STDOUT_FILENO) != 0; }
 
 }  // namespace rackstep::cli
+
+namespace {
+
+int fail(const std::string& line) {
+  std::fprintf(stderr, "rackstep: %s\n", line.c_str());
+  return 2;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace rackstep;
@@ -41,20 +57,46 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    // One line, like every other error: the flag, what was expected, what was found.
+    return fail(std::string(e.what()) + " (see --help)");
   }
+  // Exit status: 0 success; 2 for anything the user or the machine can cause
+  // (a bad file or flag, a missing path, a full disk, out of memory, a thread
+  // that cannot start), printed as one line; 1 for an internal error (a bug).
+  int rc = 1;
   try {
     for (auto& [sub, run] : runners) {
-      if (sub->parsed()) return run();
+      if (sub->parsed()) {
+        rc = run();
+        break;
+      }
     }
   } catch (const UserError& e) {
-    std::fprintf(stderr, "rackstep: %s\n", e.what());
-    return 2;
+    return fail(e.what());
   } catch (const nlohmann::json::exception& e) {
-    std::fprintf(stderr, "rackstep: %s\n", e.what());
-    return 2;
+    return fail(e.what());
+  } catch (const std::filesystem::filesystem_error& e) {
+    return fail(e.what());
+  } catch (const std::bad_alloc&) {
+    return fail("out of memory (the request needs more memory than this machine gives the process)");
+  } catch (const std::length_error& e) {
+    return fail(std::string("out of memory (a size beyond what can be allocated: ") + e.what() + ")");
+  } catch (const std::system_error& e) {
+    return fail(std::string("system error: ") + e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rackstep: internal error: %s\n", e.what());
+    return 1;
   }
-  return 1;
+  // Tables and JSON go to stdout: a full disk or closed pipe there is an error too.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    return fail(std::string("standard output: write failed: ") + std::strerror(errno));
+  }
+  return rc;
 }
