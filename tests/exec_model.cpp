@@ -13,6 +13,7 @@
 #include "models/check.h"
 #include "models/json_io.h"
 #include "models/layer_graph.h"
+#include "tests/exec_test_batch.h"
 
 using namespace rackstep;
 using namespace rackstep::exec;
@@ -23,22 +24,8 @@ models::LayerGraph tiny_graph() {
   return models::build_layer_graph(models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"));
 }
 
-// A batch of pseudo-random tokens with two documents per sequence.
-struct TestBatch {
-  std::vector<int32_t> inputs, targets, docs;  // (B, T) each
-};
-TestBatch make_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
-  TestBatch b;
-  uint64_t s = seed;
-  for (int64_t i = 0; i < B * T + 1; ++i) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    b.inputs.push_back(static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab)));
-  }
-  b.targets.assign(b.inputs.begin() + 1, b.inputs.end());
-  b.inputs.pop_back();
-  for (int64_t i = 0; i < B * T; ++i) b.docs.push_back(static_cast<int32_t>((i / T) * 2 + ((i % T) >= T / 3)));
-  return b;
-}
+using testing::make_batch;
+using testing::TestBatch;
 
 double loss_of(CpuModel& m, const TestBatch& b) {
   return m.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss;

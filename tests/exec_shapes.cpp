@@ -17,6 +17,7 @@
 #include "models/check.h"
 #include "models/layer_graph.h"
 #include "models/source_dir.h"
+#include "tests/exec_test_batch.h"
 
 using namespace rackstep;
 using namespace rackstep::exec;
@@ -27,21 +28,8 @@ models::ModelConfig tiny() {
   return models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
 }
 
-struct Batch {
-  std::vector<int32_t> inputs, targets, docs;  // (B, T) each
-};
-Batch make_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
-  Batch b;
-  uint64_t s = seed;
-  for (int64_t i = 0; i < B * T + 1; ++i) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    b.inputs.push_back(static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(vocab)));
-  }
-  b.targets.assign(b.inputs.begin() + 1, b.inputs.end());
-  b.inputs.pop_back();
-  for (int64_t i = 0; i < B * T; ++i) b.docs.push_back(static_cast<int32_t>((i / T) * 2 + ((i % T) >= T / 3)));
-  return b;
-}
+using testing::make_batch;
+using Batch = testing::TestBatch;
 
 std::vector<int32_t> routing(const CpuModel& m) {
   std::vector<int32_t> all;

@@ -19,6 +19,7 @@
 #include "models/check.h"
 #include "sim/des.h"
 #include "sim/trace.h"
+#include "tests/temp_dir.h"
 
 namespace g = rackstep::gui;
 namespace sim = rackstep::sim;
@@ -26,18 +27,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path tmp_dir() { return fs::temp_directory_path() / ("rackstep_gui_figures_" + std::to_string(getpid())); }
-
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    fs::remove_all(tmp_dir(), ec);
-  }
-} cleanup;
+TempDir tmp("gui", "figures");  // removed when the test binary exits
 
 std::string tmp_path(const std::string& name) {
-  fs::create_directories(tmp_dir());
-  return (tmp_dir() / name).string();
+  return tmp.file(name);
 }
 
 // Two GPU processes (one standing for 4 copies), each with a compute stream, a

@@ -30,24 +30,17 @@
 #include "gui/charts.h"
 #include "gui/gantt_widget.h"
 #include "gui/main_window.h"
+#include "tests/temp_dir.h"
 
 namespace g = rackstep::gui;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path tmp_dir() { return fs::temp_directory_path() / ("rackstep_gui_interact_" + std::to_string(getpid())); }
-
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    fs::remove_all(tmp_dir(), ec);
-  }
-} cleanup;
+TempDir tmp("gui", "interact");  // removed when the test binary exits
 
 std::string write_tmp(const std::string& name, const std::string& text) {
-  fs::create_directories(tmp_dir());
-  const std::string path = (tmp_dir() / name).string();
+  const std::string path = tmp.file(name);
   std::ofstream(path) << text;
   return path;
 }

@@ -19,25 +19,17 @@
 #include "gui/gantt_widget.h"
 #include "gui/main_window.h"
 #include "models/check.h"
+#include "tests/temp_dir.h"
 
 namespace g = rackstep::gui;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path tmp_dir() { return fs::temp_directory_path() / ("rackstep_gui_viewer_" + std::to_string(getpid())); }
-
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    fs::remove_all(tmp_dir(), ec);
-  }
-} cleanup;
+TempDir tmp("gui", "viewer");  // removed when the test binary exits
 
 std::string write_tmp(const std::string& name, const std::string& text) {
-  const fs::path dir = tmp_dir();
-  fs::create_directories(dir);
-  const std::string path = (dir / name).string();
+  const std::string path = tmp.file(name);
   std::ofstream(path) << text;
   return path;
 }
