@@ -156,6 +156,16 @@ CompareSummary compare_summary(const TraceModel& m) {
   s.predicted_span_us = t1[0] > t0[0] ? t1[0] - t0[0] : 0;
   s.measured_span_us = t1[1] > t0[1] ? t1[1] - t0[1] : 0;
 
+  // `rackstep compare` de-loads the measured step (wall x CPU / (threads x wall)) in its table; apply the
+  // same factor here unless the trace itself was written de-loaded.
+  if (!m.other_data_json.empty()) {
+    const json other = json::parse(m.other_data_json, nullptr, false);
+    if (!other.is_discarded() && other.contains("rackstep_compare")) {
+      const json& rc = other["rackstep_compare"];
+      const double f = rc.value("measured_deload_factor", 1.0);
+      if (!rc.value("trace_deloaded", false) && f > 0 && std::isfinite(f)) s.measured_scale = f;
+    }
+  }
   std::map<std::string, CompareLine> classes, ops;
   const bool op_classes = by_op_class(m);
   for (const TraceRow& r : m.rows) {
@@ -165,7 +175,8 @@ CompareSummary compare_summary(const TraceModel& m) {
     for (const GpuBreakdown& g : m.gpus) {
       if (g.pid == r.pid) copies = g.copies;
     }
-    const double w = static_cast<double>(copies) / gpus[measured ? 1 : 0] / n_steps[measured ? 1 : 0];
+    const double w = static_cast<double>(copies) / gpus[measured ? 1 : 0] / n_steps[measured ? 1 : 0] *
+                     (measured ? s.measured_scale : 1.0);
     for (const TraceEvent& e : r.events) {
       if (e.depth > 0) continue;  // nested slices are inside their parents' time
       const std::string cls = class_of(m, e, op_classes);

@@ -56,6 +56,9 @@ struct CompareSummary {
   double predicted_gpus = 0, measured_gpus = 0;
   int predicted_steps = 1, measured_steps = 1;  // distinct step numbers seen; times are per step
   double predicted_span_us = 0, measured_span_us = 0;  // step length each side
+  // A `rackstep compare` file's de-load factor for the measured step (otherData.rackstep_compare):
+  // measured times here are multiplied by it, so they equal the CLI table's de-loaded column.
+  double measured_scale = 1;
 };
 CompareSummary compare_summary(const TraceModel& m);
 

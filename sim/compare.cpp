@@ -265,7 +265,15 @@ Comparison compare_run(const CompareInputs& in) {
   for (const auto& s : measured) ev.push_back(complete(kMeasuredPidOffset, 0, s));
   c.trace = {{"traceEvents", ev},
              {"displayTimeUnit", "ms"},
-             {"otherData", {{"rackstep_compare", {{"predicted", in.predicted}, {"measured", in.run_dir}, {"step", step}}}}}};
+             {"otherData",
+              {{"rackstep_compare",
+                {{"predicted", in.predicted},
+                 {"measured", in.run_dir},
+                 {"step", step},
+                 // The shown step's de-load factor: a viewer multiplies the measured slices by it (unless the
+                 // trace is already de-loaded) to show the table's de-loaded figures.
+                 {"measured_deload_factor", shown_factor},
+                 {"trace_deloaded", in.deload}}}}}};
   return c;
 }
 

@@ -256,6 +256,26 @@ TEST_CASE("compare: two traces aligned at step start, time per op class", "[gui]
   CHECK(m.rows[gemm[0].row].events[gemm[0].event].dur_us == 150);
 }
 
+TEST_CASE("compare: a rackstep compare file's de-load factor scales the measured side as the CLI table does",
+          "[gui][compare]") {
+  auto both = nlohmann::ordered_json::parse(R"J({"traceEvents": [
+    {"ph":"M","name":"process_name","pid":0,"args":{"name":"predicted: tiny"}},
+    {"ph":"M","name":"thread_name","pid":0,"tid":0,"args":{"name":"compute"}},
+    {"ph":"X","pid":0,"tid":0,"ts":0,"dur":100,"name":"q","cat":"forward","args":{"op":"q","op_class":"gemm"}},
+    {"ph":"M","name":"process_name","pid":1000000,"args":{"name":"measured: tiny"}},
+    {"ph":"M","name":"thread_name","pid":1000000,"tid":0,"args":{"name":"compute"}},
+    {"ph":"X","pid":1000000,"tid":0,"ts":0,"dur":200,"name":"q","cat":"forward","args":{"op":"q","op_class":"gemm"}}],
+    "otherData": {"rackstep_compare": {"predicted": "cal", "measured": "run", "step": 3,
+                                       "measured_deload_factor": 0.6, "trace_deloaded": false}}})J");
+  const g::CompareSummary c = g::compare_summary(g::parse_trace(both, "compare.json"));
+  CHECK(c.measured_scale == Approx(0.6));
+  REQUIRE(c.classes.size() == 1);
+  CHECK(c.classes[0].measured_us == Approx(120));  // the CLI's de-loaded column: 200 us x 0.6
+  // A trace written de-loaded (compare --deload) is shown as it is.
+  both["otherData"]["rackstep_compare"]["trace_deloaded"] = true;
+  CHECK(g::compare_summary(g::parse_trace(both, "compare.json")).classes[0].measured_us == Approx(200));
+}
+
 TEST_CASE("compare: a side without op classes is compared by category", "[gui][compare]") {
   // rackstep timeline writes no op_class; the CPU profiler does: both fall back to the pass.
   const auto pred = nlohmann::ordered_json::parse(R"({"traceEvents": [
