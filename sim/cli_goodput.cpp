@@ -11,6 +11,7 @@
 #include "models/check.h"
 #include "sim/cli/command.h"
 #include "sim/cli/flags.h"
+#include "sim/cli/progress.h"
 #include "sim/goodput.h"
 
 namespace rackstep::sim {
@@ -26,7 +27,10 @@ struct GoodputArgs {
 int run_goodput(const GoodputArgs& a) {
   GoodputConfig cfg = a.config.empty() ? default_goodput_config() : load_goodput_config(a.config);
   if (a.checkpoint_interval_s > 0) cfg.checkpoint_interval_s = a.checkpoint_interval_s;
-  GoodputResult r = simulate_goodput(a.req, cfg);
+  GoodputRequest req = a.req;
+  rackstep::cli::Progress progress("goodput", "runs over both passes");  // silent unless it takes seconds
+  req.progress = progress.callback();
+  GoodputResult r = simulate_goodput(req, cfg);
   if (a.json) {
     nlohmann::json j = goodput_result_json(a.req, r);
     j["config"] = goodput_config_json(cfg);

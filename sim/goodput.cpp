@@ -330,7 +330,10 @@ GoodputResult simulate_goodput(const GoodputRequest& req, const GoodputConfig& c
   r.ideal_days = static_cast<double>(m.steps) * req.step_time_s / kDay;
   r.days.resize(req.runs);
   RunTally sum;
+  // Progress counts both passes (this one and the re-run at Daly's interval below) as one piece of work.
+  const int64_t total_runs = 2 * req.runs;
   for (int64_t i = 0; i < req.runs; ++i) {
+    if (req.progress && (i & 1023) == 0) req.progress(i, total_runs);
     Rng rng{run_seed(req.seed, i)};
     RunTally t = simulate_run(m, rng);
     r.days[i] = t.wall_s / kDay;
@@ -384,11 +387,13 @@ GoodputResult simulate_goodput(const GoodputRequest& req, const GoodputConfig& c
     const Model md = make_model(req, cfg, r.daly_interval_s);
     double at_daly = 0;
     for (int64_t i = 0; i < req.runs; ++i) {
+      if (req.progress && (i & 1023) == 0) req.progress(req.runs + i, total_runs);
       Rng rng{run_seed(req.seed, i)};
       at_daly += simulate_run(md, rng).wall_s;
     }
     r.mean_days_at_daly_interval = at_daly / n / kDay;
   }
+  if (req.progress) req.progress(total_runs, total_runs);
   return r;
 }
 

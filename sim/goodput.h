@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,8 @@ struct GoodputRequest {
   int64_t runs = 1000;
   uint64_t seed = 0;
   int bins = 20;                // histogram bins
+  // Called as runs complete (done, total), e.g. the CLI's progress line; may be empty.
+  std::function<void(int64_t, int64_t)> progress;
 };
 
 struct HistogramBin {

@@ -2,12 +2,16 @@
 // file, determinism, deadlines, Young/Daly, and bad input.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <utility>
+#include <vector>
 
 #include "models/check.h"
+#include "sim/cli/progress.h"
 #include "sim/goodput.h"
 
 using namespace rackstep::sim;
@@ -223,4 +227,31 @@ TEST_CASE("bad requests and configs are user errors", "[goodput][errors]") {
   apply_goodput_json(d, {{"hang", {{"mean_steps_between", 0}}}}, "over.json", false);
   CHECK(d.hang_mean_steps_between == 0);
   CHECK(d.gpu_failure_mtbf_gpu_days == 2770);
+}
+
+TEST_CASE("goodput reports progress as runs complete, ending at the total", "[goodput][progress]") {
+  GoodputRequest req;
+  req.step_time_s = 17.15;
+  req.tokens_per_step = 46137344;
+  req.tokens = 1e12;
+  req.gpus = 704;
+  req.total_params = 535.48e9;
+  req.runs = 3000;
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  req.progress = [&](int64_t done, int64_t total) { calls.emplace_back(done, total); };
+  simulate_goodput(req, default_goodput_config());
+  REQUIRE(calls.size() >= 2);
+  for (size_t i = 1; i < calls.size(); ++i) CHECK(calls[i].first >= calls[i - 1].first);
+  CHECK(calls.back().first == calls.back().second);
+}
+
+TEST_CASE("the progress line stays quiet for short work, then says the share done and the time left",
+          "[progress]") {
+  using Clock = rackstep::cli::Progress::Clock;
+  rackstep::cli::Progress p("goodput", "runs", /*quiet_s=*/2.0);
+  const Clock::time_point t0 = Clock::now();
+  CHECK(p.update(10, 100, t0 + std::chrono::milliseconds(500)).empty());  // still quiet
+  CHECK(p.update(25, 100, t0 + std::chrono::seconds(3)) == "goodput: 25% (25 of 100 runs), about 9 s left");
+  CHECK(p.update(26, 100, t0 + std::chrono::milliseconds(3200)).empty());  // at most one line a second
+  CHECK_FALSE(p.update(100, 100, t0 + std::chrono::milliseconds(3300)).empty());  // the end is always said
 }
