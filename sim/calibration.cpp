@@ -70,7 +70,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
 
   c.launch_overhead_s = sourced(r, "launch_overhead_s", nonneg);
   c.loss_block_tokens = sourced(r, "loss_block_tokens", pos);
-  if (r.has("ep_drops")) {  // optional, so calibration files written before it still read
+  if (r.has("ep_drops")) {  // optional: an override of the drop calibration's fit target
     JsonReader d = r.object("ep_drops");
     c.fallback_drop_fraction = sourced(d, "fallback_fraction", {.min = 0, .max = 1});
     d.finish();

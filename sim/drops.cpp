@@ -379,17 +379,28 @@ double fit_concentration(const DropScenario& s, RoutingModel model, double targe
   return std::exp(0.5 * (lo + hi));
 }
 
+double default_drop_target() {
+  static const double target = [] {
+    const DropCalibration cal = load_drop_calibration();
+    if (!(cal.target_drop > 0))
+      throw UserError(default_drop_calibration_path(), "/fit/target_drop", "the drop fraction the default was fitted to",
+                      "none");
+    return cal.target_drop;
+  }();
+  return target;
+}
+
 std::string default_drop_calibration_path() { return std::string(rackstep::source_dir()) + "/sim/drop_calibration.json"; }
 
 namespace {
 
+// Ranges the calibration reader checks.
+const NumberRange positive{.min_exclusive = 0.0};
+const NumberRange one_or_more{.min = 1.0};
+const NumberRange non_negative{.min = 0.0};
+const NumberRange fraction{.min = 0.0, .max = 1.0};
+
 RoutingModel read_routing_model(JsonReader& m) {
-  NumberRange positive;
-  positive.min_exclusive = 0.0;
-  NumberRange one_or_more;
-  one_or_more.min = 1.0;
-  NumberRange non_negative;
-  non_negative.min = 0.0;
   RoutingModel model;
   JsonReader dl = m.object("doc_lengths");
   model.doc_lengths.kind = parse_doc_length_kind(dl.choice("kind", {"lognormal", "exponential", "fixed"}, "lognormal"));
@@ -472,13 +483,6 @@ DropCalibration load_drop_calibration(const std::string& path) {
   JsonReader r(doc, path);
   DropCalibration cal;
   cal.source = r.string("source");
-  NumberRange positive;
-  positive.min_exclusive = 0.0;
-  NumberRange one_or_more;
-  one_or_more.min = 1.0;
-  NumberRange fraction;
-  fraction.min = 0.0;
-  fraction.max = 1.0;
   {
     JsonReader m = r.object("routing_model");
     cal.model = read_routing_model(m);

@@ -121,6 +121,9 @@ std::vector<RoutingModel> calibration_models(const DropCalibration& cal);
 // Mean of per-layer estimates (CI half-widths combined as independent).
 DropEstimate average_estimates(const std::vector<DropEstimate>& per_layer);
 std::string default_drop_calibration_path();  // <source dir>/sim/drop_calibration.json
+// The drop fraction the default calibration was fitted to (/fit/target_drop), read once;
+// a UserError naming the file and field when it has none.
+double default_drop_target();
 DropCalibration load_drop_calibration(const std::string& path = default_drop_calibration_path());
 void write_drop_calibration(const std::string& path, const DropCalibration& cal);
 

@@ -41,8 +41,13 @@ using models::OpClass;
 using models::OpKind;
 
 // Drop fraction of the routed assignments at this layout's dispatch settings.
-// Settings sim/drops cannot price fall back to calibration ep_drops.fallback_fraction
+// Settings sim/drops cannot price fall back to the drop model's fit target (or the calibration's
+// ep_drops.fallback_fraction override)
 // (source "fallback"; the prediction carries a warning).
+double fallback_drop(const Calibration& cal) {
+  return cal.fallback_drop_fraction > 0 ? cal.fallback_drop_fraction : default_drop_target();
+}
+
 double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s, const Calibration& cal,
                          const char** source) {
   if (t.experts == 0 || l.ep <= 1) {
@@ -64,7 +69,7 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
         e.waves == l.waves && e.chunks == l.ragged_chunks && e.tr == l.ep_transport && e.scf == l.sender_cf &&
         e.rcf == l.receiver_cf) {
       *source = e.ok ? "sim/drops" : "fallback";
-      return e.ok ? e.value : cal.fallback_drop_fraction;
+      return e.ok ? e.value : fallback_drop(cal);
     }
   }
   Entry e{t.experts, t.top_k, l.ep, tokens, s.seq, l.waves, l.ragged_chunks, l.ep_transport,
@@ -81,7 +86,7 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
   if (cache.size() >= 64) cache.erase(cache.begin());
   cache.push_back(e);
   *source = e.ok ? "sim/drops" : "fallback";
-  return e.ok ? e.value : cal.fallback_drop_fraction;
+  return e.ok ? e.value : fallback_drop(cal);
 }
 
 // Newton–Schulz FLOPs of one (m x n) matrix: per iteration A = X X^T (2 m^2 n),
@@ -512,7 +517,7 @@ Prediction Predictor::run(const Layout& l) const {
   p.warnings = warnings_;
   if (std::string_view(p.drop_source) == "fallback") {
     p.warnings.push_back("sim/drops cannot price these EP dispatch settings: drop fraction " +
-                         std::to_string(p.drop_fraction) + " from calibration ep_drops.fallback_fraction");
+                         std::to_string(p.drop_fraction) + " from the drop model's fit target (sim/drop_calibration.json /fit/target_drop)");
   }
   return p;
 }

@@ -11,6 +11,7 @@
 #include "models/check.h"
 #include "models/model.h"
 #include "models/source_dir.h"
+#include "sim/calibration.h"
 #include "sim/drops.h"
 #include "sim/expert_load.h"
 #include "sim/layout.h"
@@ -211,4 +212,11 @@ TEST_CASE("a layout's expert load comes from the drop model's routing; dense or 
   CHECK(hero.rank_sorted.back() < 1.0);
   l.ep = 1;
   CHECK(expert_load_for_layout(model, l, {.samples = 4}).rank_sorted == std::vector<double>{1.0});
+}
+
+TEST_CASE("the predictor's fallback drop is the default drop calibration's fit target", "[drops][calibration]") {
+  // One home for the hero's 2.67%: sim/drop_calibration.json /fit/target_drop.
+  CHECK(default_drop_target() == load_drop_calibration().target_drop);
+  CHECK(default_drop_target() == Approx(0.0267));
+  CHECK(load_calibration().fallback_drop_fraction == 0);  // no second copy in sim/calibration.json
 }

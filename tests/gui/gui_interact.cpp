@@ -76,6 +76,20 @@ struct Window {
   }
 };
 
+// Opens kTrace in w: its tab and Gantt widget.
+struct Opened {
+  QWidget* tab;
+  g::GanttWidget* gantt;
+};
+Opened open_sample(Window& w) {
+  w.win.open_file(write_tmp("t.json", kTrace));
+  QWidget* tab = w.win.tabs()->widget(0);
+  auto* gantt = child<g::GanttWidget>(tab, "gantt");
+  REQUIRE(gantt != nullptr);
+  QApplication::processEvents();
+  return {tab, gantt};
+}
+
 // The y pixel of a row's middle in the widget, from the layout.
 int row_y(const g::GanttWidget& w, int row) {
   const g::GanttLayout lay = g::gantt_layout(w.model(), w.view());
@@ -137,11 +151,7 @@ TEST_CASE("interact: the finish histogram follows the selected candidate", "[gui
 TEST_CASE("interact: fold a process, filter rows, search slices", "[gui][interact]") {
   REQUIRE(g::charts_available());
   Window w;
-  w.win.open_file(write_tmp("t.json", kTrace));
-  QWidget* tab = w.win.tabs()->widget(0);
-  auto* gantt = child<g::GanttWidget>(tab, "gantt");
-  REQUIRE(gantt != nullptr);
-  QApplication::processEvents();
+  const auto [tab, gantt] = open_sample(w);
   const auto& m = gantt->model();
   REQUIRE(m.rows.size() == 3);
   REQUIRE(m.counters.size() == 1);
@@ -194,11 +204,7 @@ TEST_CASE("interact: fold a process, filter rows, search slices", "[gui][interac
 TEST_CASE("interact: shift+drag measures a range, a click pins a slice", "[gui][interact]") {
   REQUIRE(g::charts_available());
   Window w;
-  w.win.open_file(write_tmp("t.json", kTrace));
-  QWidget* tab = w.win.tabs()->widget(0);
-  auto* gantt = child<g::GanttWidget>(tab, "gantt");
-  REQUIRE(gantt != nullptr);
-  QApplication::processEvents();
+  const auto [tab, gantt] = open_sample(w);
   const int y = row_y(*gantt, 0);
   // Select [50, 300] us: L0.fwd 50 us inside, L1.fwd 100, send 50, L2.fwd 50.
   QTest::mousePress(gantt, Qt::LeftButton, Qt::ShiftModifier, QPoint(x_of(*gantt, 50), y));
