@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "models/layer_graph.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "sim/calibration.h"
 #include "sim/des.h"
 #include "sim/layout.h"

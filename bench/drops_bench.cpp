@@ -14,7 +14,7 @@
 #include <numeric>
 #include <random>
 
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 #include "sim/drops.h"
 #include "sim/routing.h"
 

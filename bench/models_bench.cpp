@@ -4,7 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include "models/layer_graph.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 using namespace rackstep::models;
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "sim/predict.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "sim/sweep.h"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "sim/predict.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "sim/step_graph.h"
 
 namespace {

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "exec/kernels.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "exec/model.h"
 #include "exec/optim.h"
 #include "exec/profiler.h"

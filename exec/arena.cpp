@@ -8,8 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "models/check.h"
-#include "models/file_io.h"
+#include "sim/base/check.h"
+#include "sim/base/file_io.h"
 #include "models/layer_graph.h"
 
 namespace rackstep::exec {

@@ -5,7 +5,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "exec/arena.h"
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::exec {
 

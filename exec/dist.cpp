@@ -9,7 +9,7 @@
 
 #include "exec/kernels.h"
 #include "exec/watchdog.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 #ifdef RACKSTEP_HAVE_MPI
 #include <mpi.h>

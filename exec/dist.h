@@ -55,7 +55,7 @@
 
 #include "exec/arena.h"
 #include "exec/model.h"
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 
 namespace rackstep::exec {
 

@@ -7,8 +7,8 @@
 #include <iterator>
 #include <set>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::exec {
 

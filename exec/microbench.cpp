@@ -16,7 +16,7 @@
 #include "exec/model.h"
 #include "exec/optim.h"
 #include "exec/train.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/model.h"
 
 namespace rackstep::exec {

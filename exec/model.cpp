@@ -8,7 +8,7 @@
 #include <numbers>
 
 #include "exec/kernels.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

@@ -54,7 +54,7 @@
 
 #include "exec/arena.h"
 #include "models/layer_graph.h"
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 
 namespace rackstep::exec {
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

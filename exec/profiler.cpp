@@ -4,9 +4,9 @@
 #include <filesystem>
 
 #include "exec/microbench.h"
-#include "models/json_io.h"
+#include "sim/base/json_io.h"
 #include "sim/compare.h"
-#include "sim/trace.h"
+#include "sim/base/trace.h"
 
 namespace rackstep::exec {
 

@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

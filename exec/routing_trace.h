@@ -19,7 +19,7 @@
 #include "exec/data.h"
 #include "exec/model.h"
 #include "models/layer_graph.h"
-#include "sim/routing_trace.h"
+#include "sim/base/routing_trace.h"
 
 namespace rackstep::exec {
 

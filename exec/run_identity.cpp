@@ -8,9 +8,9 @@
 
 #include "exec/arena.h"
 #include "exec/checkpoint.h"
-#include "models/check.h"
-#include "models/file_io.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/file_io.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::exec {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <map>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::exec {
 

@@ -16,9 +16,9 @@
 #include "exec/kernels.h"
 #include "exec/resources.h"
 #include "exec/run_identity.h"
-#include "models/file_io.h"
+#include "sim/base/file_io.h"
 #include "exec/train_layout.h"
-#include "models/json_io.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::exec {
 

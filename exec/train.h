@@ -60,7 +60,7 @@
 #include "exec/optim.h"
 #include "exec/profiler.h"
 #include "exec/routing_trace.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

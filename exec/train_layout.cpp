@@ -1,6 +1,6 @@
 #include "exec/train_layout.h"
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

@@ -22,7 +22,7 @@
 
 #include "exec/model.h"
 #include "models/layer_graph.h"
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 #include "sim/layout.h"
 
 namespace rackstep::exec {

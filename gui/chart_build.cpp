@@ -16,7 +16,7 @@
 #include <QStackedBarSeries>
 #include <QValueAxis>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::gui {
 namespace {

@@ -18,7 +18,7 @@
 #include "gui/chart_build.h"
 #include "gui/gantt_paint.h"
 #include "gui/trace_model.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::gui {
 namespace {

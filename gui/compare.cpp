@@ -6,7 +6,7 @@
 #include <map>
 #include <set>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::gui {
 namespace {

@@ -23,7 +23,7 @@
 
 #include "gui/figures.h"
 #include "gui/main_window.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace {
 

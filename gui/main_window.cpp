@@ -37,7 +37,7 @@
 #include "gui/gantt_widget.h"
 #include "gui/result_files.h"
 #include "gui/trace_model.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::gui {
 namespace {

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "gui/trace_model.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::gui {
 namespace {

@@ -13,7 +13,7 @@
 
 #include <zlib.h>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::gui {
 namespace {

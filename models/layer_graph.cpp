@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::models {
 

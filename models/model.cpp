@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::models {
 

@@ -1,10 +1,10 @@
 #include "sim/calibration.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "models/json_io.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::sim {
 

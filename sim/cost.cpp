@@ -4,7 +4,7 @@
 #include <map>
 #include <utility>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::sim {
 

@@ -18,8 +18,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "models/check.h"
-#include "sim/trace.h"
+#include "sim/base/check.h"
+#include "sim/base/trace.h"
 
 namespace rackstep::sim {
 

@@ -1,5 +1,5 @@
 #include "sim/drops.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,8 +10,8 @@
 #include <thread>
 #include <tuple>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 #include "sim/predict.h"
 
 namespace rackstep::sim {

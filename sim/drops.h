@@ -40,7 +40,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 #include "sim/routing.h"
 
 namespace rackstep::sim {

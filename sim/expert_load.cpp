@@ -4,7 +4,7 @@
 #include <functional>
 #include <random>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::sim {
 

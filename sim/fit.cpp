@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <sstream>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 #include "models/model.h"
 #include "sim/calibration.h"
 #include "sim/predict.h"

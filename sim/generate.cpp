@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/layer_graph.h"
 
 namespace rackstep::sim {

@@ -8,7 +8,7 @@
 //   - the j-th save failing, j ~ Geometric(p).
 // So a run costs O(interruptions) random draws, not O(steps).
 #include "sim/goodput.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,8 +16,8 @@
 #include <limits>
 #include <sstream>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::sim {
 

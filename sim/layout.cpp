@@ -4,8 +4,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::sim {
 

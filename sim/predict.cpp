@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "sim/drops.h"
 
 namespace rackstep::sim {

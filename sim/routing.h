@@ -55,7 +55,7 @@
 #include <string>
 #include <vector>
 
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 
 namespace rackstep::sim {
 

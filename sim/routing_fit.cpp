@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::sim {
 

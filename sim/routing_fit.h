@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "sim/routing.h"
-#include "sim/routing_trace.h"
+#include "sim/base/routing_trace.h"
 
 namespace rackstep::sim {
 

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <random>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::sim {
 

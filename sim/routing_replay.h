@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #include "sim/drops.h"
-#include "sim/routing_trace.h"
+#include "sim/base/routing_trace.h"
 
 namespace rackstep::sim {
 

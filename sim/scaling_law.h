@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/json_io.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::sim {
 

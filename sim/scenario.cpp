@@ -1,12 +1,12 @@
 #include "sim/scenario.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::sim {
 

@@ -1,7 +1,7 @@
 #include "sim/size.h"
 
 #include "sim/stack.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 #include <algorithm>
 #include <chrono>

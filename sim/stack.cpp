@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "models/check.h"
-#include "models/json_io.h"
-#include "models/source_dir.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
+#include "sim/base/source_dir.h"
 
 namespace rackstep::sim {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "sim/goodput.h"
 #include "sim/memory.h"
 

@@ -1,12 +1,12 @@
 #include "sim/validate.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 #include <algorithm>
 #include <cmath>
 #include <exception>
 #include <filesystem>
 
-#include "models/json_io.h"
+#include "sim/base/json_io.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
 

@@ -35,7 +35,7 @@
 #include "exec/optim.h"
 #include "models/layer_graph.h"
 #include "models/model.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "tests/exec_kernels_testutil.h"
 
 namespace {

@@ -11,7 +11,7 @@
 
 #include "exec/data.h"
 #include "exec/tokenizer.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "tests/temp_dir.h"
 
 using namespace rackstep::exec;

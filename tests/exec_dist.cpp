@@ -13,12 +13,12 @@
 #include <string>
 
 #include "exec/dist.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "exec/optim.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/layer_graph.h"
 #include "models/model.h"
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 
 using namespace rackstep;
 using namespace rackstep::exec;

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "exec/dump.h"
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace fs = std::filesystem;
 using rackstep::exec::DumpDtype;

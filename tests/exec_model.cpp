@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "exec/model.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "exec/optim.h"
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 #include "models/layer_graph.h"
 #include "tests/exec_test_batch.h"
 

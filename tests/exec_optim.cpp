@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "exec/arena.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "exec/optim.h"
 #include "models/layer_graph.h"
 #include "models/model.h"

@@ -14,9 +14,9 @@
 
 #include "exec/model.h"
 #include "exec/optim.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/layer_graph.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "tests/exec_test_batch.h"
 
 using namespace rackstep;

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "exec/data.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "exec/train.h"
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 using namespace rackstep;
 using namespace rackstep::exec;

@@ -24,11 +24,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 #include "models/layer_graph.h"
 #include "models/model.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "sim/calibration.h"
 #include "sim/layout.h"
 #include "sim/scenario.h"

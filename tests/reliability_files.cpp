@@ -20,9 +20,9 @@
 
 #include "exec/checkpoint.h"
 #include "exec/run_identity.h"
-#include "models/check.h"
-#include "models/file_io.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/file_io.h"
+#include "sim/base/json_io.h"
 #include "tests/temp_dir.h"
 
 using namespace rackstep;

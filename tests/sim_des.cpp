@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "sim/des.h"
 
 using namespace rackstep::sim;

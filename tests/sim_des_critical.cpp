@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/des.h"
-#include "sim/trace.h"
+#include "sim/base/trace.h"
 
 using namespace rackstep::sim;
 using Catch::Matchers::Contains;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "sim/des.h"
 
 using namespace rackstep::sim;

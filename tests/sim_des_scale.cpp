@@ -13,11 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "sim/des.h"
 #include "sim/predict.h"
 #include "sim/step_graph.h"
-#include "sim/trace.h"
+#include "sim/base/trace.h"
 #include "tests/sim_step_graph_case.h"
 
 using namespace rackstep;

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <random>
 
-#include "models/check.h"
-#include "sim/dispatch.h"
+#include "sim/base/check.h"
+#include "sim/base/dispatch.h"
 
 using namespace rackstep::sim;
 

@@ -11,8 +11,8 @@
 
 #include <unistd.h>
 
-#include "models/check.h"
-#include "sim/dispatch.h"
+#include "sim/base/check.h"
+#include "sim/base/dispatch.h"
 #include "sim/drops.h"
 #include "sim/routing.h"
 

@@ -8,16 +8,16 @@
 #include <random>
 #include <string>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/model.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "sim/calibration.h"
 #include "sim/drops.h"
 #include "sim/expert_load.h"
 #include "sim/layout.h"
 #include "sim/routing_fit.h"
 #include "sim/routing_replay.h"
-#include "sim/routing_trace.h"
+#include "sim/base/routing_trace.h"
 #include "tests/temp_dir.h"
 
 using namespace rackstep::sim;

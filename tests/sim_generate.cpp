@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "models/check.h"
-#include "models/source_dir.h"
+#include "sim/base/check.h"
+#include "sim/base/source_dir.h"
 #include "models/layer_graph.h"
 #include "sim/generate.h"
 

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "models/check.h"
-#include "sim/cli/progress.h"
+#include "sim/base/check.h"
+#include "scripts/cli/progress.h"
 #include "sim/goodput.h"
 
 using namespace rackstep::sim;

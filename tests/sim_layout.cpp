@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "models/check.h"
-#include "models/source_dir.h"
+#include "sim/base/check.h"
+#include "sim/base/source_dir.h"
 #include "models/layer_graph.h"
 #include "sim/layout.h"
 

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "sim/predict.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;

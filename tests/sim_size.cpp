@@ -3,9 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/check.h"
-#include "models/source_dir.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/source_dir.h"
+#include "sim/base/json_io.h"
 #include "sim/scaling_law.h"
 #include "sim/scenario.h"
 #include "sim/size.h"

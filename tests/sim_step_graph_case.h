@@ -7,7 +7,7 @@
 #include <string>
 
 #include "models/layer_graph.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "models/model.h"
 #include "sim/layout.h"
 #include "topologies/topology.h"

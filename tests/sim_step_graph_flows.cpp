@@ -8,7 +8,7 @@
 #include <tuple>
 #include <string>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/layer_graph.h"
 #include "sim/des.h"
 #include "sim/predict.h"

@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "sim/des.h"
-#include "sim/trace.h"
+#include "sim/base/trace.h"
 
 using namespace rackstep::sim;
 

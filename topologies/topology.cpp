@@ -1,10 +1,10 @@
 #include "topologies/topology.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 #include <filesystem>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::topologies {
 namespace {

@@ -27,8 +27,8 @@
 #include "gui/charts.h"
 #include "gui/gantt_paint.h"
 #include "gui/trace_model.h"
-#include "models/check.h"
-#include "sim/trace.h"
+#include "sim/base/check.h"
+#include "sim/base/trace.h"
 
 namespace {
 

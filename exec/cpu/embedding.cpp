@@ -5,7 +5,7 @@
 #include <omp.h>
 
 #include "exec/kernels.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

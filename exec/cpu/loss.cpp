@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "exec/kernels.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

@@ -10,7 +10,7 @@
 
 #include "exec/cpu/kernel_util.h"
 #include "exec/kernels.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 

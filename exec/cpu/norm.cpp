@@ -5,7 +5,7 @@
 
 #include "exec/cpu/kernel_util.h"
 #include "exec/kernels.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 namespace {

@@ -6,7 +6,7 @@
 #include "exec/cuda/element_access.cuh"
 #include "exec/cuda/element_math.h"
 #include "exec/cuda/ops.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 namespace {

@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "exec/cuda/check.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 

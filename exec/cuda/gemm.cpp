@@ -7,7 +7,7 @@
 #include <string>
 
 #include "exec/cuda/check.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 

@@ -4,7 +4,7 @@
 #include "exec/cuda/check.h"
 #include "exec/cuda/element_access.cuh"
 #include "exec/cuda/ops.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 namespace {

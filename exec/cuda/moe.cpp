@@ -7,7 +7,7 @@
 #include "exec/cuda/check.h"
 #include "exec/cuda/detail.h"
 #include "exec/cuda/ops.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 

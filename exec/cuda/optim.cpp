@@ -9,7 +9,7 @@
 #include "exec/cuda/check.h"
 #include "exec/cuda/detail.h"
 #include "exec/optim.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 

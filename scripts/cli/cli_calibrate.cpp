@@ -27,11 +27,11 @@
 #include "exec/kernels.h"
 #include "exec/microbench.h"
 #include "exec/train.h"
-#include "models/check.h"
-#include "models/json_io.h"
-#include "models/source_dir.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
+#include "sim/base/source_dir.h"
 #include "sim/calibration.h"
-#include "sim/cli/command.h"
+#include "scripts/cli/command.h"
 #include "sim/fit.h"
 
 namespace rackstep::exec {

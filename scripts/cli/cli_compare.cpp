@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
-#include "models/check.h"
-#include "models/json_io.h"
-#include "sim/cli/command.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
+#include "scripts/cli/command.h"
 #include "sim/compare.h"
 
 namespace rackstep::sim {

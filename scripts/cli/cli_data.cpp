@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "exec/data.h"
-#include "models/check.h"
-#include "sim/cli/command.h"
+#include "sim/base/check.h"
+#include "scripts/cli/command.h"
 
 namespace rackstep::exec {
 namespace {

@@ -17,15 +17,15 @@
 #include <string>
 #include <vector>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 #include "models/model.h"
-#include "sim/cli/command.h"
+#include "scripts/cli/command.h"
 #include "sim/drops.h"
 #include "sim/layout.h"
 #include "sim/routing_fit.h"
 #include "sim/routing_replay.h"
-#include "sim/routing_trace.h"
+#include "sim/base/routing_trace.h"
 
 namespace rackstep::sim {
 namespace {

@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "models/check.h"
-#include "sim/cli/command.h"
-#include "sim/cli/flags.h"
-#include "sim/cli/progress.h"
+#include "sim/base/check.h"
+#include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
+#include "scripts/cli/progress.h"
 #include "sim/goodput.h"
 
 namespace rackstep::sim {

@@ -4,10 +4,10 @@
 #include <memory>
 #include <string>
 
-#include "models/json_io.h"
+#include "sim/base/json_io.h"
 #include "models/layer_graph.h"
-#include "sim/cli/command.h"
-#include "sim/cli/flags.h"
+#include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
 

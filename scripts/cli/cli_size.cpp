@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <memory>
 
-#include "models/json_io.h"
-#include "sim/cli/command.h"
-#include "sim/cli/flags.h"
+#include "sim/base/json_io.h"
+#include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
 #include "sim/size.h"
 #if RACKSTEP_HAVE_QT
 #include "gui/charts.h"

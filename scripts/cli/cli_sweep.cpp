@@ -6,10 +6,10 @@
 #include <memory>
 #include <string>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/layer_graph.h"
-#include "sim/cli/command.h"
-#include "sim/cli/flags.h"
+#include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
 #include "sim/emit_run.h"
 #include "sim/stack.h"
 #include "sim/sweep.h"

@@ -25,15 +25,15 @@
 #include <string>
 #include <vector>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/layer_graph.h"
 #include "sim/calibration.h"
-#include "sim/cli/command.h"
+#include "scripts/cli/command.h"
 #include "sim/des.h"
 #include "sim/expert_load.h"
 #include "sim/predict.h"
 #include "sim/step_graph.h"
-#include "sim/trace.h"
+#include "sim/base/trace.h"
 #include "topologies/topology.h"
 
 namespace rackstep::sim {

@@ -2,8 +2,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "sim/cli/command.h"
-#include "sim/cli/flags.h"
+#include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
 #include "topologies/topology.h"
 
 namespace rackstep::topologies {

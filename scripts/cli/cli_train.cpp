@@ -19,9 +19,9 @@
 #include "exec/dist.h"
 #include "exec/train.h"
 #include "exec/watchdog.h"
-#include "models/check.h"
-#include "sim/cli/command.h"
-#include "sim/cli/flags.h"
+#include "sim/base/check.h"
+#include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
 
 namespace rackstep::exec {
 namespace {

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "models/json_io.h"
+#include "sim/base/json_io.h"
 #include "models/layer_graph.h"
-#include "sim/cli/command.h"
+#include "scripts/cli/command.h"
 #include "topologies/topology.h"
 
 namespace rackstep::sim {

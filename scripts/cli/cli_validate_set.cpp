@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sim/cli/command.h"
+#include "scripts/cli/command.h"
 #include "sim/validate.h"
 
 namespace rackstep::sim {

@@ -13,8 +13,8 @@
 #include <system_error>
 #include <nlohmann/json.hpp>
 
-#include "models/check.h"
-#include "sim/cli/command.h"
+#include "sim/base/check.h"
+#include "scripts/cli/command.h"
 
 namespace rackstep::cli {
 

@@ -1,10 +1,10 @@
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::sim {
 

@@ -1,4 +1,4 @@
-#include "models/file_io.h"
+#include "sim/base/file_io.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep {
 

@@ -1,10 +1,10 @@
-#include "models/json_io.h"
+#include "sim/base/json_io.h"
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 
-#include "models/file_io.h"
+#include "sim/base/file_io.h"
 
 namespace rackstep {
 

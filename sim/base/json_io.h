@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep {
 

@@ -1,4 +1,4 @@
-#include "sim/routing_trace.h"
+#include "sim/base/routing_trace.h"
 
 #include <cmath>
 #include <cstring>
@@ -6,8 +6,8 @@
 #include <fstream>
 #include <iterator>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::sim {
 

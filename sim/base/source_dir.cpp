@@ -1,4 +1,4 @@
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 namespace rackstep {
 

@@ -1,11 +1,11 @@
 // Chrome trace-event JSON writer; see sim/trace.h.
-#include "sim/trace.h"
+#include "sim/base/trace.h"
 
 #include <cmath>
 #include <cstdio>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 
 namespace rackstep::sim {
 

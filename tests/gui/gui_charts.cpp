@@ -15,8 +15,8 @@
 #include "gui/charts.h"
 #include "gui/result_files.h"
 #include "gui/trace_model.h"
-#include "models/check.h"
-#include "sim/trace.h"
+#include "sim/base/check.h"
+#include "sim/base/trace.h"
 #include "tests/gui/png_stats.h"
 
 namespace g = rackstep::gui;

@@ -16,9 +16,9 @@
 #include "gui/figures.h"
 #include "gui/result_files.h"
 #include "gui/trace_model.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "sim/des.h"
-#include "sim/trace.h"
+#include "sim/base/trace.h"
 #include "tests/temp_dir.h"
 
 namespace g = rackstep::gui;

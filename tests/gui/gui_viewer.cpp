@@ -18,7 +18,7 @@
 #include "gui/charts.h"
 #include "gui/gantt_widget.h"
 #include "gui/main_window.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "tests/temp_dir.h"
 
 namespace g = rackstep::gui;

@@ -26,9 +26,9 @@
 #include "exec/dump.h"
 #include "exec/kernels.h"
 #include "exec/train.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 #include "models/layer_graph.h"
-#include "sim/dispatch.h"
+#include "sim/base/dispatch.h"
 
 namespace {
 
