@@ -5,7 +5,7 @@
 
 #include "exec/microbench.h"
 #include "sim/base/json_io.h"
-#include "sim/compare.h"
+#include "sim/slice_name.h"
 #include "sim/base/trace.h"
 
 namespace rackstep::exec {

@@ -4,7 +4,7 @@
 // RUN/run.json, RUN/trace.json, RUN/log.jsonl); the predicted side is the
 // predictor's op times (Predictor::op_timings) for the same model, batch,
 // sequence and process layout on a calibrated cluster (`rackstep calibrate`
-// output). One function names a slice on both sides (slice_name), so the
+// output). One function names a slice on both sides (sim/slice_name.h), so the
 // simulator's and the engine's slices map one to one: the layer-graph op name
 // plus the pass, e.g. "layers.3.attn.q_proj.fwd".
 //
@@ -27,17 +27,9 @@
 #include <nlohmann/json.hpp>
 
 #include "models/layer_graph.h"
+#include "sim/slice_name.h"
 
 namespace rackstep::sim {
-
-// The passes a slice belongs to (its Chrome-trace category).
-enum class Pass { kForward, kBackward, kRecompute, kOptimizer, kComm, kHost };
-const char* to_string(Pass p);
-
-// The one name of an op's slice in a pass, on both sides.
-std::string slice_name(const models::Op& op, Pass p);
-// The op name and pass of a slice name (inverse of slice_name); false if it is not one.
-bool parse_slice_name(const std::string& slice, std::string* op, Pass* p);
 
 inline constexpr int64_t kMeasuredPidOffset = 1000000;
 
