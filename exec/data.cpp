@@ -9,6 +9,7 @@
 
 #include "exec/arena.h"
 #include "sim/base/check.h"
+#include "sim/base/value_error.h"
 #include "sim/base/json_io.h"
 
 namespace rackstep::exec {
@@ -302,13 +303,16 @@ std::vector<std::string> default_corpus_files(std::vector<std::string>* roots) {
 }
 
 BuildSummary build_dataset(const BuildOptions& o) {
-  if (o.out_dir.empty()) throw UserError("--out: expected a dataset directory, found nothing");
-  if (o.tokenizer != "byte" && o.tokenizer != "bpe") throw UserError("--tokenizer: expected byte or bpe, found " + o.tokenizer);
-  if (o.split != "file" && o.split != "blank-lines") throw UserError("--split: expected file or blank-lines, found " + o.split);
-  if (!(o.eval_fraction >= 0 && o.eval_fraction < 1)) throw UserError("--eval-fraction: expected a value in [0, 1)");
-  if (o.shard_tokens < 1024) throw UserError("--shard-tokens: expected at least 1024, found " + std::to_string(o.shard_tokens));
+  // Errors name BuildOptions' fields, not flags; `rackstep data build` maps them to its flags.
+  if (o.out_dir.empty()) throw ValueError("data", "out_dir", "a dataset directory", "nothing");
+  if (o.tokenizer != "byte" && o.tokenizer != "bpe") throw ValueError("data", "tokenizer", "byte or bpe", o.tokenizer);
+  if (o.split != "file" && o.split != "blank-lines") throw ValueError("data", "split", "file or blank-lines", o.split);
+  if (!(o.eval_fraction >= 0 && o.eval_fraction < 1)) {
+    throw ValueError("data", "eval_fraction", "a value in [0, 1)", std::to_string(o.eval_fraction));
+  }
+  if (o.shard_tokens < 1024) throw ValueError("data", "shard_tokens", "at least 1024", std::to_string(o.shard_tokens));
   if (o.tokenizer == "bpe" && (o.vocab_size < 257 || o.vocab_size > 65536)) {
-    throw UserError("--vocab: expected 257..65536 for bpe, found " + std::to_string(o.vocab_size));
+    throw ValueError("data", "vocab_size", "257..65536 for bpe", std::to_string(o.vocab_size));
   }
   auto progress = [&](const std::string& line) {
     if (o.progress) o.progress(line);
@@ -322,7 +326,7 @@ BuildSummary build_dataset(const BuildOptions& o) {
     collect_files(f, "", false, files);
     s.sources.push_back(f);
   }
-  if (files.empty()) throw UserError("--from: expected text files or directories holding some, found none");
+  if (files.empty()) throw ValueError("data", "from", "text files or directories holding some", "none");
   prepare_out_dir(o.out_dir);
 
   // Read every document; the corpora this is for are tens of MB.

@@ -10,8 +10,8 @@ RoutingTraceRecorder::RoutingTraceRecorder(const models::LayerGraph& graph, int6
                                            int64_t max_tokens)
     : path_(std::move(path)), max_tokens_(max_tokens) {
   const auto& m = graph.model;
-  if (m.moe.experts <= 0) throw UserError("train: --routing-trace needs a model with routed experts; " + m.name + " has none");
-  if (m.moe.experts > 65535) throw UserError("train: --routing-trace stores expert ids as u16: at most 65535 experts");
+  if (m.moe.experts <= 0) throw UserError("routing trace: expected a model with routed experts; " + m.name + " has none");
+  if (m.moe.experts > 65535) throw UserError("routing trace: expert ids are stored as u16: expected at most 65535 experts");
   trace_.n_experts = m.moe.experts;
   trace_.top_k = static_cast<int>(m.moe.top_k);
   trace_.seq_len = seq;
@@ -39,8 +39,8 @@ void RoutingTraceRecorder::record(const CpuModel& model, const Batch& b, int64_t
   const int64_t n = b.batch * b.seq;
   RS_CHECK(b.seq == trace_.seq_len, "the model runs at the trace's sequence length");
   if (trace_.token_count() + n > max_tokens_)
-    throw UserError("train: the routing trace " + path_ + " would exceed at most " + std::to_string(max_tokens_) +
-                    " tokens; record fewer steps (--routing-trace-every) or eval batches");
+    throw UserError("routing trace " + path_ + ": would exceed at most " + std::to_string(max_tokens_) +
+                    " tokens; record fewer steps (a longer interval between recorded steps) or eval batches");
   const int k = trace_.top_k;
   for (int64_t r = 0; r < b.batch; ++r) {
     for (int64_t t = 0; t < b.seq; ++t) {

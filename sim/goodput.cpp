@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "sim/base/check.h"
+#include "sim/base/value_error.h"
 #include "sim/base/json_io.h"
 
 namespace rackstep::sim {
@@ -255,25 +256,28 @@ double percentile(const std::vector<double>& sorted, double q) {
   return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
+// Errors name the request's fields, not flags: `rackstep size` fills the
+// request from a prediction and a scenario, so its user never typed
+// --step-time-s; `rackstep goodput` maps the fields to its flags.
 void validate(const GoodputRequest& req) {
-  auto bad = [](const char* flag, const std::string& expected, double found) {
+  auto bad = [](const char* field, const std::string& expected, double found) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%g", found);
-    throw UserError("goodput: " + std::string(flag) + ": expected " + expected + ", found " + buf);
+    throw ValueError("goodput", field, expected, buf);
   };
-  if (!(req.step_time_s > 0) || !std::isfinite(req.step_time_s)) bad("--step-time-s", "a time > 0", req.step_time_s);
+  if (!(req.step_time_s > 0) || !std::isfinite(req.step_time_s)) bad("step_time_s", "a time > 0", req.step_time_s);
   if (!(req.tokens_per_step >= 1) || !std::isfinite(req.tokens_per_step)) {
-    bad("--tokens-per-step", "a count >= 1", req.tokens_per_step);
+    bad("tokens_per_step", "a count >= 1", req.tokens_per_step);
   }
-  if (!(req.tokens > 0) || !std::isfinite(req.tokens)) bad("--tokens", "a budget > 0", req.tokens);
-  if (req.tokens / req.tokens_per_step > 1e12) bad("--tokens", "at most 1e12 steps' worth", req.tokens);
-  if (req.gpus < 1) bad("--gpus", "at least 1", static_cast<double>(req.gpus));
-  if (!(req.total_params > 0) || !std::isfinite(req.total_params)) bad("--params", "a parameter count > 0", req.total_params);
+  if (!(req.tokens > 0) || !std::isfinite(req.tokens)) bad("tokens", "a budget > 0", req.tokens);
+  if (req.tokens / req.tokens_per_step > 1e12) bad("tokens", "at most 1e12 steps' worth", req.tokens);
+  if (req.gpus < 1) bad("gpus", "at least 1", static_cast<double>(req.gpus));
+  if (!(req.total_params > 0) || !std::isfinite(req.total_params)) bad("total_params", "a parameter count > 0", req.total_params);
   if (!(req.deadline_days >= 0) || !std::isfinite(req.deadline_days)) {
-    bad("--deadline-days", "days >= 0 (0 = none)", req.deadline_days);
+    bad("deadline_days", "days >= 0 (0 = none)", req.deadline_days);
   }
-  if (req.runs < 1 || req.runs > 10000000) bad("--runs", "1 to 10,000,000", static_cast<double>(req.runs));
-  if (req.bins < 1 || req.bins > 1000) bad("--bins", "1 to 1000", req.bins);
+  if (req.runs < 1 || req.runs > 10000000) bad("runs", "1 to 10,000,000", static_cast<double>(req.runs));
+  if (req.bins < 1 || req.bins > 1000) bad("bins", "1 to 1000", req.bins);
 }
 
 std::vector<HistogramBin> histogram(const std::vector<double>& sorted, int bins) {
@@ -313,7 +317,7 @@ void check_work(const GoodputRequest& req, const Model& m) {
   std::snprintf(buf, sizeof buf,
                 "goodput: expected at most %.0g simulated interruptions in total, found %.3g (%.3g per run: "
                 "a checkpoint segment of %.3g s completes with probability %.3g against a mean time between "
-                "interruptions of %.3g s); shorten --step-time-s or --checkpoint-interval-s, or lower --runs",
+                "interruptions of %.3g s); a shorter step or checkpoint interval, or fewer runs, bring that down",
                 kMaxInterruptions, total, per_run, seg_s, std::exp(log_q), m.lambda > 0 ? 1.0 / m.lambda : 0.0);
   throw UserError(buf);
 }

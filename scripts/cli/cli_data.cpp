@@ -15,6 +15,7 @@
 #include "exec/data.h"
 #include "sim/base/check.h"
 #include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
 
 namespace rackstep::exec {
 namespace {
@@ -50,7 +51,15 @@ int run_build(DataArgs& a) {
   if (!a.build.use_default_corpus && a.build.from.empty()) {
     throw UserError("data build: expected --from <dir or files> or --default, found neither");
   }
-  const BuildSummary s = build_dataset(a.build);
+  // The library names BuildOptions' fields; this command's user typed flags.
+  const BuildSummary s = cli::flag_names({{"from", "--from"},
+                                          {"out_dir", "--out"},
+                                          {"tokenizer", "--tokenizer"},
+                                          {"vocab_size", "--vocab"},
+                                          {"shard_tokens", "--shard-tokens"},
+                                          {"eval_fraction", "--eval-fraction"},
+                                          {"split", "--split"}},
+                                         [&] { return build_dataset(a.build); });
   if (a.json) {
     std::printf("%s\n", summary_json(s).dump(2).c_str());
     return 0;

@@ -30,7 +30,16 @@ int run_goodput(const GoodputArgs& a) {
   GoodputRequest req = a.req;
   rackstep::cli::Progress progress("goodput", "runs over both passes");  // silent unless it takes seconds
   req.progress = progress.callback();
-  GoodputResult r = simulate_goodput(req, cfg);
+  // The library names the request's fields; this command's user typed flags.
+  const GoodputResult r = cli::flag_names({{"step_time_s", "--step-time-s"},
+                                           {"tokens_per_step", "--tokens-per-step"},
+                                           {"tokens", "--tokens"},
+                                           {"gpus", "--gpus"},
+                                           {"total_params", "--params"},
+                                           {"deadline_days", "--deadline-days"},
+                                           {"runs", "--runs"},
+                                           {"bins", "--bins"}},
+                                          [&] { return simulate_goodput(req, cfg); });
   if (a.json) {
     nlohmann::json j = goodput_result_json(a.req, r);
     j["config"] = goodput_config_json(cfg);

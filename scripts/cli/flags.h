@@ -14,6 +14,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "sim/base/value_error.h"
 
 namespace rackstep::cli {
 
@@ -62,6 +66,24 @@ inline CLI::Validator count(int64_t min, int64_t max) {
         return "";
       },
       "INT in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+}
+
+// Runs f(); a ValueError about one of `flag_of`'s quantities comes back
+// naming the flag that set it. Library code names quantities, not flags
+// (sim/base/value_error.h), so a command that takes a quantity as a flag says
+// which flag was wrong:
+//
+//   GoodputResult r = cli::flag_names({{"step_time_s", "--step-time-s"}}, [&] { return simulate_goodput(req, cfg); });
+template <class F>
+auto flag_names(const std::vector<std::pair<std::string, std::string>>& flag_of, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const ValueError& e) {
+    for (const auto& [quantity, flag] : flag_of) {
+      if (e.quantity() == quantity) throw e.renamed(flag);
+    }
+    throw;
+  }
 }
 
 }  // namespace rackstep::cli
