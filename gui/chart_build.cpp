@@ -252,20 +252,13 @@ QChart* build_stacked_bars(const StackedBarSpec& spec) {
 }
 
 QChart* build_histogram(const HistogramSpec& spec) {
-  need(!spec.samples.empty(), spec.title, "at least one sample", "none");
+  const HistogramBins h = histogram_bins(spec);  // the same bins as the SVG report (gui/chart_svg.h)
   std::vector<double> xs = spec.samples;
-  for (double x : xs) need(std::isfinite(x), spec.title, "finite samples", num(x));
   std::sort(xs.begin(), xs.end());
   const size_t n = xs.size();
-  // The larger of Sturges' rule (ceil(log2 n) + 1, good for small n) and the
-  // square-root rule (finer for the thousands of runs a Monte Carlo gives).
-  const double nd = static_cast<double>(n);
-  const int auto_bins = static_cast<int>(std::max(std::ceil(std::log2(nd)) + 1, std::ceil(std::sqrt(nd))));
-  const int bins = spec.bins > 0 ? spec.bins : std::clamp(auto_bins, 5, 60);
-  auto [lo, hi] = xs.front() < xs.back() ? std::pair{xs.front(), xs.back()} : padded(xs.front(), xs.back(), 0);
-  const double width = (hi - lo) / bins;
-  std::vector<double> counts(bins, 0);
-  for (double x : xs) counts[std::min(bins - 1, static_cast<int>((x - lo) / width))] += 1;
+  const int bins = static_cast<int>(h.counts.size());
+  const double lo = h.lo, width = h.width, hi = lo + bins * width;
+  const std::vector<double>& counts = h.counts;
   double xlo = lo, xhi = hi;
   const bool has_deadline = std::isfinite(spec.deadline_x);
   if (has_deadline) xlo = std::min(xlo, spec.deadline_x), xhi = std::max(xhi, spec.deadline_x);

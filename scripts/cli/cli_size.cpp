@@ -10,6 +10,8 @@
 #include "scripts/cli/command.h"
 #include "scripts/cli/flags.h"
 #include "sim/size.h"
+#include "gui/chart_svg.h"
+#include "gui/result_charts.h"
 #if RACKSTEP_HAVE_QT
 #include "gui/charts.h"
 #endif
@@ -29,75 +31,45 @@ struct SizeArgs {
   bool quiet = false;
 };
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-#if RACKSTEP_HAVE_QT
-// The report's three pictures: days vs loss, memory per candidate, and the
-// winner's finish-day distribution. Returns (title, file name) pairs.
-std::vector<std::pair<std::string, std::string>> render_plots(const SizeResult& r, const std::string& dir) {
+// The report's three pictures, built by the viewer's own chart builders
+// (gui/result_charts.h) from this run's JSON, so the report and the viewer's
+// tab for size.json draw the same data: days vs loss, memory per candidate,
+// and the winner's finish-day distribution. Always written as SVG (no Qt
+// needed); where Qt draws, also as PNG, which the report then shows. Returns
+// (title, file name) pairs.
+std::vector<std::pair<std::string, std::string>> write_plots(const nlohmann::json& j, const std::string& dir) {
   namespace g = rackstep::gui;
   std::vector<std::pair<std::string, std::string>> images;
-  if (!g::charts_available()) return images;
-  const Scenario& s = r.scenario;
-  g::ScatterSpec sc;
-  sc.title = "Days to train vs forecast loss (" + s.name + ")";
-  sc.x_label = "days to train (p50, with goodput losses)";
-  sc.deadline_x = s.training_days_available();
-  sc.deadline_label = "deadline " + s.deadline_date;
-  g::StackedBarSpec mem;
-  mem.title = "Device memory per GPU at the chosen layout";
-  std::vector<std::pair<std::string, std::vector<double>>> parts;
-  for (size_t i = 0; i < r.ranking.size(); ++i) {
-    const auto& c = r.candidates[r.ranking[i]];
-    if (!c.runnable) continue;
-    sc.points.push_back({c.name, c.goodput.p50_days, c.forecast_loss, i == 0});
-    mem.categories.push_back(c.name);
-    mem.capacity = c.prediction.memory.device_capacity / kGiB;
-    size_t k = 0;
-    for (const auto& [name, bytes] : c.prediction.memory.lines()) {
-      if (name.rfind("host", 0) == 0 || name.find("total") != std::string::npos ||
-          name.find("capacity") != std::string::npos) {
-        continue;
-      }
-      if (k >= parts.size()) parts.push_back({name, {}});
-      parts[k].second.resize(mem.categories.size() - 1, 0.0);
-      parts[k].second.push_back(bytes / kGiB);
-      ++k;
-    }
+  const g::SizingResult s = g::parse_sizing(nlohmann::ordered_json(j), dir + "/size.json");
+  const g::ScatterSpec days = g::days_loss_chart(s);
+  const g::StackedBarSpec memory = g::memory_chart(s);
+  const g::HistogramSpec finish = g::finish_chart(s);
+  if (days.points.empty() || memory.categories.empty()) return images;
+  const bool has_finish = !finish.samples.empty();
+  write_text_file_atomic(dir + "/days_vs_loss.svg", g::svg_scatter(days));
+  write_text_file_atomic(dir + "/memory.svg", g::svg_stacked_bars(memory));
+  if (has_finish) write_text_file_atomic(dir + "/finish_days.svg", g::svg_histogram(finish));
+  std::string ext = ".svg";
+#if RACKSTEP_HAVE_QT
+  if (g::charts_available()) {
+    g::render_scatter(days, dir + "/days_vs_loss.png");
+    g::render_stacked_bars(memory, dir + "/memory.png");
+    if (has_finish) g::render_histogram(finish, dir + "/finish_days.png");
+    ext = ".png";
   }
-  if (sc.points.empty()) return images;
-  for (auto& [name, values] : parts) {
-    values.resize(mem.categories.size(), 0.0);
-    mem.segments.push_back({name, values});
-  }
-  g::render_scatter(sc, dir + "/days_vs_loss.png");
-  images.emplace_back("Days to train vs forecast loss", "days_vs_loss.png");
-  g::render_stacked_bars(mem, dir + "/memory.png");
-  images.emplace_back("Memory breakdown per candidate", "memory.png");
-  const auto& w = r.candidates[r.ranking[0]];
-  if (w.runnable) {
-    g::HistogramSpec h;
-    h.title = "Finish-day distribution of " + w.name + " (Monte Carlo over interruptions)";
-    h.x_label = "days of training to the token budget";
-    h.samples = w.goodput.days;
-    h.deadline_x = s.training_days_available();
-    h.deadline_label = "deadline " + s.deadline_date;
-    g::render_histogram(h, dir + "/finish_days.png");
-    images.emplace_back("Finish-day distribution (" + w.name + ")", "finish_days.png");
-  }
+#endif
+  images.emplace_back(days.title, "days_vs_loss" + ext);
+  images.emplace_back(memory.title, "memory" + ext);
+  if (has_finish) images.emplace_back(finish.title, "finish_days" + ext);
   return images;
 }
-#endif
 
 // Writes DIR/report.md, DIR/size.json and the plots; returns the report path.
 std::string write_size_report(const SizeResult& r, const nlohmann::json& j, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw UserError(dir, "", "a directory that can be created", ec.message());
-  std::vector<std::pair<std::string, std::string>> images;
-#if RACKSTEP_HAVE_QT
-  images = render_plots(r, dir);
-#endif
+  const std::vector<std::pair<std::string, std::string>> images = write_plots(j, dir);
   write_json_file_atomic(dir + "/size.json", j);
   const std::string md = dir + "/report.md";
   write_text_file_atomic(md, format_size_report(r, images));

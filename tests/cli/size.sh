@@ -43,6 +43,28 @@ if ldd "$bin" | grep -q libQt6Charts; then
     check "$png.png rendered" "[ -s \"$tmp/rep/$png.png\" ]"
   done
 fi
+# The SVG pictures (no Qt needed) draw the same chart data as the viewer's size tab
+# (gui/result_charts.h): one point and one memory bar per runnable candidate, the winner's
+# finish-day samples, each bar's height its part's GiB from size.json.
+/usr/bin/python3 - "$tmp/rep" <<'PY' || fail=1
+import json, sys, xml.etree.ElementTree as ET
+d = sys.argv[1]
+ns = {"s": "http://www.w3.org/2000/svg"}
+j = json.load(open(d + "/size.json"))
+runnable = [c for c in j["candidates"] if c["runnable"]]
+days = ET.parse(d + "/days_vs_loss.svg").getroot()
+points = days.findall(".//s:circle[@class='point']", ns)
+assert len(points) == len(runnable), (len(points), len(runnable))
+assert runnable[0]["name"] in points[0].find("s:title", ns).text  # the winner, in ranking order
+mem = ET.parse(d + "/memory.svg").getroot()
+bars = {b.find("s:title", ns).text for b in mem.findall(".//s:rect[@class='bar']", ns)}
+w = runnable[0]
+want = "%s: gradients %.6g" % (w["name"], w["memory_bytes"]["gradients"] / 2**30)
+assert want in bars, (want, sorted(bars)[:5])
+finish = ET.parse(d + "/finish_days.svg").getroot()
+heights = [float(b.find("s:title", ns).text.rsplit(": ", 1)[1]) for b in finish.findall(".//s:rect[@class='bar']", ns)]
+assert sum(heights) == len(w["finish_days"]), (sum(heights), len(w["finish_days"]))
+PY
 
 # A stronger stack as a separate column.
 "$bin" size --json --runs 100 --compare-stack marin-hero-later >"$tmp/cmp.json"
