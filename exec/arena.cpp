@@ -212,7 +212,7 @@ void write_binary_file_atomic(const std::string& path, const std::vector<FilePie
   std::vector<OutputPiece> out;
   out.reserve(pieces.size());
   for (const FilePiece& p : pieces) out.push_back({p.data, p.bytes});
-  write_output_file(path, out);  // models/file_io.h: symlinks, devices, checked writes
+  write_output_file(path, out);  // sim/base/file_io.h: symlinks, devices, checked writes
 }
 
 }  // namespace rackstep::exec

@@ -155,7 +155,7 @@ class Checksum64 {
 };
 uint64_t checksum64(const void* data, size_t bytes, uint64_t seed = 0);
 
-// Writes `pieces` one after another to `path` through models/file_io.h's
+// Writes `pieces` one after another to `path` through sim/base/file_io.h's
 // write_output_file: a regular file atomically (temp file, fsync, rename,
 // fsync of the directory; on failure the temp file is removed and `path` is
 // untouched), symlinks followed, devices and FIFOs written in place; a failed

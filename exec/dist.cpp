@@ -368,7 +368,7 @@ RecvPlan group_kept(const std::vector<std::vector<int64_t>>& by_expert, int64_t 
 
 RecvPlan plan_pooled_receive(const int32_t* header, int64_t S, int64_t local, int64_t waves, int64_t pool_rows,
                              int64_t receiver_limit) {
-  // Per wave, capacity per local expert goes slot-major, source-minor (sim/dispatch.cpp).
+  // Per wave, capacity per local expert goes slot-major, source-minor (sim/base/dispatch.cpp).
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(local));
   std::vector<int64_t> used(static_cast<size_t>(local));
   for (int64_t w = 0; w < waves; ++w) {

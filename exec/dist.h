@@ -29,10 +29,10 @@
 //           per-wave capacity slot-major, source-minor and drops the rest.
 //   ragged  one MPI_Alltoall of row counts, then MPI_Alltoallv of every
 //           assignment (no sender pools), rows ordered by (expert, position);
-//           the receiver gate is split across expert chunks (sim/dispatch.h).
+//           the receiver gate is split across expert chunks (sim/base/dispatch.h).
 // The combine returns each row in the same slot with a kept flag in its
 // header; backward runs the same two exchanges on the gradients. Capacities
-// and limits come from sim/dispatch.h (physical_capacity, scaled_capacity),
+// and limits come from sim/base/dispatch.h (physical_capacity, scaled_capacity),
 // every token counts as valid (the CPU engine has no sequence padding). The
 // decisions are made locally by sender and receiver, as on a real machine;
 // with verification on, every layer also all-gathers its group's assignments,

@@ -11,7 +11,7 @@
 //               layer-graph op timed (grouped expert GEMM by rows per expert,
 //               attention fwd / bwd by window and sequence, every memory-bound
 //               class as the engine runs it), then the optimizer step
-//   collective  (exec/cli_calibrate.cpp, under mpirun) all-reduce and
+//   collective  (scripts/cli/cli_calibrate.cpp, under mpirun) all-reduce and
 //               all-to-all at several sizes and rank counts
 // The measurements JSON ("rackstep.calibration_measurements/1") holds raw
 // seconds (best of the repetitions) and the shapes; sim/fit.h turns it into

@@ -66,7 +66,7 @@ constexpr float kQbLo = -8.0f, kQbHi = 8.0f;
 // Which routed assignments the experts compute. Single process, EP = 1: no
 // drops (enabled = false). With `enabled`, the batch's tokens are split into
 // `ep` contiguous virtual GPUs of N/ep tokens and the shared dispatch library
-// (sim/dispatch.h) decides every assignment's fate with `config` (pooled waves
+// (sim/base/dispatch.h) decides every assignment's fate with `config` (pooled waves
 // with sender/receiver cf, ragged, or per-expert capacity); the experts then
 // skip exactly the assignments it drops.
 struct DispatchOptions {

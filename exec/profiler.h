@@ -2,7 +2,7 @@
 // measured, in the formats the predictor uses.
 //
 // Three outputs, written by write(dir):
-//   trace.json            Chrome trace events (sim/trace.h, the simulator's
+//   trace.json            Chrome trace events (sim/base/trace.h, the simulator's
 //                         writer): process "cpu0", thread "compute", one slice
 //                         per op per phase named by sim::slice_name
 //                         ("layers.3.attn.core.fwd"), category "forward" /

@@ -1,4 +1,4 @@
-// Records routing traces (sim/routing_trace.h) from the CPU engine: after each
+// Records routing traces (sim/base/routing_trace.h) from the CPU engine: after each
 // forward, every token's chosen experts and router combine weights of every MoE
 // layer, with the token's step, sequence, position and document.
 //

@@ -3,7 +3,7 @@
 // One step: next batch -> zero_grads -> forward -> backward -> (NaN/Inf check)
 // -> optimizer step (exec/optim.h, Marin's groups and schedule) -> quantile-
 // balancing bias for the next step. Logged per step: loss, logit z-loss, router
-// z-loss, gradient norm per optimizer group, drop fraction (sim/dispatch.h:
+// z-loss, gradient norm per optimizer group, drop fraction (sim/base/dispatch.h:
 // zero on one process unless a dispatch is simulated, see DispatchOptions),
 // tokens/s and MFU = model FLOPs/s (Marin convention, models::count_flops) over
 // the measured fp32 sgemm peak of this machine (exec/kernels.h,

@@ -455,7 +455,7 @@ void assign_depths(TraceRow& r) {
   std::vector<double> open_ends;
   int deepest = 0;
   for (TraceEvent& e : r.events) {
-    // Writers round times (sim/trace.cpp: to the nanosecond, start and duration
+    // Writers round times (sim/base/trace.cpp: to the nanosecond, start and duration
     // apart), so back-to-back slices can overlap by a nanosecond: not nesting.
     while (!open_ends.empty() && open_ends.back() <= e.start_us + kRoundingUs) open_ends.pop_back();
     e.depth = std::min(static_cast<int>(open_ends.size()), kMaxDepths - 1);

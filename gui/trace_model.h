@@ -3,7 +3,7 @@
 // slices on the critical path, and the communication that is exposed (runs
 // while the same GPU's compute stream is idle).
 //
-// Reads what sim/trace.h writes (predicted timelines) and what profilers write
+// Reads what sim/base/trace.h writes (predicted timelines) and what profilers write
 // (measured ones, PyTorch, Perfetto JSON): "ph":"X" complete slices and "B"/"E"
 // begin/end pairs (nested slices get a depth: one lane per nesting level),
 // "i"/"I"/"n" instants, "C" counters (one track per process and name), "s"/"f"/"t"

@@ -3,7 +3,7 @@
 // Two estimators over the routing model of sim/routing.h, cross-checked in tests:
 //
 //   Monte Carlo  samples whole steps (every GPU's per-expert counts) and applies
-//                the exact drop rules of sim/dispatch.h at the count level, which is
+//                the exact drop rules of sim/base/dispatch.h at the count level, which is
 //                exact for sender pools, ragged gates and per-expert capacity (their
 //                drops depend only on counts). For pooled receivers, where drops
 //                also depend on which wave each assignment lands in, it uses the

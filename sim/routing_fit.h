@@ -1,5 +1,5 @@
 // Fits the routing model (sim/routing.h) to statistics measured from routing
-// traces (sim/routing_trace.h), not to a drop number:
+// traces (sim/base/routing_trace.h), not to a drop number:
 //
 //   popularity      per MoE layer, each expert's long-run share of assignments
 //                   (what quantile balancing leaves; with it, a step's documents

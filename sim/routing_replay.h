@@ -1,5 +1,5 @@
-// Exact replay of a recorded routing trace (sim/routing_trace.h) through the
-// dispatch library (sim/dispatch.h): the ground truth drop rate of that router
+// Exact replay of a recorded routing trace (sim/base/routing_trace.h) through the
+// dispatch library (sim/base/dispatch.h): the ground truth drop rate of that router
 // under a layout, with no routing model in between.
 //
 // The trace's tokens, in run order, are one stream of packed documents (an

@@ -134,7 +134,7 @@ rackstep::cli::Registration reg{
                      "memory-placement fields are listed and not applied");
       app.add_option("--routing-trace", a->o.routing_trace,
                      "write every recorded training step's routing (experts, scores, sequence, position, document) "
-                     "to this file, format sim/routing_trace.h (for rackstep drops --replay / --fit)");
+                     "to this file, format sim/base/routing_trace.h (for rackstep drops --replay / --fit)");
       app.add_option("--routing-trace-every", a->o.routing_trace_every, "with --routing-trace: every N-th step")
           ->check(CLI::PositiveNumber);
       app.add_option("--routing-trace-eval", a->o.routing_trace_eval,

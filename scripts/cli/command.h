@@ -1,8 +1,8 @@
 // Subcommand registry for the `rackstep` binary.
 //
-// Each command lives beside the component it drives (models/cli_params.cpp,
-// sim/cli_predict.cpp, exec/cli_train.cpp) and registers itself with a static
-// object, so adding a command never touches main:
+// Every command is one file in scripts/cli/ (cli_params.cpp, cli_predict.cpp,
+// cli_train.cpp), apart from the libraries it drives, and registers itself with
+// a static object, so adding a command never touches main:
 //
 //   static rackstep::cli::Registration reg{
 //       "params", "Count parameters and FLOPs of a model",

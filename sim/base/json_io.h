@@ -29,7 +29,7 @@ namespace rackstep {
 // nests 5 levels); nothing recursive ever sees a deeper value.
 constexpr int kMaxJsonDepth = 64;
 
-// Reads and parses a JSON file of at most kMaxJsonInputBytes (models/file_io.h)
+// Reads and parses a JSON file of at most kMaxJsonInputBytes (sim/base/file_io.h)
 // nested at most kMaxJsonDepth deep; a missing file, a syntax error (with its
 // byte offset), a number beyond double range (1e400) or a limit exceeded is a
 // UserError naming the file.
@@ -37,7 +37,7 @@ nlohmann::json load_json_file(const std::string& path);
 // The parsing half of load_json_file: `path` only names the text in errors.
 nlohmann::json parse_json_text(const std::string& text, const std::string& path);
 
-// Writes through models/file_io.h's write_output_file: regular files are
+// Writes through sim/base/file_io.h's write_output_file: regular files are
 // replaced atomically (temp file + fsync + rename) so a crash never leaves half
 // a file; symlinks are followed; devices and FIFOs are written in place; a
 // failed or short write is a UserError naming the file and the reason.

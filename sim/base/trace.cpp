@@ -1,4 +1,4 @@
-// Chrome trace-event JSON writer; see sim/trace.h.
+// Chrome trace-event JSON writer; see sim/base/trace.h.
 #include "sim/base/trace.h"
 
 #include <cmath>

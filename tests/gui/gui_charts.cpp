@@ -56,7 +56,7 @@ std::string write_file(const std::string& name, const std::string& text) {
   return path;
 }
 
-// Two GPUs, a compute and a comm stream each, as sim/trace.h writes them.
+// Two GPUs, a compute and a comm stream each, as sim/base/trace.h writes them.
 // gpu0: compute [0,100] [100,200]* [300,500]*; comm [50,150] (hidden), [200,300]* (exposed 100),
 // [450,520] (exposed 20). * = critical. gpu1 is gpu0 shifted by 10 us, without critical marks.
 std::string small_trace(bool with_critical) {

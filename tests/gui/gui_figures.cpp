@@ -302,7 +302,7 @@ TEST_CASE("compare: a side without op classes is compared by category", "[gui][c
 }
 
 TEST_CASE("trace model: back-to-back slices rounded to the nanosecond are not nested", "[gui][trace]") {
-  // sim/trace.cpp writes start and duration to 0.001 us each: an end can pass the next start by 0.001 us.
+  // sim/base/trace.cpp writes start and duration to 0.001 us each: an end can pass the next start by 0.001 us.
   const auto doc = nlohmann::ordered_json::parse(R"({"traceEvents": [
     {"ph":"X","pid":0,"tid":0,"ts":0.000,"dur":100.001,"name":"a"},
     {"ph":"X","pid":0,"tid":0,"ts":100.000,"dur":50,"name":"b"},

@@ -3,7 +3,7 @@
 // `rackstep train --reference-dump` step does not reach — optimizer moments
 // carried across steps (momentum non-zero from the second update), the
 // quantile-balancing bias after a step (non-zero from the second step), and
-// simulated expert-parallel drops (sim/dispatch.h decides; the keep mask is
+// simulated expert-parallel drops (sim/base/dispatch.h decides; the keep mask is
 // dumped so the reference drops the same assignments).
 //
 //   reference_dump_steps --model models/zoo/tiny-moe.json --data DIR --out DIR
