@@ -99,7 +99,7 @@ DocLengths fit_doc_lengths(const std::vector<RoutingTrace>& traces, int64_t& doc
   documents = static_cast<int64_t>(logs.size());
   if (logs.size() < 3)
     throw UserError("fit: expected at least 3 whole documents in the traces, found " + std::to_string(logs.size()) +
-                    "; record a longer evaluation (--eval-batches)");
+                    "; record a longer evaluation (rackstep train --eval-batches)");
   double mu = 0, var = 0;
   for (double x : logs) mu += x;
   mu /= double(logs.size());

@@ -25,7 +25,7 @@ ReplayResult replay_drops(const RoutingTrace& t, const DropScenario& s, const Re
   if (steps < 1)
     throw UserError("replay: the trace holds " + std::to_string(n) + " tokens; one step at context " +
                     std::to_string(C) + " needs " + std::to_string(step_tokens) + " (GPUs x tokens per GPU, " +
-                    "whole sequences): record more (--eval-batches) or pick a smaller layout");
+                    "whole sequences): record more (rackstep train --eval-batches) or pick a smaller layout");
 
   ReplayResult out;
   out.steps = steps;
