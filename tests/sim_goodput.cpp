@@ -12,6 +12,7 @@
 
 #include "sim/base/check.h"
 #include "scripts/cli/progress.h"
+#include "sim/base/value_error.h"
 #include "sim/goodput.h"
 
 using namespace rackstep::sim;
@@ -204,17 +205,28 @@ TEST_CASE("hero run: 390k steps, hourly checkpoints every ~200 steps", "[goodput
 }
 
 TEST_CASE("bad requests and configs are user errors", "[goodput][errors]") {
+  // The library names the request's fields, never a flag (`rackstep size` fills
+  // the request itself); ValueError::quantity() lets a command name its flag.
+  auto quantity_of = [](const GoodputRequest& r) {
+    try {
+      simulate_goodput(r, quiet());
+    } catch (const rackstep::ValueError& e) {
+      CHECK_THAT(e.what(), !Contains("--"));
+      return e.quantity();
+    }
+    return std::string("no error");
+  };
   GoodputRequest req = small_run(10);
   req.step_time_s = 0;
-  CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("--step-time-s"));
-  req = small_run(0);
-  CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("--runs"));
+  CHECK(quantity_of(req) == "step_time_s");
+  CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("step_time_s: expected a time > 0"));
+  CHECK(quantity_of(small_run(0)) == "runs");
   req = small_run(10);
   req.total_params = 0;
-  CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("--params"));
+  CHECK(quantity_of(req) == "total_params");
   req = small_run(10);
   req.gpus = 0;
-  CHECK_THROWS_WITH(simulate_goodput(req, quiet()), Contains("--gpus"));
+  CHECK(quantity_of(req) == "gpus");
 
   GoodputConfig c;
   nlohmann::json unknown = {{"hang", {{"mean_steps", 10}}}};
