@@ -30,7 +30,7 @@ model_of() {
   esac
 }
 # Drops the fields that measure the simulator itself, not the step.
-strip_wall() { grep -v -E '"(simulate_s|seconds)"'; }
+strip_wall() { grep -v -E '"(build_s|simulate_s|seconds)"'; }
 
 for layout in sim/layouts/*.json; do
   for model in models/zoo/*.json; do
