@@ -52,6 +52,7 @@ struct Costs {
   double ep_overlap_eff = 1.0;
   int64_t waves = 1;              // EP waves per pass
   int64_t bucket_layers = 1;      // layers per gradient all-reduce bucket (0: one after the backward)
+  bool kept_weights = false;      // ZeRO-3 keep_gathered_weights: each layer gathered once per step
   StepBreakdown step;
   double checkpoint_bytes_per_gpu = 0, checkpoint_blocking = 1, storage_bw = 0;
 };
@@ -129,6 +130,7 @@ Costs gather_costs(const Predictor& p, const Layout& l, const StepPrice& price, 
   c.ns_gather = sc.muon_gather;
   c.ns_redistribute = sc.muon_redistribute;
   c.send = sc.pp_send;
+  c.kept_weights = l.zero_stage >= 3 && l.keep_gathered_weights;
   const bool pooled = l.ep_transport == EpTransport::kPooled;
   c.waves = pooled ? std::max<int64_t>(1, l.waves) : 1;
   c.ep_overlap_eff = pooled ? p.calibration().ep_wave_overlap_eff : 1.0;
@@ -656,7 +658,9 @@ class Builder {
     for (int64_t i = 0; i < lpc_; ++i) {
       const int64_t layer = q * lpc_ + i;
       std::vector<TaskId> window = i >= 2 ? done[i - 2] : stage_gate(s);
-      std::vector<TaskId> g = gather(s, layer, tag, window);
+      // Kept gathered weights: the step's first micro-batch gathers them; later
+      // passes find them in memory (and follow it on the compute stream).
+      std::vector<TaskId> g = c_.kept_weights && mb > 0 ? std::vector<TaskId>(n_) : gather(s, layer, tag, window);
       layer_forward(s, layer, tag, "forward", g, prev);
       done.push_back(prev);
     }
@@ -693,7 +697,7 @@ class Builder {
       const int64_t layer = q * lpc_ + i;
       const int64_t k = lpc_ - 1 - i;  // position in backward order
       std::vector<TaskId> window = k >= 2 ? done[k - 2] : prev;
-      std::vector<TaskId> g = gather(s, layer, tag, window);
+      std::vector<TaskId> g = c_.kept_weights ? std::vector<TaskId>(n_) : gather(s, layer, tag, window);
       const LayerCost& t = c_.layers[layer];
       if (full) {
         layer_forward(s, layer, tag + ".recompute", "recompute", g, prev);

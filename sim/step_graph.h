@@ -8,7 +8,9 @@
 //   - per micro-batch and layer: forward, (full or selective) recompute,
 //     backward on the compute stream, split around the routed experts;
 //   - FSDP parameter all-gathers on their own stream, prefetched one layer
-//     ahead (a gather waits for the compute two layers back: a memory window);
+//     ahead (a gather waits for the compute two layers back: a memory window),
+//     per micro-batch and pass, or once per step in the first micro-batch's
+//     forward with keep_gathered_weights (as the predictor prices it);
 //     gradient reduce-scatters on another stream after each layer's backward
 //     (after its weight-gradient pass under zero-bubble schedules);
 //   - EP dispatch / expert GEMMs / combine per wave: ragged is one wave
