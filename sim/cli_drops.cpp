@@ -93,7 +93,7 @@ void apply_model_and_layout(DropsArgs& a) {
     if (l.seq_len > 0) seq = l.seq_len;
     if (!given(a.ep)) s.ep = l.ep;
     if (!given(a.gpus)) s.gpus = l.data;  // EP groups are ep consecutive data ranks
-    if (!given(a.transport_opt)) a.transport = l.ep_transport == EpTransport::kPooled ? "pooled" : "ragged";
+    if (!given(a.transport_opt)) a.transport = transport_name(l.ep_transport);
     if (!given(a.sender_cf)) s.dispatch.sender_cf = l.sender_cf;
     if (!given(a.receiver_cf)) s.dispatch.receiver_cf = l.receiver_cf;
     if (!given(a.waves)) s.dispatch.waves = static_cast<int>(l.waves);

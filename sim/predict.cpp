@@ -58,7 +58,7 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
   // same few settings, so each thread keeps its own small cache in front of it.
   struct Entry {
     int64_t experts, k, ep, tokens, seq, waves, chunks;
-    EpTransport tr;
+    Transport tr;
     double scf, rcf, value;
     bool ok;
   };
@@ -75,9 +75,8 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
   Entry e{t.experts, t.top_k, l.ep, tokens, s.seq, l.waves, l.ragged_chunks, l.ep_transport,
           l.sender_cf, l.receiver_cf, 0.0, false};
   try {
-    const Transport tr = l.ep_transport == EpTransport::kPooled ? Transport::pooled : Transport::ragged;
-    e.value = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, tokens, s.seq, tr, l.sender_cf, l.receiver_cf,
-                            static_cast<int>(l.waves), static_cast<int>(l.ragged_chunks))
+    e.value = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, tokens, s.seq, l.ep_transport, l.sender_cf,
+                            l.receiver_cf, static_cast<int>(l.waves), static_cast<int>(l.ragged_chunks))
                   .total();
     e.ok = true;
   } catch (const std::exception&) {
@@ -214,7 +213,7 @@ class StepModel {
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
     const double a = s_.routed_rows_mb;
-    ctx_.expert_rows = l.ep > 1 && l.ep_transport == EpTransport::kPooled ? l.receiver_cf * a : a * (1.0 - drop_);
+    ctx_.expert_rows = l.ep > 1 && l.ep_transport == Transport::pooled ? l.receiver_cf * a : a * (1.0 - drop_);
     const int64_t tp = l.tp, cp = l.cp;
     g_.fsdp = group_of(net, l.fsdp, tp * cp);
     g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), tp * cp * l.ep);
@@ -253,7 +252,7 @@ class StepModel {
       if (s_.gathers_per_layer) k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
     }
     if (lc.moe && l_.ep > 1) {
-      const bool pooled = l_.ep_transport == EpTransport::kPooled;
+      const bool pooled = l_.ep_transport == Transport::pooled;
       const double bytes = ep_bytes();
       const double fixed = cal_.ep_a2a_latency_s + (pooled ? 0.0 : cal_.ep_ragged_sync_s);
       const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
@@ -349,7 +348,7 @@ class StepModel {
   // EP all-to-all bytes per GPU of one call: pooled sends whole pools
   // (sender_cf · A rows), ragged the rows it has; bf16 rows of the expert input width.
   double ep_bytes() const {
-    const bool pooled = l_.ep_transport == EpTransport::kPooled;
+    const bool pooled = l_.ep_transport == Transport::pooled;
     const double rows = pooled ? l_.sender_cf * s_.routed_rows_mb : s_.routed_rows_mb;
     return rows * static_cast<double>(t_.moe_width) * 2.0;
   }
@@ -419,7 +418,7 @@ namespace {
 // Exposed EP time of one pass (dispatch + combine) given the expert compute it can hide behind.
 double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double expert_s) {
   if (comm_s <= 0) return 0.0;
-  if (l.ep_transport == EpTransport::kRagged) return comm_s * (1.0 - std::max(0.0, l.ep_comm_overlap));
+  if (l.ep_transport == Transport::ragged) return comm_s * (1.0 - std::max(0.0, l.ep_comm_overlap));
   const double w = static_cast<double>(l.waves);
   const double ovl = cal.ep_wave_overlap_eff * std::min(1.0, expert_s / comm_s);
   return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));

@@ -131,7 +131,7 @@ Costs gather_costs(const Predictor& p, const Layout& l, const StepPrice& price, 
   c.ns_redistribute = sc.muon_redistribute;
   c.send = sc.pp_send;
   c.kept_weights = l.zero_stage >= 3 && l.keep_gathered_weights;
-  const bool pooled = l.ep_transport == EpTransport::kPooled;
+  const bool pooled = l.ep_transport == Transport::pooled;
   c.waves = pooled ? std::max<int64_t>(1, l.waves) : 1;
   c.ep_overlap_eff = pooled ? p.calibration().ep_wave_overlap_eff : 1.0;
   c.bucket_layers = p.calibration().grad_sync_bucket_layers;

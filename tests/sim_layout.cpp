@@ -51,7 +51,7 @@ TEST_CASE("layouts survive a JSON round trip", "[layout]") {
   l.schedule = PpSchedule::kInterleaved1F1B;
   l.cp = 2;
   l.cp_kind = CpKind::kAllGatherKv;
-  l.ep_transport = EpTransport::kPooled;
+  l.ep_transport = Transport::pooled;
   l.sender_cf = 1.3;
   const Layout back = parse_layout(layout_to_json(l), "roundtrip");
   CHECK(layout_to_json(back) == layout_to_json(l));
