@@ -124,3 +124,25 @@ TEST_CASE("invalid layouts are rejected with the right reason", "[layout]") {
   CHECK(r == Reason::kGpuProduct);
   CHECK_FALSE(first_issue(base, g, c, &r));
 }
+
+TEST_CASE("a layout's EP transport is the dispatch library's, pooled or ragged, with its defaults", "[layout]") {
+  // One enum and one set of defaults for layouts and the dispatch library.
+  const Layout plain;
+  const DispatchConfig dispatch;
+  CHECK(plain.sender_cf == dispatch.sender_cf);
+  CHECK(plain.receiver_cf == dispatch.receiver_cf);
+  CHECK(plain.waves == dispatch.waves);
+  CHECK(plain.ragged_chunks == dispatch.ragged_chunks);
+  nlohmann::json j = layout_to_json(hero_layout());
+  j.erase("sender_cf");
+  j.erase("waves");
+  const Layout read = parse_layout(j, "defaults.json");
+  CHECK(read.sender_cf == kDefaultSenderCf);
+  CHECK(read.waves == kDefaultWaves);
+  CHECK(read.ep_transport == Transport::ragged);
+  Layout capacity = hero_layout();
+  capacity.ep_transport = Transport::capacity;
+  CHECK(has_reason(check_layout(capacity, hero_graph(), racks(11)), Reason::kWaves));
+  j["ep_transport"] = "capacity";
+  CHECK_THROWS_AS(parse_layout(j, "capacity.json"), UserError);
+}
