@@ -130,7 +130,7 @@ GradSyncGroups grad_sync_groups(const Network& net, const Layout& l, const Layou
 }
 
 double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration& cal, const Layout& l,
-                         const LayoutShape& s, const double* bwd_wall, size_t classes) {
+                         const LayoutShape& s, const std::vector<double>& bwd_wall) {
   const GradSyncGroups gs = grad_sync_groups(net, l, s);
   const double dense_shard = gs.dense_shard;
   const double expert_shard = gs.expert_shard;
@@ -147,8 +147,8 @@ double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration
     return dense_s + edge_s + expert_s + replicated_s;
   }
   // One layer's gradient all-reduce per class.
-  double layer_s[16] = {};
-  for (size_t ci = 0; ci < classes && ci < 16; ++ci) {
+  std::vector<double> layer_s(t.classes.size(), 0.0);
+  for (size_t ci = 0; ci < t.classes.size(); ++ci) {
     const LayerClass& lc = t.classes[ci];
     layer_s[ci] = all_reduce_s(net, dense_g, lc.dense_params / dense_shard * s.grad_bytes) +
                   (lc.expert_params > 0 ? all_reduce_s(net, expert_g, lc.expert_params / expert_shard * s.grad_bytes)
@@ -161,7 +161,6 @@ double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration
   int64_t in_bucket = 0;
   for (int64_t i = stage_layers - 1; i >= 0; --i) {
     const auto ci = static_cast<size_t>(t.layer_class[static_cast<size_t>(i)]);
-    if (ci >= classes || ci >= 16) continue;
     now += bwd_wall[ci];
     pending += layer_s[ci];
     if (++in_bucket < cal.grad_sync_bucket_layers && i > 0) continue;
@@ -271,7 +270,7 @@ class StepModel {
       k.attention_bwd_s += at.bwd_s;
       if (l_.cp > 1) k.cp_pass_s += cp_kv_s(e);
     }
-    if (l_.offload_residual && l_.recompute == models::Recompute::kFull && net_.h2d_bw_bytes_per_s > 0) {
+    if (l_.offload_residual && l_.recompute == models::Recompute::kFull) {
       k.carry_xfer_s = s_.tokens_mb / tp * static_cast<double>(t_.d_model) * 2.0 / net_.h2d_bw_bytes_per_s;
     }
     return k;
@@ -440,6 +439,8 @@ double pipeline_bubble(const Layout& l, double f, double b) {
 
 Predictor::Predictor(const models::LayerGraph& g, const topologies::Cluster& c, const Calibration& cal)
     : graph_(g), cluster_(c), cal_(cal), table_(build_op_table(g)), net_(make_network(c, cal)) {
+  // Host offloads divide by it (topologies/topology.cpp reads it as a positive, sourced number).
+  RS_CHECK(net_.h2d_bw_bytes_per_s > 0, "a cluster without a host-to-device bandwidth");
   const std::string& gpu = c.system.gpu.name;
   if (!cal.gemm_peak_eff.contains(gpu)) {
     warnings_.push_back("no GEMM calibration for GPU '" + gpu + "' in " + cal.file +
@@ -504,8 +505,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   // Backward wall time of one layer of each class (recompute + backward + the
   // exposed communication that falls in them): the schedule gradient buckets
   // are released on.
-  constexpr size_t kMaxClasses = 16;
-  double bwd_wall[kMaxClasses] = {};
+  std::vector<double> bwd_wall(table_.classes.size(), 0.0);
   for (size_t ci = 0; ci < table_.classes.size(); ++ci) {
     const LayerClass& lc = table_.classes[ci];
     const ClassCost& k = costs[ci];
@@ -536,7 +536,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);
     const double comm_layer = ep_layer + fsdp_layer + tp_layer + cp_layer + off_layer;
     const double busy = bt.fwd_s + rec + bt.bwd_s;
-    if (ci < kMaxClasses) bwd_wall[ci] = rec + bt.bwd_s + (busy > 0 ? comm_layer * (rec + bt.bwd_s) / busy : 0.0);
+    bwd_wall[ci] = rec + bt.bwd_s + (busy > 0 ? comm_layer * (rec + bt.bwd_s) / busy : 0.0);
     ep += n * ep_layer;
     fsdp += n * fsdp_layer;
     tpc += n * tp_layer;
@@ -580,7 +580,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
                      2.0 * (pp - 1.0) * send_recv_s(net_, sm.pp_send_cross(), sm.pp_send_bytes());
   }
 
-  bd.grad_sync_s = exposed_grad_sync(table_, net_, cal_, l, s, bwd_wall, std::min(kMaxClasses, table_.classes.size()));
+  bd.grad_sync_s = exposed_grad_sync(table_, net_, cal_, l, s, bwd_wall);
 
   // Optimizer. Device update: Adam reads p, g, m, v and writes p, m, v (fp32); Muon
   // reads p, g, momentum and writes p, momentum. States on host stream over the link.
@@ -627,8 +627,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   // Gather the shards of each matrix to its owner and send the result back.
   double opt_comm = 0.0;
   for (const StepModel::MuonCall& c : sm.muon_calls()) opt_comm += 2.0 * all_to_all_s(net_, c.group, c.bytes);
-  const double link = net_.h2d_bw_bytes_per_s > 0 ? net_.h2d_bw_bytes_per_s : 1e12;
-  const double host_s = (h2d + (1.0 - cal_.host_link_duplex) * h2d) / link;  // same bytes back (d2h)
+  const double host_s = (h2d + (1.0 - cal_.host_link_duplex) * h2d) / net_.h2d_bw_bytes_per_s;  // same bytes back (d2h)
   bd.optimizer_compute_s = opt_compute;
   bd.optimizer_comm_s = opt_comm;
   bd.optimizer_host_s = std::max(0.0, host_s - opt_compute);
