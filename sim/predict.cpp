@@ -687,9 +687,19 @@ StepPrice Predictor::price(const Layout& l) const {
     out.layers.push_back(t);
   }
   out.ops.resize(graph_.ops.size());
-  const auto fill = [&](const std::vector<OpEntry>& ops, size_t first, int32_t layer, const ClassCost* k) {
+  // Every layer of a class runs the same ops: price them once per class.
+  const auto times = [&](const std::vector<OpEntry>& ops) {
+    std::vector<OpTime> t;
+    t.reserve(ops.size());
+    for (const OpEntry& e : ops) t.push_back(price_op(e, sm.ctx()));
+    return t;
+  };
+  std::vector<std::vector<OpTime>> class_times;
+  for (const LayerClass& lc : table_.classes) class_times.push_back(times(lc.ops));
+  const auto fill = [&](const std::vector<OpEntry>& ops, const std::vector<OpTime>& op_times, size_t first,
+                        int32_t layer, const ClassCost* k) {
     for (size_t j = 0; j < ops.size(); ++j) {
-      const OpTime t = price_op(ops[j], sm.ctx());
+      const OpTime& t = op_times[j];
       OpTiming& o = out.ops[first + j];
       o.graph_index = first + j;
       o.layer = layer;
@@ -701,12 +711,12 @@ StepPrice Predictor::price(const Layout& l) const {
       if (k && ops[j].kind == OpKind::kCombine) o.comm_s = k->ep_combine_s;
     }
   };
-  fill(table_.pre, 0, -1, nullptr);
+  fill(table_.pre, times(table_.pre), 0, -1, nullptr);
   for (size_t i = 0; i < table_.layer_class.size(); ++i) {
     const size_t ci = static_cast<size_t>(table_.layer_class[i]);
-    fill(table_.classes[ci].ops, graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
+    fill(table_.classes[ci].ops, class_times[ci], graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
   }
-  fill(table_.head, graph_.head_begin, -1, nullptr);
+  fill(table_.head, times(table_.head), graph_.head_begin, -1, nullptr);
   std::vector<LayerCollectives> per_class;
   for (size_t ci = 0; ci < table_.classes.size(); ++ci) per_class.push_back(sm.collectives(table_.classes[ci], costs[ci]));
   for (int32_t ci : table_.layer_class) out.collectives.push_back(per_class[static_cast<size_t>(ci)]);
