@@ -443,10 +443,12 @@ rackstep::cli::Registration reg{
       a->tokens = app.add_option("--tokens-per-gpu", s.tokens_per_gpu, "tokens per GPU per MoE dispatch (default 65536)");
       a->context = app.add_option("--context", s.context, "sequence length in tokens (default 4096)");
       a->transport_opt = app.add_option("--transport", a->transport, "pooled | ragged | capacity (default pooled)");
-      a->sender_cf = app.add_option("--sender-cf", s.dispatch.sender_cf, "pooled sender pool capacity factor (1.10)");
-      a->receiver_cf = app.add_option("--receiver-cf", s.dispatch.receiver_cf, "receiver / expert capacity factor (1.15)");
-      a->waves = app.add_option("--waves", s.dispatch.waves, "pooled waves W (default 3)");
-      a->chunks = app.add_option("--chunks", s.dispatch.ragged_chunks, "ragged receiver gate chunks (default 2)");
+      a->sender_cf = app.add_option("--sender-cf", s.dispatch.sender_cf, "pooled sender pool capacity factor")
+                         ->capture_default_str();
+      a->receiver_cf = app.add_option("--receiver-cf", s.dispatch.receiver_cf, "receiver / expert capacity factor")
+                           ->capture_default_str();
+      a->waves = app.add_option("--waves", s.dispatch.waves, "pooled waves W")->capture_default_str();
+      a->chunks = app.add_option("--chunks", s.dispatch.ragged_chunks, "ragged receiver gate chunks")->capture_default_str();
       app.add_option("--method", a->method, "mc (Monte Carlo, default) | analytic");
       app.add_option("--samples", a->mc.samples, "Monte Carlo steps (default 16)");
       app.add_option("--seed", a->mc.seed, "random seed (default 1)");
