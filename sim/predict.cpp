@@ -449,19 +449,6 @@ Predictor::Predictor(const models::LayerGraph& g, const topologies::Cluster& c, 
   }
 }
 
-Prediction Predictor::predict(const Layout& l) const {
-  std::vector<LayoutIssue> issues = check_layout(l, graph_, cluster_);
-  if (!issues.empty()) {
-    Prediction p;
-    p.issues = std::move(issues);
-    return p;
-  }
-  const StepModel sm(table_, cluster_, cal_, net_, l);
-  Prediction p = run(sm, sm.class_costs());
-  add_memory_issues(p);
-  return p;
-}
-
 void Predictor::add_memory_issues(Prediction& p) const {
   if (!p.memory.fits_device) {
     p.issues.push_back({Reason::kDeviceMemory, "needs " + std::to_string(p.memory.device_total / (1u << 30)) +
@@ -658,15 +645,18 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   return p;
 }
 
-StepPrice Predictor::price(const Layout& l) const {
+StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
   StepPrice out;
   out.prediction.issues = check_layout(l, graph_, cluster_);
+  const bool full = detail == PriceDetail::kFull;
+  if (!full && !out.prediction.issues.empty()) return out;
   const StepModel sm(table_, cluster_, cal_, net_, l);
   const std::vector<ClassCost> costs = sm.class_costs();
   if (out.prediction.issues.empty()) {
     out.prediction = run(sm, costs);
     add_memory_issues(out.prediction);
   }
+  if (!full) return out;
   const models::Recompute rc = l.recompute;
   for (size_t i = 0; i < table_.layer_class.size(); ++i) {
     const size_t ci = static_cast<size_t>(table_.layer_class[i]);
