@@ -93,7 +93,7 @@ void apply_model_and_layout(DropsArgs& a) {
     if (l.seq_len > 0) seq = l.seq_len;
     if (!given(a.ep)) s.ep = l.ep;
     if (!given(a.gpus)) s.gpus = l.data;  // EP groups are ep consecutive data ranks
-    if (!given(a.transport_opt)) a.transport = transport_name(l.ep_transport);
+    if (!given(a.transport_opt)) s.dispatch.transport = l.ep_transport;
     if (!given(a.sender_cf)) s.dispatch.sender_cf = l.sender_cf;
     if (!given(a.receiver_cf)) s.dispatch.receiver_cf = l.receiver_cf;
     if (!given(a.waves)) s.dispatch.waves = static_cast<int>(l.waves);
@@ -258,7 +258,7 @@ int run_drops(DropsArgs& a) {
   }
   apply_model_and_layout(a);
   DropScenario base = a.scenario;
-  base.dispatch.transport = parse_transport(a.transport);
+  if (given(a.transport_opt) || a.layout.empty()) base.dispatch.transport = parse_transport(a.transport);
   if (a.method != "mc" && a.method != "analytic")
     throw UserError("--method: expected mc or analytic, found \"" + a.method + "\"");
   const Method method = a.method == "mc" ? Method::monte_carlo : Method::analytic;
