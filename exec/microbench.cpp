@@ -141,6 +141,10 @@ class CpuOpBackend final : public OpBackend {
   }
 
   ModelProfile profile(const models::LayerGraph& graph, int64_t batch, int64_t seq, int reps) override {
+    // The peak resident set of this profile, as a run's is its VmHWM: Linux
+    // resets the high-water mark on "5" > /proc/self/clear_refs. (The resident
+    // set after the step missed the backward's transient peak.)
+    const bool hwm_reset = static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5");
     CpuModel model(graph, batch, seq);
     model.init_params(1);
     const int64_t N = batch * seq;
@@ -159,43 +163,57 @@ class CpuOpBackend final : public OpBackend {
     }
     const OptimizerConfig cfg = default_optimizer_config(1000, graph.model.d_model, N);
     Optimizer opt(cfg);
-    OptimizerState state = init_optimizer_state(model.params());
+    // The step as the trainer runs it in one process (exec/train.cpp,
+    // reduce_and_step): gradients into a shard buffer, the parameters' fp32
+    // shard stepped, copied back. Both buffers are resident in a run (11 MiB of
+    // tiny-moe's peak the profile lacked) and the copies take time.
+    Arena shard_params(model.params().layout_ptr()), shard_grads(model.params().layout_ptr());
+    std::copy_n(model.params().data(), shard_params.total_floats(), shard_params.data());
+    OptimizerState state = init_optimizer_state(shard_params);
 
     // samples[(op, phase)][r - 1]: the op's seconds in repetition r, summed over
-    // its calls (the engine runs a long forward in chunks and times each: taking
-    // each chunk as a sample measured half a pass).
+    // its calls, each de-loaded by its own CPU time (CPU since the previous op
+    // ended, over the threads; wall time under a real-time policy). De-loading
+    // the ops by their pass's share instead shrank every op of a pass with a
+    // stall outside the ops (a 50 ms real-time throttle, a preemption between
+    // ops), and the per-op minimum fell to half the pass (8x256 forward: ops
+    // 31 ms of a 56 ms pass).
     std::map<std::pair<size_t, int>, std::vector<double>> samples;
     int recording = 0;  // the repetition being recorded (1..reps); 0 = warm-up
+    const bool realtime = realtime_policy();
+    double last_cpu = 0;
     model.set_op_timer([&](size_t op, int phase, Clock::time_point s, Clock::time_point e) {
+      const double cpu = process_cpu_now();
+      double secs = std::chrono::duration<double>(e - s).count();
+      if (!realtime) secs = std::min(secs, (cpu - last_cpu) / threads_);
+      last_cpu = cpu;
       if (recording == 0) return;
       std::vector<double>& v = samples[{op, phase}];
       v.resize(static_cast<size_t>(recording), 0.0);
-      v.back() += std::chrono::duration<double>(e - s).count();
+      v.back() += secs;
     });
     std::vector<double> fwd, bwd, optim, shares;
     for (int r = 0; r <= reps; ++r) {
       recording = r;
       model.zero_grads();
+      last_cpu = process_cpu_now();
       const LoadedTimer tf(threads_);
       model.forward(tokens.data(), tokens.data() + 1, doc.data());
       const auto [wf, sf] = tf.stop();
+      last_cpu = process_cpu_now();
       const LoadedTimer tb(threads_);
       model.backward();
       const auto [wb, sb] = tb.stop();
       const LoadedTimer to(threads_);
-      opt.step(model.params(), model.grads(), state);
+      std::copy_n(model.grads().data(), shard_grads.total_floats(), shard_grads.data());
+      std::copy_n(model.params().data(), shard_params.total_floats(), shard_params.data());
+      opt.step(shard_params, shard_grads, state);
+      std::copy_n(shard_params.data(), shard_params.total_floats(), model.params().data());
       const auto [wo, so] = to.stop();
       if (recording == 0) continue;
       fwd.push_back(wf * sf);
       bwd.push_back(wb * sb);
       optim.push_back(wo * so);
-      // This pass's ops ran at the pass's share: de-load them the same way.
-      for (int phase = 0; phase < 2; ++phase) {
-        const double share = phase == 0 ? sf : sb;
-        for (auto& [key, secs] : samples) {
-          if (key.second == phase && secs.size() == static_cast<size_t>(r)) secs.back() *= share;
-        }
-      }
       shares.push_back((wf * sf + wb * sb) / (wf + wb));
     }
     model.set_op_timer(nullptr);
@@ -206,9 +224,9 @@ class CpuOpBackend final : public OpBackend {
     p.backward_s = *std::min_element(bwd.begin(), bwd.end());
     p.optimizer_s = *std::min_element(optim.begin(), optim.end());
     p.cpu_share = median(shares);
-    p.rss_bytes = current_rss_bytes();
+    p.rss_bytes = hwm_reset ? peak_rss_bytes() : current_rss_bytes();
     p.activation_bytes = static_cast<double>(model.activation_bytes());
-    p.model_bytes = static_cast<double>(model.params().bytes() + model.grads().bytes() + model.activation_bytes() +
+    p.model_bytes = static_cast<double>(2 * model.params().bytes() + 2 * model.grads().bytes() + model.activation_bytes() +
                                         state.momentum.bytes() + state.second_moment.bytes());
     std::map<size_t, OpSample> by_op;
     for (const auto& [key, secs] : samples) {

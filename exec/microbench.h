@@ -56,7 +56,7 @@ struct ModelProfile {
   std::vector<OpSample> ops;
   double forward_s = 0, backward_s = 0;   // whole passes (ops plus what runs between them)
   double optimizer_s = 0;                 // one optimizer step over every parameter
-  double rss_bytes = 0;                   // resident set after the step (process)
+  double rss_bytes = 0;                   // peak resident set during the profile (VmHWM; process)
   double model_bytes = 0;                 // parameters, gradients, optimizer state, activations
   double activation_bytes = 0;            // the engine's activation arena (values and their gradients, fp32)
   double cpu_share = 1;                   // median share of runnable time spent running

@@ -64,7 +64,8 @@ nlohmann::json measurements_from_run(const std::string& run_dir);
 // one micro-batch, no recompute (the CPU engine keeps every activation),
 // optimizer state beside the weights and sharded over every process (fsdp =
 // processes: the engine reduce-scatters gradients into ZeRO shards, steps its
-// shard and all-gathers the parameters).
+// shard and all-gathers the parameters: ZeRO stage 1, whole parameters and
+// gradient buffer on every rank).
 Layout cpu_run_layout(int64_t processes, int64_t ep, int64_t batch, int64_t seq, const std::string& transport);
 
 }  // namespace rackstep::sim
