@@ -35,6 +35,9 @@
 #include "sim/calibration.h"
 #include "sim/cli/command.h"
 #include "sim/fit.h"
+#if RACKSTEP_HAVE_CUDA
+#include "exec/cuda/microbench.h"
+#endif
 
 namespace rackstep::exec {
 namespace {
@@ -112,7 +115,10 @@ int run_calibrate(const CalibrateArgs& a) {
   if (ec) throw UserError(a.out_dir, "", "a directory for the calibration", ec.message());
   const bool progress = !a.quiet;
   nlohmann::json m;
-  std::string base_topo = a.topology.empty() ? std::string(rackstep::source_dir()) + "/topologies/zoo/cpu-host.json" : a.topology;
+  // The base whose unfitted values (capacity, links) the fitted topology keeps:
+  // this host for the CPU, the project's GPU node for CUDA (--topology for another).
+  const std::string zoo_topo = a.backend == "cuda" ? "/topologies/zoo/hgx-h200.json" : "/topologies/zoo/cpu-host.json";
+  std::string base_topo = a.topology.empty() ? std::string(rackstep::source_dir()) + zoo_topo : a.topology;
   std::string base_cal = a.calibration.empty() ? sim::default_calibration_path() : a.calibration;
   if (!a.from_run.empty() && !a.from_measurements.empty()) {
     throw UserError("calibrate: expected one of --from-run and --from-measurements, found both");
@@ -126,7 +132,12 @@ int run_calibrate(const CalibrateArgs& a) {
                       m.contains("format") ? m["format"].dump() : "no format");
     }
   } else {
+#if RACKSTEP_HAVE_CUDA
+    std::unique_ptr<OpBackend> backend =
+        a.backend == "cuda" ? cuda::make_cuda_op_backend() : make_op_backend(a.backend, a.threads);
+#else
     std::unique_ptr<OpBackend> backend = make_op_backend(a.backend, a.threads);
+#endif
     if (backend->threads() > 1 && (!std::getenv("OPENBLAS_THREAD_TIMEOUT") || !std::getenv("OMP_WAIT_POLICY"))) {
       // Spinning idle threads burn CPU time the de-loading counts as work.
       std::fprintf(stderr, "calibrate: note: set OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 so idle threads "
@@ -152,6 +163,8 @@ int run_calibrate(const CalibrateArgs& a) {
     }
     if (a.no_collectives) {
       m["collectives_skipped"] = "--no-collectives";
+    } else if (backend->name() != "cpu") {
+      m["collectives_skipped"] = "the MPI probe times CPU ranks; NCCL collectives are not measured yet";
     } else {
       measure_collectives(a, m, alone, progress);
     }
@@ -270,7 +283,8 @@ rackstep::cli::Registration reg{
     "Measure the backend's ops on this machine (or a profiled run) and fit calibration + topology files for predict",
     [](CLI::App& app) {
       auto a = std::make_shared<CalibrateArgs>();
-      app.add_option("--backend", a->backend, "execution backend to measure: cpu (cuda: not built yet)")
+      app.add_option("--backend", a->backend, "execution backend to measure: cpu, or cuda (GEMMs and bandwidth on "
+                                              "the GPU; op profiles once the CUDA model driver exists)")
           ->check(CLI::IsMember({"cpu", "cuda"}));
       app.add_option("--out", a->out_dir, "directory for measurements.json, calibration.json, topology*.json, fit.json")
           ->required();
@@ -290,7 +304,7 @@ rackstep::cli::Registration reg{
       app.add_option("--from-measurements", a->from_measurements,
                      "refit from a measurements.json an earlier calibrate wrote (no measuring: the same numbers, "
                      "another base topology or calibration, or a newer fit)");
-      app.add_option("--topology", a->topology, "base topology JSON (default topologies/zoo/cpu-host.json)");
+      app.add_option("--topology", a->topology, "base topology JSON (default topologies/zoo/cpu-host.json; cuda: hgx-h200.json)");
       app.add_option("--calibration", a->calibration, "base calibration JSON (default sim/calibration.json)");
       app.add_flag("--no-collectives", a->no_collectives, "skip the MPI collectives (no topology-npP.json)");
       app.add_flag("--quiet", a->quiet, "no progress lines on stderr");

@@ -321,7 +321,9 @@ nlohmann::json run_microbenchmarks(OpBackend& backend, const MicrobenchPlan& pla
   // every profile, 28 ms in some profiles and 38 ms in the next ones).
   std::vector<std::pair<const ProfilePoint*, ModelProfile>> measured;
   std::vector<models::LayerGraph> graphs;
+  if (!backend.can_profile()) doc["profiles_skipped"] = backend.name() + " has no model driver to profile yet";
   for (const auto& p : plan.profiles) {
+    if (!backend.can_profile()) break;
     if (seconds_since(t0) > plan.budget_s && !measured.empty()) {
       ++skipped;
       continue;
@@ -332,7 +334,7 @@ nlohmann::json run_microbenchmarks(OpBackend& backend, const MicrobenchPlan& pla
     measured.emplace_back(&p, backend.profile(graphs.back(), p.batch, p.seq, 5));
   }
   int rounds = 1;
-  for (double round_s = seconds_since(t0); rounds < 8; ++rounds) {
+  for (double round_s = seconds_since(t0); rounds < 8 && !measured.empty(); ++rounds) {
     const double start_s = seconds_since(t0);
     if (start_s + round_s > plan.budget_s) break;
     progress("profiles again (round " + std::to_string(rounds + 1) + ")", done, total);

@@ -100,18 +100,18 @@ def main():
     env = dict(os.environ, OMP_WAIT_POLICY="passive", OPENBLAS_THREAD_TIMEOUT="4")
     cores = os.cpu_count()
     started = datetime.datetime.now(datetime.timezone.utc)
-    # Calibrations and single-process runs under SCHED_RR (chrt) when allowed: no ordinary
+    # Calibrations and runs whose threads fit the cores under SCHED_RR (chrt) when allowed: no ordinary
     # process preempts them, so the wall time is the idle-machine time. De-loading by CPU
     # time fails at 2 threads on a loaded host: a thread waiting for a descheduled peer burns
     # CPU (OpenBLAS's pthread pool yields in a loop), measured 1.3-3x a 2-thread step at load
-    # 2-5 here. MPI rows stay SCHED_OTHER (more ranks than cores busy-poll; a real-time rank
+    # 2-5 here. Rows with more ranks than cores stay SCHED_OTHER (ranks busy-poll; a real-time rank
     # would hold its core a whole quantum) and are de-loaded by CPU time (1 thread each).
     # RACKSTEP_VALIDATE_REALTIME=0 turns it off.
     rt = []
     if os.environ.get("RACKSTEP_VALIDATE_REALTIME", "1") != "0" and shutil.which("chrt"):
         if subprocess.run(["chrt", "-r", "10", "true"], capture_output=True).returncode == 0:
             rt = ["chrt", "-r", "10"]
-    log("scheduling: " + ("SCHED_RR (chrt -r 10) for calibrations and single-process runs" if rt
+    log("scheduling: " + ("SCHED_RR (chrt -r 10) for calibrations and runs whose threads fit the cores" if rt
                           else "SCHED_OTHER (de-loaded by CPU time)"))
 
     data = os.path.join(out, "data")
@@ -222,17 +222,20 @@ def main():
                str(c["seq"]), "--steps", str(steps), "--threads", str(threads), "--json"]
         if "dispatch" in c:
             cmd += ["--dispatch", c["dispatch"], "--ep", str(ep)]
-        realtime = bool(rt) and procs == 1
+        # Real-time when every thread has its own core: one process, or MPI ranks that fit the cores
+        # (ranks busy-poll for messages: de-loading by CPU time counts that polling as work, measured
+        # ep2-pooled 155 ms de-loaded vs 90 ms under SCHED_RR at load 12).
+        realtime = bool(rt) and procs * threads <= cores
         if procs > 1:
             cmd = mpi_prefix(procs) + cmd
-        elif realtime:
+        if realtime:
             cmd = rt + cmd
         renv = dict(env, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
         job = dict(c=c, cmd=cmd, env=renv, realtime=realtime, threads=threads, procs=procs, ep=ep, pred=pred)
         job["attempts"] = [attempt(job, 0)]
         jobs.append(job)
     # Repeats come in later passes over the rows, so that a row's attempts see different loads.
-    repeats = int(os.environ.get("RACKSTEP_VALIDATE_REPEATS", "2"))
+    repeats = int(os.environ.get("RACKSTEP_VALIDATE_REPEATS", "4"))
     for n in range(1, repeats + 1):
         for job in jobs:
             if disturbed(job):
@@ -280,9 +283,9 @@ def main():
     stem = os.path.join(results, f"validate-local-{started.strftime('%Y%m%d-%H%M')}-{socket.gethostname()}")
     with open(stem + ".json", "w") as f:
         json.dump(report, f, indent=2)
-    sched = ("calibrations and single-process runs under SCHED_RR (`chrt -r 10`): no ordinary process preempts "
-             "them, so their wall time is the idle-machine time and is taken as measured; MPI rows under SCHED_OTHER, "
-             "de-loaded by CPU time (1 thread per rank)") if rt else \
+    sched = ("calibrations and every run whose threads fit the cores under SCHED_RR (`chrt -r 10`): no ordinary "
+             "process preempts them, so their wall time is the idle-machine time and is taken as measured; 4-process "
+             "rows (more ranks than cores) under SCHED_OTHER, de-loaded by CPU time (1 thread per rank)") if rt else \
             "every time de-loaded by CPU time (chrt not permitted: SCHED_RR unavailable)"
     lines = [f"# Out-of-sample check of `rackstep calibrate` ({started:%Y-%m-%d %H:%M} UTC, {socket.gethostname()}, {cores} cores)",
              "",

@@ -244,7 +244,7 @@ FitResult fit_measurements(const nlohmann::json& m, const std::string& base_topo
   const std::string gpu_name = backend + " (" + std::to_string(threads) + " threads, calibrated)";
 
   nlohmann::json topo = topo_in;
-  topo["name"] = "cpu-host-calibrated";
+  topo["name"] = topo_in.value("name", std::string("host")) + "-calibrated";
   topo["comment"] = "Fitted by `rackstep calibrate` from " + src +
                     ": one process of the CPU engine as a one-'GPU' system. [M] measured, [F] fitted.";
   topo["gpu"]["name"] = gpu_name;
@@ -256,7 +256,7 @@ FitResult fit_measurements(const nlohmann::json& m, const std::string& base_topo
   }
   topo["gpu"]["hbm_bw_bytes_per_s"] = sourced(bw, bw_src);
   topo["gpu"]["hbm_bw_measured_bytes_per_s"] = sourced(bw, bw_src);
-  topo["host"]["h2d_bw_bytes_per_s"] = sourced(bw, bw_src + " (host and device memory are the same)");
+  if (backend == "cpu") topo["host"]["h2d_bw_bytes_per_s"] = sourced(bw, bw_src + " (host and device memory are the same)");
 
   // Collectives: ring all-reduce, t = 2(P-1)·alpha + 2(P-1)/P·bytes/bw.
   double alpha = topo["domain"]["latency_s"]["value"].get<double>();
@@ -634,7 +634,7 @@ FitResult fit_measurements(const nlohmann::json& m, const std::string& base_topo
     nlohmann::json t = topo;
     const std::string why = "; x " + fmt("%.3f", share) + ": [M] per-process GEMM rate with " + std::to_string(p) +
                             " processes running at once over the rate alone (" + src + ", concurrency)";
-    t["name"] = "cpu-host-calibrated-np" + std::to_string(p);
+    t["name"] = topo["name"].get<std::string>() + "-np" + std::to_string(p);
     t["domain"]["size"] = sourced(static_cast<double>(p), "[M] " + std::to_string(p) + " MPI processes on this host");
     for (const char* k : {"bf16", "fp32"}) {
       auto& v = t["gpu"]["peak_flops_per_s"][k];
