@@ -247,8 +247,8 @@ class CpuOpBackend final : public OpBackend {
 std::unique_ptr<OpBackend> make_op_backend(const std::string& name, int threads) {
   if (name == "cpu") return std::make_unique<CpuOpBackend>(threads);
   if (name == "cuda") {
-    throw UserError("calibrate: --backend cuda: the CUDA backend is not built in this binary (exec/cuda/ has no "
-                    "op backend yet); use --backend cpu");
+    throw UserError("calibrate: --backend cuda: not built into this command yet (the op backend, "
+                    "exec/cuda/microbench.h, plugs in with the CUDA engine); use --backend cpu");
   }
   throw UserError("calibrate: --backend " + name + ": expected cpu or cuda");
 }
