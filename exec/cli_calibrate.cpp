@@ -31,6 +31,8 @@
 #include "exec/train.h"
 #include "models/check.h"
 #include "models/json_io.h"
+#include "models/layer_graph.h"
+#include "models/model.h"
 #include "models/source_dir.h"
 #include "sim/calibration.h"
 #include "sim/cli/command.h"
@@ -67,7 +69,8 @@ bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 
 
 // Per rank count: all-reduce timings and the concurrent GEMM rate, measured by
 // this binary re-launched under mpirun.
-void measure_collectives(const CalibrateArgs& a, nlohmann::json& m, double gemm_alone_flops_per_s, bool progress) {
+void measure_collectives(const CalibrateArgs& a, nlohmann::json& m, double gemm_alone_flops_per_s, bool progress,
+                         int64_t grad_floats) {
   m["collectives"] = nlohmann::json::array();
   m["concurrency"] = nlohmann::json::array();
   if (!mpi_available()) {
@@ -89,7 +92,8 @@ void measure_collectives(const CalibrateArgs& a, nlohmann::json& m, double gemm_
     const int policy = sched_getscheduler(0);
     const std::string ordinary = policy == SCHED_RR || policy == SCHED_FIFO ? "chrt -o 0 " : "";
     const std::string cmd = ordinary + "mpirun --oversubscribe --allow-run-as-root --bind-to none -np " + std::to_string(p) + " '" +
-                            self_exe() + "' calibrate-collectives --threads 1 --out-file '" + file + "' >/dev/null";
+                            self_exe() + "' calibrate-collectives --threads 1 --grad-floats " + std::to_string(grad_floats) +
+                            " --out-file '" + file + "' >/dev/null";
     if (std::system(cmd.c_str()) != 0 || !fs::exists(file)) {
       std::fprintf(stderr, "calibrate: mpirun -np %d failed; collectives at %d processes skipped\n", p, p);
       continue;
@@ -162,7 +166,14 @@ int run_calibrate(const CalibrateArgs& a) {
     } else if (backend->name() != "cpu") {
       m["collectives_skipped"] = "the MPI probe times CPU ranks; NCCL collectives are not measured yet";
     } else {
-      measure_collectives(a, m, alone, progress);
+      int64_t grad_floats = 0;  // the largest model's parameters: the engine's step exchange
+      for (const auto& path : models) {
+        grad_floats = std::max(grad_floats, static_cast<int64_t>(
+                                                rackstep::models::count_params(
+                                                    rackstep::models::build_layer_graph(rackstep::models::load_model(path)))
+                                                    .total));
+      }
+      measure_collectives(a, m, alone, progress, grad_floats);
     }
   }
   m["machine"] = {{"hostname", [] {
@@ -214,7 +225,7 @@ int run_calibrate(const CalibrateArgs& a) {
 }
 
 // Under mpirun: all-reduce at several sizes, then every rank's GEMM rate at once.
-int run_collectives(const std::string& out_file, int threads) {
+int run_collectives(const std::string& out_file, int threads, int64_t grad_floats) {
   set_threads(threads);
   Comm world = Comm::world();
   // The resident set of a rank once MPI is up: what an MPI process holds beyond a lone one.
@@ -255,10 +266,25 @@ int run_collectives(const std::string& out_file, int threads) {
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
     best = std::min(best, std::min(wall, cpu_now() - c0));
   }
+  // The engine's step exchange at the model's size: reduce-scatter the whole
+  // gradient into a shard, all-gather the parameters (exec/train.cpp). The MPI
+  // library's own buffers for these sizes stay resident in a run.
+  const int P = world.size();
+  const int64_t per_rank = std::max<int64_t>(1, grad_floats / P);
+  std::vector<int> counts(static_cast<size_t>(P), static_cast<int>(per_rank));
+  std::vector<float> whole(static_cast<size_t>(per_rank * P), 1.0f), shard(static_cast<size_t>(per_rank)),
+      gathered(whole.size());
+  for (int r = 0; r < 2; ++r) {
+    world.reduce_scatter_sum(whole.data(), shard.data(), counts);
+    world.allgatherv(shard.data(), gathered.data(), counts);
+  }
   // What the rank holds at its peak once MPI has moved data (shared-memory
   // segments touched, the library's collective buffers), less this probe's own
-  // buffers (the largest all-reduce buffer and the three GEMM matrices).
-  double hwm = peak_rss_bytes() - (4e6 + 3.0 * 512 * 512 * sizeof(float));
+  // buffers (the largest all-reduce buffer, the three GEMM matrices, the step
+  // exchange's whole, shard and gathered arrays).
+  const double own = std::max(4e6, static_cast<double>(2 * whole.size() + shard.size()) * sizeof(float)) +
+                     3.0 * 512 * 512 * sizeof(float);
+  double hwm = peak_rss_bytes() - own;
   world.allreduce_max(&hwm, 1);
   double rate = 2.0 * 512 * 512 * 512 / best;
   world.allreduce_sum(&rate, 1);
@@ -316,7 +342,9 @@ rackstep::cli::Registration reg_collectives{
       app.group("");
       app.add_option("--out-file", *out, "result JSON (rank 0)")->required();
       app.add_option("--threads", *threads, "threads per process");
-      return [out, threads] { return run_collectives(*out, *threads); };
+      auto floats = std::make_shared<int64_t>(0);
+      app.add_option("--grad-floats", *floats, "the largest model's parameter count (the step exchange's size)");
+      return [out, threads, floats] { return run_collectives(*out, *threads, *floats); };
     }};
 
 }  // namespace
