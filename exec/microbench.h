@@ -56,8 +56,9 @@ struct ModelProfile {
   std::vector<OpSample> ops;
   double forward_s = 0, backward_s = 0;   // whole passes (ops plus what runs between them)
   double optimizer_s = 0;                 // one optimizer step over every parameter
-  double rss_bytes = 0;                   // resident set after the step (process)
+  double rss_bytes = 0;                   // peak resident set during the profile (VmHWM; process)
   double model_bytes = 0;                 // parameters, gradients, optimizer state, activations
+  double activation_bytes = 0;            // the engine's activation arena (values and their gradients, fp32)
   double cpu_share = 1;                   // median share of runnable time spent running
 };
 
@@ -72,10 +73,14 @@ class OpBackend {
   virtual double stream_bytes_per_s(double bytes, int reps) = 0;
   // Every op of `graph` timed in `reps` forward + backward passes at (batch, seq).
   virtual ModelProfile profile(const models::LayerGraph& graph, int64_t batch, int64_t seq, int reps) = 0;
+  // False while the backend has no model driver to profile (the CUDA one today):
+  // the calibration then measures GEMMs and bandwidth only.
+  virtual bool can_profile() const { return true; }
 };
 
-// "cpu" (OpenBLAS + OpenMP kernels of exec/); "cuda": UserError until that
-// backend is built. threads = 0 keeps the OpenMP default.
+// "cpu" (OpenBLAS + OpenMP kernels of exec/); "cuda": exec/cuda/microbench.h
+// (this one throws UserError for it: the CUDA library is linked only into the
+// command). threads = 0 keeps the OpenMP default.
 std::unique_ptr<OpBackend> make_op_backend(const std::string& name, int threads);
 
 struct GemmShape {

@@ -111,6 +111,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.allocator_fragmentation = sourced(m, "allocator_fragmentation", {.min = 0, .max = 1});
   c.runtime_reserved_bytes = sourced(m, "runtime_reserved_bytes", nonneg);
   c.backward_workspace_factor = sourced(m, "backward_workspace_factor", nonneg);
+  if (m.has("activation_bytes_factor")) c.activation_bytes_factor = sourced(m, "activation_bytes_factor", {.min_exclusive = 0, .max = 100});
   m.finish();
   r.finish();
 

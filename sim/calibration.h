@@ -97,6 +97,10 @@ struct Calibration {
   double allocator_fragmentation = 0.05;          // of live bytes
   double runtime_reserved_bytes = 2.5e9;          // CUDA context, NCCL, cuBLAS workspaces
   double backward_workspace_factor = 0.5;         // activation grads live in a layer's backward, × saved
+  // Bytes the engine keeps per saved activation over the model's bf16 count
+  // (optional memory.activation_bytes_factor; 1 on GPUs). The CPU engine keeps
+  // every activation and its gradient in fp32: `rackstep calibrate` measures it.
+  double activation_bytes_factor = 1.0;
 
   std::string file;                               // where it was read from
 };

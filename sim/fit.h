@@ -23,14 +23,20 @@
 //                      summed ops to the whole forward + backward
 //   optimizer          the memory-bound optimizer efficiency that makes the
 //                      predicted optimizer step match the measured ones
-//   memory             runtime_reserved_bytes and allocator_fragmentation:
-//                      measured resident set vs the predicted breakdown
+//   memory             activation_bytes_factor: the engine's activation arena
+//                      over the model's bf16 count [M]; runtime_reserved_bytes
+//                      and backward_workspace_factor: each profile's peak
+//                      resident set (VmHWM) vs the predicted breakdown [F]
 //   collectives        latency and bandwidth of a ring all-reduce
 //                      (2(P-1)·α + 2(P-1)/P·bytes/bw) over the measured points;
 //                      per rank count, the per-process compute share when P
 //                      processes share the host (topology-npP.json), and what
 //                      an MPI rank holds resident beyond a lone process
+//                      after the engine's step exchange at the model's size
 //                      (calibration-npP.json: runtime_reserved_bytes)
+// The op rows are one per profile and op class, each op on the branch of
+// max(compute, memory) the current estimate makes active; summary.in_sample
+// holds the fitted predictor's error per profile and class.
 //
 //   FitResult r = fit_measurements(measurements, "topologies/zoo/cpu-host.json", default_calibration_path(), "cal/measurements.json");
 //   write r.calibration, r.topologies["topology.json"], ...; r.summary for --json.
@@ -64,7 +70,8 @@ nlohmann::json measurements_from_run(const std::string& run_dir);
 // one micro-batch, no recompute (the CPU engine keeps every activation),
 // optimizer state beside the weights and sharded over every process (fsdp =
 // processes: the engine reduce-scatters gradients into ZeRO shards, steps its
-// shard and all-gathers the parameters).
+// shard and all-gathers the parameters: ZeRO stage 1, whole parameters and
+// gradient buffer on every rank).
 Layout cpu_run_layout(int64_t processes, int64_t ep, int64_t batch, int64_t seq, const std::string& transport);
 
 }  // namespace rackstep::sim

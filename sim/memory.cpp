@@ -121,12 +121,13 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   }
   // Sequence parallelism splits activations over tp; the routed rows are per GPU.
   const double tok = s.tokens_mb / tp;
-  const double layer_bytes = saved_layer * tok * 2.0;
-  const double carry_bytes = static_cast<double>(t.d_model) * tok * 2.0;
+  const double act_bytes = 2.0 * cal.activation_bytes_factor;  // bf16, times what the engine keeps beyond it
+  const double layer_bytes = saved_layer * tok * act_bytes;
+  const double carry_bytes = static_cast<double>(t.d_model) * tok * act_bytes;
   const double live_layers = s.layers_per_stage * s.in_flight;
   switch (l.recompute) {
     case models::Recompute::kNone: m.activations = live_layers * layer_bytes; break;
-    case models::Recompute::kSelective: m.activations = live_layers * saved_gemm_layer * tok * 2.0; break;
+    case models::Recompute::kSelective: m.activations = live_layers * saved_gemm_layer * tok * act_bytes; break;
     case models::Recompute::kFull:
       m.activations = layer_bytes + (l.offload_residual ? 2.0 * carry_bytes : live_layers * carry_bytes);
       if (l.offload_residual) m.host_activations = live_layers * carry_bytes;

@@ -9,6 +9,7 @@
 #include "sim/base/json_io.h"
 #include "scripts/cli/command.h"
 #include "scripts/cli/flags.h"
+#include "sim/emit_run.h"
 #include "sim/size.h"
 #include "gui/chart_svg.h"
 #include "gui/result_charts.h"
@@ -22,6 +23,7 @@ namespace {
 struct SizeArgs {
   std::string scenario;
   std::string report_dir;
+  std::string emit_run_dir;
   std::string rank_by;
   std::string stack, compare_stack;
   double min_p_finish = -1;
@@ -103,6 +105,17 @@ std::string csv_of(const nlohmann::json& j) {
   return out;
 }
 
+// The ranked winner's model, layout, cluster, calibration and launch scripts.
+void emit_winner(const SizeResult& r, const std::string& dir) {
+  const CandidateResult& w = r.candidates[r.ranking.front()];
+  if (!w.runnable) {
+    throw UserError(r.scenario.file, "/candidates", "a runnable winner for --emit-run", w.name + ": " + w.why_not);
+  }
+  emit_run_docs(dir, size_candidate_docs(r.scenario, w), w.layout, w.prediction);
+  std::fprintf(stderr, "size: the winner's run (%s) written to %s (launch-mpirun.sh, launch-slurm.sbatch)\n",
+               w.name.c_str(), dir.c_str());
+}
+
 int run_size(const SizeArgs& a) {
   Scenario s = a.scenario.empty() ? default_scenario() : load_scenario(a.scenario);
   if (!a.rank_by.empty()) {
@@ -123,6 +136,7 @@ int run_size(const SizeArgs& a) {
     const std::string md = write_size_report(r, j, a.report_dir);
     if (!a.json && !a.csv) std::printf("report: %s\n", md.c_str());
   }
+  if (!a.emit_run_dir.empty()) emit_winner(r, a.emit_run_dir);
   if (a.json) {
     std::printf("%s\n", j.dump(2).c_str());
   } else if (a.csv) {
@@ -141,6 +155,9 @@ cli::Registration reg{
       app.add_option("--scenario", a->scenario,
                      "scenario JSON (default: sim/scenarios/marin-july-2026.json, the Marin sizing decision)");
       app.add_option("--report", a->report_dir, "write a Markdown report with plots into this directory");
+      app.add_option("--emit-run", a->emit_run_dir,
+                     "write the winner's model, layout, cluster and calibration files and launch scripts (mpirun, "
+                     "Slurm) that run it with `rackstep train --layout` into this directory");
       app.add_option("--rank-by", a->rank_by, "utility: lowest_loss (default), fastest, highest_mfu")
           ->check(CLI::IsMember({"lowest_loss", "fastest", "highest_mfu"}));
       app.add_option("--stack", a->stack,
