@@ -6,7 +6,7 @@
 #include "sim/base/check.h"
 #include "sim/base/json_io.h"
 #include "models/model.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "sim/calibration.h"
 #include "sim/stack.h"
 

@@ -96,5 +96,5 @@ TEST_CASE("fit: the CPU run layout is ZeRO-1 over every process", "[fit]") {
   CHECK(l.fsdp == 4);
   CHECK(l.zero_stage == 1);
   CHECK(l.micro_batch_seqs == 2);
-  CHECK(l.ep_transport == sim::EpTransport::kPooled);
+  CHECK(l.ep_transport == sim::Transport::pooled);
 }
