@@ -303,3 +303,94 @@ TEST_CASE("router losses under data parallelism: the ranks' shares add up to the
   }
   CHECK(std::sqrt(rd / rn) < 1e-5);
 }
+
+namespace {
+
+// The CPU backend dressed as a device: its memory is not the host's (as far as
+// the driver knows), so the driver takes its device path - parameters copied
+// in per forward, gradients out per backward, routing state and the QB
+// histogram through explicit copies.
+class NotHostBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu-as-device"; }
+  std::unique_ptr<Buffer> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
+  void copy_to_backend(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_backend(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_host(dst, src, bytes); }
+  bool uses_host_memory() const override { return false; }
+  void synchronize() override {}
+  OpResult forward(const OpCall& c) override { return cpu_->forward(c); }
+  void backward(const OpCall& c) override { cpu_->backward(c); }
+  double aux_loss(const OpCall& c) override { return cpu_->aux_loss(c); }
+  void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool acc) override {
+    cpu_->copy_columns(y, wy, x, wx, rows, acc);
+  }
+  void assemble_key(float* k, const float* kn, const float* kr, int64_t N, int64_t H, int64_t hd, int64_t r) override {
+    cpu_->assemble_key(k, kn, kr, N, H, hd, r);
+  }
+  void split_key_grad(float* dn, bool an, float* dr, bool ar, const float* dk, int64_t N, int64_t H, int64_t hd,
+                      int64_t r) override {
+    cpu_->split_key_grad(dn, an, dr, ar, dk, N, H, hd, r);
+  }
+  void fill_zero(float* x, int64_t n) override { cpu_->fill_zero(x, n); }
+  bool all_finite(const float* x, int64_t n) override { return cpu_->all_finite(x, n); }
+  void update_balancing_bias(float* bias, int64_t* hist, int E, int k, int bins, float lo, float hi) override {
+    cpu_->update_balancing_bias(bias, hist, E, k, bins, lo, hi);
+  }
+
+ private:
+  std::unique_ptr<Backend> cpu_ = make_backend("cpu");
+};
+
+}  // namespace
+
+TEST_CASE("a backend outside host memory trains bitwise like the CPU (the driver's device path)", "[exec][model]") {
+  for (const bool mla : {false, true}) {
+    models::ModelConfig cfg = models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+    if (mla) {  // MLA adds the driver's glue (key assembly, v padding, a linear with two outputs)
+      cfg.attention.kind = models::AttentionKind::kMla;
+      cfg.attention.mla_kv_latent = 32;
+      cfg.attention.mla_q_latent = 48;
+      cfg.attention.mla_rope_dim = 16;
+      cfg.attention.kv_heads = cfg.attention.local.kv_heads = cfg.attention.global.kv_heads = cfg.attention.heads;
+    }
+    INFO((mla ? "MLA" : "GQA"));
+    const models::LayerGraph g = models::build_layer_graph(cfg);
+    Model host(g, 2, 16);
+    Model dev(g, 2, 16, std::make_unique<NotHostBackend>());
+    DispatchOptions d;
+    d.enabled = true;
+    d.ep = 2;
+    d.config.n_experts = g.model.moe.experts;
+    d.config.top_k = static_cast<int>(g.model.moe.top_k);
+    d.config.transport = sim::Transport::capacity;
+    d.config.receiver_cf = 0.6;  // drops: the keep mask crosses to the backend
+    for (Model* m : {&host, &dev}) {
+      m->init_params(1);
+      m->set_dispatch(d);
+    }
+    for (int step = 0; step < 2; ++step) {
+      const TestBatch b = make_batch(2, 16, cfg.vocab, 40 + step);
+      LossResult r[2];
+      int i = 0;
+      for (Model* m : {&host, &dev}) {
+        m->zero_grads();
+        r[i++] = m->forward(b.inputs.data(), b.targets.data(), b.docs.data());
+        m->backward();
+        m->update_balancing();
+      }
+      CHECK(r[0].loss == r[1].loss);
+      CHECK(r[0].drops.dropped() == r[1].drops.dropped());
+      CHECK(r[0].drops.dropped() > 0);
+      CHECK(std::memcmp(host.grads().data(), dev.grads().data(), host.grads().bytes()) == 0);
+      CHECK(host.balancing_state() == dev.balancing_state());
+      CHECK(std::memcmp(host.logits(), dev.logits(), static_cast<size_t>(32 * cfg.vocab) * sizeof(float)) == 0);
+      CHECK(host.kept_assignments(0) == dev.kept_assignments(0));
+      for (Model* m : {&host, &dev}) {  // a host-side update the device must see at the next forward
+        float* p = m->params().data();
+        const float* gr = m->grads().data();
+        for (int64_t j = 0; j < m->params().total_floats(); ++j) p[j] -= 0.05f * gr[j];
+      }
+    }
+    CHECK(dev.find_nonfinite_backward().empty());
+  }
+}
