@@ -18,10 +18,12 @@
 // Memory: every pointer in an OpCall is in the backend's memory (host memory
 // for the CPU, device memory for CUDA). The driver allocates every buffer with
 // allocate(), moves batches in and results out with copy_to_backend() /
-// copy_to_host(), and reads the parameter and gradient arenas on the host
-// (the optimizer, checkpoints and MPI run there): a backend whose memory is
-// not the host's gets push_arena() after every host-side change of the
-// parameters and pull_arena() before the host reads gradients.
+// copy_to_host(), and keeps the parameter and gradient arenas on the host
+// (the optimizer, checkpoints and MPI run there): for a backend whose memory
+// is not the host's (uses_host_memory() false) it copies the parameters in at
+// every forward and the gradients out at the end of every backward, and the
+// routing state (expert ids, offsets, drops, QB histogram and bias) across
+// where it decides on the host.
 //
 // Bindings per OpKind (in[], out[], saved[] widths are per token; N = B*T rows):
 //   kEmbedding     tokens -> out0 (d);                        w0 table (V, d)
