@@ -3,6 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -27,7 +31,7 @@ models::LayerGraph tiny_graph() {
 using testing::make_batch;
 using testing::TestBatch;
 
-double loss_of(CpuModel& m, const TestBatch& b) {
+double loss_of(Model& m, const TestBatch& b) {
   return m.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss;
 }
 
@@ -35,7 +39,7 @@ double loss_of(CpuModel& m, const TestBatch& b) {
 
 TEST_CASE("loss at init is about ln(vocab)", "[exec][model]") {
   const models::LayerGraph g = tiny_graph();
-  CpuModel m(g, 2, 64);
+  Model m(g, 2, 64);
   m.init_params(1);
   const TestBatch b = make_batch(2, 64, g.model.vocab, 7);
   const LossResult r = m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
@@ -50,10 +54,10 @@ TEST_CASE("loss at init is about ln(vocab)", "[exec][model]") {
 
 TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradcheck]") {
   const models::LayerGraph g = tiny_graph();
-  CpuModel m(g, 1, 48);
+  Model m(g, 1, 48);
   m.init_params(3);
   const TestBatch b = make_batch(1, 48, g.model.vocab, 11);
-  auto routing = [&](const CpuModel& model) {
+  auto routing = [&](const Model& model) {
     std::vector<int32_t> all;
     for (int l = 0; l < g.model.layers; ++l) {
       const int32_t* e = model.routed_experts(l);
@@ -129,7 +133,7 @@ TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradc
 
 TEST_CASE("training on one batch drives its loss down", "[exec][model]") {
   const models::LayerGraph g = tiny_graph();
-  CpuModel m(g, 2, 64);
+  Model m(g, 2, 64);
   m.init_params(5);
   const TestBatch b = make_batch(2, 64, g.model.vocab, 13);
   OptimizerConfig cfg = default_optimizer_config(40, g.model.d_model, 2 * 64);
@@ -152,7 +156,7 @@ TEST_CASE("same seed and threads give bitwise the same losses", "[exec][model]")
   const models::LayerGraph g = tiny_graph();
   const TestBatch b = make_batch(2, 32, g.model.vocab, 17);
   auto run = [&] {
-    CpuModel m(g, 2, 32);
+    Model m(g, 2, 32);
     m.init_params(9);
     Optimizer opt(default_optimizer_config(10, g.model.d_model, 64));
     OptimizerState st = init_optimizer_state(m.params());
@@ -174,7 +178,7 @@ TEST_CASE("same seed and threads give bitwise the same losses", "[exec][model]")
 
 TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", "[exec][model][drops]") {
   const models::LayerGraph g = tiny_graph();
-  CpuModel m(g, 2, 64);
+  Model m(g, 2, 64);
   m.init_params(1);
   DispatchOptions d;
   d.enabled = true;
@@ -220,19 +224,173 @@ TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", 
   CHECK_THROWS_AS(m.set_dispatch(d), UserError);
 }
 
-TEST_CASE("what the CPU backend cannot run is a clear user error", "[exec][model]") {
-  // Router losses under data parallelism: each rank's mean would not add up to
-  // the global batch's, so the first forward refuses, naming the field.
+TEST_CASE("router losses under data parallelism: the ranks' shares add up to the global batch's", "[exec][model]") {
+  // Aux-loss balancing (its f needs the global batch's counts, all-reduced in
+  // the forward) and an applied router z-loss (a mean over the global tokens),
+  // on two ranks in two threads, against one process holding the whole batch.
   models::ModelConfig cfg = models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
   cfg.moe.balancing = models::BalancingKind::kAuxLoss;
-  CpuModel m(models::build_layer_graph(cfg), 1, 16);
-  m.init_params(1);
-  m.set_loss_tokens(32);  // this process holds half of the global batch
-  const TestBatch b = make_batch(1, 16, cfg.vocab, 3);
-  try {
-    m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
-    FAIL("expected a UserError");
-  } catch (const UserError& e) {
-    CHECK(std::string(e.what()).find("/moe/balancing") != std::string::npos);
+  cfg.moe.aux_loss_weight = 0.5;
+  cfg.moe.router_z_loss_applied = true;
+  cfg.moe.router_z_loss_weight = 0.05;
+  const models::LayerGraph g = models::build_layer_graph(cfg);
+  const int64_t T = 16;
+  const TestBatch b = make_batch(2, T, cfg.vocab, 3);
+  Model whole(g, 2, T);
+  whole.init_params(1);
+  whole.zero_grads();
+  const LossResult lw = whole.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  whole.backward();
+
+  // An in-process all-reduce of two ranks' counts (a sum buffer per parity of
+  // the round: a rank may start the next round before the other has read this one's).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> sums[2];
+  int arrived = 0, generation = 0;
+  auto reduce = [&](int64_t* counts, int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    const int gen = generation;
+    std::vector<int64_t>& sum = sums[gen % 2];
+    if (arrived == 0) sum.assign(static_cast<size_t>(n), 0);
+    for (int e = 0; e < n; ++e) sum[static_cast<size_t>(e)] += counts[e];
+    if (++arrived == 2) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return generation != gen; });
+    }
+    for (int e = 0; e < n; ++e) counts[e] = sum[static_cast<size_t>(e)];
+  };
+  std::vector<std::unique_ptr<Model>> ranks;
+  LossResult lr[2];
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<Model>(g, 1, T));
+    ranks[r]->init_params(1);
+    ranks[r]->zero_grads();
+    ranks[r]->set_loss_tokens(2 * T);
+    ranks[r]->set_router_loss_share(2 * T, reduce);
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      const size_t at = static_cast<size_t>(r * T);
+      lr[r] = ranks[r]->forward(b.inputs.data() + at, b.targets.data() + at, b.docs.data() + at);
+      ranks[r]->backward();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(lw.router_loss > 0.5 * cfg.moe.aux_loss_weight * cfg.layers);
+  CHECK(lr[0].router_loss + lr[1].router_loss == Approx(lw.router_loss).epsilon(1e-9));
+  CHECK(lr[0].loss + lr[1].loss == Approx(lw.loss).epsilon(1e-7));  // fp32 GEMMs of another row count
+  // Gradients add up too (the router's carry both losses).
+  double d2 = 0, n2 = 0;
+  const Arena& gw = whole.grads();
+  for (int64_t i = 0; i < gw.total_floats(); ++i) {
+    const double x = static_cast<double>(ranks[0]->grads().data()[i]) + ranks[1]->grads().data()[i];
+    d2 += (x - gw.data()[i]) * (x - gw.data()[i]);
+    n2 += static_cast<double>(gw.data()[i]) * gw.data()[i];
+  }
+  CHECK(std::sqrt(d2 / n2) < 1e-5);
+  const TensorView router = whole.grads().view("layers.0.moe.router.w");
+  const int64_t at = router.data - whole.grads().data();
+  double rd = 0, rn = 0;
+  for (int64_t i = 0; i < router.numel; ++i) {
+    const double x = static_cast<double>(ranks[0]->grads().data()[at + i]) + ranks[1]->grads().data()[at + i];
+    rd += (x - router.data[i]) * (x - router.data[i]);
+    rn += static_cast<double>(router.data[i]) * router.data[i];
+  }
+  CHECK(std::sqrt(rd / rn) < 1e-5);
+}
+
+namespace {
+
+// The CPU backend dressed as a device: its memory is not the host's (as far as
+// the driver knows), so the driver takes its device path - parameters copied
+// in per forward, gradients out per backward, routing state and the QB
+// histogram through explicit copies.
+class NotHostBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu-as-device"; }
+  std::unique_ptr<Buffer> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
+  void copy_to_backend(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_backend(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_host(dst, src, bytes); }
+  bool uses_host_memory() const override { return false; }
+  void synchronize() override {}
+  OpResult forward(const OpCall& c) override { return cpu_->forward(c); }
+  void backward(const OpCall& c) override { cpu_->backward(c); }
+  double aux_loss(const OpCall& c) override { return cpu_->aux_loss(c); }
+  void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool acc) override {
+    cpu_->copy_columns(y, wy, x, wx, rows, acc);
+  }
+  void assemble_key(float* k, const float* kn, const float* kr, int64_t N, int64_t H, int64_t hd, int64_t r) override {
+    cpu_->assemble_key(k, kn, kr, N, H, hd, r);
+  }
+  void split_key_grad(float* dn, bool an, float* dr, bool ar, const float* dk, int64_t N, int64_t H, int64_t hd,
+                      int64_t r) override {
+    cpu_->split_key_grad(dn, an, dr, ar, dk, N, H, hd, r);
+  }
+  void fill_zero(float* x, int64_t n) override { cpu_->fill_zero(x, n); }
+  bool all_finite(const float* x, int64_t n) override { return cpu_->all_finite(x, n); }
+  void update_balancing_bias(float* bias, int64_t* hist, int E, int k, int bins, float lo, float hi) override {
+    cpu_->update_balancing_bias(bias, hist, E, k, bins, lo, hi);
+  }
+
+ private:
+  std::unique_ptr<Backend> cpu_ = make_backend("cpu");
+};
+
+}  // namespace
+
+TEST_CASE("a backend outside host memory trains bitwise like the CPU (the driver's device path)", "[exec][model]") {
+  for (const bool mla : {false, true}) {
+    models::ModelConfig cfg = models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+    if (mla) {  // MLA adds the driver's glue (key assembly, v padding, a linear with two outputs)
+      cfg.attention.kind = models::AttentionKind::kMla;
+      cfg.attention.mla_kv_latent = 32;
+      cfg.attention.mla_q_latent = 48;
+      cfg.attention.mla_rope_dim = 16;
+      cfg.attention.kv_heads = cfg.attention.local.kv_heads = cfg.attention.global.kv_heads = cfg.attention.heads;
+    }
+    INFO((mla ? "MLA" : "GQA"));
+    const models::LayerGraph g = models::build_layer_graph(cfg);
+    Model host(g, 2, 16);
+    Model dev(g, 2, 16, std::make_unique<NotHostBackend>());
+    DispatchOptions d;
+    d.enabled = true;
+    d.ep = 2;
+    d.config.n_experts = g.model.moe.experts;
+    d.config.top_k = static_cast<int>(g.model.moe.top_k);
+    d.config.transport = sim::Transport::capacity;
+    d.config.receiver_cf = 0.6;  // drops: the keep mask crosses to the backend
+    for (Model* m : {&host, &dev}) {
+      m->init_params(1);
+      m->set_dispatch(d);
+    }
+    for (int step = 0; step < 2; ++step) {
+      const TestBatch b = make_batch(2, 16, cfg.vocab, 40 + step);
+      LossResult r[2];
+      int i = 0;
+      for (Model* m : {&host, &dev}) {
+        m->zero_grads();
+        r[i++] = m->forward(b.inputs.data(), b.targets.data(), b.docs.data());
+        m->backward();
+        m->update_balancing();
+      }
+      CHECK(r[0].loss == r[1].loss);
+      CHECK(r[0].drops.dropped() == r[1].drops.dropped());
+      CHECK(r[0].drops.dropped() > 0);
+      CHECK(std::memcmp(host.grads().data(), dev.grads().data(), host.grads().bytes()) == 0);
+      CHECK(host.balancing_state() == dev.balancing_state());
+      CHECK(std::memcmp(host.logits(), dev.logits(), static_cast<size_t>(32 * cfg.vocab) * sizeof(float)) == 0);
+      CHECK(host.kept_assignments(0) == dev.kept_assignments(0));
+      for (Model* m : {&host, &dev}) {  // a host-side update the device must see at the next forward
+        float* p = m->params().data();
+        const float* gr = m->grads().data();
+        for (int64_t j = 0; j < m->params().total_floats(); ++j) p[j] -= 0.05f * gr[j];
+      }
+    }
+    CHECK(dev.find_nonfinite_backward().empty());
   }
 }

@@ -1,0 +1,84 @@
+// The backend registry (exec/backend.h).
+#include "exec/backend.h"
+
+#include <map>
+#include <mutex>
+
+#include "exec/cpu/backend.h"
+#include "sim/base/check.h"
+
+namespace rackstep::exec {
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, BackendFactory> factories;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace
+
+std::vector<int64_t> saved_widths(const models::Op& op, const models::ModelConfig& m,
+                                  const std::vector<int64_t>& in_widths) {
+  using models::OpKind;
+  switch (op.kind) {
+    case OpKind::kRmsNorm:
+    case OpKind::kCrossEntropy:
+      return {1};  // rstd; lse
+    case OpKind::kGatedNorm:
+      return {op.params[0].shape[1], m.d_model};  // a = x·W_down (r), g (d)
+    case OpKind::kQkNorm:
+      return {in_widths[0] / op.qk_head_dim, in_widths[1] / op.qk_head_dim};  // rstd per q head, per k head
+    case OpKind::kAttention:
+    case OpKind::kAttnGate:
+      return {op.heads};  // lse, stored (B, H, T); the gate g
+    case OpKind::kExpertMlp: {
+      const int64_t kF = m.moe.top_k * m.moe.expert_width;
+      return {kF, kF, kF};  // a1, a3, h per assignment row
+    }
+    case OpKind::kSharedMlp: {
+      const int64_t F = op.params[0].shape[1];
+      return {F, F, F};
+    }
+    default:
+      return {};
+  }
+}
+
+void register_backend(const std::string& name, BackendFactory make) {
+  RS_CHECK(name != "cpu", "the CPU backend is built in");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.factories[name] = std::move(make);
+}
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names = {"cpu"};
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& [name, make] : r.factories)
+    if (make()) names.push_back(name);
+  return names;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "cpu") return make_cpu_backend();
+  BackendFactory make;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (auto it = r.factories.find(name); it != r.factories.end()) make = it->second;
+  }
+  std::unique_ptr<Backend> b = make ? make() : nullptr;
+  if (b) return b;
+  std::string names;
+  for (const std::string& n : available_backends()) names += (names.empty() ? "" : ", ") + n;
+  throw UserError("backend: expected one available here (" + names + "), found '" + name + "'");
+}
+
+}  // namespace rackstep::exec
