@@ -16,7 +16,9 @@ has no `train --reference-dump` at all.
 --variant shapes runs the one-step comparison instead on tiny-moe changed to every
 shape the tiny model leaves out (VARIANTS below: MLA with a query latent, tied
 embeddings, LayerNorm, a leading dense layer, a softmax router with auxiliary-loss
-balancing and an applied router z-loss): its own ctest entry.
+balancing and an applied router z-loss): its own ctest entry. --variant gpt-gelu and
+--variant alibi-sinks run the zoo models of the mechanisms beyond the Marin block instead
+(MODEL_VARIANTS: learned positions, biases, GeLU, dense; ALiBi, sinks, ReLU², MoE).
 """
 
 import json
@@ -55,6 +57,11 @@ VARIANTS = {
         "moe": {"dense_layers": 1, "dense_width": 96, "router": "softmax", "balancing": "aux_loss",
                 "aux_loss_weight": 0.05, "router_z_loss_applied": True, "router_z_loss_weight": 0.01},
     },
+}
+# Whole zoo models for --variant NAME (the one-step comparison on that file).
+MODEL_VARIANTS = {
+    "gpt-gelu": "tiny-gpt-gelu.json",          # learned positions, Q/K/V/O and MLP biases, GeLU, dense, tied
+    "alibi-sinks": "tiny-alibi-sink-moe.json",  # ALiBi, attention sinks, biases, ReLU² shared expert, MoE
 }
 
 
@@ -414,8 +421,8 @@ def main():
     rackstep = args[0]
     global MODEL
     variant = args[args.index("--variant") + 1] if "--variant" in args else None
-    if variant is not None and variant not in VARIANTS:
-        sys.exit("usage: --variant one of %s" % ", ".join(VARIANTS))
+    if variant is not None and variant not in VARIANTS and variant not in MODEL_VARIANTS:
+        sys.exit("usage: --variant one of %s" % ", ".join(list(VARIANTS) + list(MODEL_VARIANTS)))
     keep = args[args.index("--keep") + 1] if "--keep" in args else None
     given = args[args.index("--dump") + 1] if "--dump" in args else None
     given_steps = args[args.index("--steps-dump") + 1] if "--steps-dump" in args else None
@@ -432,7 +439,10 @@ def main():
             sys.exit("FAIL: %s not found (build the target reference_dump_steps)" % binary)
         work = keep or tempfile.mkdtemp(prefix="rackstep_ref_")
         os.makedirs(work, exist_ok=True)
-        if variant:
+        if variant in MODEL_VARIANTS:
+            MODEL = os.path.join(REPO, "models", "zoo", MODEL_VARIANTS[variant])
+            print("variant %s: %s" % (variant, MODEL))
+        elif variant:
             doc = merged(json.load(open(MODEL)), VARIANTS[variant])
             doc["name"] += "-" + variant
             MODEL = os.path.join(work, "tiny-moe-%s.json" % variant)
