@@ -31,15 +31,6 @@ const char* to_string(OptimizerKind k) {
 
 const char* to_string(LayerKind k) { return k == LayerKind::kGlobal ? "global" : "local"; }
 
-const char* to_string(MlpActivation a) {
-  switch (a) {
-    case MlpActivation::kSwiGlu: return "swiglu";
-    case MlpActivation::kGelu: return "gelu";
-    case MlpActivation::kRelu2: return "relu2";
-  }
-  return "?";
-}
-
 namespace {
 
 const NumberRange kPositive{.min_exclusive = 0.0};

@@ -186,6 +186,5 @@ ModelConfig parse_model(const nlohmann::json& doc, const std::string& file);
 
 const char* to_string(OptimizerKind k);
 const char* to_string(LayerKind k);
-const char* to_string(MlpActivation a);
 
 }  // namespace rackstep::models

@@ -18,7 +18,8 @@ shape the tiny model leaves out (VARIANTS below: MLA with a query latent, tied
 embeddings, LayerNorm, a leading dense layer, a softmax router with auxiliary-loss
 balancing and an applied router z-loss): its own ctest entry. --variant gpt-gelu and
 --variant alibi-sinks run the zoo models of the mechanisms beyond the Marin block instead
-(MODEL_VARIANTS: learned positions, biases, GeLU, dense; ALiBi, sinks, ReLU², MoE).
+(MODEL_VARIANTS: learned positions, biases, GeLU, dense; ALiBi, sinks, ReLU², MoE), and
+--variant mla-mech puts them on the Marin block (MLA with biases and sinks).
 """
 
 import json
@@ -56,6 +57,17 @@ VARIANTS = {
         "norm": {"kind": "layernorm"},
         "moe": {"dense_layers": 1, "dense_width": 96, "router": "softmax", "balancing": "aux_loss",
                 "aux_loss_weight": 0.05, "router_z_loss_applied": True, "router_z_loss_weight": 0.01},
+    },
+    # The new mechanisms on the Marin block: MLA with Q/K/V and output biases and sinks
+    # (attention on the zero-padded v), learned positions, a GeLU dense layer and GeLU
+    # shared experts with biases.
+    "mla-mech": {
+        "position_embedding": {"kind": "learned"},
+        "attention": {"kind": "mla", "mla": {"kv_latent": 32, "q_latent": 48, "rope_dim": 16},
+                      "kv_heads": 4, "local": {"kv_heads": 4}, "global": {"kv_heads": 4},
+                      "qkv_bias": True, "o_bias": True, "sinks": True},
+        "mlp": {"activation": "gelu", "bias": True},
+        "moe": {"dense_layers": 1, "dense_width": 96},
     },
 }
 # Whole zoo models for --variant NAME (the one-step comparison on that file).
