@@ -136,6 +136,16 @@ void parse_mlp(JsonReader r, ModelConfig& m) {
   m.mlp.activation = act == "swiglu" ? MlpActivation::kSwiGlu
                                      : (act == "gelu" ? MlpActivation::kGelu : MlpActivation::kRelu2);
   m.mlp.bias = r.boolean("bias", false);
+  // Routed experts are SwiGLU without biases: a setting no dense MLP takes would be ignored.
+  const bool dense_mlp = m.moe.experts == 0 || m.moe.dense_layers > 0 || m.moe.shared_experts > 0;
+  if (!dense_mlp && m.mlp.activation != MlpActivation::kSwiGlu) {
+    r.fail("activation", "swiglu when every MLP is a routed expert (no dense layers or shared experts; experts are SwiGLU)",
+           "\"" + act + "\"");
+  }
+  if (!dense_mlp && m.mlp.bias) {
+    r.fail("bias", "false when every MLP is a routed expert (no dense layers or shared experts; experts have no biases)",
+           "true");
+  }
   r.finish();
 }
 
@@ -306,12 +316,12 @@ ModelConfig parse_model(const nlohmann::json& doc, const std::string& file) {
   }
   parse_sconv(r.object_or_empty("sconv"), m);
   parse_norm(r.object_or_empty("norm"), m);
-  parse_mlp(r.object_or_empty("mlp"), m);
   parse_position_embedding(r.object_or_empty("position_embedding"), m);
   parse_moe(r.object_or_empty("moe"), m);
   if (m.moe.experts == 0 && m.moe.dense_width == 0) {
     r.fail("moe", "either experts > 0 or dense_width > 0 (every layer needs an MLP)", "neither");
   }
+  parse_mlp(r.object_or_empty("mlp"), m);
   parse_recipe(r.object("recipe"), m);
   parse_published(r.object_or_empty("published"), m);
   r.finish();

@@ -158,6 +158,18 @@ TEST_CASE("bad mechanism fields are one line naming path, expected and found", "
   bad = doc;
   bad["attention"]["sinks"] = "yes";
   CHECK(error_of(bad) == "m.json: /attention/sinks: expected true or false, found string \"yes\"");
+  json routed = zoo_json("tiny-alibi-sink-moe");
+  routed["moe"]["shared_experts"] = 0;
+  CHECK(error_of(routed) ==
+        "m.json: /mlp/activation: expected swiglu when every MLP is a routed expert (no dense layers or shared experts; "
+        "experts are SwiGLU), found \"relu2\"");
+  routed["mlp"]["activation"] = "swiglu";
+  CHECK(error_of(routed) ==
+        "m.json: /mlp/bias: expected false when every MLP is a routed expert (no dense layers or shared experts; "
+        "experts have no biases), found true");
+  routed["moe"]["dense_layers"] = 1;
+  routed["moe"]["dense_width"] = 64;
+  CHECK(error_of(routed).empty());
   json mla = load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/marin-535b-a23b.json");
   mla["attention"]["kind"] = "mla";
   mla["attention"]["mla"] = {{"kv_latent", 512}};
