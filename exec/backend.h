@@ -36,13 +36,13 @@
 //   kXsa           in0 o, in1 v -> out0
 //   kAttnGate      in0 o, in1 x -> out0; saved0 g (H);        w0 (d, H)
 //   kRouter        in0 x -> out0 logits (E);                  w0 (d, E); routing hist (training)
-//   kTopK          in0 logits -> out0 weights (k);            routing expert, threshold, bias
+//   kTopK          in0 logits -> out0 weights (k);            routing expert, threshold, bias; aux_loss()
 //   kDispatch      in0 x (L), in1 weights -> out0 rows (k*L, grouped by expert); routing sorted_pos, offsets
 //   kExpertMlp     in0 rows -> out0 rows; saved0..2 a1, a3, h (k*F); w0..2 (E,L,F), (E,L,F), (E,F,L); routing offsets, keep
 //   kCombine       in0 rows, in1 weights -> out0 (L);         routing sorted_pos
 //   kSharedMlp     in0 x [, in1 added] -> out0; saved0..2 a1, a3, h (F); op.activation:
 //                  SwiGLU w0..2 = W1, W3, W2 [, w3..5 = b1, b3, b2];
-//                  GeLU / ReLU² w0, w1 = W1, W2 [, w2, w3 = b1, b2], saved1 unbound (no a3)
+//                  GeLU / ReLU² w0, w1 = W1, W2 [, w2, w3 = b1, b2], saved1 of width 0 (no a3)
 //   kResidualAdd   in0, in1 -> out0
 //   kLmHead        in0 -> out0 logits (V);                    w0 (d, V), or the table (V, d) when tied
 //   kCrossEntropy  in0 logits; saved0 lse (1); targets, loss_tokens -> OpResult ce, z_loss
@@ -108,6 +108,13 @@ struct Routing {
   uint8_t* keep = nullptr;        // (N*k) grouped order; nullptr = keep all
   const float* bias = nullptr;    // (E) selection bias (QB state or a learnable tensor)
   int64_t* hist = nullptr;        // (E, bins) this step's router-logit histogram, or nullptr
+  // Data parallelism: this slice's share of the global batch's router losses.
+  // counts (E): the global batch's assignments per expert over count_tokens
+  // tokens (aux loss; nullptr = this slice's own); loss_share: this slice's
+  // tokens / the global batch's (the router z-loss weight's factor).
+  const int64_t* counts = nullptr;
+  int64_t count_tokens = 0;
+  double loss_share = 1.0;
 };
 
 // One op of the layer graph with its tensors bound. Arrays are indexed as the
@@ -135,7 +142,6 @@ struct OpCall {
 struct OpResult {
   double ce = 0, z_loss = 0;  // kCrossEntropy
   double router_z = 0;        // kRouter: mean lse² of the logits (logged; applied when the model says so)
-  double aux_loss = 0;        // kTopK: weighted auxiliary balancing loss (when the model uses it)
 };
 
 class Backend {
@@ -156,6 +162,10 @@ class Backend {
   // --- the op set -----------------------------------------------------------
   virtual OpResult forward(const OpCall& c) = 0;
   virtual void backward(const OpCall& c) = 0;
+  // kTopK under aux-loss balancing, after its forward: the weighted auxiliary
+  // loss of the selection (the driver first reduces the counts under data
+  // parallelism); its gradient is part of kTopK's backward.
+  virtual double aux_loss(const OpCall& c) = 0;
 
   // --- layout helpers the driver's data flow uses ----------------------------
   // y (rows, wy) from x (rows, wx): the first min(wx, wy) columns, zeros after,
@@ -173,6 +183,11 @@ class Backend {
   // histogram (E, bins) (exec/kernels.h qb_bias_from_histogram); hist zeroed.
   virtual void update_balancing_bias(float* bias, int64_t* hist, int E, int k, int bins, float lo, float hi) = 0;
 };
+
+// Per-token widths of the buffers an op's forward keeps for its backward
+// (OpCall::saved, the table above), given its bound inputs' widths.
+std::vector<int64_t> saved_widths(const models::Op& op, const models::ModelConfig& m,
+                                  const std::vector<int64_t>& in_widths);
 
 // The registry. "cpu" is always there; a binary that links another backend
 // registers it before use (exec/cuda: "cuda", whose factory returns nullptr
