@@ -105,6 +105,7 @@ struct Routing {
   float* threshold = nullptr;     // (N) (k+1)-th biased score
   int32_t* sorted_pos = nullptr;  // (N*k) grouped row of assignment a = t*k + j
   int32_t* offsets = nullptr;     // (E + 1) expert e's rows: offsets[e] .. offsets[e+1]
+  const int32_t* host_offsets = nullptr;  // the same on the host, after kDispatch (per-expert GEMM sizes)
   uint8_t* keep = nullptr;        // (N*k) grouped order; nullptr = keep all
   const float* bias = nullptr;    // (E) selection bias (QB state or a learnable tensor)
   int64_t* hist = nullptr;        // (E, bins) this step's router-logit histogram, or nullptr

@@ -633,6 +633,7 @@ void Model::forward_op(size_t i) {
     case OpKind::kDispatch:  // rows grouped by expert: which of them the experts compute
       be.copy_to_host(s->sorted_pos.data(), s->dev.sorted_pos, s->sorted_pos.size() * sizeof(int32_t));
       be.copy_to_host(s->offsets.data(), s->dev.offsets, s->offsets.size() * sizeof(int32_t));
+      s->dev.host_offsets = s->offsets.data();
       decide_drops(*s, A(p.in2));
       break;
     case OpKind::kCrossEntropy:

@@ -15,7 +15,7 @@ using models::OpClass;
 Profiler::Profiler(const models::LayerGraph& graph, int64_t batch, int64_t seq, int threads)
     : graph_(&graph), batch_(batch), seq_(seq), threads_(threads), origin_(Clock::now()) {}
 
-void Profiler::attach(CpuModel& model) {
+void Profiler::attach(Model& model) {
   model.set_op_timer([this](size_t op, int phase, Clock::time_point s, Clock::time_point e) { on_op(op, phase, s, e); });
 }
 
@@ -38,7 +38,7 @@ void Profiler::record_optimizer(Clock::time_point start, Clock::time_point end) 
   slices_.push_back({0, 2, step_, since_origin(start), std::chrono::duration<double>(end - start).count()});
 }
 
-void Profiler::record_routing(const CpuModel& model, const int32_t* doc_ids) {
+void Profiler::record_routing(const Model& model, const int32_t* doc_ids) {
   const auto& m = graph_->model;
   const int k = static_cast<int>(m.moe.top_k);
   const int64_t E = m.moe.experts;

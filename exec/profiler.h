@@ -54,12 +54,12 @@ class Profiler {
 
   Profiler(const models::LayerGraph& graph, int64_t batch, int64_t seq, int threads);
 
-  void attach(CpuModel& model);
+  void attach(Model& model);
   void begin_step(int64_t step);
   void end_step();
   void record_optimizer(Clock::time_point start, Clock::time_point end);
   // Expert counts of this step's routing, per sequence and per document fragment.
-  void record_routing(const CpuModel& model, const int32_t* doc_ids);  // doc_ids: (batch, seq) or nullptr
+  void record_routing(const Model& model, const int32_t* doc_ids);  // doc_ids: (batch, seq) or nullptr
 
   int64_t steps() const { return steps_; }
   // Seconds summed over profiled steps per op class ("gemm", "attention", ...,

@@ -127,7 +127,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   const auto [first_seq, end_seq] = sequence_slice(batch, world(), comm_ ? comm_->rank() : 0);
   check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
   // UserError for what this backend cannot run
-  model_ = std::make_unique<CpuModel>(graph_, end_seq - first_seq, seq);
+  model_ = std::make_unique<Model>(graph_, end_seq - first_seq, seq, make_backend(o_.backend));
   if (distributed()) {  // router losses: each rank's share of the global batch's
     model_->set_router_loss_share(global_batch_ * seq, [this](int64_t* counts, int n) { comm_->allreduce_sum(counts, n); });
   }
@@ -688,7 +688,7 @@ int run_training(const TrainOptions& options, const TrainOutput& out, const Comm
 
 // --- reference dump ----------------------------------------------------------------
 
-void add_step_inputs(TensorDump& dump, const CpuModel& model, const models::ModelConfig& m, const Batch& b) {
+void add_step_inputs(TensorDump& dump, const Model& model, const models::ModelConfig& m, const Batch& b) {
   const int64_t B = model.batch(), T = model.seq();
   dump.add_i32("batch.tokens", {B, T}, b.inputs.data());
   dump.add_i32("batch.targets", {B, T}, b.targets.data());
@@ -708,7 +708,7 @@ void write_reference_dump(const TrainOptions& options, const std::string& dir) {
   o.resume = false;
   o.profile = false;
   Trainer t(o);
-  CpuModel& model = t.model();
+  Model& model = t.model();
   const auto& m = t.graph().model;
   const int64_t B = model.batch(), T = model.seq(), N = model.tokens();
   const Batch b = t.loader().next_batch(B);

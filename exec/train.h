@@ -90,6 +90,7 @@ struct TrainOptions {
   std::string routing_trace;       // training steps' routing (exec/routing_trace.h); "" = none
   std::string routing_trace_eval;  // the last evaluation's routing; "" = none
   int64_t routing_trace_every = 1; // record every N-th training step
+  std::string backend = "cpu";     // where the ops run (exec/backend.h: make_backend)
 };
 
 struct StepLog {
@@ -132,7 +133,7 @@ class Trainer {
   void write_profile() const;  // no-op without --profile and --out
   void write_routing_trace() const;  // no-op without --routing-trace
 
-  CpuModel& model() { return *model_; }
+  Model& model() { return *model_; }
   int64_t global_batch() const { return global_batch_; }  // sequences per step over all ranks
   // Layout fields that place memory only and were not applied ("/recompute: full").
   const std::vector<std::string>& placement_only() const { return placement_only_; }
@@ -175,7 +176,7 @@ class Trainer {
 
   TrainOptions o_;
   models::LayerGraph graph_;
-  std::unique_ptr<CpuModel> model_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<TokenLoader> train_, eval_;
   std::unique_ptr<Optimizer> optimizer_;
   OptimizerState opt_state_;
@@ -205,6 +206,6 @@ void write_reference_dump(const TrainOptions& options, const std::string& dir);
 // What a reference comparison feeds both sides for one step: the batch
 // ("batch.tokens/targets/doc/pos", (B, T)), the parameters ("param.*") and each
 // MoE layer's balancing bias ("buffer.layers.L.moe.router.bias", (E)).
-void add_step_inputs(TensorDump& dump, const CpuModel& model, const models::ModelConfig& m, const Batch& b);
+void add_step_inputs(TensorDump& dump, const Model& model, const models::ModelConfig& m, const Batch& b);
 
 }  // namespace rackstep::exec

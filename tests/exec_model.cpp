@@ -31,7 +31,7 @@ models::LayerGraph tiny_graph() {
 using testing::make_batch;
 using testing::TestBatch;
 
-double loss_of(CpuModel& m, const TestBatch& b) {
+double loss_of(Model& m, const TestBatch& b) {
   return m.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss;
 }
 
@@ -39,7 +39,7 @@ double loss_of(CpuModel& m, const TestBatch& b) {
 
 TEST_CASE("loss at init is about ln(vocab)", "[exec][model]") {
   const models::LayerGraph g = tiny_graph();
-  CpuModel m(g, 2, 64);
+  Model m(g, 2, 64);
   m.init_params(1);
   const TestBatch b = make_batch(2, 64, g.model.vocab, 7);
   const LossResult r = m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
@@ -54,10 +54,10 @@ TEST_CASE("loss at init is about ln(vocab)", "[exec][model]") {
 
 TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradcheck]") {
   const models::LayerGraph g = tiny_graph();
-  CpuModel m(g, 1, 48);
+  Model m(g, 1, 48);
   m.init_params(3);
   const TestBatch b = make_batch(1, 48, g.model.vocab, 11);
-  auto routing = [&](const CpuModel& model) {
+  auto routing = [&](const Model& model) {
     std::vector<int32_t> all;
     for (int l = 0; l < g.model.layers; ++l) {
       const int32_t* e = model.routed_experts(l);
@@ -133,7 +133,7 @@ TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradc
 
 TEST_CASE("training on one batch drives its loss down", "[exec][model]") {
   const models::LayerGraph g = tiny_graph();
-  CpuModel m(g, 2, 64);
+  Model m(g, 2, 64);
   m.init_params(5);
   const TestBatch b = make_batch(2, 64, g.model.vocab, 13);
   OptimizerConfig cfg = default_optimizer_config(40, g.model.d_model, 2 * 64);
@@ -156,7 +156,7 @@ TEST_CASE("same seed and threads give bitwise the same losses", "[exec][model]")
   const models::LayerGraph g = tiny_graph();
   const TestBatch b = make_batch(2, 32, g.model.vocab, 17);
   auto run = [&] {
-    CpuModel m(g, 2, 32);
+    Model m(g, 2, 32);
     m.init_params(9);
     Optimizer opt(default_optimizer_config(10, g.model.d_model, 64));
     OptimizerState st = init_optimizer_state(m.params());
@@ -178,7 +178,7 @@ TEST_CASE("same seed and threads give bitwise the same losses", "[exec][model]")
 
 TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", "[exec][model][drops]") {
   const models::LayerGraph g = tiny_graph();
-  CpuModel m(g, 2, 64);
+  Model m(g, 2, 64);
   m.init_params(1);
   DispatchOptions d;
   d.enabled = true;
@@ -236,7 +236,7 @@ TEST_CASE("router losses under data parallelism: the ranks' shares add up to the
   const models::LayerGraph g = models::build_layer_graph(cfg);
   const int64_t T = 16;
   const TestBatch b = make_batch(2, T, cfg.vocab, 3);
-  CpuModel whole(g, 2, T);
+  Model whole(g, 2, T);
   whole.init_params(1);
   whole.zero_grads();
   const LossResult lw = whole.forward(b.inputs.data(), b.targets.data(), b.docs.data());
@@ -263,10 +263,10 @@ TEST_CASE("router losses under data parallelism: the ranks' shares add up to the
     }
     for (int e = 0; e < n; ++e) counts[e] = sum[static_cast<size_t>(e)];
   };
-  std::vector<std::unique_ptr<CpuModel>> ranks;
+  std::vector<std::unique_ptr<Model>> ranks;
   LossResult lr[2];
   for (int r = 0; r < 2; ++r) {
-    ranks.push_back(std::make_unique<CpuModel>(g, 1, T));
+    ranks.push_back(std::make_unique<Model>(g, 1, T));
     ranks[r]->init_params(1);
     ranks[r]->zero_grads();
     ranks[r]->set_loss_tokens(2 * T);

@@ -277,6 +277,7 @@ class Runner {
       routing.expert = ints(h.expert);
       routing.sorted_pos = ints(h.sorted_pos);
       routing.offsets = ints(h.offsets);
+      routing.host_offsets = h.offsets.data();
       routing.threshold = floats(h.threshold);
       routing.bias = floats(h.bias);
       if (!h.keep.empty()) routing.keep = bytes(h.keep);

@@ -31,7 +31,7 @@ models::ModelConfig tiny() {
 using testing::make_batch;
 using Batch = testing::TestBatch;
 
-std::vector<int32_t> routing(const CpuModel& m) {
+std::vector<int32_t> routing(const Model& m) {
   std::vector<int32_t> all;
   const auto& g = m.graph();
   for (int l = 0; l < g.model.layers; ++l) {
@@ -44,7 +44,7 @@ std::vector<int32_t> routing(const CpuModel& m) {
 // The analytic directional derivative g.u of the loss along u = sign(grad)
 // against the central difference (L(w + h u) - L(w - h u)) / 2h, shrinking h
 // until no token's experts change (top-k is piecewise constant).
-void check_gradient(CpuModel& m, const Batch& b, const std::string& name) {
+void check_gradient(Model& m, const Batch& b, const std::string& name) {
   INFO(name);
   auto loss = [&] { return m.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss; };
   m.zero_grads();
@@ -81,7 +81,7 @@ void check_gradient(CpuModel& m, const Batch& b, const std::string& name) {
 
 void check_shape(const models::ModelConfig& cfg, const std::vector<std::string>& params) {
   const models::LayerGraph g = models::build_layer_graph(cfg);
-  CpuModel m(g, 1, 48);
+  Model m(g, 1, 48);
   m.init_params(3);
   const Batch b = make_batch(1, 48, cfg.vocab, 11);
   for (const std::string& p : params) check_gradient(m, b, p);
@@ -95,7 +95,7 @@ TEST_CASE("a dense (expert-free) model trains and its gradients are right", "[ex
   cfg.moe.dense_width = 96;
   check_shape(cfg, {"layers.0.mlp.w1", "layers.3.mlp.w2", "lm_head.w"});
   const models::LayerGraph g = models::build_layer_graph(cfg);
-  CpuModel m(g, 2, 32);
+  Model m(g, 2, 32);
   m.init_params(1);
   const Batch b = make_batch(2, 32, cfg.vocab, 5);
   Optimizer opt(default_optimizer_config(20, cfg.d_model, 64));
@@ -115,7 +115,7 @@ TEST_CASE("tied embeddings: the LM head reads the embedding table", "[exec][shap
   models::ModelConfig cfg = tiny();
   cfg.tied_embeddings = true;
   const models::LayerGraph g = models::build_layer_graph(cfg);
-  CpuModel m(g, 1, 16);
+  Model m(g, 1, 16);
   CHECK(m.params().layout().find("lm_head.w") < 0);
   check_shape(cfg, {"embedding.w", "final_norm.gain"});
 }
@@ -126,9 +126,9 @@ TEST_CASE("LayerNorm models run every norm as LayerNorm", "[exec][shapes][gradch
   check_shape(cfg, {"layers.0.attn_norm.gain", "layers.1.moe.latent_norm.gain", "layers.0.attn.q_proj.w"});
   // LayerNorm and RMSNorm differ (the mean is subtracted).
   const Batch b = make_batch(1, 16, cfg.vocab, 2);
-  CpuModel ln(models::build_layer_graph(cfg), 1, 16);
+  Model ln(models::build_layer_graph(cfg), 1, 16);
   cfg.norm.kind = models::NormKind::kRmsNorm;
-  CpuModel rms(models::build_layer_graph(cfg), 1, 16);
+  Model rms(models::build_layer_graph(cfg), 1, 16);
   ln.init_params(1);
   rms.init_params(1);
   CHECK(ln.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss !=
@@ -143,7 +143,7 @@ TEST_CASE("auxiliary-loss balancing: the loss and its router gradient", "[exec][
     cfg.moe.router = router;
     INFO((router == models::RouterKind::kSigmoid ? "sigmoid" : "softmax"));
     check_shape(cfg, {"layers.0.moe.router.w", "layers.2.moe.router.w", "layers.1.attn.v_proj.w"});
-    CpuModel m(models::build_layer_graph(cfg), 1, 48);
+    Model m(models::build_layer_graph(cfg), 1, 48);
     m.init_params(3);
     const Batch b = make_batch(1, 48, cfg.vocab, 11);
     const LossResult r = m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
@@ -158,7 +158,7 @@ TEST_CASE("an applied router z-loss adds to the loss and to the router gradient"
   cfg.moe.router_z_loss_applied = true;
   cfg.moe.router_z_loss_weight = 0.05;
   check_shape(cfg, {"layers.0.moe.router.w", "layers.3.moe.router.w"});
-  CpuModel m(models::build_layer_graph(cfg), 1, 48);
+  Model m(models::build_layer_graph(cfg), 1, 48);
   m.init_params(3);
   const Batch b = make_batch(1, 48, cfg.vocab, 11);
   const LossResult r = m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
@@ -174,7 +174,7 @@ TEST_CASE("every OpKind is priced by the cost model and run forward and backward
   std::set<models::OpKind> run_fwd, run_bwd, priced;
   for (const models::ModelConfig& cfg : {tiny(), dense}) {
     const models::LayerGraph g = models::build_layer_graph(cfg);
-    CpuModel m(g, 1, 32);
+    Model m(g, 1, 32);
     m.init_params(1);
     m.set_op_timer([&](size_t op, int phase, auto, auto) {
       (phase == 0 ? run_fwd : run_bwd).insert(g.ops[op].kind);

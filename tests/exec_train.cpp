@@ -163,7 +163,7 @@ TEST_CASE("corrupt or foreign checkpoints are clear errors and change nothing", 
     CHECK(read_bytes(ckpt) == before);
     // The checkpoint loader itself refuses the foreign layout too.
     const models::LayerGraph g = models::build_layer_graph(models::load_model(other));
-    CpuModel m(g, 1, 16);
+    Model m(g, 1, 16);
     m.init_params(1);
     OptimizerState st = init_optimizer_state(m.params());
     CheckpointMeta meta;

@@ -126,4 +126,30 @@ mpi 4 "$bin" train $common --dispatch pooled --ep 3 >"$tmp/bad.out" 2>"$tmp/bad.
 check "--ep not dividing the ranks fails" "[ $? -ne 0 ]"
 check "ep error is one clear line" "grep -q 'expected --ep to divide the 4 processes\|EP size' '$tmp/bad.err'"
 
+# Router losses under data parallelism (aux-loss balancing with a softmax router
+# and an applied router z-loss): each rank adds its share of the global batch's,
+# so 2 processes follow the one-process curve.
+/usr/bin/python3 - models/zoo/tiny-moe.json "$tmp/aux-model.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["moe"].update(balancing="aux_loss", aux_loss_weight=0.01, router="softmax", routing_weight_sum=1.0,
+                router_z_loss_applied=True)
+json.dump(m, open(sys.argv[2], "w"))
+PY
+aux="${common/models\/zoo\/tiny-moe.json/$tmp/aux-model.json}"
+aux="${aux/--steps 6/--steps 3}"
+"$bin" train $aux >"$tmp/aux1.json"
+check "1 process with router losses exits 0" "[ $? -eq 0 ]"
+mpi 2 "$bin" train $aux >"$tmp/aux2.json"
+check "2 processes with router losses exit 0" "[ $? -eq 0 ]"
+/usr/bin/python3 - "$tmp/aux1.json" "$tmp/aux2.json" <<'PY' || fail=1
+import json, sys
+one, two = (json.load(open(p))["steps"] for p in sys.argv[1:])
+assert len(one) == len(two) == 3
+assert all(s["loss"] - s["ce"] - s["z_loss"] > 1e-3 for s in two), "the router losses are in the logged loss"
+d = max(abs(x["loss"] - y["loss"]) for x, y in zip(one, two))
+assert d < 2e-4, d
+print(f"router losses under DP: max |loss diff| 2 vs 1 process {d:.2e}")
+PY
+
 exit $fail
