@@ -43,7 +43,8 @@ std::vector<int64_t> saved_widths(const models::Op& op, const models::ModelConfi
     }
     case OpKind::kSharedMlp: {
       const int64_t F = op.params[0].shape[1];
-      return {F, F, F};
+      const bool gated = op.activation == models::MlpActivation::kSwiGlu;
+      return {F, gated ? F : 0, F};  // a1, a3 (SwiGLU only), h
     }
     default:
       return {};

@@ -26,14 +26,15 @@
 // where it decides on the host.
 //
 // Bindings per OpKind (in[], out[], saved[] widths are per token; N = B*T rows):
-//   kEmbedding     tokens -> out0 (d);                        w0 table (V, d)
+//   kEmbedding     tokens -> out0 (d);                        w0 table (V, d) [, w1 positions (P, d), read at pos]
 //   kRmsNorm       in0 -> out0; saved0 rstd (1);              w0 gain; LayerNorm when model.norm.kind says so
 //   kGatedNorm     in0 -> out0; saved0 a (r), saved1 g (d);   w0 down (d, r), w1 up (r, d)
-//   kLinear        in0 -> out0;                               w0 (in, out)
+//   kLinear        in0 -> out0;                               w0 (in, out) [, w1 bias (out)]
 //   kSConv         in0 -> out0; doc;                          w0 (C, K)
 //   kQkNorm        in0 q, in1 k -> out0, out1; saved0/1 rstd per head (heads)
 //   kRope          in0 q, in1 k -> out0, out1; pos, rot_dims
-//   kAttention     in0 q (H*qk), in1 k (kv*qk), in2 v (kv*qk) -> out0 (H*qk); saved0 lse (H); doc
+//   kAttention     in0 q (H*qk), in1 k (kv*qk), in2 v (kv*qk) -> out0 (H*qk); saved0 lse (H); doc;
+//                  [w0 sinks (H)] when op.sinks; ALiBi when op.alibi (slopes: models::alibi_slopes(H))
 //   kXsa           in0 o, in1 v -> out0
 //   kAttnGate      in0 o, in1 x -> out0; saved0 g (H);        w0 (d, H)
 //   kRouter        in0 x -> out0 logits (E);                  w0 (d, E); routing hist (training)
@@ -41,7 +42,9 @@
 //   kDispatch      in0 x (L), in1 weights -> out0 rows (k*L, grouped by expert); routing sorted_pos, offsets
 //   kExpertMlp     in0 rows -> out0 rows; saved0..2 a1, a3, h (k*F); w0..2 (E,L,F), (E,L,F), (E,F,L); routing offsets, keep
 //   kCombine       in0 rows, in1 weights -> out0 (L);         routing sorted_pos
-//   kSharedMlp     in0 x [, in1 added] -> out0; saved0..2 a1, a3, h (F); w0..2
+//   kSharedMlp     in0 x [, in1 added] -> out0; saved0..2 a1, a3, h (F); op.activation:
+//                  SwiGLU w0..2 = W1, W3, W2 [, w3..5 = b1, b3, b2];
+//                  GeLU / ReLU² w0, w1 = W1, W2 [, w2, w3 = b1, b2], saved1 of width 0 (no a3)
 //   kResidualAdd   in0, in1 -> out0
 //   kLmHead        in0 -> out0 logits (V);                    w0 (d, V), or the table (V, d) when tied
 //   kCrossEntropy  in0 logits; saved0 lse (1); targets, loss_tokens -> OpResult ce, z_loss
@@ -124,8 +127,9 @@ struct OpCall {
   const models::ModelConfig* model = nullptr;
   int64_t B = 0, T = 0, N = 0;  // sequences, tokens per sequence, rows = B*T
   Bound in[3], out[2], saved[3];
-  float* w[3] = {nullptr, nullptr, nullptr};   // parameters in op.params order
-  float* dw[3] = {nullptr, nullptr, nullptr};  // their gradients, +=
+  static constexpr int kMaxParams = 6;         // a dense MLP with biases: W1, W3, W2, b1, b3, b2
+  float* w[kMaxParams] = {};                   // parameters in op.params order
+  float* dw[kMaxParams] = {};                  // their gradients, +=
   bool tied = false;                           // kLmHead: w0 is the embedding table (V, d)
   int rot_dims = 0;                            // kRope: rotated dims per head (even)
   const int32_t* tokens = nullptr;   // (N) kEmbedding

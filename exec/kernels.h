@@ -99,6 +99,16 @@ void swiglu_forward(float* h, const float* a1, const float* a3, size_t n);  // (
 void swiglu_backward(float* da1, float* da3, const float* dh, const float* a1,
                      const float* a3, size_t n);                            // (n) each
 
+// GeLU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2 and llm.c):
+// h = 0.5 a (1 + tanh(√(2/π) (a + 0.044715 a³))).
+void gelu_forward(float* h, const float* a, size_t n);                      // (n) each
+// da = dh * gelu'(a), overwritten.
+void gelu_backward(float* da, const float* dh, const float* a, size_t n);   // (n) each
+// ReLU² (So et al. 2021, "Primer"): h = max(a, 0)².
+void relu2_forward(float* h, const float* a, size_t n);                     // (n) each
+// da = dh * 2 max(a, 0), overwritten.
+void relu2_backward(float* da, const float* dh, const float* a, size_t n);  // (n) each
+
 // ---------------------------------------------------------------------------
 // embedding.cpp
 
@@ -113,6 +123,13 @@ void embedding_backward(float* dtable,          // (V, d) +=
                         const float* dout,      // (N, d)
                         const int32_t* tokens,  // (N)
                         int N, int d, int V);
+
+// Learned absolute positions (GPT-2): out[t] += table[pos[t]]. The backward
+// is embedding_backward(dtable, dout, pos, N, d, P).
+void position_embedding_forward(float* out,           // (N, d) +=
+                                const int32_t* pos,   // (N), each in [0, P)
+                                const float* table,   // (P, d)
+                                int N, int d, int P);
 
 // ---------------------------------------------------------------------------
 // norm.cpp
@@ -200,6 +217,19 @@ void rope_backward(float* dx,           // (N, heads, hd) =
 
 // ---------------------------------------------------------------------------
 // attention.cpp: causal softmax attention, sliding window, GQA, doc masking.
+
+// Optional parts of the attention score and softmax (each nullptr = absent):
+//   ALiBi (Press et al. 2022): logit_ij -= slope_h (i - j), i, j the query's
+//     and key's positions in the sequence;
+//   sinks (gpt-oss): a learnable logit s_h per query head joins every row's
+//     softmax denominator, p_ij = exp(l_ij) / (exp(s_h) + Σ_j exp(l_ij)),
+//     and the saved lse includes it. Its gradient (backward):
+//     ∂L/∂s_h = -Σ_rows exp(s_h - lse_i) (dO_i·O_i).
+struct AttentionExtras {
+  const float* alibi_slopes = nullptr;  // (H)
+  const float* sinks = nullptr;         // (H)
+  float* dsinks = nullptr;              // (H) += (backward, with sinks)
+};
 //
 // Key j is visible to query i (same sequence) iff j <= i, and i - window < j
 // when window > 0 (window = 0: full causal), and doc[j] == doc[i] when doc is
@@ -216,7 +246,7 @@ void attention_forward(float* o,              // (B, T, H, hd)
                        const float* v,        // (B, T, kv_stored, hd)
                        const int32_t* doc,    // (B, T) document id per token, or nullptr
                        int B, int T, int H, int kv_stored, int kv_used, int hd,
-                       int window, float scale);
+                       int window, float scale, const AttentionExtras& extras = {});
 // dq =; dk, dv = (or += with accumulate_dkv). Heads >= kv_used of dk/dv get
 // zero (or are left as they are with accumulate_dkv).
 // Query tiles through sgemm (OpenBLAS threads), masked softmax row-parallel;
@@ -232,7 +262,8 @@ void attention_backward(float* dq,             // (B, T, H, hd)
                         const float* lse,      // (B, H, T)
                         const int32_t* doc,    // (B, T) or nullptr
                         int B, int T, int H, int kv_stored, int kv_used, int hd,
-                        int window, float scale, bool accumulate_dkv = false);
+                        int window, float scale, bool accumulate_dkv = false,
+                        const AttentionExtras& extras = {});
 
 // XSA, exclusive self attention (spec): per token and head,
 // y = o - (o·v / (v·v + eps)) v with v the token's own value vector of the kv
@@ -457,6 +488,46 @@ void dense_swiglu_backward(float* dx,          // (N, d) = (or += with accumulat
                            const float* w2,    // (F, d)
                            float* scratch,     // (3 * N * F)
                            int N, int d, int F, bool accumulate_dx = false);
+
+// Any dense MLP (dense layers, shared experts) with optional biases:
+//   SwiGLU:       a1 = x·W1 + b1, a3 = x·W3 + b3, h = silu(a1) * a3
+//   GeLU / ReLU²: a1 = x·W1 + b1, h = act(a1)           (W3, b3, a3 unused)
+//   y = h·W2 + b2.
+// With kSwiGlu and no biases this is dense_swiglu_forward / _backward, op for op.
+enum class MlpActivation { kSwiGlu, kGelu, kRelu2 };
+struct MlpWeights {
+  const float* w1 = nullptr;  // (d, F)
+  const float* w3 = nullptr;  // (d, F) SwiGLU only
+  const float* w2 = nullptr;  // (F, d)
+  const float* b1 = nullptr;  // (F) or nullptr
+  const float* b3 = nullptr;  // (F) or nullptr
+  const float* b2 = nullptr;  // (d) or nullptr
+};
+struct MlpGrads {             // each += ; a bias's gradient nullptr when it has none
+  float* dw1 = nullptr;
+  float* dw3 = nullptr;
+  float* dw2 = nullptr;
+  float* db1 = nullptr;
+  float* db3 = nullptr;
+  float* db2 = nullptr;
+};
+void dense_mlp_forward(float* y,         // (N, d)
+                       float* a1,        // (N, F) saved
+                       float* a3,        // (N, F) saved (SwiGLU), else unused / nullptr
+                       float* h,         // (N, F) saved
+                       const float* x,   // (N, d)
+                       const MlpWeights& w, MlpActivation act, int N, int d, int F);
+size_t dense_mlp_scratch_floats(int N, int F);  // 3 * N * F
+void dense_mlp_backward(float* dx,          // (N, d) = (or += with accumulate_dx)
+                        const MlpGrads& g,
+                        const float* dy,    // (N, d)
+                        const float* x,     // (N, d)
+                        const float* a1,    // (N, F)
+                        const float* a3,    // (N, F) SwiGLU only
+                        const float* h,     // (N, F)
+                        const MlpWeights& w, MlpActivation act,
+                        float* scratch,     // (dense_mlp_scratch_floats)
+                        int N, int d, int F, bool accumulate_dx = false);
 
 // ---------------------------------------------------------------------------
 // loss.cpp: cross-entropy with logit z-loss (spec, "output").

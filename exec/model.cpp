@@ -102,6 +102,10 @@ void Model::plan(const models::LayerGraph& g) {
     p.p0 = param_index(op, 0);
     p.p1 = param_index(op, 1);
     p.p2 = param_index(op, 2);
+    p.p3 = param_index(op, 3);
+    p.p4 = param_index(op, 4);
+    p.p5 = param_index(op, 5);
+    RS_CHECK(op.params.size() <= static_cast<size_t>(OpCall::kMaxParams), "an op with more parameters than a backend takes: " + op.name);
     if (!op.shared_param.empty()) {  // the tied LM head reads the embedding table
       const int64_t idx = params_.layout().find(op.shared_param);
       RS_CHECK(idx >= 0 && p.p0 < 0, "shared parameter missing from the arena: " + op.shared_param);
@@ -148,6 +152,13 @@ void Model::plan(const models::LayerGraph& g) {
     p.save2 = saved.size() > 1 ? new_slot(saved[1]) : -1;
     p.save3 = saved.size() > 2 ? new_slot(saved[2]) : -1;
     switch (op.kind) {
+      case OpKind::kEmbedding:
+        if (op.params.size() > 1 && op.params[1].shape[0] < T_) {  // learned positions
+          throw UserError(m.source_file, "/position_embedding/max_positions",
+                          "at least the run's sequence length (" + std::to_string(T_) + ")",
+                          std::to_string(op.params[1].shape[0]));
+        }
+        break;
       case OpKind::kLmHead:
         logits_slot_ = p.out;
         break;
@@ -476,8 +487,8 @@ OpCall Model::bind(size_t i) {
     c.in[2] = bound(p.v_pad);
     c.out[0] = bound(p.o_pad);
   }
-  const int params[3] = {p.p0, p.p1, p.p2};
-  for (int j = 0; j < 3; ++j) {
+  const int params[OpCall::kMaxParams] = {p.p0, p.p1, p.p2, p.p3, p.p4, p.p5};
+  for (int j = 0; j < OpCall::kMaxParams; ++j) {
     if (params[j] < 0) continue;
     c.w[j] = P(params[j]);
     c.dw[j] = G(params[j]);
@@ -695,7 +706,7 @@ bool Model::op_grads_finite(size_t i) {
   for (int s : {p.in, p.in2, p.in3}) {
     if (s >= 0 && !backend_->all_finite(D(s), N_ * W(s))) return false;
   }
-  for (int q : {p.p0, p.p1, p.p2}) {
+  for (int q : {p.p0, p.p1, p.p2, p.p3, p.p4, p.p5}) {
     if (q >= 0 && !backend_->all_finite(G(q), grads_.view(static_cast<size_t>(q)).numel)) return false;
   }
   return true;

@@ -219,6 +219,7 @@ class Model {
     int save = -1, save2 = -1, save3 = -1;  // buffers kept for backward (exec/backend.h, per OpKind)
     bool acc_in = false, acc_in2 = false, acc_in3 = false;  // backward: "+=" into that input's gradient
     int p0 = -1, p1 = -1, p2 = -1;     // parameter arena tensors in op.params order
+    int p3 = -1, p4 = -1, p5 = -1;     // (a dense MLP's biases: exec/backend.h)
     int moe = -1;                      // index into moe_ of the op's layer
     int rot_dims = 0;                  // RoPE
     bool tied = false;                 // LM head: p0 is the embedding table (V, d), read transposed

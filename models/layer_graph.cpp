@@ -153,6 +153,18 @@ class GraphBuilder {
     return op;
   }
 
+  // A linear with an optional bias b (out_stored) after its weight: one add per output.
+  Op& add_projection(bool bias, int32_t l, const std::string& what, int64_t in, int64_t out_used,
+                     int64_t out_stored, bool active, const TensorDecl& x, std::vector<TensorDecl> y,
+                     bool saves_input = true) {
+    Op& op = add_linear(l, what, in, out_used, out_stored, active, x, std::move(y), saves_input);
+    if (!bias) return op;
+    op.params.push_back(param(lname(l, what + ".b"), {out_stored}, ParamRole::kOther,
+                              opt_for(ParamRole::kOther), 0.0));
+    op.ew_flops_per_token += static_cast<double>(out_used);
+    return op;
+  }
+
   TensorDecl add_rmsnorm(int32_t l, const std::string& what, int64_t width, const TensorDecl& x) {
     Op& op = add(OpKind::kRmsNorm, OpClass::kNorm, lname(l, what), l, {width}, {width});
     const TensorDecl y = flow(op, {x}, {same_shape(l, what + ".out", x)});
@@ -216,6 +228,12 @@ class GraphBuilder {
     Op& op = add(OpKind::kEmbedding, OpClass::kLookup, "embedding", -1, {1}, {d});
     op.params.push_back(param("embedding.w", {m_.vocab, d}, ParamRole::kEmbedding,
                               opt_for(ParamRole::kEmbedding), 0.0));
+    if (m_.position_embedding.learned) {
+      // The position table's row for each token's position in its sequence, added.
+      op.params.push_back(param("embedding.positions", {m_.position_embedding.max_positions, d},
+                                ParamRole::kEmbedding, opt_for(ParamRole::kEmbedding), 0.0));
+      op.ew_flops_per_token = static_cast<double>(d);
+    }
     const TensorDecl x = flow(op, {tensor(-1, "tokens", {}, DType::kI32)}, {tensor(-1, "embedding.out", {d_model()})});
     if (m_.norm.embedding_norm) return add_norm_site(-1, "embedding_norm", m_.norm.gated_embedding, x);
     return x;
@@ -230,11 +248,11 @@ class GraphBuilder {
     const int64_t kv_used = kind.kv_heads * hd, kv_stored = a.kv_heads * hd;
     const Dim heads{"heads", a.heads}, kv_heads{"kv_heads", a.kv_heads}, head_dim{"head_dim", hd};
     // K and V are projected at the stored KV heads; a layer kind using fewer reads the first kv_used.
-    const TensorDecl q = add_linear(l, "attn.q_proj", d, q_width, q_width, true, x,
+    const TensorDecl q = add_projection(a.qkv_bias, l, "attn.q_proj", d, q_width, q_width, true, x,
                                     {tensor(l, "attn.q", {heads, head_dim})}).outputs[0];
-    TensorDecl k = add_linear(l, "attn.k_proj", d, kv_used, kv_stored, true, x,
+    TensorDecl k = add_projection(a.qkv_bias, l, "attn.k_proj", d, kv_used, kv_stored, true, x,
                               {tensor(l, "attn.k", {kv_heads, head_dim})}, false).outputs[0];
-    const TensorDecl v = add_linear(l, "attn.v_proj", d, kv_used, kv_stored, true, x,
+    const TensorDecl v = add_projection(a.qkv_bias, l, "attn.v_proj", d, kv_used, kv_stored, true, x,
                                     {tensor(l, "attn.v", {kv_heads, head_dim})}, false).outputs[0];
     if (m_.sconv.kernel > 0 && m_.sconv.on_k) k = add_sconv(l, "attn.k_sconv", kv_used, kv_stored, k);
     return add_attention_core(l, a.heads, kind.kv_heads, hd, hd, kind, x, q, {k}, v);
@@ -252,20 +270,20 @@ class GraphBuilder {
     const TensorDecl q_out = tensor(l, "attn.q", {heads, qk_dim});
     TensorDecl q;
     if (a.mla_q_latent > 0) {
-      const TensorDecl c = add_linear(l, "attn.q_down", d, a.mla_q_latent, a.mla_q_latent, true, x,
+      const TensorDecl c = add_projection(a.qkv_bias, l, "attn.q_down", d, a.mla_q_latent, a.mla_q_latent, true, x,
                                       {tensor(l, "attn.q_latent", {{"q_latent", a.mla_q_latent}})}).outputs[0];
       const TensorDecl cn = add_rmsnorm(l, "attn.q_latent_norm", a.mla_q_latent, c);
-      q = add_linear(l, "attn.q_up", a.mla_q_latent, q_width, q_width, true, cn, {q_out}).outputs[0];
+      q = add_projection(a.qkv_bias, l, "attn.q_up", a.mla_q_latent, q_width, q_width, true, cn, {q_out}).outputs[0];
     } else {
-      q = add_linear(l, "attn.q_proj", d, q_width, q_width, true, x, {q_out}).outputs[0];
+      q = add_projection(a.qkv_bias, l, "attn.q_proj", d, q_width, q_width, true, x, {q_out}).outputs[0];
     }
-    const Op& down = add_linear(l, "attn.kv_down", d, a.mla_kv_latent + rope, a.mla_kv_latent + rope, true, x,
+    const Op& down = add_projection(a.qkv_bias, l, "attn.kv_down", d, a.mla_kv_latent + rope, a.mla_kv_latent + rope, true, x,
                                 {tensor(l, "attn.kv_latent", {{"kv_latent", a.mla_kv_latent}}),
                                  tensor(l, "attn.k_rope", {{"rope_dim", rope}})},
                                 false);
     const TensorDecl kv_latent = down.outputs[0], k_rope = down.outputs[1];
     const TensorDecl kv_n = add_rmsnorm(l, "attn.kv_latent_norm", a.mla_kv_latent, kv_latent);
-    const Op& up = add_linear(l, "attn.kv_up", a.mla_kv_latent, 2 * a.heads * hd, 2 * a.heads * hd, true, kv_n,
+    const Op& up = add_projection(a.qkv_bias, l, "attn.kv_up", a.mla_kv_latent, 2 * a.heads * hd, 2 * a.heads * hd, true, kv_n,
                               {tensor(l, "attn.k_nope", {heads, head_dim}), tensor(l, "attn.v", {heads, head_dim})});
     const TensorDecl k_nope = up.outputs[0], v = up.outputs[1];
     return add_attention_core(l, a.heads, a.heads, hd, hd + rope, kind, x, q, {k_nope, k_rope}, v);
@@ -326,6 +344,11 @@ class GraphBuilder {
     att.qk_head_dim = qk_hd;
     att.window = kind.window;
     att.counts_in_model_flops = true;
+    att.alibi = kind.position == PositionKind::kAlibi;
+    att.sinks = a.sinks;
+    if (a.sinks) {
+      att.params.push_back(param(lname(l, "attn.sinks"), {heads}, ParamRole::kOther, opt_for(ParamRole::kOther), 0.0));
+    }
     // q, k, v, output and the row logsumexp (flash attention keeps these).
     att.saved_elems_per_token =
         static_cast<double>(heads * qk_hd + kv_heads * (qk_hd + hd) + heads * hd + heads);
@@ -353,7 +376,7 @@ class GraphBuilder {
       op.ew_flops_per_token = static_cast<double>(heads * (hd + 4));
       op.saved_elems_per_token = static_cast<double>(heads * hd + heads);
     }
-    TensorDecl out = add_linear(l, "attn.o_proj", heads * hd, m_.d_model, m_.d_model, true, o,
+    TensorDecl out = add_projection(a.o_bias, l, "attn.o_proj", heads * hd, m_.d_model, m_.d_model, true, o,
                                 {tensor(l, "attn.out", {d_model()})}).outputs[0];
     if (m_.sconv.kernel > 0 && m_.sconv.on_attn_out) {
       out = add_sconv(l, "attn.out_sconv", m_.d_model, m_.d_model, out);
@@ -361,22 +384,38 @@ class GraphBuilder {
     return out;
   }
 
+  // A dense MLP (dense layers, shared experts) with the model's activation:
+  // SwiGLU (silu(x W1) * (x W3)) W2, or act(x W1) W2 for GeLU / ReLU².
   // inputs: x, and (shared experts) the routed output the result adds to.
-  TensorDecl add_swiglu(int32_t l, const std::string& what, OpKind kind, int64_t in, int64_t width,
-                        std::vector<TensorDecl> inputs) {
+  TensorDecl add_mlp(int32_t l, const std::string& what, OpKind kind, int64_t in, int64_t width,
+                     std::vector<TensorDecl> inputs) {
+    const MlpActivation act = m_.mlp.activation;
+    const bool gated = act == MlpActivation::kSwiGlu;
     Op& op = add(kind, OpClass::kGemm, lname(l, what), l, {in}, {in});
     const TensorDecl y = flow(op, std::move(inputs), {tensor(l, what + ".out", {d_model()})});
+    op.activation = act;
     const auto opt = opt_for(ParamRole::kBlockMatrix);
     op.params.push_back(param(lname(l, what + ".w1"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
-    op.params.push_back(param(lname(l, what + ".w3"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
+    if (gated) op.params.push_back(param(lname(l, what + ".w3"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
     op.params.push_back(param(lname(l, what + ".w2"), {width, in}, ParamRole::kBlockMatrix, opt, 1.0));
     op.gemm_k = in;
     op.gemm_n = width;
-    op.gemm_count = 3;
+    op.gemm_count = gated ? 3 : 2;
     op.gemm_rows_per_token = 1.0;
     op.counts_in_model_flops = true;
-    op.ew_flops_per_token = 5.0 * static_cast<double>(width);
-    op.saved_elems_per_token = static_cast<double>(in + 3 * width);  // x, h1, h3, h
+    // Per hidden element: silu and the product 5; GeLU's tanh form
+    // 0.5 x (1 + tanh(c (x + 0.044715 x³))) 8; ReLU² 2.
+    const double act_flops = act == MlpActivation::kSwiGlu ? 5.0 : (act == MlpActivation::kGelu ? 8.0 : 2.0);
+    op.ew_flops_per_token = act_flops * static_cast<double>(width);
+    // x, the pre-activations (h1, h3 or a) and h.
+    op.saved_elems_per_token = static_cast<double>(in + (gated ? 3 : 2) * width);
+    if (m_.mlp.bias) {
+      const auto other = opt_for(ParamRole::kOther);
+      op.params.push_back(param(lname(l, what + ".b1"), {width}, ParamRole::kOther, other, 0.0));
+      if (gated) op.params.push_back(param(lname(l, what + ".b3"), {width}, ParamRole::kOther, other, 0.0));
+      op.params.push_back(param(lname(l, what + ".b2"), {in}, ParamRole::kOther, other, 0.0));
+      op.ew_flops_per_token += static_cast<double>((gated ? 2 : 1) * width + in);
+    }
     return y;
   }
 
@@ -451,7 +490,7 @@ class GraphBuilder {
                           {tensor(l, "moe.routed_up", {d_model()})}).outputs[0];
     }
     if (e.shared_experts > 0) {
-      return add_swiglu(l, "moe.shared", OpKind::kSharedMlp, d, e.shared_experts * e.shared_width, {x, routed});
+      return add_mlp(l, "moe.shared", OpKind::kSharedMlp, d, e.shared_experts * e.shared_width, {x, routed});
     }
     return routed;
   }
@@ -465,7 +504,7 @@ class GraphBuilder {
     const TensorDecl x2 = add_norm_site(l, "mlp_norm", m_.norm.gated_pre_mlp, mid);
     TensorDecl mlp = m_.is_moe_layer(l)
                          ? add_moe(l, x2)
-                         : add_swiglu(l, "mlp", OpKind::kSharedMlp, m_.d_model, m_.moe.dense_width, {x2});
+                         : add_mlp(l, "mlp", OpKind::kSharedMlp, m_.d_model, m_.moe.dense_width, {x2});
     if (m_.sconv.kernel > 0 && m_.sconv.on_moe_out) mlp = add_sconv(l, "moe.out_sconv", m_.d_model, m_.d_model, mlp);
     return add_residual(l, "mlp_residual", mid, mlp, "resid_out");
   }
@@ -571,6 +610,35 @@ double attention_flops_per_token(const Op& op, int64_t seq, FlopConvention c) {
 
 }  // namespace
 
+std::vector<double> alibi_slopes(int64_t heads) {
+  auto power_of_two = [](int64_t n) {
+    std::vector<double> s(static_cast<size_t>(n));
+    for (int64_t h = 0; h < n; ++h) s[static_cast<size_t>(h)] = std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(n));
+    return s;
+  };
+  RS_CHECK(heads > 0, "alibi_slopes: at least one head");
+  int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  std::vector<double> s = power_of_two(n);
+  if (n == heads) return s;
+  const std::vector<double> wide = alibi_slopes(2 * n);
+  for (int64_t i = 0; static_cast<int64_t>(s.size()) < heads; i += 2) s.push_back(wide[static_cast<size_t>(i)]);
+  return s;
+}
+
+double attention_extra_flops_per_token(bool alibi, bool sinks, double heads, double span) {
+  return (alibi ? 2.0 * span * heads : 0.0) + (sinks ? 2.0 * heads : 0.0);
+}
+
+namespace {
+
+double attention_extra_flops(const Op& op, int64_t seq) {
+  return attention_extra_flops_per_token(op.alibi, op.sinks, static_cast<double>(op.heads),
+                                         mean_attention_span(seq, op.window, FlopConvention::kExact));
+}
+
+}  // namespace
+
 ParamCounts count_params(const LayerGraph& g) {
   ParamCounts c;
   double unselected = 0.0;
@@ -581,21 +649,32 @@ ParamCounts count_params(const LayerGraph& g) {
       c.active += p.active_numel;
       c.by_optimizer[static_cast<int>(p.optimizer)] += n;
       switch (op.kind) {
-        case OpKind::kEmbedding: c.embedding += n; break;
+        case OpKind::kEmbedding:
+          (&p == &op.params[0] ? c.embedding : c.positions) += n;
+          break;
         case OpKind::kLmHead: c.lm_head += n; break;
         case OpKind::kExpertMlp:
           c.experts += n;
           unselected += n - p.active_numel;
           break;
         case OpKind::kSharedMlp:
+          if (p.shape.size() == 1) {
+            c.biases += n;
+            break;
+          }
           (g.model.is_moe_layer(op.layer) ? c.shared_experts : c.dense_mlp) += n;
           break;
+        case OpKind::kAttention: c.attn_sinks += n; break;
         case OpKind::kRouter: c.router += n; break;
         case OpKind::kGatedNorm: c.gated_norms += n; break;
         case OpKind::kRmsNorm: c.norms += n; break;
         case OpKind::kSConv: c.sconv += n; break;
         case OpKind::kAttnGate: c.attn_gate += n; break;
         case OpKind::kLinear:
+          if (p.shape.size() == 1) {
+            c.biases += n;
+            break;
+          }
           (is_moe_latent(op) ? c.latent : c.attention) += n;
           break;
         default: break;
@@ -615,7 +694,7 @@ FlopCounts count_flops(const LayerGraph& g, int64_t seq, FlopConvention conventi
     if (op.kind == OpKind::kAttention) {
       const double a = attention_flops_per_token(op, seq, convention);
       f.attention_core += a;
-      f.forward_hardware += attention_flops_per_token(op, seq, FlopConvention::kExact);
+      f.forward_hardware += attention_flops_per_token(op, seq, FlopConvention::kExact) + attention_extra_flops(op, seq);
       continue;
     }
     if (!op.counts_in_model_flops) continue;
@@ -646,8 +725,9 @@ OpCost op_cost(const Op& op, int64_t batch, int64_t seq, double act_bytes, doubl
   c.param_bytes = params * param_bytes;
   if (op.kind == OpKind::kAttention) {
     const double a = attention_flops_per_token(op, seq, FlopConvention::kExact) * tokens;
-    c.fwd_flops = a;
-    c.bwd_flops = 2.5 * a;  // flash attention backward recomputes QK^T: 5 matmuls vs 2
+    const double extra = attention_extra_flops(op, seq) * tokens;
+    c.fwd_flops = a + extra;
+    c.bwd_flops = 2.5 * a + 2.0 * extra;  // flash attention backward recomputes QK^T: 5 matmuls vs 2
     c.model_fwd_flops = attention_flops_per_token(op, seq, FlopConvention::kMarin) * tokens;
   } else {
     c.fwd_flops = gemm + ew;

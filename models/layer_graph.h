@@ -138,6 +138,16 @@ struct Op {
   int64_t window = 0;            // 0 = full causal
   double rope_fraction = 0.0;    // kRope: fraction of each head's dims rotated
 
+  // kSharedMlp: its activation. Params: SwiGLU w1, w3, w2; GeLU / ReLU² w1, w2;
+  // with mlp.bias then one bias per matrix in the same order (b1, [b3,] b2).
+  // kLinear: w, then (qkv_bias / o_bias) its bias b (out_stored).
+  // kEmbedding: the token table, then (learned positions) the position table.
+  MlpActivation activation = MlpActivation::kSwiGlu;
+  // kAttention: ALiBi scores (slopes from the head count, alibi_slopes()) and
+  // attention sinks (params: one sink logit per query head, (heads)).
+  bool alibi = false;
+  bool sinks = false;
+
   // Elementwise work per token (hardware FLOPs), and activations this op keeps
   // for its backward, in elements per token (no recomputation).
   double ew_flops_per_token = 0.0;
@@ -176,6 +186,18 @@ enum class FlopConvention { kMarin, kExact };
 // Mean number of keys a query sees: causal over seq, clipped to window.
 double mean_attention_span(int64_t seq, int64_t window, FlopConvention convention);
 
+// ALiBi slopes of `heads` heads (Press et al. 2022, the reference code's
+// get_slopes): 2^(-8(h+1)/n) for n = heads a power of two; otherwise those of
+// the largest power of two n below, then every other slope of 2n.
+std::vector<double> alibi_slopes(int64_t heads);
+
+// Hardware FLOPs per token of an attention op (`heads` query heads) beyond the
+// convention's 3·span·H softmax term, at a mean span of `span` keys: ALiBi adds
+// slope·distance to every visible score (2 per score); a sink adds one
+// exponential and one add to each query row's denominator (2 per head).
+// Not in Marin's model FLOPs (Levanter counts neither).
+double attention_extra_flops_per_token(bool alibi, bool sinks, double heads, double span);
+
 struct ParamCounts {
   double total = 0;              // every weight, embeddings and LM head included
   double active = 0;             // Marin convention
@@ -184,6 +206,9 @@ struct ParamCounts {
   double embedding = 0, lm_head = 0, attention = 0, experts = 0, shared_experts = 0,
          latent = 0, router = 0, gated_norms = 0, norms = 0, sconv = 0, attn_gate = 0,
          dense_mlp = 0;
+  double positions = 0;          // learned position table
+  double biases = 0;             // linear and MLP biases
+  double attn_sinks = 0;         // one sink logit per head per layer
   double by_optimizer[4] = {0, 0, 0, 0};  // indexed by OptimizerKind
 };
 ParamCounts count_params(const LayerGraph& g);

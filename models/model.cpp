@@ -74,10 +74,10 @@ AttentionLayerKind parse_layer_kind(JsonReader r, int64_t stored_kv, int64_t hea
       k.window = r.integer("window", positive_at_most(kMaxSeq));
     }
   }
-  std::string pos = r.choice("position", {"rope", "nope"}, "rope");
-  k.position = pos == "rope" ? PositionKind::kRope : PositionKind::kNope;
+  std::string pos = r.choice("position", {"rope", "nope", "alibi"}, "rope");
+  k.position = pos == "rope" ? PositionKind::kRope : (pos == "nope" ? PositionKind::kNope : PositionKind::kAlibi);
   k.rope_fraction = r.number("rope_fraction", 1.0, {.min = 0.0, .max = 1.0});
-  if (k.position == PositionKind::kNope) k.rope_fraction = 0.0;
+  if (k.position != PositionKind::kRope) k.rope_fraction = 0.0;
   r.finish();
   return k;
 }
@@ -106,6 +106,9 @@ void parse_attention(JsonReader r, ModelConfig& m) {
   a.qk_norm_multiplier = r.number("qk_norm_multiplier", 1.0, kPositive);
   a.xsa = r.boolean("xsa", false);
   a.gate = r.boolean("gate", false);
+  a.qkv_bias = r.boolean("qkv_bias", false);
+  a.o_bias = r.boolean("o_bias", false);
+  a.sinks = r.boolean("sinks", false);
   if (a.global.window != 0) {
     r.fail("global/window", "no window on global layers (they attend over the full sequence)",
            std::to_string(a.global.window));
@@ -121,6 +124,44 @@ void parse_attention(JsonReader r, ModelConfig& m) {
     }
   }
   mla.finish();
+  if (a.kind == AttentionKind::kMla &&
+      (a.local.position == PositionKind::kAlibi || a.global.position == PositionKind::kAlibi)) {
+    r.fail("local/position", "rope or nope with kind \"mla\" (its decoupled key is rotary)", "\"alibi\"");
+  }
+  r.finish();
+}
+
+void parse_mlp(JsonReader r, ModelConfig& m) {
+  const std::string act = r.choice("activation", {"swiglu", "gelu", "relu2"}, "swiglu");
+  m.mlp.activation = act == "swiglu" ? MlpActivation::kSwiGlu
+                                     : (act == "gelu" ? MlpActivation::kGelu : MlpActivation::kRelu2);
+  m.mlp.bias = r.boolean("bias", false);
+  // Routed experts are SwiGLU without biases: a setting no dense MLP takes would be ignored.
+  const bool dense_mlp = m.moe.experts == 0 || m.moe.dense_layers > 0 || m.moe.shared_experts > 0;
+  if (!dense_mlp && m.mlp.activation != MlpActivation::kSwiGlu) {
+    r.fail("activation", "swiglu when every MLP is a routed expert (no dense layers or shared experts; experts are SwiGLU)",
+           "\"" + act + "\"");
+  }
+  if (!dense_mlp && m.mlp.bias) {
+    r.fail("bias", "false when every MLP is a routed expert (no dense layers or shared experts; experts have no biases)",
+           "true");
+  }
+  r.finish();
+}
+
+void parse_position_embedding(JsonReader r, ModelConfig& m) {
+  auto& p = m.position_embedding;
+  p.learned = r.choice("kind", {"none", "learned"}, "none") == "learned";
+  if (!p.learned) {
+    if (r.has("max_positions")) r.fail("max_positions", "no max_positions with kind \"none\"", "a table size");
+    r.finish();
+    return;
+  }
+  p.max_positions = r.integer("max_positions", m.seq_len, positive_at_most(kMaxSeq));
+  if (p.max_positions < m.seq_len) {
+    r.fail("max_positions", "at least seq_len (" + std::to_string(m.seq_len) + ")",
+           std::to_string(p.max_positions));
+  }
   r.finish();
 }
 
@@ -275,10 +316,12 @@ ModelConfig parse_model(const nlohmann::json& doc, const std::string& file) {
   }
   parse_sconv(r.object_or_empty("sconv"), m);
   parse_norm(r.object_or_empty("norm"), m);
+  parse_position_embedding(r.object_or_empty("position_embedding"), m);
   parse_moe(r.object_or_empty("moe"), m);
   if (m.moe.experts == 0 && m.moe.dense_width == 0) {
     r.fail("moe", "either experts > 0 or dense_width > 0 (every layer needs an MLP)", "neither");
   }
+  parse_mlp(r.object_or_empty("mlp"), m);
   parse_recipe(r.object("recipe"), m);
   parse_published(r.object_or_empty("published"), m);
   r.finish();

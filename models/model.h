@@ -20,7 +20,14 @@
 namespace rackstep::models {
 
 enum class AttentionKind { kGqa, kMla };
-enum class PositionKind { kRope, kNope };
+// Position information inside attention: rotary (RoPE), none (NoPE), or ALiBi
+// (Press et al. 2022: a per-head linear penalty -slope_h * (i - j) on every
+// score, slopes 2^(-8(h+1)/H) for H a power of two).
+enum class PositionKind { kRope, kNope, kAlibi };
+// MLP activation: SwiGLU (gated, three matrices; Shazeer 2020), or a plain
+// two-matrix MLP with GeLU (tanh approximation, as GPT-2) or ReLU² (So et al.
+// 2021, "Primer").
+enum class MlpActivation { kSwiGlu, kGelu, kRelu2 };
 enum class RouterKind { kSigmoid, kSoftmax };
 enum class BalancingKind { kQuantile, kAuxLoss, kNone };
 enum class NormKind { kRmsNorm, kLayerNorm };
@@ -51,6 +58,11 @@ struct AttentionConfig {
   double qk_norm_multiplier = 1.0;
   bool xsa = false;              // exclusive self attention
   bool gate = false;             // per-head 2*sigmoid(x W_gate)
+  bool qkv_bias = false;         // biases on the Q, K, V projections (GPT-2, Qwen2, gpt-oss)
+  bool o_bias = false;           // bias on the output projection (GPT-2, gpt-oss)
+  // Attention sinks (gpt-oss): a learnable logit per query head in every
+  // softmax denominator, p_ij = exp(l_ij) / (exp(s_h) + sum_j exp(l_ij)).
+  bool sinks = false;
   // MLA (kind == kMla): KV compressed to a latent, a decoupled RoPE key.
   int64_t mla_kv_latent = 0;
   int64_t mla_q_latent = 0;      // 0 = queries not compressed
@@ -73,6 +85,20 @@ struct NormConfig {
   bool gated_embedding = false;
   bool gated_final = false;
   bool embedding_norm = false;   // RMSNorm (with gain) after the embedding
+};
+
+// The dense MLPs (dense layers, shared experts). Routed experts stay SwiGLU
+// without biases.
+struct MlpConfig {
+  MlpActivation activation = MlpActivation::kSwiGlu;
+  bool bias = false;             // biases on both (gated: all three) projections
+};
+
+// Learned absolute position embeddings (GPT-2): a (max_positions, d) table
+// added to the token embedding at each token's position in its sequence.
+struct PositionEmbeddingConfig {
+  bool learned = false;
+  int64_t max_positions = 0;     // table rows; defaults to seq_len
 };
 
 struct MoeConfig {
@@ -138,6 +164,8 @@ struct ModelConfig {
   AttentionConfig attention;
   SConvConfig sconv;
   NormConfig norm;
+  MlpConfig mlp;
+  PositionEmbeddingConfig position_embedding;
   MoeConfig moe;
   RecipeConfig recipe;
   PublishedCounts published;

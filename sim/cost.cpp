@@ -36,6 +36,8 @@ OpEntry make_entry(const models::Op& op, size_t index) {
   e.head_dim = static_cast<double>(op.head_dim);
   e.qk_head_dim = static_cast<double>(op.qk_head_dim);
   e.window = op.window;
+  e.alibi = op.alibi;
+  e.sinks = op.sinks;
   e.model_flops = op.counts_in_model_flops;
   return e;
 }
@@ -213,14 +215,17 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
       return t;
     }
     case OpClass::kAttention: {
-      const double per_token = attention_flops_per_token(e, exact_span(e.window, ctx.seq));
+      const double span = exact_span(e.window, ctx.seq);
+      const double per_token = attention_flops_per_token(e, span);
       const double flops = per_token * ctx.tokens / ctx.tp;
+      // ALiBi and sinks: elementwise work inside the kernel (one more pass over the scores in backward).
+      const double extra = models::attention_extra_flops_per_token(e.alibi, e.sinks, e.heads, span) * ctx.tokens / ctx.tp;
       const double bytes = (e.in_elems + e.out_elems) * ctx.tokens / ctx.tp * 2.0;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
-      t.fwd_flops = flops;
-      t.bwd_flops = 2.5 * flops;  // models::op_cost: backward recomputes QK^T
-      t.fwd_s = std::max(flops / (peak_bf16 * cal.attention_fwd_eff), mem_s) + launch;
-      t.bwd_s = std::max(2.5 * flops / (peak_bf16 * cal.attention_bwd_eff), 2.0 * mem_s) + 2.0 * launch;
+      t.fwd_flops = flops + extra;
+      t.bwd_flops = 2.5 * flops + 2.0 * extra;  // models::op_cost: backward recomputes QK^T
+      t.fwd_s = std::max(t.fwd_flops / (peak_bf16 * cal.attention_fwd_eff), mem_s) + launch;
+      t.bwd_s = std::max(t.bwd_flops / (peak_bf16 * cal.attention_bwd_eff), 2.0 * mem_s) + 2.0 * launch;
       return t;
     }
     default: {

@@ -41,6 +41,7 @@ struct OpEntry {
   // Attention geometry.
   double heads = 0, kv_heads = 0, head_dim = 0, qk_head_dim = 0;
   int64_t window = 0;
+  bool alibi = false, sinks = false;  // attention: ALiBi scores, sink logits (hardware FLOPs only)
   bool model_flops = false;         // counts in Marin's MFU FLOPs
 };
 

@@ -20,6 +20,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "exec/backend.h"
@@ -44,7 +45,8 @@ models::ModelConfig tiny() {
 
 // The graphs whose ops the harness takes: tiny-moe has every OpKind; the
 // variants add the other bindings of an op (LayerNorm, a tied head, a dense
-// MLP, aux-loss balancing with a softmax router, an applied router z-loss).
+// MLP, aux-loss balancing with a softmax router, an applied router z-loss;
+// linear biases, ALiBi and sinks, learned positions, MLP activations and biases).
 std::vector<std::pair<std::string, models::ModelConfig>> variants() {
   std::vector<std::pair<std::string, models::ModelConfig>> v;
   v.emplace_back("", tiny());
@@ -68,6 +70,30 @@ std::vector<std::pair<std::string, models::ModelConfig>> variants() {
   c.moe.router_z_loss_applied = true;
   c.moe.router_z_loss_weight = 0.05;
   v.emplace_back("router-z", c);
+  c = tiny();
+  c.attention.qkv_bias = c.attention.o_bias = true;
+  v.emplace_back("bias", c);
+  c = tiny();
+  for (models::AttentionLayerKind* k : {&c.attention.local, &c.attention.global}) {
+    k->position = models::PositionKind::kAlibi;
+    k->rope_fraction = 0.0;
+  }
+  c.attention.sinks = true;
+  v.emplace_back("alibi-sinks", c);
+  c = tiny();
+  c.position_embedding.learned = true;
+  c.position_embedding.max_positions = c.seq_len;
+  v.emplace_back("positions", c);
+  for (const auto& [mlp, act, bias] : {std::tuple{"gelu-bias", models::MlpActivation::kGelu, true},
+                                       std::tuple{"relu2", models::MlpActivation::kRelu2, false},
+                                       std::tuple{"swiglu-bias", models::MlpActivation::kSwiGlu, true}}) {
+    c = tiny();
+    c.mlp.activation = act;
+    c.mlp.bias = bias;
+    c.moe.dense_layers = 1;
+    c.moe.dense_width = 48;
+    v.emplace_back(mlp, c);
+  }
   return v;
 }
 
@@ -93,7 +119,7 @@ struct HostOp {
   std::string label;
   std::shared_ptr<models::LayerGraph> graph;
   const models::Op* op = nullptr;
-  std::vector<float> in[3], out[2], saved[3], w[3], dout[2];
+  std::vector<float> in[3], out[2], saved[3], w[OpCall::kMaxParams], dout[2];
   int64_t in_w[3] = {0, 0, 0}, out_w[2] = {0, 0}, saved_w[3] = {0, 0, 0};
   int n_in = 0, n_out = 0, n_w = 0;
   bool tied = false;
@@ -109,7 +135,7 @@ struct HostOp {
 
 // What a backend produced for a HostOp.
 struct Ran {
-  std::vector<float> out[2], saved[3], din[3], dw[3];
+  std::vector<float> out[2], saved[3], din[3], dw[OpCall::kMaxParams];
   std::vector<int32_t> expert, sorted_pos, offsets;
   std::vector<int64_t> hist;
   OpResult result;
@@ -373,7 +399,12 @@ std::vector<HostOp> all_cases() {
                            (name == "tied" && op.kind == OpKind::kLmHead) ||
                            (name == "dense" && op.kind == OpKind::kSharedMlp && op.inputs.size() == 1) ||
                            (name == "aux-softmax" && op.kind == OpKind::kTopK) ||
-                           (name == "router-z" && op.kind == OpKind::kRouter);
+                           (name == "router-z" && op.kind == OpKind::kRouter) ||
+                           (name == "bias" && op.kind == OpKind::kLinear && op.params.size() == 2) ||
+                           (name == "alibi-sinks" && op.kind == OpKind::kAttention) ||
+                           (name == "positions" && op.kind == OpKind::kEmbedding) ||
+                           (name.find("-bias") != std::string::npos && op.kind == OpKind::kSharedMlp) ||
+                           (name == "relu2" && op.kind == OpKind::kSharedMlp);
       if (!touched) continue;
       // One case per kind and input arity (the shared MLP with and without the routed sum).
       const std::string key = name + "/" + models::to_string(op.kind) + "/" + std::to_string(op.inputs.size());
@@ -459,10 +490,10 @@ TEST_CASE("the gradient rule holds for every OpKind: inputs = or +=, parameters 
   for (HostOp& h : all_cases()) {
     INFO(h.label);
     const Ran clean = Runner(*cpu, h).run(true);
-    std::vector<float> pre_in[3], pre_w[3];
+    std::vector<float> pre_in[3], pre_w[OpCall::kMaxParams];
     Rng r{99};
     for (int j = 0; j < 3; ++j) fill_normal(pre_in[j], static_cast<size_t>(kN * h.in_w[j]), r, 3.0f);
-    for (int j = 0; j < 3; ++j) fill_normal(pre_w[j], h.w[j].size(), r, 3.0f);
+    for (int j = 0; j < OpCall::kMaxParams; ++j) fill_normal(pre_w[j], h.w[j].size(), r, 3.0f);
     const Ran set = Runner(*cpu, h).run(true, false, pre_in, pre_w);
     const Ran added = Runner(*cpu, h).run(true, true, pre_in, pre_w);
     for (int j = 0; j < h.n_in; ++j) {

@@ -1,4 +1,4 @@
-// Residual stream and elementwise activations (SwiGLU).
+// Residual stream and elementwise activations (SwiGLU, GeLU, ReLU²).
 #include <cmath>
 
 #include "exec/cpu/kernel_util.h"
@@ -44,6 +44,45 @@ void swiglu_backward(float* da1, float* da3, const float* dh, const float* a1,
     da3[i] = g * detail::siluf(x);
     da1[i] = g * a3[i] * detail::silu_gradf(x);
   }
+}
+
+namespace {
+
+constexpr float kGeluC = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluCubic = 0.044715f;
+
+}  // namespace
+
+void gelu_forward(float* h, const float* a, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const float x = a[i];
+    h[i] = 0.5f * x * (1.0f + std::tanh(kGeluC * (x + kGeluCubic * x * x * x)));
+  }
+}
+
+// gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t²) c (1 + 3·0.044715 x²), t = tanh(c (x + 0.044715 x³)).
+void gelu_backward(float* da, const float* dh, const float* a, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const float x = a[i];
+    const float t = std::tanh(kGeluC * (x + kGeluCubic * x * x * x));
+    const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluCubic * x * x);
+    da[i] = dh[i] * grad;
+  }
+}
+
+void relu2_forward(float* h, const float* a, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const float r = a[i] > 0.0f ? a[i] : 0.0f;
+    h[i] = r * r;
+  }
+}
+
+void relu2_backward(float* da, const float* dh, const float* a, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) da[i] = a[i] > 0.0f ? 2.0f * a[i] * dh[i] : 0.0f;
 }
 
 }  // namespace rackstep::exec

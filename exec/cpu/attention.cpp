@@ -84,16 +84,24 @@ void visible_keys(const AttnShape& s, int i, int j0, int* lo, int* hi) {
 // keys start at j0; invisible entries become exactly 0. Returns the row's
 // logsumexp. Only visible keys pay for an exponential (a 64-token window reads
 // a third of the tile's span).
-float softmax_row(float* pr, const AttnShape& s, const int32_t* doc_row, int i, int j0, int span) {
+// With ALiBi (slopes != nullptr) the row's scores first get -slope (i - j);
+// with a sink, its logit joins the denominator (and the logsumexp).
+float softmax_row(float* pr, const AttnShape& s, const int32_t* doc_row, int i, int j0, int span,
+                  const float* slope, const float* sink) {
   int lo, hi;
   visible_keys(s, i, j0, &lo, &hi);
   std::fill(pr, pr + lo, 0.0f);
   std::fill(pr + hi, pr + span, 0.0f);
   float mx = -INFINITY;
   for (int jj = lo; jj < hi; ++jj) {
-    if (!visible(doc_row, i, j0 + jj)) pr[jj] = -INFINITY;
+    if (!visible(doc_row, i, j0 + jj)) {
+      pr[jj] = -INFINITY;
+    } else if (slope) {
+      pr[jj] -= *slope * static_cast<float>(i - j0 - jj);
+    }
     mx = std::max(mx, pr[jj]);
   }
+  if (sink) mx = std::max(mx, *sink);
   double sum = 0.0;
 #pragma omp simd reduction(+ : sum)
   for (int jj = lo; jj < hi; ++jj) {
@@ -101,6 +109,7 @@ float softmax_row(float* pr, const AttnShape& s, const int32_t* doc_row, int i, 
     pr[jj] = e;
     sum += e;
   }
+  if (sink) sum += detail::expf_fast(*sink - mx);
   const float inv = static_cast<float>(1.0 / sum);
 #pragma omp simd
   for (int jj = lo; jj < hi; ++jj) pr[jj] *= inv;
@@ -137,7 +146,7 @@ void scatter_group(float* x, const float* src, const AttnShape& s, int b, int g,
 
 void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc, int B, int T, int H, int kv_stored, int kv_used,
-                       int hd, int window, float scale) {
+                       int hd, int window, float scale, const AttentionExtras& extras) {
   const AttnShape s{B, T, H, kv_stored, kv_used, hd, window};
   check_shape(s);
   const int ldk = kv_stored * hd, tile = tile_rows(s), group = s.group();
@@ -159,7 +168,9 @@ void attention_forward(float* o, float* lse, const float* q, const float* k, con
         for (int m = 0; m < M; ++m) {
           const int h = g * group + m / rows, i = i0 + m % rows;
           lse[(static_cast<long>(b) * H + h) * T + i] =
-              softmax_row(p.data() + static_cast<long>(m) * span, s, doc_row, i, j0, span);
+              softmax_row(p.data() + static_cast<long>(m) * span, s, doc_row, i, j0, span,
+                          extras.alibi_slopes ? extras.alibi_slopes + h : nullptr,
+                          extras.sinks ? extras.sinks + h : nullptr);
         }
         // O (M, hd) = P (M, span) · V_span (span, hd)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, span, 1.0f, p.data(), span,
@@ -173,13 +184,18 @@ void attention_forward(float* o, float* lse, const float* q, const float* k, con
 // Standard softmax-attention backward (as in FlashAttention-2, Dao 2023):
 // D_i = dO_i·O_i, dS_ij = P_ij (dO_i·v_j - D_i), dq_i = scale Σ_j dS_ij k_j,
 // dk_j = scale Σ_i dS_ij q_i, dv_j = Σ_i P_ij dO_i. Tiles run in a fixed order,
-// so the sums into dk/dv are the same on every run.
+// so the sums into dk/dv are the same on every run. A sink has no value, so
+// O_i = Σ_j P_ij v_j still and D_i is unchanged; its own gradient is
+// -Σ_i P_sink,i D_i, summed per head in row order (deterministic).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* o, const float* lse,
                         const int32_t* doc, int B, int T, int H, int kv_stored, int kv_used,
-                        int hd, int window, float scale, bool accumulate_dkv) {
+                        int hd, int window, float scale, bool accumulate_dkv,
+                        const AttentionExtras& extras) {
   const AttnShape s{B, T, H, kv_stored, kv_used, hd, window};
   check_shape(s);
+  RS_CHECK(!extras.sinks || extras.dsinks, "attention_backward: sinks need their gradient buffer");
+  std::vector<double> dsink(extras.sinks ? static_cast<size_t>(H) : 0, 0.0);  // (H) this call's sums
   if (!accumulate_dkv) {
     const size_t n = static_cast<size_t>(B) * T * kv_stored * hd;
     std::memset(dk, 0, n * sizeof(float));
@@ -192,6 +208,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   std::vector<float> qs(most * hd);   // (group * rows, hd) stacked queries
   std::vector<float> dos(most * hd);  // (group * rows, hd) stacked output gradients
   std::vector<float> dqs(most * hd);  // (group * rows, hd) stacked query gradients
+  std::vector<float> dsink_rows(extras.sinks ? most : 0);  // (group * rows) each row's sink gradient
   for (int b = 0; b < B; ++b) {
     const int32_t* doc_row = doc ? doc + static_cast<long>(b) * T : nullptr;
     for (int g = 0; g < kv_used; ++g) {
@@ -219,15 +236,21 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           visible_keys(s, i, j0, &lo, &hi);
           std::fill(pr, pr + lo, 0.0f);
           std::fill(dsr, dsr + lo, 0.0f);
+          const float slope = extras.alibi_slopes ? extras.alibi_slopes[h] : 0.0f;
 #pragma omp simd
           for (int jj = lo; jj < hi; ++jj) {
             const bool seen = !doc_row || doc_row[j0 + jj] == doc_row[i];
-            const float pij = seen ? detail::expf_fast(pr[jj] - li) : 0.0f;
+            const float score = extras.alibi_slopes ? pr[jj] - slope * static_cast<float>(i - j0 - jj) : pr[jj];
+            const float pij = seen ? detail::expf_fast(score - li) : 0.0f;
             pr[jj] = pij;
             dsr[jj] = pij * (dsr[jj] - Di) * scale;
           }
           std::fill(pr + hi, pr + span, 0.0f);
           std::fill(dsr + hi, dsr + span, 0.0f);
+          if (extras.sinks) dsink_rows[m] = -detail::expf_fast(extras.sinks[h] - li) * Di;
+        }
+        if (extras.sinks) {
+          for (int m = 0; m < M; ++m) dsink[static_cast<size_t>(g * group + m / rows)] += dsink_rows[m];
         }
         // dQ = dS · K_span;  dK_span += dSᵀ · Q;  dV_span += Pᵀ · dO (the group's heads summed)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, span, 1.0f, ds.data(), span, ks, ldk,
@@ -240,6 +263,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       }
     }
   }
+  for (size_t h = 0; h < dsink.size(); ++h) extras.dsinks[h] += static_cast<float>(dsink[h]);
 }
 
 void xsa_forward(float* y, const float* o, const float* v, int N, int H, int kv_stored,

@@ -76,11 +76,16 @@ int I(int64_t v) { return static_cast<int>(v); }
 
 // --- one pair per OpKind, in layer-graph order ----------------------------------------
 
-void embedding_fwd(const OpCall& c) {  // tokens (N) -> (N, d)
+// Rows of the learned position table (w1), 0 without one.
+int position_rows(const OpCall& c) { return c.w[1] ? I(c.op->params[1].shape[0]) : 0; }
+
+void embedding_fwd(const OpCall& c) {  // tokens (N) -> (N, d) [+ the position table's row of each token]
   embedding_forward(c.out[0].value, c.tokens, c.w[0], I(c.N), I(c.out[0].width), I(c.model->vocab));
+  if (c.w[1]) position_embedding_forward(c.out[0].value, c.pos, c.w[1], I(c.N), I(c.out[0].width), position_rows(c));
 }
 void embedding_bwd(const OpCall& c) {
   embedding_backward(c.dw[0], c.out[0].grad, c.tokens, I(c.N), I(c.out[0].width), I(c.model->vocab));
+  if (c.w[1]) embedding_backward(c.dw[1], c.out[0].grad, c.pos, I(c.N), I(c.out[0].width), position_rows(c));
 }
 
 void norm_fwd(const OpCall& c) {  // (N, width) -> (N, width), RMSNorm or LayerNorm with a gain
@@ -114,11 +119,11 @@ void gated_norm_bwd(Scratch& s, const OpCall& c) {
   s.done(c, c.in[0]);
 }
 
-void linear_fwd(const OpCall& c) {  // (N, in) -> (N, out)
-  linear_forward(c.out[0].value, c.in[0].value, c.w[0], nullptr, I(c.N), I(c.in[0].width), I(c.out[0].width));
+void linear_fwd(const OpCall& c) {  // (N, in) -> (N, out) [+ bias]
+  linear_forward(c.out[0].value, c.in[0].value, c.w[0], c.w[1], I(c.N), I(c.in[0].width), I(c.out[0].width));
 }
 void linear_bwd(const OpCall& c) {
-  linear_backward(c.in[0].grad, c.dw[0], nullptr, c.out[0].grad, c.in[0].value, c.w[0], I(c.N), I(c.in[0].width),
+  linear_backward(c.in[0].grad, c.dw[0], c.dw[1], c.out[0].grad, c.in[0].value, c.w[0], I(c.N), I(c.in[0].width),
                   I(c.out[0].width), c.in[0].accumulate);
 }
 
@@ -185,10 +190,31 @@ AttnDims attn_dims(const OpCall& c) {
 }
 float attn_scale(const OpCall& c) { return 1.0f / std::sqrt(static_cast<float>(c.op->qk_head_dim)); }
 
+// ALiBi slopes (op.alibi) and sink logits (w0 when op.sinks) of an attention call.
+struct AttnExtras {
+  std::vector<float> slopes;  // (H) or empty
+  AttentionExtras of(const OpCall& c) const {
+    AttentionExtras e;
+    e.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+    if (c.op->sinks) {
+      e.sinks = c.w[0];
+      e.dsinks = c.dw[0];
+    }
+    return e;
+  }
+};
+AttnExtras attn_extras(const OpCall& c) {
+  AttnExtras x;
+  if (!c.op->alibi) return x;
+  for (double s : models::alibi_slopes(c.op->heads)) x.slopes.push_back(static_cast<float>(s));
+  return x;
+}
+
 void attention_fwd(const OpCall& c) {  // q (N, H, hd), k (N, kv, hd), v (N, kv, hd) -> (N, H, hd)
   const AttnDims a = attn_dims(c);
+  const AttnExtras x = attn_extras(c);
   attention_forward(c.out[0].value, c.saved[0].value, c.in[0].value, c.in[1].value, c.in[2].value, c.doc, I(c.B),
-                    I(c.T), a.H, a.kv_stored, I(c.op->kv_heads), a.hd, I(c.op->window), attn_scale(c));
+                    I(c.T), a.H, a.kv_stored, I(c.op->kv_heads), a.hd, I(c.op->window), attn_scale(c), x.of(c));
 }
 void attention_bwd(Scratch& s, const OpCall& c) {
   const AttnDims a = attn_dims(c);
@@ -200,7 +226,7 @@ void attention_bwd(Scratch& s, const OpCall& c) {
   }
   attention_backward(dq, c.in[1].grad, c.in[2].grad, c.out[0].grad, c.in[0].value, c.in[1].value, c.in[2].value,
                      c.out[0].value, c.saved[0].value, c.doc, I(c.B), I(c.T), a.H, a.kv_stored, I(c.op->kv_heads),
-                     a.hd, I(c.op->window), attn_scale(c), acc_kv);
+                     a.hd, I(c.op->window), attn_scale(c), acc_kv, attn_extras(c).of(c));
   s.done(c, c.in[0]);
 }
 
@@ -320,10 +346,53 @@ void combine_bwd(Scratch& s, const OpCall& c) {
   s.done(c, c.in[1], 1);
 }
 
-void shared_mlp_fwd(const OpCall& c) {  // x (N, d) [, added (N, d)] -> SwiGLU(x) [+ added] (N, d)
+MlpActivation mlp_activation(const models::Op& op) {
+  switch (op.activation) {
+    case models::MlpActivation::kSwiGlu: return MlpActivation::kSwiGlu;
+    case models::MlpActivation::kGelu: return MlpActivation::kGelu;
+    case models::MlpActivation::kRelu2: return MlpActivation::kRelu2;
+  }
+  return MlpActivation::kSwiGlu;
+}
+
+// Where a dense MLP's tensors sit in OpCall::w / dw (exec/backend.h); -1 = absent.
+struct MlpSlots {
+  int w1, w3, w2, b1, b3, b2;
+};
+MlpSlots mlp_slots(const models::Op& op) {
+  const bool gated = op.activation == models::MlpActivation::kSwiGlu;
+  const int n = gated ? 3 : 2;  // matrices, then as many biases when the model has them
+  const bool bias = op.params.size() > static_cast<size_t>(n);
+  return {0, gated ? 1 : -1, n - 1, bias ? n : -1, bias && gated ? n + 1 : -1, bias ? 2 * n - 1 : -1};
+}
+float* slot(float* const* p, int j) { return j < 0 ? nullptr : p[j]; }
+MlpWeights mlp_weights(const OpCall& c) {
+  const MlpSlots s = mlp_slots(*c.op);
+  MlpWeights w;
+  w.w1 = slot(c.w, s.w1);
+  w.w3 = slot(c.w, s.w3);
+  w.w2 = slot(c.w, s.w2);
+  w.b1 = slot(c.w, s.b1);
+  w.b3 = slot(c.w, s.b3);
+  w.b2 = slot(c.w, s.b2);
+  return w;
+}
+MlpGrads mlp_grads(const OpCall& c) {
+  const MlpSlots s = mlp_slots(*c.op);
+  MlpGrads g;
+  g.dw1 = slot(c.dw, s.w1);
+  g.dw3 = slot(c.dw, s.w3);
+  g.dw2 = slot(c.dw, s.w2);
+  g.db1 = slot(c.dw, s.b1);
+  g.db3 = slot(c.dw, s.b3);
+  g.db2 = slot(c.dw, s.b2);
+  return g;
+}
+
+void shared_mlp_fwd(const OpCall& c) {  // x (N, d) [, added (N, d)] -> MLP(x) [+ added] (N, d)
   const int d = I(c.in[0].width);
-  dense_swiglu_forward(c.out[0].value, c.saved[0].value, c.saved[1].value, c.saved[2].value, c.in[0].value, c.w[0],
-                       c.w[1], c.w[2], I(c.N), d, I(c.saved[0].width));
+  dense_mlp_forward(c.out[0].value, c.saved[0].value, c.saved[1].value, c.saved[2].value, c.in[0].value,
+                    mlp_weights(c), mlp_activation(*c.op), I(c.N), d, I(c.saved[0].width));
   if (c.in[1].value) add_inplace(c.out[0].value, c.in[1].value, static_cast<size_t>(c.N * d));
 }
 void shared_mlp_bwd(Scratch& s, const OpCall& c) {
@@ -332,9 +401,9 @@ void shared_mlp_bwd(Scratch& s, const OpCall& c) {
     zero_if_first(c, c.in[1]);
     add_inplace(c.in[1].grad, c.out[0].grad, static_cast<size_t>(c.N * d));
   }
-  dense_swiglu_backward(c.in[0].grad, c.dw[0], c.dw[1], c.dw[2], c.out[0].grad, c.in[0].value, c.saved[0].value,
-                        c.saved[1].value, c.saved[2].value, c.w[0], c.w[1], c.w[2],
-                        s.kernel(static_cast<size_t>(3 * c.N * F)), I(c.N), d, F, c.in[0].accumulate);
+  dense_mlp_backward(c.in[0].grad, mlp_grads(c), c.out[0].grad, c.in[0].value, c.saved[0].value, c.saved[1].value,
+                     c.saved[2].value, mlp_weights(c), mlp_activation(*c.op), s.kernel(dense_mlp_scratch_floats(I(c.N), F)),
+                     I(c.N), d, F, c.in[0].accumulate);
 }
 
 void residual_fwd(const OpCall& c) {  // resid (N, d), branch (N, d) -> resid + branch

@@ -1,4 +1,4 @@
-// Token embedding lookup and its scatter-add backward.
+// Token embedding lookup and its scatter-add backward; learned positions.
 #include <algorithm>
 #include <cstring>
 
@@ -16,6 +16,17 @@ void embedding_forward(float* out, const int32_t* tokens, const float* table, in
     const int32_t id = tokens[t];
     RS_CHECK(id >= 0 && id < V, "embedding_forward: token id out of range");
     std::memcpy(out + t * d, table + static_cast<long>(id) * d, sizeof(float) * d);
+  }
+}
+
+void position_embedding_forward(float* out, const int32_t* pos, const float* table, int N, int d, int P) {
+#pragma omp parallel for schedule(static)
+  for (long t = 0; t < N; ++t) {
+    const int32_t p = pos[t];
+    RS_CHECK(p >= 0 && p < P, "position_embedding_forward: position out of range");
+    const float* row = table + static_cast<long>(p) * d;
+    float* o = out + t * d;
+    for (int c = 0; c < d; ++c) o[c] += row[c];
   }
 }
 

@@ -40,6 +40,11 @@ nlohmann::json params_json(const LayerGraph& g, int64_t seq) {
                  {"by_optimizer",
                   {{"muonh", p.by_optimizer[0]}, {"muon", p.by_optimizer[1]},
                    {"adamh", p.by_optimizer[2]}, {"adam", p.by_optimizer[3]}}}};
+  // Components only some architectures have, listed where present.
+  auto& components = j["params"]["by_component"];
+  if (p.positions > 0) components["learned_positions"] = p.positions;
+  if (p.biases > 0) components["biases"] = p.biases;
+  if (p.attn_sinks > 0) components["attn_sinks"] = p.attn_sinks;
   auto flops = [](const FlopCounts& f) {
     return nlohmann::json{{"attention_core", f.attention_core}, {"projections", f.projections},
                           {"routed_experts", f.experts},        {"shared_experts", f.shared},

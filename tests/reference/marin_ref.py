@@ -55,6 +55,15 @@ class ModelConfig:
         self.qk_mult = a.get("qk_norm_multiplier", 1.0)
         self.xsa = a.get("xsa", False)
         self.gate = a.get("gate", False)
+        self.qkv_bias = a.get("qkv_bias", False)
+        self.o_bias = a.get("o_bias", False)
+        self.sinks = a.get("sinks", False)
+        mlp = doc.get("mlp", {})
+        self.mlp_activation = mlp.get("activation", "swiglu")
+        self.mlp_bias = mlp.get("bias", False)
+        pe = doc.get("position_embedding", {})
+        self.learned_positions = pe.get("kind", "none") == "learned"
+        self.max_positions = pe.get("max_positions", self.seq_len) if self.learned_positions else 0
         s = doc.get("sconv", {})
         self.sconv_k = s.get("kernel", 0)
         sites = s.get("sites", [])
@@ -101,7 +110,8 @@ class ModelConfig:
         pos = k.get("position", "rope")
         frac = k.get("rope_fraction", 1.0) if pos == "rope" else 0.0
         return {"kv_heads": k.get("kv_heads", self.kv_heads),
-                "window": 0 if window == "full" else window, "rope_fraction": frac}
+                "window": 0 if window == "full" else window, "rope_fraction": frac,
+                "alibi": pos == "alibi"}
 
     @staticmethod
     def from_json(path):
@@ -139,39 +149,61 @@ def param_specs(cfg):
             specs.append((prefix + "_gate.w_up", (r, d), block))
 
     specs.append(("embedding.w", (cfg.vocab, d), cfg.opt_embedding))
+    if cfg.learned_positions:
+        specs.append(("embedding.positions", (cfg.max_positions, d), cfg.opt_embedding))
     if cfg.embedding_norm:
         norm_site("embedding_norm", d, cfg.gated_embedding)
     hd, H = cfg.head_dim, cfg.heads
+
+    def proj(name, shape, bias):
+        # A linear's weight (in, out), and its bias (out) when the model has one.
+        specs.append((name + ".w", shape, block))
+        if bias:
+            specs.append((name + ".b", (shape[1],), cfg.opt_other))
+
+    def mlp(prefix, width):
+        gated = cfg.mlp_activation == "swiglu"
+        specs.append((prefix + ".w1", (d, width), block))
+        if gated:
+            specs.append((prefix + ".w3", (d, width), block))
+        specs.append((prefix + ".w2", (width, d), block))
+        if cfg.mlp_bias:
+            specs.append((prefix + ".b1", (width,), cfg.opt_other))
+            if gated:
+                specs.append((prefix + ".b3", (width,), cfg.opt_other))
+            specs.append((prefix + ".b2", (d,), cfg.opt_other))
+
+    qb = cfg.qkv_bias
     for l in range(cfg.layers):
         p = "layers.%d." % l
         norm_site(p + "attn_norm", d, cfg.gated_pre_attention)
         if cfg.mla:
             qk, ql, kvl, rd = hd + cfg.mla_rope_dim, cfg.mla_q_latent, cfg.mla_kv_latent, cfg.mla_rope_dim
             if ql > 0:
-                specs.append((p + "attn.q_down.w", (d, ql), block))
+                proj(p + "attn.q_down", (d, ql), qb)
                 specs.append((p + "attn.q_latent_norm.gain", (ql,), cfg.opt_other))
-                specs.append((p + "attn.q_up.w", (ql, H * qk), block))
+                proj(p + "attn.q_up", (ql, H * qk), qb)
             else:
-                specs.append((p + "attn.q_proj.w", (d, H * qk), block))
-            specs.append((p + "attn.kv_down.w", (d, kvl + rd), block))
+                proj(p + "attn.q_proj", (d, H * qk), qb)
+            proj(p + "attn.kv_down", (d, kvl + rd), qb)
             specs.append((p + "attn.kv_latent_norm.gain", (kvl,), cfg.opt_other))
-            specs.append((p + "attn.kv_up.w", (kvl, 2 * H * hd), block))
+            proj(p + "attn.kv_up", (kvl, 2 * H * hd), qb)
         else:
-            specs.append((p + "attn.q_proj.w", (d, H * hd), block))
-            specs.append((p + "attn.k_proj.w", (d, cfg.kv_heads * hd), block))
-            specs.append((p + "attn.v_proj.w", (d, cfg.kv_heads * hd), block))
+            proj(p + "attn.q_proj", (d, H * hd), qb)
+            proj(p + "attn.k_proj", (d, cfg.kv_heads * hd), qb)
+            proj(p + "attn.v_proj", (d, cfg.kv_heads * hd), qb)
             if cfg.sconv_k and cfg.sconv_k_site:
                 specs.append((p + "attn.k_sconv.kernel", (cfg.kv_heads * hd, cfg.sconv_k), cfg.opt_other))
+        if cfg.sinks:
+            specs.append((p + "attn.sinks", (H,), cfg.opt_other))
         if cfg.gate:
             specs.append((p + "attn.gate.w", (d, H), cfg.opt_other))
-        specs.append((p + "attn.o_proj.w", (H * hd, d), block))
+        proj(p + "attn.o_proj", (H * hd, d), cfg.o_bias)
         if cfg.sconv_k and cfg.sconv_attn_out:
             specs.append((p + "attn.out_sconv.kernel", (d, cfg.sconv_k), cfg.opt_other))
         norm_site(p + "mlp_norm", d, cfg.gated_pre_mlp)
         if not cfg.is_moe_layer(l):
-            specs.append((p + "mlp.w1", (d, cfg.dense_width), block))
-            specs.append((p + "mlp.w3", (d, cfg.dense_width), block))
-            specs.append((p + "mlp.w2", (cfg.dense_width, d), block))
+            mlp(p + "mlp", cfg.dense_width)
             if cfg.sconv_k and cfg.sconv_moe_out:
                 specs.append((p + "moe.out_sconv.kernel", (d, cfg.sconv_k), cfg.opt_other))
             continue
@@ -188,10 +220,7 @@ def param_specs(cfg):
         if cfg.latent > 0:
             specs.append((p + "moe.latent_up.w", (cfg.latent, d), block))
         if cfg.shared_experts > 0:
-            sw = cfg.shared_experts * cfg.shared_width
-            specs.append((p + "moe.shared.w1", (d, sw), block))
-            specs.append((p + "moe.shared.w3", (d, sw), block))
-            specs.append((p + "moe.shared.w2", (sw, d), block))
+            mlp(p + "moe.shared", cfg.shared_experts * cfg.shared_width)
         if cfg.sconv_k and cfg.sconv_moe_out:
             specs.append((p + "moe.out_sconv.kernel", (d, cfg.sconv_k), cfg.opt_other))
     norm_site("final_norm", d, cfg.gated_final)
@@ -225,6 +254,38 @@ def gated_norm(x, w_down, w_up):
 def swiglu(x, w1, w3, w2):
     """(silu(x W1) * (x W3)) W2 (Shazeer 2020)."""
     return (torch.nn.functional.silu(x @ w1) * (x @ w3)) @ w2
+
+
+def dense_mlp(x, P, prefix, activation):
+    """A dense MLP with optional biases (P holds prefix.b1 ... when the model has them):
+    SwiGLU (silu(x W1 + b1) * (x W3 + b3)) W2 + b2, or act(x W1 + b1) W2 + b2 with
+    act GeLU (tanh approximation, GPT-2) or ReLU² (So et al. 2021, Primer)."""
+    def lin(z, w, b):
+        y = z @ P[prefix + "." + w]
+        return y + P[prefix + "." + b] if prefix + "." + b in P else y
+    a1 = lin(x, "w1", "b1")
+    if activation == "swiglu":
+        h = torch.nn.functional.silu(a1) * lin(x, "w3", "b3")
+    elif activation == "gelu":
+        h = torch.nn.functional.gelu(a1, approximate="tanh")
+    elif activation == "relu2":
+        h = torch.relu(a1).pow(2)
+    else:
+        raise ValueError("unknown activation " + activation)
+    return lin(h, "w2", "b2")
+
+
+def alibi_slopes(n):
+    """Press et al. 2022, the authors' get_slopes: 2^(-8(h+1)/n) for n a power of two;
+    otherwise the slopes of the largest power of two below n, then every other slope of
+    twice that."""
+    def power_of_2(m):
+        start = 2.0 ** (-(2.0 ** -(math.log2(m) - 3)))
+        return [start * start ** i for i in range(m)]
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][:n - closest]
 
 
 def sconv(x, kernel, doc):
@@ -273,16 +334,25 @@ def attention_mask(doc, window):
     return m.unsqueeze(0) & (doc.unsqueeze(2) == doc.unsqueeze(1))
 
 
-def attention(q, k, v, mask, scale):
+def attention(q, k, v, mask, scale, slopes=None, sinks=None):
     """softmax(scale q k^T) v per head. q (B, T, H, hd), k/v (B, T, kv, hd): query head h
-    reads kv head h // (H / kv)."""
-    H, kv = q.shape[2], k.shape[2]
+    reads kv head h // (H / kv). slopes (H): ALiBi, score_ij -= slope_h (i - j) (Press et
+    al. 2022). sinks (H): a logit per head that joins each row's softmax and takes its
+    share of the probability to nothing (gpt-oss's attention sinks)."""
+    B, T, H, kv = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     group = H // kv
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
     s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if slopes is not None:
+        dist = (torch.arange(T).unsqueeze(1) - torch.arange(T).unsqueeze(0)).to(s.dtype)  # i - j
+        s = s - slopes.view(1, H, 1, 1) * dist
     s = s.masked_fill(~mask.unsqueeze(1), float("-inf"))
-    p = torch.softmax(s, dim=-1)
+    if sinks is not None:
+        column = sinks.view(1, H, 1, 1).expand(B, H, T, 1)
+        p = torch.softmax(torch.cat([s, column], dim=-1), dim=-1)[..., :T]
+    else:
+        p = torch.softmax(s, dim=-1)
     return torch.einsum("bhij,bjhd->bihd", p, v)
 
 
@@ -363,6 +433,8 @@ class MarinRef:
         tokens, doc, pos = batch["tokens"], batch["doc"], batch["pos"]
         B, T = tokens.shape
         x = P["embedding.w"][tokens]  # (B, T, d)
+        if cfg.learned_positions:
+            x = x + P["embedding.positions"][pos]  # position of each token in its sequence
         if cfg.embedding_norm:
             x = self.norm_site(P, "embedding_norm", x, cfg.gated_embedding)
         self.router_z = []
@@ -397,10 +469,10 @@ class MarinRef:
         if cfg.mla:
             q, k, v = self.mla_qkv(P, p, h)
         else:
-            q = (h @ P[p + "attn.q_proj.w"]).view(B, T, H, hd)
+            q = self.linear(P, p + "attn.q_proj", h).view(B, T, H, hd)
             # Layers that use fewer KV heads than stored read the first `kv` (spec, KV heads).
-            k = h @ P[p + "attn.k_proj.w"][:, :kv * hd]
-            v = (h @ P[p + "attn.v_proj.w"][:, :kv * hd]).view(B, T, kv, hd)
+            k = self.linear(P, p + "attn.k_proj", h, kv * hd)
+            v = self.linear(P, p + "attn.v_proj", h, kv * hd).view(B, T, kv, hd)
             if cfg.sconv_k and cfg.sconv_k_site:
                 k = sconv(k, P[p + "attn.k_sconv.kernel"][:kv * hd], doc)
             k = k.view(B, T, kv, hd)
@@ -412,15 +484,26 @@ class MarinRef:
             q = rope(q, pos, rd, c["rope_theta"])
             k = rope(k, pos, rd, c["rope_theta"])
         scale = c["attn_scale"] if c.get("attn_scale") is not None else 1.0 / math.sqrt(hd)
-        o = attention(q, k, v, attention_mask(doc, kind["window"]), scale)  # (B, T, H, hd)
+        slopes = torch.tensor(alibi_slopes(H), dtype=q.dtype) if kind["alibi"] else None
+        sinks = P[p + "attn.sinks"] if cfg.sinks else None
+        o = attention(q, k, v, attention_mask(doc, kind["window"]), scale, slopes, sinks)  # (B, T, H, hd)
         if cfg.xsa:
             o = xsa(o, v, c["xsa_eps"])
         if cfg.gate:
             g = 2.0 * torch.sigmoid(h @ P[p + "attn.gate.w"])  # (B, T, H)
             o = o * g.unsqueeze(-1)
-        y = o.reshape(B, T, H * hd) @ P[p + "attn.o_proj.w"]
+        y = self.linear(P, p + "attn.o_proj", o.reshape(B, T, H * hd))
         if cfg.sconv_k and cfg.sconv_attn_out:
             y = sconv(y, P[p + "attn.out_sconv.kernel"], doc)
+        return y
+
+    @staticmethod
+    def linear(P, name, x, cols=None):
+        """x W (+ b when the model has it), the first `cols` output columns (all when None)."""
+        w = P[name + ".w"] if cols is None else P[name + ".w"][:, :cols]
+        y = x @ w
+        if name + ".b" in P:
+            y = y + (P[name + ".b"] if cols is None else P[name + ".b"][:cols])
         return y
 
     def mla_qkv(self, P, p, h):
@@ -431,11 +514,12 @@ class MarinRef:
         B, T, _ = h.shape
         H, hd, r, kvl = cfg.heads, cfg.head_dim, cfg.mla_rope_dim, cfg.mla_kv_latent
         if cfg.mla_q_latent > 0:
-            q = self.norm(h @ P[p + "attn.q_down.w"], P[p + "attn.q_latent_norm.gain"]) @ P[p + "attn.q_up.w"]
+            q = self.linear(P, p + "attn.q_up",
+                            self.norm(self.linear(P, p + "attn.q_down", h), P[p + "attn.q_latent_norm.gain"]))
         else:
-            q = h @ P[p + "attn.q_proj.w"]
-        c = h @ P[p + "attn.kv_down.w"]  # (B, T, kvl + r)
-        kv = self.norm(c[..., :kvl], P[p + "attn.kv_latent_norm.gain"]) @ P[p + "attn.kv_up.w"]
+            q = self.linear(P, p + "attn.q_proj", h)
+        c = self.linear(P, p + "attn.kv_down", h)  # (B, T, kvl + r)
+        kv = self.linear(P, p + "attn.kv_up", self.norm(c[..., :kvl], P[p + "attn.kv_latent_norm.gain"]))
         k_nope = kv[..., :H * hd].reshape(B, T, H, hd)
         v = kv[..., H * hd:].reshape(B, T, H, hd)
         k = torch.cat([k_nope, c[..., kvl:].unsqueeze(2).expand(B, T, H, r)], dim=-1)
@@ -478,8 +562,8 @@ class MarinRef:
         B, T, d = x.shape
         N = B * T
         h = self.norm_site(P, p + "mlp_norm", x, cfg.gated_pre_mlp).reshape(N, d)
-        if not cfg.is_moe_layer(l):  # a dense layer: one SwiGLU MLP
-            y = swiglu(h, P[p + "mlp.w1"], P[p + "mlp.w3"], P[p + "mlp.w2"]).view(B, T, d)
+        if not cfg.is_moe_layer(l):  # a dense layer: one MLP
+            y = dense_mlp(h, P, p + "mlp", cfg.mlp_activation).view(B, T, d)
             if cfg.sconv_k and cfg.sconv_moe_out:
                 y = sconv(y, P[p + "moe.out_sconv.kernel"], doc)
             return y
@@ -532,7 +616,7 @@ class MarinRef:
             comb = torch.einsum("ne,enl->nl", dense_w, ye)
         y = comb @ P[p + "moe.latent_up.w"] if cfg.latent > 0 else comb
         if cfg.shared_experts > 0:
-            y = y + swiglu(h, P[p + "moe.shared.w1"], P[p + "moe.shared.w3"], P[p + "moe.shared.w2"])
+            y = y + dense_mlp(h, P, p + "moe.shared", cfg.mlp_activation)
         y = y.view(B, T, d)
         if cfg.sconv_k and cfg.sconv_moe_out:
             y = sconv(y, P[p + "moe.out_sconv.kernel"], doc)

@@ -16,7 +16,10 @@ has no `train --reference-dump` at all.
 --variant shapes runs the one-step comparison instead on tiny-moe changed to every
 shape the tiny model leaves out (VARIANTS below: MLA with a query latent, tied
 embeddings, LayerNorm, a leading dense layer, a softmax router with auxiliary-loss
-balancing and an applied router z-loss): its own ctest entry.
+balancing and an applied router z-loss): its own ctest entry. --variant gpt-gelu and
+--variant alibi-sinks run the zoo models of the mechanisms beyond the Marin block instead
+(MODEL_VARIANTS: learned positions, biases, GeLU, dense; ALiBi, sinks, ReLU², MoE), and
+--variant mla-mech puts them on the Marin block (MLA with biases and sinks).
 """
 
 import json
@@ -55,6 +58,22 @@ VARIANTS = {
         "moe": {"dense_layers": 1, "dense_width": 96, "router": "softmax", "balancing": "aux_loss",
                 "aux_loss_weight": 0.05, "router_z_loss_applied": True, "router_z_loss_weight": 0.01},
     },
+    # The new mechanisms on the Marin block: MLA with Q/K/V and output biases and sinks
+    # (attention on the zero-padded v), learned positions, a GeLU dense layer and GeLU
+    # shared experts with biases.
+    "mla-mech": {
+        "position_embedding": {"kind": "learned"},
+        "attention": {"kind": "mla", "mla": {"kv_latent": 32, "q_latent": 48, "rope_dim": 16},
+                      "kv_heads": 4, "local": {"kv_heads": 4}, "global": {"kv_heads": 4},
+                      "qkv_bias": True, "o_bias": True, "sinks": True},
+        "mlp": {"activation": "gelu", "bias": True},
+        "moe": {"dense_layers": 1, "dense_width": 96},
+    },
+}
+# Whole zoo models for --variant NAME (the one-step comparison on that file).
+MODEL_VARIANTS = {
+    "gpt-gelu": "tiny-gpt-gelu.json",          # learned positions, Q/K/V/O and MLP biases, GeLU, dense, tied
+    "alibi-sinks": "tiny-alibi-sink-moe.json",  # ALiBi, attention sinks, biases, ReLU² shared expert, MoE
 }
 
 
@@ -133,12 +152,13 @@ def hyper_from_meta(cfg, meta):
     }
 
 
-def norm_err(engine, ref):
+def norm_err(engine, ref, floor=0.0):
+    """max|engine - ref| / max(max|ref|, floor)."""
     engine = np.asarray(engine, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     if engine.shape != ref.shape:
         return float("inf")
-    scale = np.max(np.abs(ref)) if ref.size else 0.0
+    scale = max(np.max(np.abs(ref)) if ref.size else 0.0, floor)
     diff = np.max(np.abs(engine - ref)) if ref.size else 0.0
     if scale == 0.0:
         return 0.0 if diff == 0.0 else float("inf")
@@ -214,12 +234,23 @@ def compare(dump):
         if name in dump:
             table.add("forward", name, norm_err(dump[name], out[name].detach().numpy()),
                       note="engine %.8f ref %.8f" % (float(dump[name]), out[name].item()))
+    # A gradient that is zero by symmetry (the key bias without sinks: softmax does not
+    # change when every score of a row shifts by q.b) is, in the engine, a sum over the
+    # batch's N tokens that cancels: its fp32 rounding can reach N 2^-24 times the terms'
+    # scale (Higham, the recursive summation bound). Such tensors are measured against
+    # that floor, with the largest gradient as the scale.
+    ref_grads = {n: (np.zeros(params[n].shape) if params[n].grad is None else params[n].grad.numpy())
+                 for n, _, _ in specs}  # None: the loss does not depend on it (a selection-only bias)
+    tokens = batch["tokens"].numel()
+    floor = tokens * 2.0 ** -24 * max(float(np.max(np.abs(g))) for g in ref_grads.values())
     for n, _, group in specs:
         if "grad." + n not in dump:
             table.add("grad", n, float("inf"), note="missing from dump")
             continue
-        g = params[n].grad  # None: the loss does not depend on it (a selection-only bias)
-        table.add("grad", n, norm_err(dump["grad." + n], np.zeros(params[n].shape) if g is None else g.numpy()))
+        small = float(np.max(np.abs(ref_grads[n]))) < floor
+        table.add("grad", n, norm_err(dump["grad." + n], ref_grads[n], floor),
+                  note="reference ~0 (max %.1e): against N 2^-24 x the largest gradient, %.1e" % (
+                      float(np.max(np.abs(ref_grads[n]))), floor) if small else "")
 
     # One update of each optimizer kind, from the engine's own gradients, so this
     # checks the optimizer alone (the gradients were checked above).
@@ -414,8 +445,8 @@ def main():
     rackstep = args[0]
     global MODEL
     variant = args[args.index("--variant") + 1] if "--variant" in args else None
-    if variant is not None and variant not in VARIANTS:
-        sys.exit("usage: --variant one of %s" % ", ".join(VARIANTS))
+    if variant is not None and variant not in VARIANTS and variant not in MODEL_VARIANTS:
+        sys.exit("usage: --variant one of %s" % ", ".join(list(VARIANTS) + list(MODEL_VARIANTS)))
     keep = args[args.index("--keep") + 1] if "--keep" in args else None
     given = args[args.index("--dump") + 1] if "--dump" in args else None
     given_steps = args[args.index("--steps-dump") + 1] if "--steps-dump" in args else None
@@ -432,7 +463,10 @@ def main():
             sys.exit("FAIL: %s not found (build the target reference_dump_steps)" % binary)
         work = keep or tempfile.mkdtemp(prefix="rackstep_ref_")
         os.makedirs(work, exist_ok=True)
-        if variant:
+        if variant in MODEL_VARIANTS:
+            MODEL = os.path.join(REPO, "models", "zoo", MODEL_VARIANTS[variant])
+            print("variant %s: %s" % (variant, MODEL))
+        elif variant:
             doc = merged(json.load(open(MODEL)), VARIANTS[variant])
             doc["name"] += "-" + variant
             MODEL = os.path.join(work, "tiny-moe-%s.json" % variant)

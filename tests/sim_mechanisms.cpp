@@ -1,0 +1,111 @@
+// Pricing of the layer-graph mechanisms (sim/cost.*, sim/memory.*): a GeLU
+// MLP is two GEMMs, biases and learned positions are parameters the memory
+// model holds, ALiBi and sinks are hardware work inside the attention kernel.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "models/json_io.h"
+#include "models/source_dir.h"
+#include "sim/calibration.h"
+#include "sim/cost.h"
+#include "topologies/topology.h"
+
+using namespace rackstep;
+using nlohmann::json;
+
+namespace {
+
+json zoo_json(const std::string& name) {
+  return load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/" + name + ".json");
+}
+
+sim::OpTable table_of(const json& doc) { return sim::build_op_table(models::build_layer_graph(models::parse_model(doc, "m.json"))); }
+
+const sim::OpEntry& entry(const sim::OpTable& t, models::OpKind kind) {
+  for (const auto& e : t.classes.at(0).ops)
+    if (e.kind == kind) return e;
+  FAIL("no such op in the first layer class");
+  return t.classes[0].ops[0];
+}
+
+struct Context {
+  topologies::Cluster cluster =
+      topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/hgx-h100.json");
+  sim::Calibration cal = sim::load_calibration();
+  sim::PriceContext ctx() const {
+    sim::PriceContext c;
+    c.gpu = &cluster.system.gpu;
+    c.cal = &cal;
+    c.tokens = 8 * 2048;
+    c.seq = 2048;
+    c.peak_flops_per_s = cluster.system.gpu.peak_bf16_flops_per_s;
+    c.hbm_bw_bytes_per_s = cluster.system.gpu.hbm_bw_bytes_per_s;
+    c.gemm_peak_eff = sim::gemm_peak_efficiency(cal, cluster.system.gpu);
+    return c;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a GeLU MLP prices two GEMMs, SwiGLU three", "[sim][mech]") {
+  const Context c;
+  json gelu = zoo_json("tiny-gpt-gelu");
+  gelu["mlp"]["bias"] = false;
+  json swiglu = gelu;
+  swiglu["mlp"]["activation"] = "swiglu";
+  const sim::OpTable tg = table_of(gelu), ts = table_of(swiglu);
+  const auto& g = entry(tg, models::OpKind::kSharedMlp);
+  const auto& s = entry(ts, models::OpKind::kSharedMlp);
+  CHECK(g.gemm_count == 2);
+  CHECK(s.gemm_count == 3);
+  const sim::OpTime pg = sim::price_op(g, c.ctx()), ps = sim::price_op(s, c.ctx());
+  const double gemm = 2.0 * 128 * 512 * 8 * 2048;  // one (d x F) GEMM over the micro-batch
+  CHECK(pg.fwd_flops == Approx(2 * gemm + 8.0 * 512 * 8 * 2048));
+  CHECK(ps.fwd_flops == Approx(3 * gemm + 5.0 * 512 * 8 * 2048));
+  CHECK(pg.fwd_s < ps.fwd_s);
+  CHECK(sim::model_flops_per_token(tg, 2048) < sim::model_flops_per_token(ts, 2048));
+}
+
+TEST_CASE("biases and learned positions are parameters, priced and held", "[sim][mech]") {
+  const Context c;
+  json with = zoo_json("tiny-gpt-gelu");
+  json without = with;
+  without["attention"]["qkv_bias"] = false;
+  without["attention"]["o_bias"] = false;
+  without["mlp"]["bias"] = false;
+  without.erase("position_embedding");
+  const sim::OpTable a = table_of(with), b = table_of(without);
+  const double d = 128, F = 512;
+  CHECK(a.total_params - b.total_params == 2 * (4 * d + F + d) + 256 * d);
+  CHECK(a.embedding_params - b.embedding_params == 256 * d);
+  CHECK(a.classes[0].dense_params - b.classes[0].dense_params == 4 * d + F + d);
+  // Biases are Adam-group vectors, never Muon matrices.
+  CHECK(a.muon_params == b.muon_params);
+  // The bias add is one more elementwise pass of the projection.
+  const auto& qa = entry(a, models::OpKind::kLinear);
+  const auto& qb = entry(b, models::OpKind::kLinear);
+  CHECK(sim::price_op(qa, c.ctx()).fwd_flops - sim::price_op(qb, c.ctx()).fwd_flops == Approx(d * 8 * 2048));
+  CHECK(sim::price_op(qa, c.ctx()).fwd_s > sim::price_op(qb, c.ctx()).fwd_s);
+}
+
+TEST_CASE("ALiBi and sinks make attention slightly dearer, not its model FLOPs", "[sim][mech]") {
+  const Context c;
+  json alibi = zoo_json("tiny-alibi-sink-moe");
+  json plain = alibi;
+  plain["attention"]["local"]["position"] = "nope";
+  plain["attention"]["global"]["position"] = "nope";
+  plain["attention"]["sinks"] = false;
+  const sim::OpTable a = table_of(alibi), p = table_of(plain);
+  const auto& ea = entry(a, models::OpKind::kAttention);
+  const auto& ep = entry(p, models::OpKind::kAttention);
+  CHECK(ea.alibi);
+  CHECK(ea.sinks);
+  const sim::OpTime ta = sim::price_op(ea, c.ctx()), tp = sim::price_op(ep, c.ctx());
+  const double span = models::mean_attention_span(2048, ea.window, models::FlopConvention::kExact);
+  CHECK(ta.fwd_flops - tp.fwd_flops == Approx((2 * 4 * span + 2 * 4) * 8 * 2048));
+  CHECK(ta.fwd_s >= tp.fwd_s);
+  CHECK(ta.bwd_s >= tp.bwd_s);
+  CHECK(ta.fwd_flops < 1.2 * tp.fwd_flops);  // slightly
+  CHECK(sim::model_flops_per_token(a, 2048) == sim::model_flops_per_token(p, 2048));
+}
