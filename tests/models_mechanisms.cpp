@@ -5,10 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/check.h"
-#include "models/json_io.h"
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 #include "models/layer_graph.h"
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 
 using namespace rackstep;
 using namespace rackstep::models;

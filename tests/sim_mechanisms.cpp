@@ -5,8 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/json_io.h"
-#include "models/source_dir.h"
+#include "sim/base/json_io.h"
+#include "sim/base/source_dir.h"
 #include "sim/calibration.h"
 #include "sim/cost.h"
 #include "topologies/topology.h"

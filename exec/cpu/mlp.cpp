@@ -2,7 +2,7 @@
 // ReLU²), with optional biases. SwiGLU without biases runs the same calls in
 // the same order as dense_swiglu_forward / _backward (bitwise the same).
 #include "exec/kernels.h"
-#include "models/check.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec {
 
