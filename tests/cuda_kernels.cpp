@@ -401,6 +401,100 @@ TEST_CASE("cuda: XSA, the attention gate, SConv and the dense SwiGLU match the C
   CHECK(normalised_error(gdw3.download(), dw3) < 1e-4);
 }
 
+TEST_CASE("cuda: LayerNorm, the tied LM head, the gated norm and the router losses match the CPU kernels",
+          "[cuda][gpu]") {
+  const int N = 130, d = 96, r = 12, V = 300, E = 16, k = 4;
+  const auto x = testing::randn(size_t(N) * d, 100, 2.0f), gain = testing::randn(d, 101),
+             dy = testing::randn(x.size(), 102);
+  cuda::Gemm gemm(nullptr);
+
+  // LayerNorm: y, rstd, dx (=) and dgain (+= from a non-zero start).
+  std::vector<float> y(x.size()), rstd(N), dx(x.size()), dgain(d, 0.5f);
+  layernorm_forward(y.data(), rstd.data(), x.data(), gain.data(), 1e-6f, N, d);
+  layernorm_backward(dx.data(), dgain.data(), dy.data(), x.data(), rstd.data(), gain.data(), N, d);
+  DeviceBuffer<float> gx(x), ggain(gain), gdy(dy), gy(x.size()), grstd(N), gdx(x.size()),
+      gdgain(std::vector<float>(d, 0.5f)), gmean(N);
+  cuda::layernorm_forward(gy.ptr, grstd.ptr, gx.ptr, ggain.ptr, 1e-6f, N, d, nullptr);
+  cuda::layernorm_backward(gdx.ptr, gdgain.ptr, gdy.ptr, gx.ptr, grstd.ptr, ggain.ptr, gmean.ptr, N, d, nullptr);
+  CHECK(normalised_error(gy.download(), y) < 1e-6);
+  CHECK(normalised_error(grstd.download(), rstd) < 1e-6);
+  CHECK(normalised_error(gdx.download(), dx) < 1e-5);
+  CHECK(normalised_error(gdgain.download(), dgain) < 1e-5);
+
+  // Tied LM head: W stored (V, d).
+  const auto table = testing::randn(size_t(V) * d, 103, 0.1f), dl = testing::randn(size_t(N) * V, 104);
+  std::vector<float> logits(size_t(N) * V), dxt(x.size(), 0.25f), dtable(table.size(), 0.5f);
+  linear_t_forward(logits.data(), x.data(), table.data(), N, d, V);
+  linear_t_backward(dxt.data(), dtable.data(), dl.data(), x.data(), table.data(), N, d, V, /*accumulate_dx=*/true);
+  DeviceBuffer<float> gtable(table), gdl(dl), glogits(logits.size()), gdxt(std::vector<float>(x.size(), 0.25f)),
+      gdtable(std::vector<float>(table.size(), 0.5f));
+  cuda::linear_t_forward(gemm, glogits.ptr, gx.ptr, gtable.ptr, N, d, V);
+  cuda::linear_t_backward(gemm, gdxt.ptr, gdtable.ptr, gdl.ptr, gx.ptr, gtable.ptr, N, d, V, true);
+  CHECK(normalised_error(glogits.download(), logits) < 1e-4);
+  CHECK(normalised_error(gdxt.download(), dxt) < 1e-4);
+  CHECK(normalised_error(gdtable.download(), dtable) < 1e-4);
+
+  // Gated norm.
+  const auto wd = testing::randn(size_t(d) * r, 105, 0.1f), wu = testing::randn(size_t(r) * d, 106, 0.1f);
+  std::vector<float> yg(x.size()), a(size_t(N) * r), g(x.size()), dxg(x.size()), dwd(wd.size(), 0.0f),
+      dwu(wu.size(), 0.0f), sc(gated_norm_scratch_floats(N, d, r));
+  gated_norm_forward(yg.data(), a.data(), g.data(), x.data(), wd.data(), wu.data(), N, d, r);
+  gated_norm_backward(dxg.data(), dwd.data(), dwu.data(), dy.data(), x.data(), a.data(), g.data(), wd.data(),
+                      wu.data(), sc.data(), N, d, r);
+  DeviceBuffer<float> gwd(wd), gwu(wu), gyg(x.size()), ga(a.size()), gg(g.size()), gdxg(x.size()),
+      gdwd(std::vector<float>(wd.size(), 0.0f)), gdwu(std::vector<float>(wu.size(), 0.0f)), gsc(sc.size());
+  cuda::gated_norm_forward(gemm, gyg.ptr, ga.ptr, gg.ptr, gx.ptr, gwd.ptr, gwu.ptr, gsc.ptr, N, d, r);
+  cuda::gated_norm_backward(gemm, gdxg.ptr, gdwd.ptr, gdwu.ptr, gdy.ptr, gx.ptr, ga.ptr, gg.ptr, gwd.ptr, gwu.ptr,
+                            gsc.ptr, N, d, r);
+  CHECK(normalised_error(gyg.download(), yg) < 1e-5);
+  CHECK(normalised_error(gdxg.download(), dxg) < 1e-4);
+  CHECK(normalised_error(gdwd.download(), dwd) < 1e-4);
+  CHECK(normalised_error(gdwu.download(), dwu) < 1e-4);
+
+  // Router z-loss and the aux balancing loss, both routers.
+  const auto rl = testing::randn(size_t(N) * E, 107, 2.0f);
+  std::vector<int32_t> expert(size_t(N) * k);
+  for (size_t i = 0; i < expert.size(); ++i) expert[i] = static_cast<int32_t>((i * 7 + i / 5) % E);
+  DeviceBuffer<float> grl(rl);
+  DeviceBuffer<double> work(cuda::router_loss_work_doubles(N, E));
+  int32_t* gexpert = nullptr;
+  RS_CUDA_CHECK(cudaMalloc(&gexpert, sizeof(int32_t) * expert.size()));
+  RS_CUDA_CHECK(cudaMemcpy(gexpert, expert.data(), sizeof(int32_t) * expert.size(), cudaMemcpyHostToDevice));
+  CHECK(cuda::router_z_loss(grl.ptr, N, E, work.ptr, nullptr) == Approx(router_z_loss(rl.data(), N, E)).epsilon(1e-12));
+  for (RouterKind kind : {RouterKind::kSoftmax, RouterKind::kSigmoid}) {
+    std::vector<float> dlog(rl.size(), 0.125f);
+    router_z_loss_backward(dlog.data(), rl.data(), N, E, 1e-3f);
+    aux_loss_backward(dlog.data(), rl.data(), expert.data(), N, E, k, kind, 0.01f);
+    DeviceBuffer<float> gdlog(std::vector<float>(rl.size(), 0.125f));
+    cuda::router_z_loss_backward(gdlog.ptr, grl.ptr, N, E, 1e-3f, nullptr);
+    cuda::aux_loss_backward(gdlog.ptr, grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr);
+    CHECK(normalised_error(gdlog.download(), dlog) < 1e-6);
+    CHECK(cuda::aux_loss_forward(grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr) ==
+          Approx(aux_loss_forward(rl.data(), expert.data(), N, E, k, kind, 0.01f)).epsilon(1e-12));
+  }
+  cudaFree(gexpert);
+
+  // MLA plumbing and the finiteness check.
+  const int H = 3, hdn = 8, rr = 4;
+  const auto kn = testing::randn(size_t(N) * H * hdn, 108), kr = testing::randn(size_t(N) * rr, 109);
+  DeviceBuffer<float> gkn(kn), gkr(kr), gk(size_t(N) * H * (hdn + rr)), gdkn(kn.size()), gdkr(std::vector<float>(kr.size(), 1.0f));
+  cuda::assemble_key(gk.ptr, gkn.ptr, gkr.ptr, N, H, hdn, rr, nullptr);
+  cuda::split_key_grad(gdkn.ptr, false, gdkr.ptr, true, gk.ptr, N, H, hdn, rr, nullptr);
+  CHECK(normalised_error(gdkn.download(), kn) == 0.0);
+  std::vector<float> want_kr(kr.size());
+  for (size_t i = 0; i < kr.size(); ++i) want_kr[i] = 1.0f + kr[i] + kr[i] + kr[i];  // += over H = 3 heads
+  CHECK(normalised_error(gdkr.download(), want_kr) < 1e-6);
+  DeviceBuffer<float> gpad(size_t(N) * 12);
+  cuda::copy_columns(gpad.ptr, 12, gkr.ptr, rr, N, false, nullptr);
+  const auto pad = gpad.download();
+  CHECK(pad[12 + 1] == kr[rr + 1]);
+  CHECK(pad[12 + 7] == 0.0f);
+  CHECK(cuda::all_finite(gpad.ptr, pad.size(), nullptr));
+  const float nan = std::nanf("");
+  RS_CUDA_CHECK(cudaMemcpy(gpad.ptr + 77, &nan, sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(!cuda::all_finite(gpad.ptr, pad.size(), nullptr));
+}
+
 TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CPU optimizer", "[cuda][gpu][optim]") {
   SECTION("Adam: weights and moments after one update") {
     const size_t n = 10000;

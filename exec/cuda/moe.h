@@ -1,6 +1,7 @@
 // The routed-expert ops of exec/kernels.h on the GPU (fp32; the bf16 path of
 // the expert GEMMs is future work): router top-k with the selection bias and
-// combine weights, its backward, the quantile-balancing histogram and bias,
+// combine weights, its backward, the router z-loss and the aux balancing loss,
+// the quantile-balancing histogram and bias,
 // grouping assignments by expert (stable, through CUB's radix sort), gather,
 // the grouped SwiGLU experts (one cuBLASLt GEMM per expert) and combine.
 // Same buffers, shapes, tie rules and gradient rule as the CPU kernels.
@@ -34,6 +35,21 @@ void qb_histogram(int64_t* counts, const float* logits, int N, int E, int n_bins
                   cudaStream_t stream);
 void qb_bias_from_histogram(float* bias, const int64_t* counts, int E, int k, int n_bins, float lo, float hi,
                             cudaStream_t stream);
+
+// Router z-loss: mean over tokens of logsumexp(logits)² (waits for the stream).
+// work: router_loss_work_doubles(N, E).
+double router_z_loss(const float* logits, int N, int E, double* work, cudaStream_t stream);  // logits (N, E)
+// dlogits (N, E) += weight · 2 lse_t softmax(logits_t) / N.
+void router_z_loss_backward(float* dlogits, const float* logits, int N, int E, float weight, cudaStream_t stream);
+// Auxiliary balancing loss weight · E · Σ_e f_e P_e (exec/kernels.h, aux_loss_*);
+// waits for the stream. Assignment counts add exactly (integers in double), the
+// per-expert probability sums walk the tokens in order: deterministic.
+size_t router_loss_work_doubles(int N, int E);
+double aux_loss_forward(const float* logits, const int32_t* expert, int N, int E, int k, RouterKind kind, float weight,
+                        double* work, cudaStream_t stream);
+// dlogits (N, E) +=.
+void aux_loss_backward(float* dlogits, const float* logits, const int32_t* expert, int N, int E, int k,
+                       RouterKind kind, float weight, double* work, cudaStream_t stream);
 
 // Scratch bytes group_by_expert needs for A assignments.
 size_t group_by_expert_scratch_bytes(int A);
