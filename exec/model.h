@@ -1,14 +1,20 @@
-// The CPU model: runs a layer graph's ops for real, forward and backward, fp32.
+// The model driver: runs a layer graph's ops forward and backward on a backend.
 //
-// Built from the one layer graph (models/layer_graph.h): the parameter arena
-// holds every learnable tensor of graph.ops[*].params (exec/arena.h), the
-// activation arena one (N, width) buffer per op output ("slot"), N = batch*seq
-// tokens, sized when the model is built. forward() walks graph.ops in order
-// and calls each op's kernel (exec/kernels.h); backward() walks them back.
-// What reads what is the layer graph's: every op declares the tensors it reads
-// and writes (models::Op::inputs / outputs, e.g. the attention core reads
+// Built from the one layer graph (models/layer_graph.h), it knows the data
+// flow and no backend: the parameter arena holds every learnable tensor of
+// graph.ops[*].params (exec/arena.h), the activation arena one (N, width)
+// buffer per op output ("slot"), N = batch*seq tokens, sized when the model is
+// built, in the backend's memory. forward() walks graph.ops in order and hands
+// each op with its bound tensors to the backend (exec/backend.h: the op set,
+// one forward and one backward per OpKind; exec/cpu/backend.cpp runs them on
+// the CPU kernels); backward() walks them back. What reads what is the layer
+// graph's: every op declares the tensors it reads and writes
+// (models::Op::inputs / outputs, e.g. the attention core reads
 // layers.3.attn.q_rot, k_rot and v); plan() gives each written tensor a slot
-// and each op the slots its inputs name. The passes then read top to bottom.
+// and each op the slots its inputs name. The driver keeps the loss
+// bookkeeping, the routing state and its host decisions (drops through
+// sim/dispatch.h, expert parallelism through an ExpertBackend, quantile
+// balancing), the profiler's per-op callback and the non-finite culprit search.
 //
 // GRADIENT RULE (as in exec/kernels.h): parameter gradients += (call
 // zero_grads() before a step), activation gradients =, the residual stream +=.
@@ -33,11 +39,16 @@
 // rope_fraction of each (hd + rope_dim) q/k head, as the layer graph prices it;
 // attention runs at the q/k head dim with v zero-padded.
 //
+// A backend whose memory is not the host's (exec/backend.h) gets the
+// parameters copied in at every forward and the gradients copied out at the
+// end of every backward: the optimizer, checkpoints and MPI read the host
+// arenas.
+//
 // Not runnable here (UserError at the first forward): the router losses under
 // data parallelism (their per-rank means would not add up to the global batch's).
 //
 //   LayerGraph g = build_layer_graph(load_model("models/zoo/tiny-moe.json"));
-//   CpuModel m(g, /*batch=*/8, /*seq=*/256);
+//   Model m(g, /*batch=*/8, /*seq=*/256);   // + make_backend("cuda") for another backend
 //   m.init_params(/*seed=*/1);
 //   m.zero_grads();
 //   LossResult l = m.forward(batch.inputs.data(), batch.targets.data(), batch.doc_ids.data());
@@ -48,20 +59,17 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "exec/arena.h"
+#include "exec/backend.h"
 #include "models/layer_graph.h"
 #include "sim/dispatch.h"
 
 namespace rackstep::exec {
-
-constexpr float kXsaEps = 1e-6f;
-// Router-logit range of the quantile-balancing histogram; logits outside land
-// in the edge bins (exec/kernels.h, qb_histogram).
-constexpr float kQbLo = -8.0f, kQbHi = 8.0f;
 
 // Which routed assignments the experts compute. Single process, EP = 1: no
 // drops (enabled = false). With `enabled`, the batch's tokens are split into
@@ -77,8 +85,9 @@ struct DispatchOptions {
 
 // Routed experts computed elsewhere: expert parallelism (exec/dist.h,
 // MpiExperts). The model hands over one MoE layer's rows grouped by expert
-// (its dispatch output) and gets back each row's expert output; the backend
-// decides which assignments are dropped (keep = 0, output row 0).
+// (its dispatch output) and gets back each row's expert output; the expert
+// backend decides which assignments are dropped (keep = 0, output row 0).
+// Every pointer is host memory (the model's backend must use host memory).
 struct ExpertLayer {
   int moe = 0;                  // MoE layer index (0 = the first MoE layer)
   int tokens = 0, E = 0, k = 0, L = 0, F = 0;
@@ -114,12 +123,14 @@ struct LossResult {
 using OpTimer = std::function<void(size_t op, int phase, std::chrono::steady_clock::time_point start,
                                    std::chrono::steady_clock::time_point end)>;
 
-class CpuModel {
+class Model {
  public:
-  // Throws UserError when the graph uses a feature this backend cannot run.
-  CpuModel(const models::LayerGraph& graph, int64_t batch, int64_t seq);
+  // backend: where the ops run (nullptr = the CPU backend). Throws UserError
+  // when the graph uses a feature the driver cannot run.
+  Model(const models::LayerGraph& graph, int64_t batch, int64_t seq, std::unique_ptr<Backend> backend = nullptr);
 
   const models::LayerGraph& graph() const { return graph_; }
+  Backend& backend() { return *backend_; }
   int64_t batch() const { return B_; }
   int64_t seq() const { return T_; }
   int64_t tokens() const { return N_; }
@@ -128,25 +139,25 @@ class CpuModel {
   const Arena& params() const { return params_; }
   Arena& grads() { return grads_; }
   const Arena& grads() const { return grads_; }
-  size_t activation_bytes() const { return 2 * act_.size() * sizeof(float); }  // values + gradients
+  size_t activation_bytes() const { return 2 * act_floats_ * sizeof(float); }  // values + gradients
 
   // Normal(0, init_std_scale / sqrt(d)) for every matrix (embedding and LM
   // head included), identity SConv kernels, gains 1, zero QB bias. A pure
   // function of the seed (own Box–Muller over splitmix64: no libstdc++
   // distribution in the way of bitwise reproducibility).
   void init_params(uint64_t seed);
-  void zero_grads() { grads_.zero(); }
+  void zero_grads();
 
   void set_dispatch(const DispatchOptions& d);
-  // Expert parallelism: routed experts run through `backend` (not owned;
-  // nullptr = here). Replaces the simulated dispatch.
-  void set_expert_backend(ExpertBackend* backend) { experts_ = backend; }
+  // Expert parallelism: routed experts run through `experts` (not owned;
+  // nullptr = here). Replaces the simulated dispatch. Needs a backend in host memory.
+  void set_expert_backend(ExpertBackend* experts);
   // Data parallelism: the loss is a mean over `n` targets of the global batch
   // (this process holds a slice), so ranks' losses and gradients add up.
   // 0 = this batch's own target count.
   void set_loss_tokens(int64_t n) { loss_tokens_ = n; }
-  // This step's router-logit histogram of every MoE layer, (E, bins) each, for
-  // data-parallel ranks to sum before update_balancing().
+  // This step's router-logit histogram of every MoE layer, (E, bins) each, on
+  // the host, for data-parallel ranks to sum before update_balancing().
   std::vector<std::pair<int64_t*, size_t>> balancing_histograms();
   // Quantile balancing: `training` forwards add their router logits to the
   // layer's histogram; update_balancing() turns it into next step's bias.
@@ -156,7 +167,7 @@ class CpuModel {
   std::vector<float> balancing_state() const;
   void set_balancing_state(const std::vector<float>& bias);  // UserError on a size mismatch
 
-  // inputs, targets, doc_ids: (batch, seq); doc_ids may be nullptr (one document).
+  // inputs, targets, doc_ids: (batch, seq) on the host; doc_ids may be nullptr (one document).
   LossResult forward(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);
   void backward();
 
@@ -169,9 +180,11 @@ class CpuModel {
   std::string find_nonfinite_forward(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);
   std::string find_nonfinite_backward();
 
+  // Per op and phase, after the backend synchronised.
   void set_op_timer(OpTimer timer) { timer_ = std::move(timer); }
 
-  // Forward results, for dumps and tests.
+  // Forward results on the host, for dumps and tests (valid until the next
+  // call of one of them).
   const float* logits() const;                    // (N, V)
   const int32_t* positions() const { return pos_.data(); }  // (N)
   // Chosen experts of MoE layer `layer`, (N, k); nullptr for a dense layer.
@@ -187,14 +200,14 @@ class CpuModel {
 
  private:
   struct Slot {
-    int64_t offset = 0;  // floats into act_ / dact_
+    int64_t offset = 0;  // floats into the activation arena and its gradients
     int64_t width = 0;   // per token
   };
   // Slots an op reads and writes, and parameter indices; -1 = none.
   struct OpPlan {
     int in = -1, in2 = -1, in3 = -1;  // main input, second and third input
     int out = -1, out2 = -1;           // output (QK-norm, RoPE: out = q, out2 = k)
-    int save = -1, save2 = -1, save3 = -1;  // buffers kept for backward
+    int save = -1, save2 = -1, save3 = -1;  // buffers kept for backward (exec/backend.h, per OpKind)
     bool acc_in = false, acc_in2 = false, acc_in3 = false;  // backward: "+=" into that input's gradient
     int p0 = -1, p1 = -1, p2 = -1;     // parameter arena tensors in op.params order
     int moe = -1;                      // index into moe_ of the op's layer
@@ -212,60 +225,75 @@ class CpuModel {
     // dim (v_pad) and the output computed at it (o_pad), then sliced.
     int v_pad = -1, o_pad = -1;
   };
-  // Routing state of one MoE layer.
+  // Routing state of one MoE layer: host copies for the driver's decisions,
+  // and the backend's buffers the ops read and write (`dev`).
   struct MoeState {
     int layer = -1;
     int E = 0, k = 0, L = 0, F = 0;
     std::vector<int32_t> expert;      // (N, k)
-    std::vector<float> threshold;     // (N)
     std::vector<int32_t> sorted_pos;  // (A)
     std::vector<int32_t> offsets;     // (E + 1)
     std::vector<uint8_t> keep;        // (A) grouped order; empty = keep all
     std::vector<float> bias;          // (E) QB selection bias (when not a parameter)
     std::vector<int64_t> hist;        // (E, bins) this step's router-logit histogram
+    bool hist_on_host = false;        // hist was read out for an all-reduce: push before use
     int bias_param = -1;              // arena tensor of a learnable bias, else -1
     double router_z = 0;
     sim::DropCounts drops;
+    Routing dev;                      // in backend memory
+    uint8_t* keep_dev = nullptr;      // (A) dev.keep when this step drops, else dev.keep = nullptr
+    float* bias_dev = nullptr;        // (E) the QB bias in backend memory
+    std::vector<std::unique_ptr<Buffer>> buffers;
   };
 
   void plan(const models::LayerGraph& g);
   int new_slot(int64_t width);
-  float* A(int slot) { return act_.data() + slots_[slot].offset; }
-  float* D(int slot) { return dact_.data() + slots_[slot].offset; }
-  float* P(int p) { return params_.view(static_cast<size_t>(p)).data; }
-  float* G(int p) { return grads_.view(static_cast<size_t>(p)).data; }
+  void allocate();
+  float* A(int slot) const { return act_ + slots_[static_cast<size_t>(slot)].offset; }
+  float* D(int slot) const { return dact_ + slots_[static_cast<size_t>(slot)].offset; }
+  int64_t W(int slot) const { return slots_[static_cast<size_t>(slot)].width; }
+  float* P(int p) const { return param_dev_ + params_.layout().offset(static_cast<size_t>(p)); }
+  float* G(int p) const { return grad_dev_ + params_.layout().offset(static_cast<size_t>(p)); }
 
-  void forward_op(size_t i, const int32_t* inputs, const int32_t* targets, const int32_t* doc);
+  OpCall bind(size_t i);  // op i with its tensors, as the backend takes it
+  void load_batch(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);  // and the parameters
+  void forward_op(size_t i);
   void backward_op(size_t i);
-  void backward_kernels(size_t i);  // backward_op without the MLA key split
-  void dispatch_layer(MoeState& m, const float* weights);  // weights: (N, k)
-  ExpertLayer expert_layer(const OpPlan& p);  // the kExpertMlp op's layer for the backend
-  // Backward helpers for an input gradient: where the kernel writes, and the
-  // fix-up that turns a "=" kernel into "+=" when this op is not the first writer.
-  float* grad_dst(int slot, bool accumulate, int staging = 0);
-  void grad_done(int slot, bool accumulate, int staging = 0);
-  void zero_if_first(int slot, bool accumulate);
+  void decide_drops(MoeState& m, const float* weights);  // weights: (N, k) in backend memory
+  ExpertLayer expert_layer(const OpPlan& p);  // the kExpertMlp op's layer for the expert backend
+  void push_params();  // host arenas -> a backend's own memory
+  void pull_grads();
+  template <typename T>
+  const T* host_view(const T* p, int64_t n, std::vector<T>& copy) const;
 
   bool op_output_finite(size_t i);
   bool op_grads_finite(size_t i);
 
   models::LayerGraph graph_;
   int64_t B_ = 0, T_ = 0, N_ = 0;
+  std::unique_ptr<Backend> backend_;
   Arena params_, grads_;
   std::vector<Slot> slots_;
   std::vector<OpPlan> plan_;
   std::vector<MoeState> moe_;
-  std::vector<float> act_, dact_;   // activation arena and its gradients
-  std::vector<float> scratch_;      // kernel scratch and "=" -> "+=" staging
-  std::vector<float> scratch2_;
-  std::vector<int32_t> pos_;        // (N) RoPE positions
-  const int32_t* tokens_ = nullptr;
-  const int32_t* targets_ = nullptr;
-  const int32_t* doc_ = nullptr;
+  // Backend memory: activations and their gradients (act_floats_ each), the
+  // arenas' mirrors (a backend in host memory reads the host arenas), the batch.
+  size_t act_floats_ = 0;
+  std::unique_ptr<Buffer> act_buf_, dact_buf_, param_buf_, grad_buf_, batch_buf_;
+  float* act_ = nullptr;
+  float* dact_ = nullptr;
+  float* param_dev_ = nullptr;
+  float* grad_dev_ = nullptr;
+  int32_t* tokens_ = nullptr;       // (N) each: inputs, targets, doc ids, positions
+  int32_t* targets_ = nullptr;
+  int32_t* doc_ = nullptr;
+  int32_t* pos_dev_ = nullptr;
+  bool has_doc_ = false;
+  std::vector<int32_t> pos_;        // (N) RoPE positions on the host
+  mutable std::vector<float> host_floats_;  // a host copy of a backend tensor (logits, op_output)
   int64_t counted_targets_ = 0;
   double last_ce_ = 0, last_z_ = 0;  // the loss op's result
   int logits_slot_ = -1;
-  int lse_slot_ = -1;
   bool training_ = true;
   DispatchOptions dispatch_;
   ExpertBackend* experts_ = nullptr;
@@ -273,5 +301,8 @@ class CpuModel {
   double router_loss_ = 0;          // this forward's applied router losses
   OpTimer timer_;
 };
+
+// The name earlier code and tests use.
+using CpuModel = Model;
 
 }  // namespace rackstep::exec

@@ -1,0 +1,183 @@
+// The op set a backend implements: one op of the layer graph at a time, its
+// forward or its backward, on tensors the model driver (exec/model.h) binds.
+//
+// In the ggml manner: the driver owns the architecture's data flow (which
+// tensor each op reads and writes, the arena layout, the loss bookkeeping,
+// routing decisions, optimizer, checkpoints, profiler) and knows no backend;
+// a backend owns memory and compute (exec/cpu/backend.h with the kernels of
+// exec/kernels.h; exec/cuda/ next) and knows no architecture. A new backend
+// implements this interface and nothing in the driver changes.
+//
+// GRADIENT RULE (exec/kernels.h, kept by every backend):
+//   * parameter gradients  +=  (dw[j] accumulates; the driver zeroes it per step)
+//   * activation gradients  =  into in[j].grad, or += when in[j].accumulate
+//                              (another reader of that tensor already wrote it)
+//   * out[j].grad is the op's incoming gradient; a backend may overwrite it
+//     (the router adds its z-loss gradient there).
+//
+// Memory: every pointer in an OpCall is in the backend's memory (host memory
+// for the CPU, device memory for CUDA). The driver allocates every buffer with
+// allocate(), moves batches in and results out with copy_to_backend() /
+// copy_to_host(), and reads the parameter and gradient arenas on the host
+// (the optimizer, checkpoints and MPI run there): a backend whose memory is
+// not the host's gets push_arena() after every host-side change of the
+// parameters and pull_arena() before the host reads gradients.
+//
+// Bindings per OpKind (in[], out[], saved[] widths are per token; N = B*T rows):
+//   kEmbedding     tokens -> out0 (d);                        w0 table (V, d)
+//   kRmsNorm       in0 -> out0; saved0 rstd (1);              w0 gain; LayerNorm when model.norm.kind says so
+//   kGatedNorm     in0 -> out0; saved0 a (r), saved1 g (d);   w0 down (d, r), w1 up (r, d)
+//   kLinear        in0 -> out0;                               w0 (in, out)
+//   kSConv         in0 -> out0; doc;                          w0 (C, K)
+//   kQkNorm        in0 q, in1 k -> out0, out1; saved0/1 rstd per head (heads)
+//   kRope          in0 q, in1 k -> out0, out1; pos, rot_dims
+//   kAttention     in0 q (H*qk), in1 k (kv*qk), in2 v (kv*qk) -> out0 (H*qk); saved0 lse (H); doc
+//   kXsa           in0 o, in1 v -> out0
+//   kAttnGate      in0 o, in1 x -> out0; saved0 g (H);        w0 (d, H)
+//   kRouter        in0 x -> out0 logits (E);                  w0 (d, E); routing hist (training)
+//   kTopK          in0 logits -> out0 weights (k);            routing expert, threshold, bias
+//   kDispatch      in0 x (L), in1 weights -> out0 rows (k*L, grouped by expert); routing sorted_pos, offsets
+//   kExpertMlp     in0 rows -> out0 rows; saved0..2 a1, a3, h (k*F); w0..2 (E,L,F), (E,L,F), (E,F,L); routing offsets, keep
+//   kCombine       in0 rows, in1 weights -> out0 (L);         routing sorted_pos
+//   kSharedMlp     in0 x [, in1 added] -> out0; saved0..2 a1, a3, h (F); w0..2
+//   kResidualAdd   in0, in1 -> out0
+//   kLmHead        in0 -> out0 logits (V);                    w0 (d, V), or the table (V, d) when tied
+//   kCrossEntropy  in0 logits; saved0 lse (1); targets, loss_tokens -> OpResult ce, z_loss
+// What the driver does itself, with the layout helpers below: a linear with two
+// outputs runs into one joined buffer whose columns it splits; MLA's key is
+// assembled from its two parts before its first reader; attention whose v head
+// is narrower than q/k runs on a zero-padded v and the output is sliced.
+//
+// Usage (what the driver does per op; exec/model.cpp):
+//   std::unique_ptr<Backend> be = make_backend("cpu");
+//   auto acts = be->allocate(bytes);                 // activation arena, zero-filled
+//   OpCall c = ...;                                  // op, model, B, T, in/out/saved, w/dw
+//   OpResult r = be->forward(c);                     // r.ce for the loss op, ...
+//   be->backward(c);                                 // in[j].grad = or +=, dw[j] +=
+//   be->synchronize();                               // before a profiler timestamp
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/layer_graph.h"
+
+namespace rackstep::exec {
+
+// Op-set conventions every backend shares (the PyTorch reference too).
+constexpr float kXsaEps = 1e-6f;
+// Router-logit range of the quantile-balancing histogram; logits outside land
+// in the edge bins (exec/kernels.h, qb_histogram).
+constexpr float kQbLo = -8.0f, kQbHi = 8.0f;
+
+// Bytes in a backend's memory, zero-filled, freed with the object.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() = 0;
+  virtual size_t bytes() const = 0;
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(data());
+  }
+};
+
+// One activation bound to an op.
+struct Bound {
+  float* value = nullptr;   // (N, width)
+  float* grad = nullptr;    // (N, width)
+  int64_t width = 0;        // floats per token
+  bool accumulate = false;  // backward of an input: "+=" into grad (else "=")
+};
+
+// Routing state of one MoE layer, in backend memory (the driver's routing
+// decisions read and write it through copy_to_host / copy_to_backend).
+struct Routing {
+  int E = 0, k = 0, L = 0, F = 0;
+  int32_t* expert = nullptr;      // (N, k) chosen experts, best first
+  float* threshold = nullptr;     // (N) (k+1)-th biased score
+  int32_t* sorted_pos = nullptr;  // (N*k) grouped row of assignment a = t*k + j
+  int32_t* offsets = nullptr;     // (E + 1) expert e's rows: offsets[e] .. offsets[e+1]
+  uint8_t* keep = nullptr;        // (N*k) grouped order; nullptr = keep all
+  const float* bias = nullptr;    // (E) selection bias (QB state or a learnable tensor)
+  int64_t* hist = nullptr;        // (E, bins) this step's router-logit histogram, or nullptr
+};
+
+// One op of the layer graph with its tensors bound. Arrays are indexed as the
+// op's declared inputs / outputs (table above); unused entries are empty.
+struct OpCall {
+  const models::Op* op = nullptr;
+  const models::ModelConfig* model = nullptr;
+  int64_t B = 0, T = 0, N = 0;  // sequences, tokens per sequence, rows = B*T
+  Bound in[3], out[2], saved[3];
+  float* w[3] = {nullptr, nullptr, nullptr};   // parameters in op.params order
+  float* dw[3] = {nullptr, nullptr, nullptr};  // their gradients, +=
+  bool tied = false;                           // kLmHead: w0 is the embedding table (V, d)
+  int rot_dims = 0;                            // kRope: rotated dims per head (even)
+  const int32_t* tokens = nullptr;   // (N) kEmbedding
+  const int32_t* targets = nullptr;  // (N) kCrossEntropy, < 0 ignored
+  const int32_t* doc = nullptr;      // (N) document ids, or nullptr (one document per sequence)
+  const int32_t* pos = nullptr;      // (N) RoPE positions
+  int64_t loss_tokens = 0;           // kCrossEntropy: the mean's denominator (global batch)
+  Routing* routing = nullptr;        // the MoE ops' layer state
+  bool training = true;              // kRouter: add this step's logits to routing->hist
+};
+
+// Scalars an op's forward returns to the driver's loss bookkeeping.
+struct OpResult {
+  double ce = 0, z_loss = 0;  // kCrossEntropy
+  double router_z = 0;        // kRouter: mean lse² of the logits (logged; applied when the model says so)
+  double aux_loss = 0;        // kTopK: weighted auxiliary balancing loss (when the model uses it)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+
+  // --- memory ---------------------------------------------------------------
+  virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;
+  virtual void copy_to_backend(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  // The parameter / gradient arenas (exec/arena.h) as the backend reads them:
+  // the host's floats themselves, or a mirror in backend memory.
+  virtual bool uses_host_memory() const = 0;
+  // Wait for queued work (a profiler timestamp, a host read).
+  virtual void synchronize() = 0;
+
+  // --- the op set -----------------------------------------------------------
+  virtual OpResult forward(const OpCall& c) = 0;
+  virtual void backward(const OpCall& c) = 0;
+
+  // --- layout helpers the driver's data flow uses ----------------------------
+  // y (rows, wy) from x (rows, wx): the first min(wx, wy) columns, zeros after,
+  // or added into y with accumulate.
+  virtual void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool accumulate) = 0;
+  // MLA key: k (N, H, hd + r) = [k_nope (N, H, hd) | k_rope (N, r) for every head].
+  virtual void assemble_key(float* k, const float* k_nope, const float* k_rope, int64_t N, int64_t H, int64_t hd,
+                            int64_t r) = 0;
+  // Its backward: dk_nope = dk[..., :hd] (= or +=), dk_rope = Σ_h dk[..., hd:] (= or +=).
+  virtual void split_key_grad(float* dk_nope, bool acc_nope, float* dk_rope, bool acc_rope, const float* dk,
+                              int64_t N, int64_t H, int64_t hd, int64_t r) = 0;
+  virtual void fill_zero(float* x, int64_t n) = 0;
+  virtual bool all_finite(const float* x, int64_t n) = 0;
+  // Quantile balancing: bias (E) = next step's selection bias from the
+  // histogram (E, bins) (exec/kernels.h qb_bias_from_histogram); hist zeroed.
+  virtual void update_balancing_bias(float* bias, int64_t* hist, int E, int k, int bins, float lo, float hi) = 0;
+};
+
+// The registry. "cpu" is always there; a binary that links another backend
+// registers it before use (exec/cuda: "cuda", whose factory returns nullptr
+// where no device is present). make_backend throws UserError naming the
+// available ones for a name that is not registered or not available here.
+using BackendFactory = std::function<std::unique_ptr<Backend>()>;
+void register_backend(const std::string& name, BackendFactory make);
+std::unique_ptr<Backend> make_backend(const std::string& name);
+// Names whose factory gives a backend on this machine, "cpu" first.
+std::vector<std::string> available_backends();
+
+}  // namespace rackstep::exec
