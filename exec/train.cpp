@@ -12,6 +12,7 @@
 #include <fstream>
 #include <regex>
 
+#include "exec/backend.h"
 #include "exec/dump.h"
 #include "exec/kernels.h"
 #include "exec/resources.h"
@@ -127,7 +128,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   const auto [first_seq, end_seq] = sequence_slice(batch, world(), comm_ ? comm_->rank() : 0);
   check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
   // UserError for what this backend cannot run
-  model_ = std::make_unique<CpuModel>(graph_, end_seq - first_seq, seq);
+  model_ = std::make_unique<CpuModel>(graph_, end_seq - first_seq, seq, make_backend(o_.backend));
   const int64_t ep = o_.dispatch.enabled ? o_.dispatch.ep : 1;
   if (distributed() && ep > 1) {
     if (world() % ep != 0) {

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "exec/backend.h"
+#include "exec/cuda/backend.h"
 #include "exec/cuda/check.h"
 #include "exec/cuda/device_arena.h"
 #include "exec/cuda/gemm.h"
@@ -32,11 +34,13 @@
 #include "exec/cuda/optim.h"
 #include "exec/arena.h"
 #include "exec/kernels.h"
+#include "exec/model.h"
 #include "exec/optim.h"
 #include "models/layer_graph.h"
 #include "models/model.h"
 #include "models/source_dir.h"
 #include "tests/exec_kernels_testutil.h"
+#include "tests/exec_test_batch.h"
 
 namespace {
 
@@ -550,6 +554,88 @@ TEST_CASE("cuda: a device arena round-trips the tiny model's parameters bitwise"
   float first = 0.0f;
   RS_CUDA_CHECK(cudaMemcpy(&first, dev.tensor(i), sizeof(float), cudaMemcpyDeviceToHost));
   CHECK(first == host.view(i).data[0]);
+}
+
+// Three training steps of one model on the CUDA backend and on the CPU backend
+// from the same init, batch and optimizer (which runs on the host arenas):
+// loss, routing and every parameter gradient of each step, and the weights
+// after the three updates, within fp32 parity.
+void check_training_parity(const rackstep::models::ModelConfig& cfg, int64_t B, int64_t T) {
+  const auto graph = rackstep::models::build_layer_graph(cfg);
+  Model gpu(graph, B, T, cuda::make_cuda_backend());
+  Model cpu(graph, B, T);
+  REQUIRE(gpu.backend().name() == "cuda");
+  gpu.init_params(5);
+  cpu.init_params(5);
+  const OptimizerConfig oc = default_optimizer_config(10, cfg.d_model, B * T);
+  Optimizer opt_gpu(oc), opt_cpu(oc);
+  OptimizerState st_gpu = init_optimizer_state(gpu.params()), st_cpu = init_optimizer_state(cpu.params());
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const auto b = testing::make_batch(B, T, cfg.vocab, 40 + step);
+    gpu.zero_grads();
+    cpu.zero_grads();
+    const LossResult lg = gpu.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+    const LossResult lc = cpu.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+    CHECK(lg.loss == Approx(lc.loss).epsilon(1e-5));
+    CHECK(lg.router_loss == Approx(lc.router_loss).epsilon(1e-4).margin(1e-9));
+    for (int l = 0; l < cfg.layers; ++l) {
+      const int32_t* eg = gpu.routed_experts(l);
+      const int32_t* ec = cpu.routed_experts(l);
+      if (!ec) continue;
+      REQUIRE(eg);
+      CHECK(std::equal(ec, ec + B * T * cfg.moe.top_k, eg));  // ties aside, the same experts
+    }
+    gpu.backward();
+    cpu.backward();
+    for (size_t i = 0; i < cpu.grads().layout().size(); ++i) {
+      const TensorView g = gpu.grads().view(i), c = cpu.grads().view(i);
+      INFO(cpu.grads().layout().spec(i).name);
+      CHECK(normalised_error(std::vector<float>(g.data, g.data + g.numel), std::vector<float>(c.data, c.data + c.numel)) <
+            1e-4);
+    }
+    gpu.update_balancing();
+    cpu.update_balancing();
+    opt_gpu.step(gpu.params(), gpu.grads(), st_gpu);
+    opt_cpu.step(cpu.params(), cpu.grads(), st_cpu);
+  }
+  const Arena &pg = gpu.params(), &pc = cpu.params();
+  CHECK(normalised_error(std::vector<float>(pg.data(), pg.data() + pg.total_floats()),
+                         std::vector<float>(pc.data(), pc.data() + pc.total_floats())) < 1e-4);
+}
+
+TEST_CASE("cuda backend: three training steps of tiny-moe equal the CPU backend's (fp32 parity)",
+          "[cuda][gpu][backend]") {
+  check_training_parity(rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"),
+                        2, 64);
+}
+
+TEST_CASE("cuda backend: LayerNorm, a tied head, aux loss, router z-loss and MLA train as on the CPU",
+          "[cuda][gpu][backend]") {
+  auto cfg = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  cfg.norm.kind = rackstep::models::NormKind::kLayerNorm;
+  cfg.tied_embeddings = true;
+  cfg.moe.balancing = rackstep::models::BalancingKind::kAuxLoss;
+  cfg.moe.router = rackstep::models::RouterKind::kSoftmax;
+  cfg.moe.router_z_loss_applied = true;
+  cfg.moe.router_z_loss_weight = 0.01;
+  SECTION("GQA attention") { check_training_parity(cfg, 1, 48); }
+  SECTION("MLA attention") {
+    cfg.attention.kind = rackstep::models::AttentionKind::kMla;
+    cfg.attention.mla_kv_latent = 32;
+    cfg.attention.mla_q_latent = 48;
+    cfg.attention.mla_rope_dim = 16;
+    cfg.attention.kv_heads = cfg.attention.local.kv_heads = cfg.attention.global.kv_heads = cfg.attention.heads;
+    check_training_parity(cfg, 1, 48);
+  }
+}
+
+TEST_CASE("cuda backend: registered by name beside cpu", "[cuda][gpu][backend]") {
+  cuda::register_cuda_backend();
+  const auto names = available_backends();
+  CHECK(names.front() == "cpu");
+  CHECK(std::find(names.begin(), names.end(), "cuda") != names.end());
+  CHECK(make_backend("cuda")->name() == "cuda");
 }
 
 #if defined(RACKSTEP_HAVE_NCCL)
