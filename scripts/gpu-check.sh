@@ -6,7 +6,8 @@
 #   2. the backend parity harness on the CUDA backend (test_parity_cuda: tests/exec_parity.cpp, when it exists);
 #   3. `rackstep train --backend cuda` on tiny-moe against the CPU backend's loss curve
 #      (same seed, data and steps; the per-step relative difference of the loss);
-#   4. a short training run of the medium zoo MoE (marin-ladder-d768, 1.6 B total) on the GPU;
+#   4. forward + backward of the medium zoo MoE (marin-ladder-d768, 1.6 B total) on the GPU,
+#      per step and per op kind (bench/cuda/model_step.cpp; the host optimizer is left out);
 #   5. the kernel timings (bench/cuda/kernels_timing.cpp) against the ceilings measured there;
 #   6. `rackstep calibrate --backend cuda` when calibrate takes --backend.
 # and prints one JSON report, also written to $OUT/gpu-check.json (logs beside it).
@@ -16,6 +17,7 @@
 #   device:  run(command="bash scripts/gpu-check.sh", carry=[".vendor"], timeout_s=600)
 #   here:    cp <files_at>/gpu-check.json bench/results/gpu-check-$(date +%Y%m%d)-h200.json; git add; commit
 #   dry run without a GPU (here): GPU_CHECK_DRY=1 bash scripts/gpu-check.sh   # builds, every GPU step reports skipped
+#   GPU_CHECK_DRY=cpu: as 1, but the tiny-moe comparison runs --backend cpu twice (exercises the report)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/rackstep-gpu-check}
@@ -62,7 +64,7 @@ step configure 120 "$out/configure.log" \
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DRACKSTEP_VENDOR_DIR="$PWD/.vendor" "${nccl_args[@]}" || { tail -30 "$out/configure.log"; exit 1; }
 grep -q "CUDA backend enabled" "$out/configure.log" || { log "CUDA backend not enabled"; tail -30 "$out/configure.log"; exit 1; }
-targets=(rackstep test_cuda cuda_kernels_timing)
+targets=(rackstep test_cuda cuda_kernels_timing cuda_model_step)
 grep -q "test_parity_cuda" "$build/build.ninja" 2>/dev/null && targets+=(test_parity_cuda)
 step build 360 "$out/build.log" cmake --build "$build" -j "$jobs" --target "${targets[@]}" ||
   { tail -40 "$out/build.log"; exit 1; }
@@ -70,7 +72,7 @@ step build 360 "$out/build.log" cmake --build "$build" -j "$jobs" --target "${ta
 dry=${GPU_CHECK_DRY:-0}
 have_gpu=0
 nvidia-smi -L >/dev/null 2>&1 && have_gpu=1
-[ "$dry" = 1 ] && have_gpu=0
+[ "$dry" != 0 ] && have_gpu=0
 rs="$build/rackstep"
 
 # 1. Kernel parity.
@@ -89,17 +91,19 @@ find README.md models exec sim -name '*.md' -o -name '*.h' -o -name '*.cpp' 2>/d
   while read -r f; do cp --parents "$f" "$corpus/" 2>/dev/null; done
 step data 60 "$out/data.log" "$rs" data build --from "$corpus" --out "$out/data" --split blank-lines \
   --eval-fraction 0.1 --quiet --json
-tiny="--model models/zoo/tiny-moe.json --data $out/data --batch 4 --seq 128 --steps ${TINY_STEPS:-20} --seed 7"
-backend_flag=""
-"$rs" train --help 2>/dev/null | grep -q -- "--backend" && backend_flag="--backend cuda"
-if [ "$have_gpu" = 1 ] && [ -n "$backend_flag" ]; then
+tiny="--model models/zoo/tiny-moe.json --data $out/data --batch 2 --seq 128 --steps ${TINY_STEPS:-10} --seed 7"
+backend_flag="--backend cuda"
+[ "$dry" = cpu ] && backend_flag="--backend cpu"
+if [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; then
   json_step tiny_cpu 150 "$rs" train $tiny --threads "$jobs" --out "$out/tiny_cpu" --json
-  json_step tiny_cuda 120 "$rs" train $tiny $backend_flag --out "$out/tiny_cuda" --json
-  # 4. The medium MoE, a few steps at a short sequence.
-  json_step medium_cuda 150 "$rs" train --model models/zoo/marin-ladder-d768.json \
-    --data "$out/data" --batch 2 --seq 1024 --steps 3 --seed 7 $backend_flag --out "$out/medium" --json
+  json_step tiny_cuda 120 "$rs" train $tiny $backend_flag --threads "$jobs" --out "$out/tiny_cuda" --json
 else
   printf 'tiny_cuda\tskipped\t0\n' >>"$steps_file"
+fi
+# 4. The medium MoE, forward + backward at a short sequence.
+if [ "$have_gpu" = 1 ]; then
+  json_step medium_cuda 150 "$build/bench/cuda_model_step" --model models/zoo/marin-ladder-d768.json \
+    --batch 2 --seq 1024 --steps 3
 fi
 
 # 5. Kernel timings.
@@ -150,13 +154,18 @@ cpu, gpu = losses(os.path.join(out, "tiny_cpu.json")), losses(os.path.join(out, 
 if cpu and gpu and len(cpu) == len(gpu):
     rel = [abs(g - c) / abs(c) for c, g in zip(cpu, gpu)]
     report["tiny_moe_loss"] = {"cpu": cpu, "cuda": gpu, "max_rel_diff": max(rel), "last_rel_diff": rel[-1]}
-for name in ("tiny_cuda", "medium_cuda"):
-    try:
-        j = json.load(open(os.path.join(out, name + ".json")))
-        s = j["steps"][-1]
-        report.setdefault("training", {})[name] = {k: s.get(k) for k in ("step", "loss", "tokens_per_s", "mfu")}
-    except Exception:
-        pass
+try:
+    s = json.load(open(os.path.join(out, "tiny_cuda.json")))["steps"][-1]
+    # mfu here is against the CPU's sgemm rate (exec/train.cpp): the medium step below has the GPU's.
+    report["tiny_moe_cuda_last_step"] = {k: s.get(k) for k in ("step", "loss", "tokens_per_s")}
+except Exception:
+    pass
+try:
+    j = json.load(open(os.path.join(out, "medium_cuda.json")))
+    j["ops"] = j.get("ops", [])[:12]  # the largest op kinds
+    report["medium_moe_step"] = j
+except Exception:
+    pass
 try: report["timing"] = json.load(open(os.path.join(out, "timing.json")))
 except Exception: pass
 if not have_gpu: report["note"] = "no GPU here: the GPU steps report skipped (exit 77) or did not run"

@@ -630,6 +630,32 @@ TEST_CASE("cuda backend: LayerNorm, a tied head, aux loss, router z-loss and MLA
   }
 }
 
+TEST_CASE("cuda backend: a step is bitwise repeatable (what bitwise resume on the GPU rests on)",
+          "[cuda][gpu][backend]") {
+  // The host holds parameters, optimizer state and checkpoints (exec/checkpoint.h);
+  // a resumed GPU run equals the uninterrupted one iff a step's loss and
+  // gradients are a pure function of parameters and batch.
+  const auto cfg = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  Model m(rackstep::models::build_layer_graph(cfg), 2, 64, cuda::make_cuda_backend());
+  m.init_params(9);
+  const auto b = testing::make_batch(2, 64, cfg.vocab, 77);
+  std::vector<float> first;
+  double first_loss = 0;
+  for (int run = 0; run < 2; ++run) {
+    m.zero_grads();
+    const double loss = m.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss;
+    m.backward();
+    const Arena& g = m.grads();
+    if (run == 0) {
+      first.assign(g.data(), g.data() + g.total_floats());
+      first_loss = loss;
+      continue;
+    }
+    CHECK(loss == first_loss);
+    CHECK(std::equal(first.begin(), first.end(), g.data()));
+  }
+}
+
 TEST_CASE("cuda backend: registered by name beside cpu", "[cuda][gpu][backend]") {
   cuda::register_cuda_backend();
   const auto names = available_backends();

@@ -28,11 +28,12 @@ namespace {
 
 class DeviceBuffer final : public Buffer {
  public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  // Zero-filled on `stream`, so the fill is ordered before the backend's work on it.
+  DeviceBuffer(size_t bytes, cudaStream_t stream) : bytes_(bytes) {
     RS_CUDA_CHECK(cudaMalloc(&data_, bytes > 0 ? bytes : 1));
-    RS_CUDA_CHECK(cudaMemset(data_, 0, bytes));
+    RS_CUDA_CHECK(cudaMemsetAsync(data_, 0, bytes, stream));
   }
-  ~DeviceBuffer() override { cudaFree(data_); }
+  ~DeviceBuffer() override { cudaFree(data_); }  // cudaFree waits for the device's work
   void* data() override { return data_; }
   size_t bytes() const override { return bytes_; }
 
@@ -75,10 +76,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
 
-  std::unique_ptr<Buffer> allocate(size_t bytes) override {
-    RS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the zero-fill must not race queued work
-    return std::make_unique<DeviceBuffer>(bytes);
-  }
+  std::unique_ptr<Buffer> allocate(size_t bytes) override { return std::make_unique<DeviceBuffer>(bytes, stream_); }
   void copy_to_backend(void* dst, const void* host_src, size_t bytes) override {
     RS_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
     RS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may change after the call
