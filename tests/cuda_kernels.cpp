@@ -331,6 +331,39 @@ TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "
   }
 }
 
+TEST_CASE("cuda: the grouped expert GEMMs equal the per-expert loop (uneven experts, an empty one, drops)",
+          "[cuda][gpu][moe]") {
+  const int E = 6, L = 40, F = 72;
+  const std::vector<int32_t> offsets = {0, 17, 17, 60, 61, 100, 131};  // expert 1 empty
+  const int A = offsets[E];
+  const auto xs = testing::randn(size_t(A) * L, 120), w1 = testing::randn(size_t(E) * L * F, 121, 0.1f),
+             w3 = testing::randn(w1.size(), 122, 0.1f), w2 = testing::randn(w1.size(), 123, 0.1f),
+             dys = testing::randn(size_t(A) * L, 124);
+  std::vector<uint8_t> keep(size_t(A), 1);
+  for (int r = 0; r < A; r += 7) keep[size_t(r)] = 0;
+  uint8_t* gkeep = device_copy(keep);
+  DeviceBuffer<float> gxs(xs), gw1(w1), gw3(w3), gw2(w2), gdys(dys);
+  cuda::Gemm gemm(nullptr);
+  std::vector<std::vector<float>> results[2];
+  for (int grouped = 0; grouped < 2; ++grouped) {
+    DeviceBuffer<float> ys(size_t(A) * L), a1(size_t(A) * F), a3(size_t(A) * F), h(size_t(A) * F),
+        dxs(size_t(A) * L), dw1(std::vector<float>(w1.size(), 0.5f)), dw3(std::vector<float>(w1.size(), 0.5f)),
+        dw2(std::vector<float>(w1.size(), 0.5f)), sc(experts_scratch_floats(A, L, F));
+    auto fwd = grouped ? cuda::experts_forward_grouped : cuda::experts_forward;
+    auto bwd = grouped ? cuda::experts_backward_grouped : cuda::experts_backward;
+    fwd(gemm, ys.ptr, a1.ptr, a3.ptr, h.ptr, gxs.ptr, offsets.data(), gkeep, gw1.ptr, gw3.ptr, gw2.ptr, A, E, L, F);
+    bwd(gemm, dxs.ptr, dw1.ptr, dw3.ptr, dw2.ptr, gdys.ptr, gxs.ptr, a1.ptr, a3.ptr, h.ptr, offsets.data(), gkeep,
+        gw1.ptr, gw3.ptr, gw2.ptr, sc.ptr, A, E, L, F);
+    results[grouped] = {ys.download(), dxs.download(), dw1.download(), dw3.download(), dw2.download()};
+  }
+  // The per-expert loop is itself checked against the CPU kernels above.
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    INFO("output " << i);
+    CHECK(normalised_error(results[1][i], results[0][i]) < 1e-5);
+  }
+  cudaFree(gkeep);
+}
+
 TEST_CASE("cuda: XSA, the attention gate, SConv and the dense SwiGLU match the CPU kernels", "[cuda][gpu]") {
   const int B = 2, T = 64, N = B * T, H = 8, kv_stored = 4, kv_used = 2, hd = 32, d = 96, F = 160, K = 4;
   const auto o = testing::randn(size_t(N) * H * hd, 80), v = testing::randn(size_t(N) * kv_stored * hd, 81),
