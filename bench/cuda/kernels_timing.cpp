@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,17 +63,28 @@ double time_median_s(const std::function<void()>& fn) {
   return times[times.size() / 2];
 }
 
-void* device_zeros(size_t bytes) {
+// Device bytes holding pseudo-random finite values whether read as bf16 or
+// fp32 (never time on zeros: a bf16 GEMM ran 13% faster on zeros than on
+// random data on an H200 here, .library/device/METHOD.md): every 16-bit unit
+// is a bf16 of random sign and mantissa with magnitude in [2^-8, 1).
+void* device_random(size_t bytes) {
   void* p = nullptr;
   RS_CUDA_CHECK(cudaMalloc(&p, bytes));
-  RS_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  std::vector<uint16_t> host((bytes + 1) / 2);
+  uint64_t s = 0x9e3779b97f4a7c15ULL ^ bytes;
+  for (uint16_t& u : host) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    const auto r = static_cast<uint32_t>(s >> 33);
+    u = static_cast<uint16_t>((r & 0x8000u) | ((0x77u + (r >> 16) % 8u) << 7) | (r & 0x7fu));
+  }
+  RS_CUDA_CHECK(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice));
   return p;
 }
 
 nlohmann::json time_gemm(Gemm& gemm, cublasHandle_t blas, int m, int n, int k, const char* what) {
-  auto* a = static_cast<__nv_bfloat16*>(device_zeros(size_t(m) * k * 2));
-  auto* b = static_cast<__nv_bfloat16*>(device_zeros(size_t(k) * n * 2));
-  auto* c = static_cast<__nv_bfloat16*>(device_zeros(size_t(m) * n * 2));
+  auto* a = static_cast<__nv_bfloat16*>(device_random(size_t(m) * k * 2));
+  auto* b = static_cast<__nv_bfloat16*>(device_random(size_t(k) * n * 2));
+  auto* c = static_cast<__nv_bfloat16*>(device_random(size_t(m) * n * 2));
   const double flops = 2.0 * m * n * k;
   const double ours_s = time_median_s([&] { gemm.run({.m = m, .n = n, .k = k}, DType::kBF16, c, a, b); });
   const float alpha = 1.0f, beta = 0.0f;
@@ -139,16 +151,22 @@ int main(int argc, char** argv) {
 
   // Memory-bound kernels over 256M bf16 elements (512 MB per tensor).
   const size_t n = size_t(1) << 28;
-  auto* x = static_cast<__nv_bfloat16*>(device_zeros(n * 2));
-  auto* y = static_cast<__nv_bfloat16*>(device_zeros(n * 2));
-  auto* z = static_cast<__nv_bfloat16*>(device_zeros(n * 2));
+  auto* x = static_cast<__nv_bfloat16*>(device_random(n * 2));
+  auto* y = static_cast<__nv_bfloat16*>(device_random(n * 2));
+  auto* z = static_cast<__nv_bfloat16*>(device_random(n * 2));
   const double copy_s = time_median_s([&] { RS_CUDA_CHECK(cudaMemcpyAsync(y, x, n * 2, cudaMemcpyDeviceToDevice)); });
   const double copy_rate = 2.0 * n * 2 / copy_s;  // read + write
   out["copy_bytes_per_s"] = copy_rate;
   const int d = 8192, rows = static_cast<int>(n / d);
-  auto* rstd = static_cast<float*>(device_zeros(size_t(rows) * 4));
-  auto* gain = static_cast<float*>(device_zeros(size_t(d) * 4));
-  auto* pos = static_cast<int32_t*>(device_zeros(size_t(rows) * 4));
+  auto* rstd = static_cast<float*>(device_random(size_t(rows) * 4));
+  auto* gain = static_cast<float*>(device_random(size_t(d) * 4));
+  int32_t* pos = nullptr;  // each row's position in a 4096-token sequence
+  {
+    std::vector<int32_t> host(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) host[static_cast<size_t>(r)] = r % 4096;
+    RS_CUDA_CHECK(cudaMalloc(&pos, host.size() * 4));
+    RS_CUDA_CHECK(cudaMemcpy(pos, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  }
   namespace cu = rackstep::exec::cuda;
   out["memory"] = nlohmann::json::array({
       time_memory("swiglu_forward", 3.0 * n * 2, copy_rate, [&] { cu::swiglu_forward(z, x, y, n, nullptr); }),
@@ -168,10 +186,10 @@ int main(int argc, char** argv) {
     // Attention forward, causal, bf16: 2 GEMM-like products over the visible half.
     const int B = 1, T = 4096, H = 32, hd = 128;
     const size_t n_q = size_t(B) * T * H * hd;
-    auto* q = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
-    auto* kv = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
-    auto* o = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
-    auto* lse = static_cast<float*>(device_zeros(size_t(B) * H * T * 4));
+    auto* q = static_cast<__nv_bfloat16*>(device_random(n_q * 2));
+    auto* kv = static_cast<__nv_bfloat16*>(device_random(n_q * 2));
+    auto* o = static_cast<__nv_bfloat16*>(device_random(n_q * 2));
+    auto* lse = static_cast<float*>(device_random(size_t(B) * H * T * 4));
     const double flops = 4.0 * B * H * hd * (double(T) * (T + 1) / 2);
     const double s_fwd = time_median_s(
         [&] { cu::attention_forward(o, lse, q, kv, kv, nullptr, B, T, H, H, H, hd, 0, 0.088f, nullptr); });
@@ -186,9 +204,9 @@ int main(int argc, char** argv) {
   {
     // Grouped experts (E experts of A/E rows each) against one dense GEMM of the same FLOPs.
     const int E = 64, per_expert = 512, L = 1024, F = 1024, A = E * per_expert;
-    auto* xs = static_cast<float*>(device_zeros(size_t(A) * L * 4));
-    auto* w = static_cast<float*>(device_zeros(size_t(E) * L * F * 4));
-    auto* ys = static_cast<float*>(device_zeros(size_t(A) * F * 4));
+    auto* xs = static_cast<float*>(device_random(size_t(A) * L * 4));
+    auto* w = static_cast<float*>(device_random(size_t(E) * L * F * 4));
+    auto* ys = static_cast<float*>(device_random(size_t(A) * F * 4));
     std::vector<int32_t> offsets(E + 1);
     for (int e = 0; e <= E; ++e) offsets[e] = e * per_expert;
     const double flops = 2.0 * A * L * F;
