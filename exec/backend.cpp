@@ -23,6 +23,33 @@ Registry& registry() {
 
 }  // namespace
 
+std::vector<int64_t> saved_widths(const models::Op& op, const models::ModelConfig& m,
+                                  const std::vector<int64_t>& in_widths) {
+  using models::OpKind;
+  switch (op.kind) {
+    case OpKind::kRmsNorm:
+    case OpKind::kCrossEntropy:
+      return {1};  // rstd; lse
+    case OpKind::kGatedNorm:
+      return {op.params[0].shape[1], m.d_model};  // a = x·W_down (r), g (d)
+    case OpKind::kQkNorm:
+      return {in_widths[0] / op.qk_head_dim, in_widths[1] / op.qk_head_dim};  // rstd per q head, per k head
+    case OpKind::kAttention:
+    case OpKind::kAttnGate:
+      return {op.heads};  // lse, stored (B, H, T); the gate g
+    case OpKind::kExpertMlp: {
+      const int64_t kF = m.moe.top_k * m.moe.expert_width;
+      return {kF, kF, kF};  // a1, a3, h per assignment row
+    }
+    case OpKind::kSharedMlp: {
+      const int64_t F = op.params[0].shape[1];
+      return {F, F, F};
+    }
+    default:
+      return {};
+  }
+}
+
 void register_backend(const std::string& name, BackendFactory make) {
   RS_CHECK(name != "cpu", "the CPU backend is built in");
   Registry& r = registry();

@@ -170,6 +170,11 @@ class Backend {
   virtual void update_balancing_bias(float* bias, int64_t* hist, int E, int k, int bins, float lo, float hi) = 0;
 };
 
+// Per-token widths of the buffers an op's forward keeps for its backward
+// (OpCall::saved, the table above), given its bound inputs' widths.
+std::vector<int64_t> saved_widths(const models::Op& op, const models::ModelConfig& m,
+                                  const std::vector<int64_t>& in_widths);
+
 // The registry. "cpu" is always there; a binary that links another backend
 // registers it before use (exec/cuda: "cuda", whose factory returns nullptr
 // where no device is present). make_backend throws UserError naming the

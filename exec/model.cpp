@@ -83,7 +83,6 @@ bool in_arena(const models::TensorDecl& t) {
 
 void Model::plan(const models::LayerGraph& g) {
   const auto& m = g.model;
-  const int64_t d = m.d_model;
   std::map<std::string, int> slot_of;   // tensor name -> activation slot
   std::map<int32_t, int> moe_of_layer;  // layer -> index into moe_
   auto param_index = [&](const models::Op& op, size_t j) {
@@ -139,32 +138,20 @@ void Model::plan(const models::LayerGraph& g) {
     p.out = at(out, 0);
     p.out2 = at(out, 1);
     if (op.layer >= 0 && moe_of_layer.count(op.layer)) p.moe = moe_of_layer.at(op.layer);
+    // The buffers the op set keeps for backward (rstd, lse, gates, SwiGLU's a1/a3/h).
+    std::vector<int64_t> in_widths;
+    for (int slot : in) in_widths.push_back(width(slot));
+    const std::vector<int64_t> saved = saved_widths(op, m, in_widths);
+    RS_CHECK(saved.size() <= 3, "an op keeping more buffers than a backend takes: " + op.name);
+    p.save = saved.size() > 0 ? new_slot(saved[0]) : -1;
+    p.save2 = saved.size() > 1 ? new_slot(saved[1]) : -1;
+    p.save3 = saved.size() > 2 ? new_slot(saved[2]) : -1;
     switch (op.kind) {
-      case OpKind::kEmbedding:
-      case OpKind::kLinear:
-      case OpKind::kResidualAdd:
-      case OpKind::kTopK:
-      case OpKind::kDispatch:
-      case OpKind::kCombine:
-        break;
       case OpKind::kLmHead:
         logits_slot_ = p.out;
         break;
-      case OpKind::kRmsNorm:
-        p.save = new_slot(1);  // rstd
-        break;
-      case OpKind::kGatedNorm: {
-        const int64_t r = op.params[0].shape[1];
-        p.save = new_slot(r);   // a = x·W_down
-        p.save2 = new_slot(d);  // g
-        break;
-      }
       case OpKind::kSConv:
         RS_CHECK(width(p.in) == op.params[0].shape[0], "SConv channels differ from its kernel: " + op.name);
-        break;
-      case OpKind::kQkNorm:
-        p.save = new_slot(width(p.in) / op.qk_head_dim);    // q rstd per head
-        p.save2 = new_slot(width(p.in2) / op.qk_head_dim);  // k rstd per head
         break;
       case OpKind::kRope: {
         const double rot = op.rope_fraction * static_cast<double>(op.qk_head_dim);
@@ -176,16 +163,10 @@ void Model::plan(const models::LayerGraph& g) {
         break;
       }
       case OpKind::kAttention:
-        p.save = new_slot(op.heads);  // lse, stored (B, H, T)
         if (op.qk_head_dim != op.head_dim) {
           p.v_pad = new_slot(width(p.in3) / op.head_dim * op.qk_head_dim);
           p.o_pad = new_slot(op.heads * op.qk_head_dim);
         }
-        break;
-      case OpKind::kXsa:
-        break;
-      case OpKind::kAttnGate:
-        p.save = new_slot(op.heads);  // g
         break;
       case OpKind::kRouter: {
         MoeState s;
@@ -207,22 +188,7 @@ void Model::plan(const models::LayerGraph& g) {
         p.p1 = -1;  // the bias is a selection input, read by top-k
         break;
       }
-      case OpKind::kExpertMlp: {
-        const MoeState& s = moe_[static_cast<size_t>(p.moe)];
-        p.save = new_slot(s.k * s.F);   // a1
-        p.save2 = new_slot(s.k * s.F);  // a3
-        p.save3 = new_slot(s.k * s.F);  // h
-        break;
-      }
-      case OpKind::kSharedMlp: {
-        const int64_t F = op.params[0].shape[1];
-        p.save = new_slot(F);
-        p.save2 = new_slot(F);
-        p.save3 = new_slot(F);
-        break;
-      }
-      case OpKind::kCrossEntropy:
-        p.save = new_slot(1);  // lse
+      default:
         break;
     }
     if (op.kind == OpKind::kLinear) {
