@@ -80,7 +80,8 @@ step test_cuda 120 "$out/test_cuda.log" "$build/tests/test_cuda" --reporter juni
 
 # 2. The backend parity harness on the CUDA backend.
 if [ -x "$build/tests/test_parity_cuda" ]; then
-  step parity 120 "$out/parity.log" "$build/tests/test_parity_cuda" --reporter junit --out "$out/parity.xml"
+  step parity 120 "$out/parity.log" "$build/tests/test_parity_cuda" "[parity-devices]" --reporter junit \
+    --out "$out/parity.xml"
 fi
 
 # 3. tiny-moe on the GPU against the CPU backend: a corpus from the repository's own text.

@@ -1,4 +1,5 @@
-// main of test_parity_cuda: the backend parity harness (tests/exec_parity.cpp)
+// main of test_parity_cuda: the backend parity harness (tests/exec_parity.cpp;
+// ctest parity_cuda runs its device case, "[parity-devices]")
 // with the CUDA backend registered in exec/backend.h's registry, so the
 // harness enumerates "cuda" beside "cpu". Without a CUDA device it prints why
 // and exits 77, which CTest reports as skipped (the CPU-only harness runs in
