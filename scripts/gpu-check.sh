@@ -53,7 +53,8 @@ json_step() {
 # NCCL: the toolkit's copy, else the one PyTorch's wheels carry (the GPU image has no Debian packages).
 nccl_args=()
 if [ ! -e /usr/local/cuda/include/nccl.h ]; then
-  nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__ if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0]))' 2>/dev/null || true)
+  nccl_dir=$(python3 -c 'import nvidia.nccl as n, os; print(os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0])' \
+    2>/dev/null || true)
   if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/include/nccl.h" ]; then
     nccl_lib=$(ls "$nccl_dir"/lib/libnccl.so* 2>/dev/null | head -1)
     [ -n "$nccl_lib" ] && nccl_args=(-DRACKSTEP_NCCL="$nccl_lib" -DRACKSTEP_NCCL_INCLUDE="$nccl_dir/include")
