@@ -10,7 +10,7 @@
 #      per step and per op kind (bench/cuda/model_step.cpp; the host optimizer is left out);
 #   5. the kernel timings (bench/cuda/kernels_timing.cpp) against the ceilings measured there;
 #   6. `rackstep calibrate --backend cuda` when calibrate takes --backend.
-# and prints one JSON report, also written to $OUT/gpu-check.json (logs beside it).
+# and prints one JSON report, also written to $OUT/gpu-check.json (with up to 7 logs beside it).
 # Budget: under 8 minutes on one H200 (the build is most of it).
 #
 #   here:    bash scripts/gpu-vendor.sh                       # header-only deps into .vendor/
@@ -20,7 +20,9 @@
 #   GPU_CHECK_DRY=cpu: as 1, but the tiny-moe comparison runs --backend cpu twice (exercises the report)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/rackstep-gpu-check}
+# Work files go to a scratch folder; $OUT (the device tool returns at most 8 files from it)
+# gets the report and the logs worth reading, at the end.
+out=${GPU_CHECK_WORK:-/tmp/rackstep-gpu-check}
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/*.xml "$out"/*.log  # a report holds this run's results only
 build=${GPU_CHECK_BUILD:-build-gpu}
@@ -45,6 +47,12 @@ step() {
   return "$rc"
 }
 
+# A failed configure or build ends the check: its log's tail on stderr and the log in $OUT.
+fail_early() {
+  tail -40 "$out/$1" >&2
+  [ -n "${OUT:-}" ] && mkdir -p "$OUT" && cp "$out/$1" "$OUT/"
+  exit 1
+}
 json_step() {
   local name=$1 limit=$2
   shift 2
@@ -64,11 +72,10 @@ fi
 
 step configure 120 "$out/configure.log" \
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-  -DRACKSTEP_VENDOR_DIR="$PWD/.vendor" "${nccl_args[@]}" || { tail -30 "$out/configure.log"; exit 1; }
-grep -q "CUDA backend enabled" "$out/configure.log" || { log "CUDA backend not enabled"; tail -30 "$out/configure.log"; exit 1; }
+  -DRACKSTEP_VENDOR_DIR="$PWD/.vendor" "${nccl_args[@]}" || fail_early configure.log
+grep -q "CUDA backend enabled" "$out/configure.log" || { log "CUDA backend not enabled"; fail_early configure.log; }
 # test_cuda first (nothing runs without it), then the rest: one that fails to build costs only its own step.
-step build 300 "$out/build.log" cmake --build "$build" -j "$jobs" --target test_cuda ||
-  { tail -40 "$out/build.log"; exit 1; }
+step build 300 "$out/build.log" cmake --build "$build" -j "$jobs" --target test_cuda || fail_early build.log
 targets=(rackstep cuda_kernels_timing cuda_model_step)
 grep -q "test_parity_cuda" "$build/build.ninja" 2>/dev/null && targets+=(test_parity_cuda)
 step build_rest 240 "$out/build_rest.log" cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- -k 0
@@ -177,3 +184,10 @@ if not have_gpu: report["note"] = "no GPU here: the GPU steps report skipped (ex
 json.dump(report, open(os.path.join(out, "gpu-check.json"), "w"), indent=2)
 print(json.dumps(report, indent=2))
 PY
+if [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ]; then
+  mkdir -p "$OUT"
+  cp "$out/gpu-check.json" "$OUT/"
+  for f in test_cuda.log parity.log tiny_cuda.log medium_cuda.log timing.log calibrate.log build_rest.log; do
+    [ -s "$out/$f" ] && cp "$out/$f" "$OUT/"
+  done
+fi
