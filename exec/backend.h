@@ -35,7 +35,7 @@
 //   kXsa           in0 o, in1 v -> out0
 //   kAttnGate      in0 o, in1 x -> out0; saved0 g (H);        w0 (d, H)
 //   kRouter        in0 x -> out0 logits (E);                  w0 (d, E); routing hist (training)
-//   kTopK          in0 logits -> out0 weights (k);            routing expert, threshold, bias
+//   kTopK          in0 logits -> out0 weights (k);            routing expert, threshold, bias; aux_loss()
 //   kDispatch      in0 x (L), in1 weights -> out0 rows (k*L, grouped by expert); routing sorted_pos, offsets
 //   kExpertMlp     in0 rows -> out0 rows; saved0..2 a1, a3, h (k*F); w0..2 (E,L,F), (E,L,F), (E,F,L); routing offsets, keep
 //   kCombine       in0 rows, in1 weights -> out0 (L);         routing sorted_pos
@@ -105,6 +105,13 @@ struct Routing {
   uint8_t* keep = nullptr;        // (N*k) grouped order; nullptr = keep all
   const float* bias = nullptr;    // (E) selection bias (QB state or a learnable tensor)
   int64_t* hist = nullptr;        // (E, bins) this step's router-logit histogram, or nullptr
+  // Data parallelism: this slice's share of the global batch's router losses.
+  // counts (E): the global batch's assignments per expert over count_tokens
+  // tokens (aux loss; nullptr = this slice's own); loss_share: this slice's
+  // tokens / the global batch's (the router z-loss weight's factor).
+  const int64_t* counts = nullptr;
+  int64_t count_tokens = 0;
+  double loss_share = 1.0;
 };
 
 // One op of the layer graph with its tensors bound. Arrays are indexed as the
@@ -131,7 +138,6 @@ struct OpCall {
 struct OpResult {
   double ce = 0, z_loss = 0;  // kCrossEntropy
   double router_z = 0;        // kRouter: mean lse² of the logits (logged; applied when the model says so)
-  double aux_loss = 0;        // kTopK: weighted auxiliary balancing loss (when the model uses it)
 };
 
 class Backend {
@@ -152,6 +158,10 @@ class Backend {
   // --- the op set -----------------------------------------------------------
   virtual OpResult forward(const OpCall& c) = 0;
   virtual void backward(const OpCall& c) = 0;
+  // kTopK under aux-loss balancing, after its forward: the weighted auxiliary
+  // loss of the selection (the driver first reduces the counts under data
+  // parallelism); its gradient is part of kTopK's backward.
+  virtual double aux_loss(const OpCall& c) = 0;
 
   // --- layout helpers the driver's data flow uses ----------------------------
   // y (rows, wy) from x (rows, wx): the first min(wx, wy) columns, zeros after,

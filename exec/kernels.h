@@ -334,13 +334,18 @@ void router_z_loss_backward(float* dlogits,       // (N, E) +=
 // f_e = (assignments to e) / (N k) and P_e = mean over tokens of the router's
 // probability of e: softmax(logits) for a softmax router, the normalised
 // affinity σ(l_e) / Σ_j σ(l_j) for a sigmoid one. f is a count (no gradient).
+// Data parallelism: with `counts` (E), the global batch's assignments per
+// expert over its n_total tokens, f and the mean of P are the global batch's,
+// so this slice's loss and gradient are its share (they add up over ranks).
 double aux_loss_forward(const float* logits,    // (N, E)
                         const int32_t* expert,  // (N, k)
-                        int N, int E, int k, RouterKind kind, float weight);
+                        int N, int E, int k, RouterKind kind, float weight,
+                        const int64_t* counts = nullptr, int64_t n_total = 0);
 void aux_loss_backward(float* dlogits,          // (N, E) +=
                        const float* logits,     // (N, E)
                        const int32_t* expert,   // (N, k)
-                       int N, int E, int k, RouterKind kind, float weight);
+                       int N, int E, int k, RouterKind kind, float weight,
+                       const int64_t* counts = nullptr, int64_t n_total = 0);
 
 // Quantile balancing (QB), the selection bias for the next step.
 // Algorithm (ours, documented here): a balanced router gives each expert

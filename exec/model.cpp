@@ -257,6 +257,8 @@ void Model::allocate() {
     s.dev.offsets = static_cast<int32_t*>(buffer((static_cast<size_t>(s.E) + 1) * sizeof(int32_t)));
     s.keep_dev = static_cast<uint8_t*>(buffer(A));
     s.bias_dev = static_cast<float*>(buffer(s.bias.size() * sizeof(float)));
+    s.counts.assign(static_cast<size_t>(s.E), 0);
+    s.counts_dev = static_cast<int64_t*>(buffer(s.counts.size() * sizeof(int64_t)));
     if (!s.hist.empty()) s.dev.hist = static_cast<int64_t*>(buffer(s.hist.size() * sizeof(int64_t)));
   }
 }
@@ -333,6 +335,13 @@ void Model::set_expert_backend(ExpertBackend* experts) {
   RS_CHECK(!experts || backend_->uses_host_memory(),
            "expert parallelism over MPI exchanges host memory; backend " + backend_->name() + " does not use it");
   experts_ = experts;
+}
+
+void Model::set_router_loss_share(int64_t global_tokens, CountReducer reduce_counts) {
+  RS_CHECK(global_tokens >= N_ && reduce_counts, "a global batch holds this slice, and a reducer sums over the ranks");
+  global_tokens_ = global_tokens;
+  reduce_counts_ = std::move(reduce_counts);
+  for (MoeState& s : moe_) s.dev.loss_share = static_cast<double>(N_) / static_cast<double>(global_tokens_);
 }
 
 void Model::update_balancing() {
@@ -497,11 +506,8 @@ LossResult Model::forward(const int32_t* inputs, const int32_t* targets, const i
     counted_targets_ += targets[t] >= 0;
   }
   if (loss_tokens_ > 0) {
-    if (has_router_losses(graph_.model)) {
-      throw UserError(graph_.model.source_file, "/moe/balancing",
-                      "one process for the router losses (aux_loss, router_z_loss_applied)",
-                      "a data-parallel run");
-    }
+    RS_CHECK(!has_router_losses(graph_.model) || reduce_counts_,
+             "a data-parallel slice with router losses needs set_router_loss_share");
     RS_CHECK(loss_tokens_ >= counted_targets_, "the global batch has fewer targets than this slice");
     counted_targets_ = loss_tokens_;
   }
@@ -541,6 +547,21 @@ void Model::load_batch(const int32_t* inputs, const int32_t* targets, const int3
     param_dev_ = params_.data();
     grad_dev_ = grads_.data();
   }
+}
+
+// The aux loss of a layer's selection; under data parallelism with the global
+// batch's assignment fractions (every rank reduces its counts here).
+double Model::aux_loss(MoeState& s, size_t i) {
+  s.dev.counts = nullptr;
+  if (reduce_counts_) {
+    std::fill(s.counts.begin(), s.counts.end(), 0);
+    for (int32_t e : s.expert) ++s.counts[static_cast<size_t>(e)];
+    reduce_counts_(s.counts.data(), s.E);
+    backend_->copy_to_backend(s.counts_dev, s.counts.data(), s.counts.size() * sizeof(int64_t));
+    s.dev.counts = s.counts_dev;
+    s.dev.count_tokens = global_tokens_;
+  }
+  return backend_->aux_loss(bind(i));
 }
 
 // Which assignments the experts compute this step: all (one process, no EP),
@@ -592,11 +613,11 @@ void Model::forward_op(size_t i) {
   switch (op.kind) {
     case OpKind::kRouter:  // logits (N, E): the router z-loss, logged, applied when the model says so
       s->router_z = r.router_z;
-      if (m.moe.router_z_loss_applied) router_loss_ += m.moe.router_z_loss_weight * s->router_z;
+      if (m.moe.router_z_loss_applied) router_loss_ += m.moe.router_z_loss_weight * s->router_z * s->dev.loss_share;
       break;
     case OpKind::kTopK:  // weights (N, k), expert ids (N, k): the host keeps the ids for dispatch and dumps
       be.copy_to_host(s->expert.data(), s->dev.expert, s->expert.size() * sizeof(int32_t));
-      router_loss_ += r.aux_loss;
+      if (m.moe.balancing == models::BalancingKind::kAuxLoss) router_loss_ += aux_loss(*s, i);
       break;
     case OpKind::kDispatch:  // rows grouped by expert: which of them the experts compute
       be.copy_to_host(s->sorted_pos.data(), s->dev.sorted_pos, s->sorted_pos.size() * sizeof(int32_t));
@@ -683,9 +704,10 @@ std::string Model::find_nonfinite_forward(const int32_t* inputs, const int32_t* 
   const bool was_training = training_;
   training_ = false;  // a diagnosis must not move the QB histogram
   std::string culprit;
-  // With an expert backend every op runs (its exchanges are collectives all
-  // ranks must join); the first culprit is kept.
-  for (size_t i = 0; i < graph_.ops.size() && (culprit.empty() || experts_); ++i) {
+  // With an expert backend or reduced router counts every op runs (their
+  // exchanges are collectives all ranks must join); the first culprit is kept.
+  const bool collectives = experts_ || reduce_counts_;
+  for (size_t i = 0; i < graph_.ops.size() && (culprit.empty() || collectives); ++i) {
     forward_op(i);
     if (culprit.empty() && !op_output_finite(i)) culprit = graph_.ops[i].name;
   }

@@ -44,8 +44,11 @@
 // end of every backward: the optimizer, checkpoints and MPI read the host
 // arenas.
 //
-// Not runnable here (UserError at the first forward): the router losses under
-// data parallelism (their per-rank means would not add up to the global batch's).
+// Data parallelism splits the global batch's means into per-rank shares that
+// add up, losses and gradients alike: cross-entropy over the global target
+// count (set_loss_tokens), the router z-loss over the global token count and
+// the aux loss with the global batch's assignment fractions, all-reduced per
+// MoE layer in the forward (set_router_loss_share).
 //
 //   LayerGraph g = build_layer_graph(load_model("models/zoo/tiny-moe.json"));
 //   Model m(g, /*batch=*/8, /*seq=*/256);   // + make_backend("cuda") for another backend
@@ -156,6 +159,12 @@ class Model {
   // (this process holds a slice), so ranks' losses and gradients add up.
   // 0 = this batch's own target count.
   void set_loss_tokens(int64_t n) { loss_tokens_ = n; }
+  // Data parallelism with router losses: this process's tokens are a slice of
+  // a global batch of `global_tokens`; `reduce_counts` sums an array of
+  // per-expert assignment counts over the ranks in place (an all-reduce, which
+  // every rank's forward then calls once per MoE layer under aux-loss balancing).
+  using CountReducer = std::function<void(int64_t* counts, int n)>;
+  void set_router_loss_share(int64_t global_tokens, CountReducer reduce_counts);
   // This step's router-logit histogram of every MoE layer, (E, bins) each, on
   // the host, for data-parallel ranks to sum before update_balancing().
   std::vector<std::pair<int64_t*, size_t>> balancing_histograms();
@@ -242,6 +251,8 @@ class Model {
     sim::DropCounts drops;
     Routing dev;                      // in backend memory
     uint8_t* keep_dev = nullptr;      // (A) dev.keep when this step drops, else dev.keep = nullptr
+    std::vector<int64_t> counts;      // (E) the global batch's assignments per expert (aux loss under DP)
+    int64_t* counts_dev = nullptr;
     float* bias_dev = nullptr;        // (E) the QB bias in backend memory
     std::vector<std::unique_ptr<Buffer>> buffers;
   };
@@ -260,6 +271,7 @@ class Model {
   void forward_op(size_t i);
   void backward_op(size_t i);
   void decide_drops(MoeState& m, const float* weights);  // weights: (N, k) in backend memory
+  double aux_loss(MoeState& m, size_t i);                  // op i: the layer's kTopK
   ExpertLayer expert_layer(const OpPlan& p);  // the kExpertMlp op's layer for the expert backend
   void push_params();  // host arenas -> a backend's own memory
   void pull_grads();
@@ -298,6 +310,8 @@ class Model {
   DispatchOptions dispatch_;
   ExpertBackend* experts_ = nullptr;
   int64_t loss_tokens_ = 0;
+  int64_t global_tokens_ = 0;       // data parallelism: the global batch's tokens (router losses)
+  CountReducer reduce_counts_;
   double router_loss_ = 0;          // this forward's applied router losses
   OpTimer timer_;
 };

@@ -129,6 +129,9 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
   // UserError for what this backend cannot run
   model_ = std::make_unique<CpuModel>(graph_, end_seq - first_seq, seq, make_backend(o_.backend));
+  if (distributed()) {  // router losses: each rank's share of the global batch's
+    model_->set_router_loss_share(global_batch_ * seq, [this](int64_t* counts, int n) { comm_->allreduce_sum(counts, n); });
+  }
   const int64_t ep = o_.dispatch.enabled ? o_.dispatch.ep : 1;
   if (distributed() && ep > 1) {
     if (world() % ep != 0) {
@@ -408,12 +411,13 @@ StepLog Trainer::step() {
   if (trace_train_ && step_no % o_.routing_trace_every == 0) trace_train_->record(*model_, b, step_no);
   if (distributed()) {
     // Slices' losses are shares of the global mean; drops are each rank's own assignments.
-    double sums[4] = {r.ce, r.z_loss, r.router_z_loss / world(), 0};
+    double sums[4] = {r.ce, r.z_loss, r.router_z_loss / world(), r.router_loss};
     comm_->allreduce_sum(sums, 4);
     r.ce = sums[0];
     r.z_loss = sums[1];
     r.router_z_loss = sums[2];
-    r.loss = r.ce + r.z_loss;
+    r.router_loss = sums[3];
+    r.loss = r.ce + r.z_loss + r.router_loss;
     int64_t d[4] = {r.drops.assignments, r.drops.sender, r.drops.receiver, r.drops.padding};
     comm_->allreduce_sum(d, 4);
     r.drops = {d[0], d[1], d[2], d[3]};

@@ -508,6 +508,20 @@ TEST_CASE("cuda: LayerNorm, the tied LM head, the gated norm and the router loss
     CHECK(normalised_error(gdlog.download(), dlog) < 1e-6);
     CHECK(cuda::aux_loss_forward(grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr) ==
           Approx(aux_loss_forward(rl.data(), expert.data(), N, E, k, kind, 0.01f)).epsilon(1e-12));
+    // Data parallelism: this slice's share, with the global batch's counts (3 slices' worth of tokens).
+    std::vector<int64_t> counts(E);
+    for (int e = 0; e < E; ++e) counts[size_t(e)] = 3 * k * N / E + (e % 3);
+    const int64_t n_total = 3 * N;
+    int64_t* gcounts = device_copy(counts);
+    std::vector<float> dshare(rl.size(), 0.0f);
+    aux_loss_backward(dshare.data(), rl.data(), expert.data(), N, E, k, kind, 0.01f, counts.data(), n_total);
+    DeviceBuffer<float> gdshare(std::vector<float>(rl.size(), 0.0f));
+    cuda::aux_loss_backward(gdshare.ptr, grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr, gcounts, n_total);
+    CHECK(normalised_error(gdshare.download(), dshare) < 1e-6);
+    CHECK(cuda::aux_loss_forward(grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr, gcounts, n_total) ==
+          Approx(aux_loss_forward(rl.data(), expert.data(), N, E, k, kind, 0.01f, counts.data(), n_total))
+              .epsilon(1e-12));
+    cudaFree(gcounts);
   }
   cudaFree(gexpert);
 

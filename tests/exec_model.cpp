@@ -3,6 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -220,19 +224,82 @@ TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", 
   CHECK_THROWS_AS(m.set_dispatch(d), UserError);
 }
 
-TEST_CASE("what the CPU backend cannot run is a clear user error", "[exec][model]") {
-  // Router losses under data parallelism: each rank's mean would not add up to
-  // the global batch's, so the first forward refuses, naming the field.
+TEST_CASE("router losses under data parallelism: the ranks' shares add up to the global batch's", "[exec][model]") {
+  // Aux-loss balancing (its f needs the global batch's counts, all-reduced in
+  // the forward) and an applied router z-loss (a mean over the global tokens),
+  // on two ranks in two threads, against one process holding the whole batch.
   models::ModelConfig cfg = models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
   cfg.moe.balancing = models::BalancingKind::kAuxLoss;
-  CpuModel m(models::build_layer_graph(cfg), 1, 16);
-  m.init_params(1);
-  m.set_loss_tokens(32);  // this process holds half of the global batch
-  const TestBatch b = make_batch(1, 16, cfg.vocab, 3);
-  try {
-    m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
-    FAIL("expected a UserError");
-  } catch (const UserError& e) {
-    CHECK(std::string(e.what()).find("/moe/balancing") != std::string::npos);
+  cfg.moe.aux_loss_weight = 0.5;
+  cfg.moe.router_z_loss_applied = true;
+  cfg.moe.router_z_loss_weight = 0.05;
+  const models::LayerGraph g = models::build_layer_graph(cfg);
+  const int64_t T = 16;
+  const TestBatch b = make_batch(2, T, cfg.vocab, 3);
+  CpuModel whole(g, 2, T);
+  whole.init_params(1);
+  whole.zero_grads();
+  const LossResult lw = whole.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  whole.backward();
+
+  // An in-process all-reduce of two ranks' counts (a sum buffer per parity of
+  // the round: a rank may start the next round before the other has read this one's).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> sums[2];
+  int arrived = 0, generation = 0;
+  auto reduce = [&](int64_t* counts, int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    const int gen = generation;
+    std::vector<int64_t>& sum = sums[gen % 2];
+    if (arrived == 0) sum.assign(static_cast<size_t>(n), 0);
+    for (int e = 0; e < n; ++e) sum[static_cast<size_t>(e)] += counts[e];
+    if (++arrived == 2) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return generation != gen; });
+    }
+    for (int e = 0; e < n; ++e) counts[e] = sum[static_cast<size_t>(e)];
+  };
+  std::vector<std::unique_ptr<CpuModel>> ranks;
+  LossResult lr[2];
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<CpuModel>(g, 1, T));
+    ranks[r]->init_params(1);
+    ranks[r]->zero_grads();
+    ranks[r]->set_loss_tokens(2 * T);
+    ranks[r]->set_router_loss_share(2 * T, reduce);
   }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      const size_t at = static_cast<size_t>(r * T);
+      lr[r] = ranks[r]->forward(b.inputs.data() + at, b.targets.data() + at, b.docs.data() + at);
+      ranks[r]->backward();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  CHECK(lw.router_loss > 0.5 * cfg.moe.aux_loss_weight * cfg.layers);
+  CHECK(lr[0].router_loss + lr[1].router_loss == Approx(lw.router_loss).epsilon(1e-9));
+  CHECK(lr[0].loss + lr[1].loss == Approx(lw.loss).epsilon(1e-7));  // fp32 GEMMs of another row count
+  // Gradients add up too (the router's carry both losses).
+  double d2 = 0, n2 = 0;
+  const Arena& gw = whole.grads();
+  for (int64_t i = 0; i < gw.total_floats(); ++i) {
+    const double x = static_cast<double>(ranks[0]->grads().data()[i]) + ranks[1]->grads().data()[i];
+    d2 += (x - gw.data()[i]) * (x - gw.data()[i]);
+    n2 += static_cast<double>(gw.data()[i]) * gw.data()[i];
+  }
+  CHECK(std::sqrt(d2 / n2) < 1e-5);
+  const TensorView router = whole.grads().view("layers.0.moe.router.w");
+  const int64_t at = router.data - whole.grads().data();
+  double rd = 0, rn = 0;
+  for (int64_t i = 0; i < router.numel; ++i) {
+    const double x = static_cast<double>(ranks[0]->grads().data()[at + i]) + ranks[1]->grads().data()[at + i];
+    rd += (x - router.data[i]) * (x - router.data[i]);
+    rn += static_cast<double>(router.data[i]) * router.data[i];
+  }
+  CHECK(std::sqrt(rd / rn) < 1e-5);
 }

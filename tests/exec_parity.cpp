@@ -113,6 +113,7 @@ struct Ran {
   std::vector<int32_t> expert, sorted_pos, offsets;
   std::vector<int64_t> hist;
   OpResult result;
+  double aux_loss = 0;  // kTopK under aux-loss balancing (Backend::aux_loss)
 };
 
 void fill_normal(std::vector<float>& v, size_t n, Rng& r, float scale, float shift = 0.0f) {
@@ -259,6 +260,9 @@ class Runner {
     c.training = true;
     Ran ran;
     ran.result = be_.forward(c);
+    if (h.op->kind == OpKind::kTopK && c.model->moe.balancing == models::BalancingKind::kAuxLoss) {
+      ran.aux_loss = be_.aux_loss(c);
+    }
     for (int j = 0; j < h.n_out; ++j) ran.out[j] = download(c.out[j].value, kN * h.out_w[j]);
     for (int j = 0; j < 3; ++j)
       if (h.saved_w[j]) ran.saved[j] = download(c.saved[j].value, kN * h.saved_w[j]);
@@ -324,7 +328,7 @@ double objective(const HostOp& h, const Ran& r) {
   for (int j = 0; j < h.n_out; ++j)
     for (size_t i = 0; i < r.out[j].size(); ++i) l += static_cast<double>(r.out[j][i]) * h.dout[j][i];
   const models::MoeConfig& moe = h.graph->model.moe;
-  l += r.result.ce + r.result.z_loss + r.result.aux_loss;
+  l += r.result.ce + r.result.z_loss + r.aux_loss;
   if (h.op->kind == OpKind::kRouter && moe.router_z_loss_applied) l += moe.router_z_loss_weight * r.result.router_z;
   return l;
 }
@@ -533,6 +537,7 @@ TEST_CASE("every OpKind on every other backend matches the CPU reference", "[.][
       for (int j = 0; j < h.n_out; ++j) fwd = std::max(fwd, norm_error(got.out[j], ref.out[j]));
       for (int j = 0; j < 3; ++j) fwd = std::max(fwd, norm_error(got.saved[j], ref.saved[j]));
       if (h.op->kind == OpKind::kCrossEntropy) fwd = std::max(fwd, std::abs(got.result.ce - ref.result.ce) / ref.result.ce);
+      if (ref.aux_loss > 0) fwd = std::max(fwd, std::abs(got.aux_loss - ref.aux_loss) / ref.aux_loss);
       CHECK(got.expert == ref.expert);
       CHECK(got.sorted_pos == ref.sorted_pos);
       CHECK(got.hist == ref.hist);

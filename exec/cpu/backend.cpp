@@ -247,23 +247,22 @@ void router_bwd(const OpCall& c) {
   const Routing& r = *c.routing;
   const models::MoeConfig& moe = c.model->moe;
   if (moe.router_z_loss_applied) {
-    router_z_loss_backward(c.out[0].grad, c.out[0].value, I(c.N), r.E, static_cast<float>(moe.router_z_loss_weight));
+    router_z_loss_backward(c.out[0].grad, c.out[0].value, I(c.N), r.E,
+                           static_cast<float>(moe.router_z_loss_weight * r.loss_share));
   }
   linear_backward(c.in[0].grad, c.dw[0], nullptr, c.out[0].grad, c.in[0].value, c.w[0], I(c.N), I(c.in[0].width), r.E,
                   c.in[0].accumulate);
 }
 
-OpResult top_k_fwd(const OpCall& c) {  // logits (N, E) -> weights (N, k); expert ids (N, k) into the routing state
+void top_k_fwd(const OpCall& c) {  // logits (N, E) -> weights (N, k); expert ids (N, k) into the routing state
   Routing& r = *c.routing;
-  const models::MoeConfig& moe = c.model->moe;
   router_forward(r.expert, c.out[0].value, r.threshold, c.in[0].value, r.bias, I(c.N), r.E, r.k,
-                 router_kind(*c.model), static_cast<float>(moe.routing_weight_sum));
-  OpResult res;
-  if (moe.balancing == models::BalancingKind::kAuxLoss) {
-    res.aux_loss = aux_loss_forward(c.in[0].value, r.expert, I(c.N), r.E, r.k, router_kind(*c.model),
-                                    static_cast<float>(moe.aux_loss_weight));
-  }
-  return res;
+                 router_kind(*c.model), static_cast<float>(c.model->moe.routing_weight_sum));
+}
+double top_k_aux_loss(const OpCall& c) {  // weight · E · Σ_e f_e P_e of the selection
+  const Routing& r = *c.routing;
+  return aux_loss_forward(c.in[0].value, r.expert, I(c.N), r.E, r.k, router_kind(*c.model),
+                          static_cast<float>(c.model->moe.aux_loss_weight), r.counts, r.count_tokens);
 }
 void top_k_bwd(Scratch& s, const OpCall& c) {
   const Routing& r = *c.routing;
@@ -274,7 +273,7 @@ void top_k_bwd(Scratch& s, const OpCall& c) {
   s.done(c, c.in[0]);
   if (moe.balancing == models::BalancingKind::kAuxLoss) {
     aux_loss_backward(c.in[0].grad, c.in[0].value, r.expert, I(c.N), r.E, r.k, router_kind(*c.model),
-                      static_cast<float>(moe.aux_loss_weight));
+                      static_cast<float>(moe.aux_loss_weight), r.counts, r.count_tokens);
   }
 }
 
@@ -408,7 +407,7 @@ class CpuBackend final : public Backend {
       case OpKind::kXsa: xsa_fwd(c); break;
       case OpKind::kAttnGate: attn_gate_fwd(c); break;
       case OpKind::kRouter: return router_fwd(c);
-      case OpKind::kTopK: return top_k_fwd(c);
+      case OpKind::kTopK: top_k_fwd(c); break;
       case OpKind::kDispatch: dispatch_fwd(c); break;
       case OpKind::kExpertMlp: experts_fwd(c); break;
       case OpKind::kCombine: combine_fwd(c); break;
@@ -442,6 +441,12 @@ class CpuBackend final : public Backend {
       case OpKind::kLmHead: lm_head_bwd(c); return;
       case OpKind::kCrossEntropy: cross_entropy_bwd(scratch_, c); return;
     }
+  }
+
+  double aux_loss(const OpCall& c) override {
+    RS_CHECK(c.op->kind == OpKind::kTopK && c.model->moe.balancing == models::BalancingKind::kAuxLoss,
+             "aux_loss is kTopK's under aux-loss balancing: " + c.op->name);
+    return top_k_aux_loss(c);
   }
 
   void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool accumulate) override {

@@ -54,10 +54,23 @@ void router_z_loss_backward(float* dlogits, const float* logits, int N, int E, f
   }
 }
 
+namespace {
+
+// Data parallelism: f from the global batch's counts over its tokens.
+std::vector<double> fractions(const int32_t* expert, int N, int E, int k, const int64_t* counts, int64_t n_total) {
+  if (!counts) return assignment_fractions(expert, N, E, k);
+  std::vector<double> f(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) f[static_cast<size_t>(e)] = static_cast<double>(counts[e]) / (static_cast<double>(n_total) * k);
+  return f;
+}
+
+}  // namespace
+
 double aux_loss_forward(const float* logits, const int32_t* expert, int N, int E, int k, RouterKind kind,
-                        float weight) {
-  RS_CHECK(N > 0 && E > 0 && k > 0, "aux_loss_forward: bad shape");
-  const std::vector<double> f = assignment_fractions(expert, N, E, k);
+                        float weight, const int64_t* counts, int64_t n_total) {
+  RS_CHECK(N > 0 && E > 0 && k > 0 && (!counts || n_total >= N), "aux_loss_forward: bad shape");
+  const std::vector<double> f = fractions(expert, N, E, k, counts, n_total);
+  const double n_mean = counts ? static_cast<double>(n_total) : N;
   std::vector<double> p(static_cast<size_t>(E)), s(static_cast<size_t>(E)), mean_p(static_cast<size_t>(E), 0.0);
   for (long n = 0; n < N; ++n) {  // serial: a fixed summation order
     double S = 0.0;
@@ -65,7 +78,7 @@ double aux_loss_forward(const float* logits, const int32_t* expert, int N, int E
     for (int e = 0; e < E; ++e) mean_p[static_cast<size_t>(e)] += p[static_cast<size_t>(e)];
   }
   double loss = 0.0;
-  for (int e = 0; e < E; ++e) loss += f[static_cast<size_t>(e)] * mean_p[static_cast<size_t>(e)] / N;
+  for (int e = 0; e < E; ++e) loss += f[static_cast<size_t>(e)] * mean_p[static_cast<size_t>(e)] / n_mean;
   return static_cast<double>(weight) * E * loss;
 }
 
@@ -73,10 +86,11 @@ double aux_loss_forward(const float* logits, const int32_t* expert, int N, int E
 //   softmax: dp_e/dl_j = p_e (δ_ej - p_j)           -> c p_j (f_j - Σ_e f_e p_e)
 //   sigmoid: p_e = s_e / S, ds_j/dl_j = s_j (1 - s_j) -> c s_j (1 - s_j) / S (f_j - Σ_e f_e p_e)
 void aux_loss_backward(float* dlogits, const float* logits, const int32_t* expert, int N, int E, int k,
-                       RouterKind kind, float weight) {
-  RS_CHECK(N > 0 && E > 0 && k > 0, "aux_loss_backward: bad shape");
-  const std::vector<double> f = assignment_fractions(expert, N, E, k);
-  const double c = static_cast<double>(weight) * E / N;
+                       RouterKind kind, float weight, const int64_t* counts, int64_t n_total) {
+  RS_CHECK(N > 0 && E > 0 && k > 0 && (!counts || n_total >= N), "aux_loss_backward: bad shape");
+  const std::vector<double> f = fractions(expert, N, E, k, counts, n_total);
+  const double c = counts ? static_cast<double>(weight) * E / static_cast<double>(n_total)
+                          : static_cast<double>(weight) * E / N;
 #pragma omp parallel
   {
     std::vector<double> p(static_cast<size_t>(E)), s(static_cast<size_t>(E));

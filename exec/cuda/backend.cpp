@@ -90,6 +90,16 @@ class CudaBackend final : public Backend {
 
   OpResult forward(const OpCall& c) override;
   void backward(const OpCall& c) override;
+  // kTopK under aux-loss balancing, after its forward (exec/backend.h).
+  double aux_loss(const OpCall& c) override {
+    RS_CHECK(c.op->kind == OpKind::kTopK && c.routing, "aux_loss is kTopK's under aux-loss balancing: " + c.op->name);
+    const Routing& rt = *c.routing;
+    const int N = static_cast<int>(c.N);
+    return aux_loss_forward(c.in[0].value, rt.expert, N, rt.E, rt.k, router_kind(*c.model),
+                            static_cast<float>(c.model->moe.aux_loss_weight),
+                            doubles_.doubles(router_loss_work_doubles(N, rt.E), stream_), stream_, rt.counts,
+                            rt.count_tokens);
+  }
 
   void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool accumulate) override {
     cuda::copy_columns(y, wy, x, wx, rows, accumulate, stream_);
@@ -219,11 +229,6 @@ OpResult CudaBackend::forward(const OpCall& c) {
       Routing& rt = *c.routing;
       router_forward(rt.expert, out0.value, rt.threshold, in0.value, rt.bias, N, rt.E, rt.k, router_kind(m),
                      static_cast<float>(m.moe.routing_weight_sum), s);
-      if (m.moe.balancing == models::BalancingKind::kAuxLoss) {
-        r.aux_loss = aux_loss_forward(in0.value, rt.expert, N, rt.E, rt.k, router_kind(m),
-                                      static_cast<float>(m.moe.aux_loss_weight),
-                                      doubles_.doubles(router_loss_work_doubles(N, rt.E), s), s);
-      }
       return r;
     }
     case OpKind::kDispatch: {  // x (N, L) -> rows (N*k, L) grouped by expert
@@ -351,14 +356,15 @@ void CudaBackend::backward(const OpCall& c) {
       if (m.moe.balancing == models::BalancingKind::kAuxLoss) {
         aux_loss_backward(in0.grad, in0.value, rt.expert, N, rt.E, rt.k, router_kind(m),
                           static_cast<float>(m.moe.aux_loss_weight),
-                          doubles_.doubles(router_loss_work_doubles(N, rt.E), s), s);
+                          doubles_.doubles(router_loss_work_doubles(N, rt.E), s), s, rt.counts, rt.count_tokens);
       }
       return;
     }
     case OpKind::kRouter: {
       const int E = w(out0);
       if (m.moe.router_z_loss_applied) {
-        router_z_loss_backward(out0.grad, out0.value, N, E, static_cast<float>(m.moe.router_z_loss_weight), s);
+        router_z_loss_backward(out0.grad, out0.value, N, E,
+                               static_cast<float>(m.moe.router_z_loss_weight * c.routing->loss_share), s);
       }
       linear_backward(gemm_, in0.grad, c.dw[0], out0.grad, in0.value, c.w[0], N, w(in0), E, in0.accumulate);
       return;

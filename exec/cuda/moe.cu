@@ -158,6 +158,11 @@ __global__ void divide_doubles_kernel(double* x, int n, double divisor) {
   if (i < n) x[i] /= divisor;
 }
 
+__global__ void fractions_from_counts_kernel(double* f, const int64_t* counts, int E, double divisor) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e < E) f[e] = static_cast<double>(counts[e]) / divisor;
+}
+
 // Per token: the row max (softmax) and S = Σ_e affinity.
 __global__ void router_affinity_rows_kernel(double* row_max, double* row_sum, const float* logits, int N, int E,
                                             bool softmax) {
@@ -322,8 +327,15 @@ size_t router_loss_work_doubles(int N, int E) { return 2 * size_t(E) + 2 * size_
 
 namespace {
 
-// f_e = assignments to e / (N k) into work[0, E).
-void assignment_fractions(double* f, const int32_t* expert, int N, int E, int k, cudaStream_t stream) {
+// f_e = assignments to e / (N k) into work[0, E); with the global batch's counts, counts_e / (n_total k).
+void assignment_fractions(double* f, const int32_t* expert, int N, int E, int k, const int64_t* counts,
+                          int64_t n_total, cudaStream_t stream) {
+  if (counts) {
+    fractions_from_counts_kernel<<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+        f, counts, E, static_cast<double>(n_total) * k);
+    RS_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   RS_CUDA_CHECK(cudaMemsetAsync(f, 0, sizeof(double) * E, stream));
   const int A = N * k;
   assignment_counts_kernel<<<grid_blocks(A, kThreads), kThreads, 0, stream>>>(f, expert, A);
@@ -335,14 +347,14 @@ void assignment_fractions(double* f, const int32_t* expert, int N, int E, int k,
 }  // namespace
 
 double aux_loss_forward(const float* logits, const int32_t* expert, int N, int E, int k, RouterKind kind, float weight,
-                        double* work, cudaStream_t stream) {
-  RS_CHECK(N > 0 && E > 0 && k > 0, "aux_loss_forward: bad shape");
+                        double* work, cudaStream_t stream, const int64_t* counts, int64_t n_total) {
+  RS_CHECK(N > 0 && E > 0 && k > 0 && (!counts || n_total >= N), "aux_loss_forward: bad shape");
   const bool softmax = kind == RouterKind::kSoftmax;
   double* f = work;
   double* p_sum = f + E;
   double* row_max = p_sum + E;
   double* row_sum = row_max + N;
-  assignment_fractions(f, expert, N, E, k, stream);
+  assignment_fractions(f, expert, N, E, k, counts, n_total, stream);
   router_affinity_rows_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(row_max, row_sum, logits, N, E,
                                                                                       softmax);
   RS_CUDA_CHECK(cudaGetLastError());
@@ -352,17 +364,21 @@ double aux_loss_forward(const float* logits, const int32_t* expert, int N, int E
   std::vector<double> host(2 * size_t(E));
   RS_CUDA_CHECK(cudaMemcpyAsync(host.data(), f, sizeof(double) * host.size(), cudaMemcpyDeviceToHost, stream));
   RS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double n_mean = counts ? static_cast<double>(n_total) : N;
   double loss = 0.0;
-  for (int e = 0; e < E; ++e) loss += host[size_t(e)] * host[size_t(E + e)] / N;  // as exec/cpu/balancing.cpp
+  for (int e = 0; e < E; ++e) loss += host[size_t(e)] * host[size_t(E + e)] / n_mean;  // as exec/cpu/balancing.cpp
   return static_cast<double>(weight) * E * loss;
 }
 
 void aux_loss_backward(float* dlogits, const float* logits, const int32_t* expert, int N, int E, int k,
-                       RouterKind kind, float weight, double* work, cudaStream_t stream) {
-  RS_CHECK(N > 0 && E > 0 && k > 0, "aux_loss_backward: bad shape");
-  assignment_fractions(work, expert, N, E, k, stream);
+                       RouterKind kind, float weight, double* work, cudaStream_t stream, const int64_t* counts,
+                       int64_t n_total) {
+  RS_CHECK(N > 0 && E > 0 && k > 0 && (!counts || n_total >= N), "aux_loss_backward: bad shape");
+  assignment_fractions(work, expert, N, E, k, counts, n_total, stream);
+  const double c = counts ? static_cast<double>(weight) * E / static_cast<double>(n_total)
+                          : static_cast<double>(weight) * E / N;
   aux_backward_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      dlogits, logits, work, N, E, kind == RouterKind::kSoftmax, static_cast<double>(weight) * E / N);
+      dlogits, logits, work, N, E, kind == RouterKind::kSoftmax, c);
   RS_CUDA_CHECK(cudaGetLastError());
 }
 

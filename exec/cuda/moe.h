@@ -44,12 +44,16 @@ void router_z_loss_backward(float* dlogits, const float* logits, int N, int E, f
 // Auxiliary balancing loss weight · E · Σ_e f_e P_e (exec/kernels.h, aux_loss_*);
 // waits for the stream. Assignment counts add exactly (integers in double), the
 // per-expert probability sums walk the tokens in order: deterministic.
+// Data parallelism as exec/kernels.h: with `counts` (E, on the device), the
+// global batch's assignments per expert over its n_total tokens, f and the
+// mean of P are the global batch's and this slice's loss is its share.
 size_t router_loss_work_doubles(int N, int E);
 double aux_loss_forward(const float* logits, const int32_t* expert, int N, int E, int k, RouterKind kind, float weight,
-                        double* work, cudaStream_t stream);
+                        double* work, cudaStream_t stream, const int64_t* counts = nullptr, int64_t n_total = 0);
 // dlogits (N, E) +=.
 void aux_loss_backward(float* dlogits, const float* logits, const int32_t* expert, int N, int E, int k,
-                       RouterKind kind, float weight, double* work, cudaStream_t stream);
+                       RouterKind kind, float weight, double* work, cudaStream_t stream,
+                       const int64_t* counts = nullptr, int64_t n_total = 0);
 
 // Scratch bytes group_by_expert needs for A assignments.
 size_t group_by_expert_scratch_bytes(int A);
