@@ -4,6 +4,7 @@
 // arenas (exec/optim.h), which at 1.6 B parameters without OpenBLAS (the GPU
 // image) costs minutes, and it is not what the GPU is measured on.
 //
+//   device_bytes_used  the device's used memory after the steps (cudaMemGetInfo)
 //   step_s          median wall time of forward + backward after one warm-up step
 //                   (the driver's parameter upload and gradient download included)
 //   tokens_per_s, model_tflop_per_s = Marin-convention training FLOPs per token × tokens/s
@@ -130,6 +131,8 @@ int main(int argc, char** argv) {
       if (step > 0) step_s.push_back(dt);
       std::fprintf(stderr, "cuda_model_step: step %lld: %.3f s, loss %.4f\n", static_cast<long long>(step), dt, loss);
     }
+    size_t free_bytes = 0, total_bytes = 0;  // after the steps: parameters, gradients, activations, scratch
+    RS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     std::sort(step_s.begin(), step_s.end());
     const double median_s = step_s[step_s.size() / 2];
     const double flops_per_token = models::count_flops(graph, seq, models::FlopConvention::kMarin).training;
@@ -144,6 +147,8 @@ int main(int argc, char** argv) {
     out["seq"] = seq;
     out["steps_timed"] = steps;
     out["loss"] = loss;
+    out["device_bytes_used"] = static_cast<double>(total_bytes - free_bytes);
+    out["activation_bytes"] = static_cast<double>(m.activation_bytes());
     out["step_s"] = median_s;
     out["tokens_per_s"] = tokens_per_s;
     out["model_tflop_per_s"] = flops_per_token * tokens_per_s * 1e-12;
