@@ -8,8 +8,9 @@
 //   attention   forward at head dim 128, seq 4096, causal, bf16: TFLOP/s and
 //               the fraction of the bf16 ceiling measured here (cuBLAS at
 //               8192³, the first gemm row) (target: ≥ 0.50)
-//   experts     the grouped expert GEMMs (one cuBLASLt GEMM per expert, fp32)
-//               against one dense GEMM of the same FLOPs (target: ≥ 0.70)
+//   experts*    the grouped expert GEMMs — the per-expert loop and one cuBLAS
+//               grouped-batched call — against one dense GEMM of the same
+//               FLOPs, fp32 and bf16, and at the 1.6 B ladder MoE's shape (target: ≥ 0.70)
 // Median of `repeats` timed runs after warm-up; CUDA events on one stream.
 //
 //   build/bench/cuda_kernels_timing [--repeats 20]
@@ -110,6 +111,36 @@ nlohmann::json time_memory(const char* name, double bytes_moved, double copy_byt
 
 }  // namespace
 
+// E experts of `rows` rows each, (rows, L)·(L, F) per expert: the per-expert loop the backend runs
+// ("grouped"), one cuBLAS grouped-batched call ("one_call", experts_*_grouped) and one dense GEMM of
+// the same FLOPs; ratio = dense time / that time (the target: >= 0.70).
+nlohmann::json time_experts(Gemm& gemm, int E, int rows, int L, int F, DType type, const char* what) {
+  const size_t elem = type == DType::kF32 ? 4 : 2;
+  const size_t A = size_t(E) * rows;
+  auto* xs = static_cast<char*>(device_random(A * L * elem));
+  auto* w = static_cast<char*>(device_random(size_t(E) * L * F * elem));
+  auto* ys = static_cast<char*>(device_random(A * F * elem));
+  const double flops = 2.0 * double(A) * L * F;
+  std::vector<rackstep::exec::cuda::GemmItem> items;
+  for (int e = 0; e < E; ++e)
+    items.push_back({.m = rows, .n = F, .k = L, .c = ys + size_t(e) * rows * F * elem,
+                     .a = xs + size_t(e) * rows * L * elem, .b = w + size_t(e) * L * F * elem});
+  const double loop_s = time_median_s([&] {
+    for (const auto& it : items) gemm.run({.m = it.m, .n = it.n, .k = it.k}, type, it.c, it.a, it.b);
+  });
+  const double one_call_s = time_median_s([&] { gemm.run_grouped(items, false, false, 1.0f, 0.0f, type); });
+  const double dense_s = time_median_s([&] { gemm.run({.m = int(A), .n = F, .k = L}, type, ys, xs, w); });
+  cudaFree(xs);
+  cudaFree(w);
+  cudaFree(ys);
+  return {{"shape", what},
+          {"grouped_tflop_per_s", flops / loop_s * 1e-12},
+          {"one_call_tflop_per_s", flops / one_call_s * 1e-12},
+          {"dense_tflop_per_s", flops / dense_s * 1e-12},
+          {"ratio", dense_s / loop_s},
+          {"one_call_ratio", dense_s / one_call_s}};
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
@@ -201,38 +232,12 @@ int main(int argc, char** argv) {
     cudaFree(o);
     cudaFree(lse);
   }
-  {
-    // Grouped experts (E experts of A/E rows each) against one dense GEMM of the same FLOPs.
-    const int E = 64, per_expert = 512, L = 1024, F = 1024, A = E * per_expert;
-    auto* xs = static_cast<float*>(device_random(size_t(A) * L * 4));
-    auto* w = static_cast<float*>(device_random(size_t(E) * L * F * 4));
-    auto* ys = static_cast<float*>(device_random(size_t(A) * F * 4));
-    std::vector<int32_t> offsets(E + 1);
-    for (int e = 0; e <= E; ++e) offsets[e] = e * per_expert;
-    const double flops = 2.0 * A * L * F;
-    const double grouped_s = time_median_s([&] {
-      for (int e = 0; e < E; ++e)
-        gemm.run({.m = per_expert, .n = F, .k = L}, DType::kF32, ys + size_t(offsets[e]) * F, xs + size_t(offsets[e]) * L,
-                 w + size_t(e) * L * F);
-    });
-    std::vector<rackstep::exec::cuda::GemmItem> items;
-    for (int e = 0; e < E; ++e)
-      items.push_back({.m = per_expert, .n = F, .k = L, .c = ys + size_t(offsets[e]) * F,
-                       .a = xs + size_t(offsets[e]) * L, .b = w + size_t(e) * L * F});
-    const double one_call_s = time_median_s([&] { gemm.run_grouped(items, false, false, 1.0f, 0.0f, DType::kF32); });
-    const double dense_s = time_median_s([&] { gemm.run({.m = A, .n = F, .k = L}, DType::kF32, ys, xs, w); });
-    // "grouped" is the per-expert loop exec/cuda/backend.cpp runs; "one_call" the cuBLAS
-    // grouped-batched GEMM (experts_*_grouped), which replaces it where this row says it is faster.
-    out["experts"] = {{"shape", "64 experts x 512 rows, 1024 -> 1024, fp32"},
-                      {"grouped_tflop_per_s", flops / grouped_s * 1e-12},
-                      {"one_call_tflop_per_s", flops / one_call_s * 1e-12},
-                      {"dense_tflop_per_s", flops / dense_s * 1e-12},
-                      {"ratio", dense_s / grouped_s},
-                      {"one_call_ratio", dense_s / one_call_s}};
-    cudaFree(xs);
-    cudaFree(w);
-    cudaFree(ys);
-  }
+  // Grouped experts against one dense GEMM of the same FLOPs: the shape in fp32 (the parity
+  // mode) and bf16 (the target's mode), and the 1.6 B ladder MoE's (384 small experts).
+  out["experts"] = time_experts(gemm, 64, 512, 1024, 1024, DType::kF32, "64 experts x 512 rows, 1024 -> 1024, fp32");
+  out["experts_bf16"] = time_experts(gemm, 64, 512, 1024, 1024, DType::kBF16, "64 experts x 512 rows, 1024 -> 1024, bf16");
+  out["experts_d768"] =
+      time_experts(gemm, 384, 43, 384, 384, DType::kF32, "384 experts x 43 rows, 384 -> 384, fp32 (marin-ladder-d768)");
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }
