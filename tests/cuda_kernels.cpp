@@ -677,6 +677,38 @@ TEST_CASE("cuda backend: LayerNorm, a tied head, aux loss, router z-loss and MLA
   }
 }
 
+TEST_CASE("cuda backend: simulated EP drops on the GPU are exactly sim::dispatch's, as on the CPU",
+          "[cuda][gpu][backend][drops]") {
+  const auto cfg = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  const auto graph = rackstep::models::build_layer_graph(cfg);
+  DispatchOptions d;
+  d.enabled = true;
+  d.ep = 4;
+  d.config.n_experts = cfg.moe.experts;
+  d.config.top_k = static_cast<int>(cfg.moe.top_k);
+  d.config.transport = rackstep::sim::Transport::pooled;
+  d.config.sender_cf = 0.8;  // tight: drops for sure
+  d.config.receiver_cf = 0.8;
+  Model gpu(graph, 2, 64, cuda::make_cuda_backend());
+  Model cpu(graph, 2, 64);
+  for (Model* m : {&gpu, &cpu}) {
+    m->init_params(1);
+    m->set_dispatch(d);
+  }
+  const auto b = testing::make_batch(2, 64, cfg.vocab, 21);
+  const LossResult lg = gpu.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  const LossResult lc = cpu.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  CHECK(lc.drops.dropped() > 0);
+  CHECK(lg.drops.sender == lc.drops.sender);
+  CHECK(lg.drops.receiver == lc.drops.receiver);
+  for (int l = 0; l < cfg.layers; ++l) {
+    if (!cpu.routed_experts(l)) continue;
+    INFO("layer " << l);
+    CHECK(gpu.kept_assignments(l) == cpu.kept_assignments(l));
+  }
+  CHECK(lg.loss == Approx(lc.loss).epsilon(1e-5));  // the dropped rows are zero on both
+}
+
 TEST_CASE("cuda backend: a step is bitwise repeatable (what bitwise resume on the GPU rests on)",
           "[cuda][gpu][backend]") {
   // The host holds parameters, optimizer state and checkpoints (exec/checkpoint.h);
