@@ -191,6 +191,27 @@ except Exception:
     pass
 try: report["timing"] = json.load(open(os.path.join(out, "timing.json")))
 except Exception: pass
+# The targets against what this run measured (None: not measured in this run).
+def at(d, *path):
+    for p in path:
+        try: d = d[p]
+        except Exception: return None
+    return d
+t = report.get("timing", {})
+gemm_ratios = [g.get("ratio") for g in t.get("gemm", [])[1:]]  # the model's shapes (row 0 is the 8192³ ceiling)
+mem = [m.get("vs_copy") for m in t.get("memory", [])]
+def target(value, goal, higher=True):
+    if value is None: return {"measured": None, "goal": goal, "met": None}
+    return {"measured": value, "goal": goal, "met": value >= goal if higher else value <= goal}
+report["targets"] = {
+    "dense_gemm_vs_cublas_min": target(min(gemm_ratios) if gemm_ratios else None, 0.85),
+    "grouped_experts_vs_dense_bf16": target(max(filter(None, [at(t, "experts_bf16", "ratio"),
+                                                           at(t, "experts_bf16", "one_call_ratio")]), default=None), 0.70),
+    "attention_fwd_vs_bf16_ceiling": target(at(t, "attention", "vs_measured_bf16_ceiling"), 0.50),
+    "memory_bound_vs_copy_min": target(min(mem) if mem else None, 0.70),
+    "tiny_moe_loss_max_rel_diff": target(at(report, "tiny_moe_loss", "max_rel_diff"), 1e-4, higher=False),
+    "medium_moe_mfu_bf16": target(at(report, "medium_moe_step", "mfu_bf16"), 0.40),
+}
 if not have_gpu: report["note"] = "no GPU here: the GPU steps report skipped (exit 77) or did not run"
 json.dump(report, open(os.path.join(out, "gpu-check.json"), "w"), indent=2)
 print(json.dumps(report, indent=2))

@@ -109,8 +109,6 @@ nlohmann::json time_memory(const char* name, double bytes_moved, double copy_byt
           {"vs_copy", rate / copy_bytes_per_s}};
 }
 
-}  // namespace
-
 // E experts of `rows` rows each, (rows, L)·(L, F) per expert: the per-expert loop the backend runs
 // ("grouped"), one cuBLAS grouped-batched call ("one_call", experts_*_grouped) and one dense GEMM of
 // the same FLOPs; ratio = dense time / that time (the target: >= 0.70).
@@ -140,6 +138,8 @@ nlohmann::json time_experts(Gemm& gemm, int E, int rows, int L, int F, DType typ
           {"ratio", dense_s / loop_s},
           {"one_call_ratio", dense_s / one_call_s}};
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
