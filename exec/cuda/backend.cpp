@@ -162,6 +162,10 @@ class CudaBackend final : public Backend {
 OpResult CudaBackend::forward(const OpCall& c) {
   const models::Op& op = *c.op;
   const models::ModelConfig& m = *c.model;
+  if (const std::string why = unsupported(op); !why.empty()) {
+    throw UserError(m.source_file + ": the CUDA backend cannot run op " + op.name + " yet: " + why +
+                    "; use --backend cpu");
+  }
   const cudaStream_t s = stream_;
   const int N = static_cast<int>(c.N), B = static_cast<int>(c.B), T = static_cast<int>(c.T);
   const auto eps = static_cast<float>(m.norm.eps);
@@ -457,12 +461,54 @@ void CudaBackend::backward(const OpCall& c) {
   RS_CHECK(false, "cuda backend: an OpKind without a backward: " + op.name);
 }
 
+// Parameters each OpKind's CUDA forward/backward reads, in op.params order.
+size_t known_params(const models::Op& op) {
+  switch (op.kind) {
+    case OpKind::kEmbedding:   // the token table
+    case OpKind::kRmsNorm:     // the gain
+    case OpKind::kLinear:      // W, no bias
+    case OpKind::kSConv:       // the kernel
+    case OpKind::kAttnGate:    // W_gate
+    case OpKind::kLmHead:      // W (none when tied: the embedding table is shared)
+      return 1;
+    case OpKind::kGatedNorm:   // W_down, W_up
+    case OpKind::kRouter:      // W [, a learnable selection bias]
+      return 2;
+    case OpKind::kExpertMlp:   // W1, W3, W2 per expert
+    case OpKind::kSharedMlp:   // SwiGLU W1, W3, W2, no biases
+      return 3;
+    case OpKind::kQkNorm:
+    case OpKind::kRope:
+    case OpKind::kAttention:   // no sinks
+    case OpKind::kXsa:
+    case OpKind::kTopK:
+    case OpKind::kDispatch:
+    case OpKind::kCombine:
+    case OpKind::kResidualAdd:
+    case OpKind::kCrossEntropy:
+      return 0;
+  }
+  return 0;
+}
+
 bool device_present() {
   int devices = 0;
   return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
 }
 
 }  // namespace
+
+std::string unsupported(const models::Op& op) {
+  const size_t known = known_params(op);
+  if (op.params.size() > known) {
+    return "its parameter '" + op.params[known].name + "' (the CUDA backend runs " + std::to_string(known) +
+           " for a " + models::to_string(op.kind) + " op; exec/cpu runs it)";
+  }
+  if (op.kind == OpKind::kSharedMlp && op.params.size() < known) {
+    return "an MLP without SwiGLU's three matrices (the CUDA backend runs SwiGLU only)";
+  }
+  return "";
+}
 
 std::unique_ptr<Backend> make_cuda_backend() {
   if (!device_present()) {

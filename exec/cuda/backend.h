@@ -17,10 +17,17 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "exec/backend.h"
 
 namespace rackstep::exec::cuda {
+
+// "" when the CUDA backend runs `op`, else what it lacks. The op set grows
+// per backend (exec/cpu/ first): an op whose parameters this backend does not
+// know (a linear's bias, learned positions, attention sinks, a non-SwiGLU MLP)
+// is refused with a UserError at its first forward, never run without them.
+std::string unsupported(const models::Op& op);
 
 // The CUDA backend on device 0, or nullptr where no CUDA device is present.
 std::unique_ptr<Backend> make_cuda_backend();
