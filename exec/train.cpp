@@ -12,6 +12,7 @@
 #include <fstream>
 #include <regex>
 
+#include "exec/backend.h"
 #include "exec/dump.h"
 #include "exec/kernels.h"
 #include "exec/resources.h"

@@ -68,6 +68,7 @@ struct TrainOptions {
   std::string model_path;
   std::string data_dir;
   std::string out_dir;          // "" = no run directory: no log, checkpoints or profile
+  std::string backend = "cpu";  // where the ops run: a name of exec/backend.h's registry ("cpu", "cuda")
   int64_t steps = 0;            // schedule length; 0 = the model recipe's steps
   int64_t stop_after = 0;       // end this invocation after this many steps (schedule unchanged); 0 = at `steps`
   int64_t batch = 0;            // sequences per step; 0 = the recipe's batch_seqs
@@ -90,7 +91,6 @@ struct TrainOptions {
   std::string routing_trace;       // training steps' routing (exec/routing_trace.h); "" = none
   std::string routing_trace_eval;  // the last evaluation's routing; "" = none
   int64_t routing_trace_every = 1; // record every N-th training step
-  std::string backend = "cpu";     // where the ops run (exec/backend.h: make_backend)
 };
 
 struct StepLog {

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "exec/backend.h"
+#include "exec/cuda/backend.h"
 #include "exec/cuda/check.h"
 #include "exec/cuda/device_arena.h"
 #include "exec/cuda/gemm.h"
@@ -32,11 +34,13 @@
 #include "exec/cuda/optim.h"
 #include "exec/arena.h"
 #include "exec/kernels.h"
+#include "exec/model.h"
 #include "exec/optim.h"
 #include "models/layer_graph.h"
 #include "models/model.h"
 #include "sim/base/source_dir.h"
 #include "tests/exec_kernels_testutil.h"
+#include "tests/exec_test_batch.h"
 
 namespace {
 
@@ -327,6 +331,39 @@ TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "
   }
 }
 
+TEST_CASE("cuda: the grouped expert GEMMs equal the per-expert loop (uneven experts, an empty one, drops)",
+          "[cuda][gpu][moe]") {
+  const int E = 6, L = 40, F = 72;
+  const std::vector<int32_t> offsets = {0, 17, 17, 60, 61, 100, 131};  // expert 1 empty
+  const int A = offsets[E];
+  const auto xs = testing::randn(size_t(A) * L, 120), w1 = testing::randn(size_t(E) * L * F, 121, 0.1f),
+             w3 = testing::randn(w1.size(), 122, 0.1f), w2 = testing::randn(w1.size(), 123, 0.1f),
+             dys = testing::randn(size_t(A) * L, 124);
+  std::vector<uint8_t> keep(size_t(A), 1);
+  for (int r = 0; r < A; r += 7) keep[size_t(r)] = 0;
+  uint8_t* gkeep = device_copy(keep);
+  DeviceBuffer<float> gxs(xs), gw1(w1), gw3(w3), gw2(w2), gdys(dys);
+  cuda::Gemm gemm(nullptr);
+  std::vector<std::vector<float>> results[2];
+  for (int grouped = 0; grouped < 2; ++grouped) {
+    DeviceBuffer<float> ys(size_t(A) * L), a1(size_t(A) * F), a3(size_t(A) * F), h(size_t(A) * F),
+        dxs(size_t(A) * L), dw1(std::vector<float>(w1.size(), 0.5f)), dw3(std::vector<float>(w1.size(), 0.5f)),
+        dw2(std::vector<float>(w1.size(), 0.5f)), sc(experts_scratch_floats(A, L, F));
+    auto fwd = grouped ? cuda::experts_forward_grouped : cuda::experts_forward;
+    auto bwd = grouped ? cuda::experts_backward_grouped : cuda::experts_backward;
+    fwd(gemm, ys.ptr, a1.ptr, a3.ptr, h.ptr, gxs.ptr, offsets.data(), gkeep, gw1.ptr, gw3.ptr, gw2.ptr, A, E, L, F);
+    bwd(gemm, dxs.ptr, dw1.ptr, dw3.ptr, dw2.ptr, gdys.ptr, gxs.ptr, a1.ptr, a3.ptr, h.ptr, offsets.data(), gkeep,
+        gw1.ptr, gw3.ptr, gw2.ptr, sc.ptr, A, E, L, F);
+    results[grouped] = {ys.download(), dxs.download(), dw1.download(), dw3.download(), dw2.download()};
+  }
+  // The per-expert loop is itself checked against the CPU kernels above.
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    INFO("output " << i);
+    CHECK(normalised_error(results[1][i], results[0][i]) < 1e-5);
+  }
+  cudaFree(gkeep);
+}
+
 TEST_CASE("cuda: XSA, the attention gate, SConv and the dense SwiGLU match the CPU kernels", "[cuda][gpu]") {
   const int B = 2, T = 64, N = B * T, H = 8, kv_stored = 4, kv_used = 2, hd = 32, d = 96, F = 160, K = 4;
   const auto o = testing::randn(size_t(N) * H * hd, 80), v = testing::randn(size_t(N) * kv_stored * hd, 81),
@@ -401,6 +438,114 @@ TEST_CASE("cuda: XSA, the attention gate, SConv and the dense SwiGLU match the C
   CHECK(normalised_error(gdw3.download(), dw3) < 1e-4);
 }
 
+TEST_CASE("cuda: LayerNorm, the tied LM head, the gated norm and the router losses match the CPU kernels",
+          "[cuda][gpu]") {
+  const int N = 130, d = 96, r = 12, V = 300, E = 16, k = 4;
+  const auto x = testing::randn(size_t(N) * d, 100, 2.0f), gain = testing::randn(d, 101),
+             dy = testing::randn(x.size(), 102);
+  cuda::Gemm gemm(nullptr);
+
+  // LayerNorm: y, rstd, dx (=) and dgain (+= from a non-zero start).
+  std::vector<float> y(x.size()), rstd(N), dx(x.size()), dgain(d, 0.5f);
+  layernorm_forward(y.data(), rstd.data(), x.data(), gain.data(), 1e-6f, N, d);
+  layernorm_backward(dx.data(), dgain.data(), dy.data(), x.data(), rstd.data(), gain.data(), N, d);
+  DeviceBuffer<float> gx(x), ggain(gain), gdy(dy), gy(x.size()), grstd(N), gdx(x.size()),
+      gdgain(std::vector<float>(d, 0.5f)), gmean(N);
+  cuda::layernorm_forward(gy.ptr, grstd.ptr, gx.ptr, ggain.ptr, 1e-6f, N, d, nullptr);
+  cuda::layernorm_backward(gdx.ptr, gdgain.ptr, gdy.ptr, gx.ptr, grstd.ptr, ggain.ptr, gmean.ptr, N, d, nullptr);
+  CHECK(normalised_error(gy.download(), y) < 1e-6);
+  CHECK(normalised_error(grstd.download(), rstd) < 1e-6);
+  CHECK(normalised_error(gdx.download(), dx) < 1e-5);
+  CHECK(normalised_error(gdgain.download(), dgain) < 1e-5);
+
+  // Tied LM head: W stored (V, d).
+  const auto table = testing::randn(size_t(V) * d, 103, 0.1f), dl = testing::randn(size_t(N) * V, 104);
+  std::vector<float> logits(size_t(N) * V), dxt(x.size(), 0.25f), dtable(table.size(), 0.5f);
+  linear_t_forward(logits.data(), x.data(), table.data(), N, d, V);
+  linear_t_backward(dxt.data(), dtable.data(), dl.data(), x.data(), table.data(), N, d, V, /*accumulate_dx=*/true);
+  DeviceBuffer<float> gtable(table), gdl(dl), glogits(logits.size()), gdxt(std::vector<float>(x.size(), 0.25f)),
+      gdtable(std::vector<float>(table.size(), 0.5f));
+  cuda::linear_t_forward(gemm, glogits.ptr, gx.ptr, gtable.ptr, N, d, V);
+  cuda::linear_t_backward(gemm, gdxt.ptr, gdtable.ptr, gdl.ptr, gx.ptr, gtable.ptr, N, d, V, true);
+  CHECK(normalised_error(glogits.download(), logits) < 1e-4);
+  CHECK(normalised_error(gdxt.download(), dxt) < 1e-4);
+  CHECK(normalised_error(gdtable.download(), dtable) < 1e-4);
+
+  // Gated norm.
+  const auto wd = testing::randn(size_t(d) * r, 105, 0.1f), wu = testing::randn(size_t(r) * d, 106, 0.1f);
+  std::vector<float> yg(x.size()), a(size_t(N) * r), g(x.size()), dxg(x.size()), dwd(wd.size(), 0.0f),
+      dwu(wu.size(), 0.0f), sc(gated_norm_scratch_floats(N, d, r));
+  gated_norm_forward(yg.data(), a.data(), g.data(), x.data(), wd.data(), wu.data(), N, d, r);
+  gated_norm_backward(dxg.data(), dwd.data(), dwu.data(), dy.data(), x.data(), a.data(), g.data(), wd.data(),
+                      wu.data(), sc.data(), N, d, r);
+  DeviceBuffer<float> gwd(wd), gwu(wu), gyg(x.size()), ga(a.size()), gg(g.size()), gdxg(x.size()),
+      gdwd(std::vector<float>(wd.size(), 0.0f)), gdwu(std::vector<float>(wu.size(), 0.0f)), gsc(sc.size());
+  cuda::gated_norm_forward(gemm, gyg.ptr, ga.ptr, gg.ptr, gx.ptr, gwd.ptr, gwu.ptr, gsc.ptr, N, d, r);
+  cuda::gated_norm_backward(gemm, gdxg.ptr, gdwd.ptr, gdwu.ptr, gdy.ptr, gx.ptr, ga.ptr, gg.ptr, gwd.ptr, gwu.ptr,
+                            gsc.ptr, N, d, r);
+  CHECK(normalised_error(gyg.download(), yg) < 1e-5);
+  CHECK(normalised_error(gdxg.download(), dxg) < 1e-4);
+  CHECK(normalised_error(gdwd.download(), dwd) < 1e-4);
+  CHECK(normalised_error(gdwu.download(), dwu) < 1e-4);
+
+  // Router z-loss and the aux balancing loss, both routers.
+  const auto rl = testing::randn(size_t(N) * E, 107, 2.0f);
+  std::vector<int32_t> expert(size_t(N) * k);
+  for (size_t i = 0; i < expert.size(); ++i) expert[i] = static_cast<int32_t>((i * 7 + i / 5) % E);
+  DeviceBuffer<float> grl(rl);
+  DeviceBuffer<double> work(cuda::router_loss_work_doubles(N, E));
+  int32_t* gexpert = nullptr;
+  RS_CUDA_CHECK(cudaMalloc(&gexpert, sizeof(int32_t) * expert.size()));
+  RS_CUDA_CHECK(cudaMemcpy(gexpert, expert.data(), sizeof(int32_t) * expert.size(), cudaMemcpyHostToDevice));
+  CHECK(cuda::router_z_loss(grl.ptr, N, E, work.ptr, nullptr) == Approx(router_z_loss(rl.data(), N, E)).epsilon(1e-12));
+  for (RouterKind kind : {RouterKind::kSoftmax, RouterKind::kSigmoid}) {
+    std::vector<float> dlog(rl.size(), 0.125f);
+    router_z_loss_backward(dlog.data(), rl.data(), N, E, 1e-3f);
+    aux_loss_backward(dlog.data(), rl.data(), expert.data(), N, E, k, kind, 0.01f);
+    DeviceBuffer<float> gdlog(std::vector<float>(rl.size(), 0.125f));
+    cuda::router_z_loss_backward(gdlog.ptr, grl.ptr, N, E, 1e-3f, nullptr);
+    cuda::aux_loss_backward(gdlog.ptr, grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr);
+    CHECK(normalised_error(gdlog.download(), dlog) < 1e-6);
+    CHECK(cuda::aux_loss_forward(grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr) ==
+          Approx(aux_loss_forward(rl.data(), expert.data(), N, E, k, kind, 0.01f)).epsilon(1e-12));
+    // Data parallelism: this slice's share, with the global batch's counts (3 slices' worth of tokens).
+    std::vector<int64_t> counts(E);
+    for (int e = 0; e < E; ++e) counts[size_t(e)] = 3 * k * N / E + (e % 3);
+    const int64_t n_total = 3 * N;
+    int64_t* gcounts = device_copy(counts);
+    std::vector<float> dshare(rl.size(), 0.0f);
+    aux_loss_backward(dshare.data(), rl.data(), expert.data(), N, E, k, kind, 0.01f, counts.data(), n_total);
+    DeviceBuffer<float> gdshare(std::vector<float>(rl.size(), 0.0f));
+    cuda::aux_loss_backward(gdshare.ptr, grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr, gcounts, n_total);
+    CHECK(normalised_error(gdshare.download(), dshare) < 1e-6);
+    CHECK(cuda::aux_loss_forward(grl.ptr, gexpert, N, E, k, kind, 0.01f, work.ptr, nullptr, gcounts, n_total) ==
+          Approx(aux_loss_forward(rl.data(), expert.data(), N, E, k, kind, 0.01f, counts.data(), n_total))
+              .epsilon(1e-12));
+    cudaFree(gcounts);
+  }
+  cudaFree(gexpert);
+
+  // MLA plumbing and the finiteness check.
+  const int H = 3, hdn = 8, rr = 4;
+  const auto kn = testing::randn(size_t(N) * H * hdn, 108), kr = testing::randn(size_t(N) * rr, 109);
+  DeviceBuffer<float> gkn(kn), gkr(kr), gk(size_t(N) * H * (hdn + rr)), gdkn(kn.size()), gdkr(std::vector<float>(kr.size(), 1.0f));
+  cuda::assemble_key(gk.ptr, gkn.ptr, gkr.ptr, N, H, hdn, rr, nullptr);
+  cuda::split_key_grad(gdkn.ptr, false, gdkr.ptr, true, gk.ptr, N, H, hdn, rr, nullptr);
+  CHECK(normalised_error(gdkn.download(), kn) == 0.0);
+  std::vector<float> want_kr(kr.size());
+  for (size_t i = 0; i < kr.size(); ++i) want_kr[i] = 1.0f + kr[i] + kr[i] + kr[i];  // += over H = 3 heads
+  CHECK(normalised_error(gdkr.download(), want_kr) < 1e-6);
+  DeviceBuffer<float> gpad(size_t(N) * 12);
+  cuda::copy_columns(gpad.ptr, 12, gkr.ptr, rr, N, false, nullptr);
+  const auto pad = gpad.download();
+  CHECK(pad[12 + 1] == kr[rr + 1]);
+  CHECK(pad[12 + 7] == 0.0f);
+  CHECK(cuda::all_finite(gpad.ptr, pad.size(), nullptr));
+  const float nan = std::nanf("");
+  RS_CUDA_CHECK(cudaMemcpy(gpad.ptr + 77, &nan, sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(!cuda::all_finite(gpad.ptr, pad.size(), nullptr));
+}
+
 TEST_CASE("cuda: Adam updates, Newton-Schulz and the hyperball step match the CPU optimizer", "[cuda][gpu][optim]") {
   SECTION("Adam: weights and moments after one update") {
     const size_t n = 10000;
@@ -456,6 +601,146 @@ TEST_CASE("cuda: a device arena round-trips the tiny model's parameters bitwise"
   float first = 0.0f;
   RS_CUDA_CHECK(cudaMemcpy(&first, dev.tensor(i), sizeof(float), cudaMemcpyDeviceToHost));
   CHECK(first == host.view(i).data[0]);
+}
+
+// Three training steps of one model on the CUDA backend and on the CPU backend
+// from the same init, batch and optimizer (which runs on the host arenas):
+// loss, routing and every parameter gradient of each step, and the weights
+// after the three updates, within fp32 parity.
+void check_training_parity(const rackstep::models::ModelConfig& cfg, int64_t B, int64_t T) {
+  const auto graph = rackstep::models::build_layer_graph(cfg);
+  Model gpu(graph, B, T, cuda::make_cuda_backend());
+  Model cpu(graph, B, T);
+  REQUIRE(gpu.backend().name() == "cuda");
+  gpu.init_params(5);
+  cpu.init_params(5);
+  const OptimizerConfig oc = default_optimizer_config(10, cfg.d_model, B * T);
+  Optimizer opt_gpu(oc), opt_cpu(oc);
+  OptimizerState st_gpu = init_optimizer_state(gpu.params()), st_cpu = init_optimizer_state(cpu.params());
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const auto b = testing::make_batch(B, T, cfg.vocab, 40 + step);
+    gpu.zero_grads();
+    cpu.zero_grads();
+    const LossResult lg = gpu.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+    const LossResult lc = cpu.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+    CHECK(lg.loss == Approx(lc.loss).epsilon(1e-5));
+    CHECK(lg.router_loss == Approx(lc.router_loss).epsilon(1e-4).margin(1e-9));
+    for (int l = 0; l < cfg.layers; ++l) {
+      const int32_t* eg = gpu.routed_experts(l);
+      const int32_t* ec = cpu.routed_experts(l);
+      if (!ec) continue;
+      REQUIRE(eg);
+      CHECK(std::equal(ec, ec + B * T * cfg.moe.top_k, eg));  // ties aside, the same experts
+    }
+    gpu.backward();
+    cpu.backward();
+    for (size_t i = 0; i < cpu.grads().layout().size(); ++i) {
+      const TensorView g = gpu.grads().view(i), c = cpu.grads().view(i);
+      INFO(cpu.grads().layout().spec(i).name);
+      CHECK(normalised_error(std::vector<float>(g.data, g.data + g.numel), std::vector<float>(c.data, c.data + c.numel)) <
+            1e-4);
+    }
+    gpu.update_balancing();
+    cpu.update_balancing();
+    opt_gpu.step(gpu.params(), gpu.grads(), st_gpu);
+    opt_cpu.step(cpu.params(), cpu.grads(), st_cpu);
+  }
+  const Arena &pg = gpu.params(), &pc = cpu.params();
+  CHECK(normalised_error(std::vector<float>(pg.data(), pg.data() + pg.total_floats()),
+                         std::vector<float>(pc.data(), pc.data() + pc.total_floats())) < 1e-4);
+}
+
+TEST_CASE("cuda backend: three training steps of tiny-moe equal the CPU backend's (fp32 parity)",
+          "[cuda][gpu][backend]") {
+  check_training_parity(rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"),
+                        2, 64);
+}
+
+TEST_CASE("cuda backend: LayerNorm, a tied head, aux loss, router z-loss and MLA train as on the CPU",
+          "[cuda][gpu][backend]") {
+  auto cfg = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  cfg.norm.kind = rackstep::models::NormKind::kLayerNorm;
+  cfg.tied_embeddings = true;
+  cfg.moe.balancing = rackstep::models::BalancingKind::kAuxLoss;
+  cfg.moe.router = rackstep::models::RouterKind::kSoftmax;
+  cfg.moe.router_z_loss_applied = true;
+  cfg.moe.router_z_loss_weight = 0.01;
+  SECTION("GQA attention") { check_training_parity(cfg, 1, 48); }
+  SECTION("MLA attention") {
+    cfg.attention.kind = rackstep::models::AttentionKind::kMla;
+    cfg.attention.mla_kv_latent = 32;
+    cfg.attention.mla_q_latent = 48;
+    cfg.attention.mla_rope_dim = 16;
+    cfg.attention.kv_heads = cfg.attention.local.kv_heads = cfg.attention.global.kv_heads = cfg.attention.heads;
+    check_training_parity(cfg, 1, 48);
+  }
+}
+
+TEST_CASE("cuda backend: simulated EP drops on the GPU are exactly sim::dispatch's, as on the CPU",
+          "[cuda][gpu][backend][drops]") {
+  const auto cfg = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  const auto graph = rackstep::models::build_layer_graph(cfg);
+  DispatchOptions d;
+  d.enabled = true;
+  d.ep = 4;
+  d.config.n_experts = cfg.moe.experts;
+  d.config.top_k = static_cast<int>(cfg.moe.top_k);
+  d.config.transport = rackstep::sim::Transport::pooled;
+  d.config.sender_cf = 0.8;  // tight: drops for sure
+  d.config.receiver_cf = 0.8;
+  Model gpu(graph, 2, 64, cuda::make_cuda_backend());
+  Model cpu(graph, 2, 64);
+  for (Model* m : {&gpu, &cpu}) {
+    m->init_params(1);
+    m->set_dispatch(d);
+  }
+  const auto b = testing::make_batch(2, 64, cfg.vocab, 21);
+  const LossResult lg = gpu.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  const LossResult lc = cpu.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  CHECK(lc.drops.dropped() > 0);
+  CHECK(lg.drops.sender == lc.drops.sender);
+  CHECK(lg.drops.receiver == lc.drops.receiver);
+  for (int l = 0; l < cfg.layers; ++l) {
+    if (!cpu.routed_experts(l)) continue;
+    INFO("layer " << l);
+    CHECK(gpu.kept_assignments(l) == cpu.kept_assignments(l));
+  }
+  CHECK(lg.loss == Approx(lc.loss).epsilon(1e-5));  // the dropped rows are zero on both
+}
+
+TEST_CASE("cuda backend: a step is bitwise repeatable (what bitwise resume on the GPU rests on)",
+          "[cuda][gpu][backend]") {
+  // The host holds parameters, optimizer state and checkpoints (exec/checkpoint.h);
+  // a resumed GPU run equals the uninterrupted one iff a step's loss and
+  // gradients are a pure function of parameters and batch.
+  const auto cfg = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  Model m(rackstep::models::build_layer_graph(cfg), 2, 64, cuda::make_cuda_backend());
+  m.init_params(9);
+  const auto b = testing::make_batch(2, 64, cfg.vocab, 77);
+  std::vector<float> first;
+  double first_loss = 0;
+  for (int run = 0; run < 2; ++run) {
+    m.zero_grads();
+    const double loss = m.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss;
+    m.backward();
+    const Arena& g = m.grads();
+    if (run == 0) {
+      first.assign(g.data(), g.data() + g.total_floats());
+      first_loss = loss;
+      continue;
+    }
+    CHECK(loss == first_loss);
+    CHECK(std::equal(first.begin(), first.end(), g.data()));
+  }
+}
+
+TEST_CASE("cuda backend: registered by name beside cpu", "[cuda][gpu][backend]") {
+  cuda::register_cuda_backend();
+  const auto names = available_backends();
+  CHECK(names.front() == "cpu");
+  CHECK(std::find(names.begin(), names.end(), "cuda") != names.end());
+  CHECK(make_backend("cuda")->name() == "cuda");
 }
 
 #if defined(RACKSTEP_HAVE_NCCL)

@@ -167,3 +167,96 @@ TEST_CASE("cuda element math: attention visibility and GQA mapping reproduce the
   CHECK(max_rel_error(o, o_cpu) < 1e-3);  // relative per element: near-zero outputs dominate
   CHECK(testing::normalised_error(o, o_cpu) < 1e-5);
 }
+
+TEST_CASE("cuda element math: LayerNorm forward and backward equal the CPU kernel", "[cuda][math]") {
+  const int rows = 6, d = 80;
+  const auto x = randn(size_t(rows) * d, 40, 2.0f), gain = randn(d, 41), dy = randn(x.size(), 42);
+  std::vector<float> y_cpu(x.size()), rstd_cpu(rows), dx_cpu(x.size()), dgain_cpu(d, 0.0f);
+  layernorm_forward(y_cpu.data(), rstd_cpu.data(), x.data(), gain.data(), 1e-6f, rows, d);
+  layernorm_backward(dx_cpu.data(), dgain_cpu.data(), dy.data(), x.data(), rstd_cpu.data(), gain.data(), rows, d);
+
+  // The kernels' per-row arithmetic, serially (block_sum reorders double sums only).
+  std::vector<float> y(x.size()), dx(x.size());
+  for (int n = 0; n < rows; ++n) {
+    const float* xr = &x[size_t(n) * d];
+    const float* dyr = &dy[size_t(n) * d];
+    double sum = 0.0, ss = 0.0, s1 = 0.0, s2 = 0.0;
+    for (int i = 0; i < d; ++i) sum += xr[i];
+    const double mean = sum / d;
+    for (int i = 0; i < d; ++i) ss += (xr[i] - mean) * (xr[i] - mean);
+    const float r = cuda::rms_rstd(ss, d, 1e-6f), m = static_cast<float>(mean);
+    CHECK(r == Approx(rstd_cpu[n]).epsilon(1e-6));
+    for (int i = 0; i < d; ++i) y[size_t(n) * d + i] = cuda::layernorm_y(xr[i] - m, r, gain[i]);
+    for (int i = 0; i < d; ++i) {
+      const double g = double(dyr[i]) * gain[i];
+      s1 += g;
+      s2 += g * (xr[i] - m) * r;
+    }
+    const auto a = static_cast<float>(s1 / d), b = static_cast<float>(s2 / d);
+    for (int i = 0; i < d; ++i) dx[size_t(n) * d + i] = cuda::layernorm_dx(dyr[i], gain[i], xr[i] - m, r, a, b);
+  }
+  CHECK(max_rel_error(y, y_cpu) < 1e-6);
+  CHECK(testing::normalised_error(dx, dx_cpu) < 1e-6);
+}
+
+TEST_CASE("cuda element math: the gated norm's elementwise parts equal the CPU kernel", "[cuda][math]") {
+  const int N = 9, d = 24, r = 5;
+  const auto x = randn(size_t(N) * d, 43), wd = randn(size_t(d) * r, 44, 0.3f), wu = randn(size_t(r) * d, 45, 0.3f),
+             dy = randn(size_t(N) * d, 46);
+  std::vector<float> y_cpu(x.size()), a(size_t(N) * r), g(x.size());
+  gated_norm_forward(y_cpu.data(), a.data(), g.data(), x.data(), wd.data(), wu.data(), N, d, r);
+  std::vector<float> dx_cpu(x.size()), dwd(wd.size(), 0.0f), dwu(wu.size(), 0.0f),
+      scratch(gated_norm_scratch_floats(N, d, r));
+  gated_norm_backward(dx_cpu.data(), dwd.data(), dwu.data(), dy.data(), x.data(), a.data(), g.data(), wd.data(),
+                      wu.data(), scratch.data(), N, d, r);
+
+  // The CUDA composition: the same GEMMs (CPU linear layers here) around the shared formulas.
+  std::vector<float> s(a.size()), b(x.size()), y(x.size());
+  for (size_t i = 0; i < a.size(); ++i) s[i] = cuda::silu(a[i]);
+  linear_forward(b.data(), s.data(), wu.data(), nullptr, N, r, d);
+  for (size_t i = 0; i < b.size(); ++i) y[i] = x[i] * cuda::sigmoid(b[i]);
+  CHECK(max_rel_error(y, y_cpu) == 0.0);
+  std::vector<float> db(x.size()), dx(x.size()), ds(a.size()), dwd2(wd.size(), 0.0f), dwu2(wu.size(), 0.0f);
+  for (size_t i = 0; i < x.size(); ++i) cuda::gated_norm_grad(dy[i], x[i], g[i], &db[i], &dx[i]);
+  linear_backward(ds.data(), dwu2.data(), nullptr, db.data(), s.data(), wu.data(), N, r, d);
+  for (size_t i = 0; i < ds.size(); ++i) ds[i] *= cuda::silu_grad(a[i]);
+  linear_backward(dx.data(), dwd2.data(), nullptr, ds.data(), x.data(), wd.data(), N, d, r, true);
+  CHECK(max_rel_error(dx, dx_cpu) == 0.0);
+  CHECK(max_rel_error(dwd2, dwd) == 0.0);
+  CHECK(max_rel_error(dwu2, dwu) == 0.0);
+}
+
+TEST_CASE("cuda element math: the aux balancing loss's gradient equals the CPU kernel for both routers",
+          "[cuda][math]") {
+  const int N = 11, E = 6, k = 2;
+  const auto logits = randn(size_t(N) * E, 47, 2.0f);
+  std::vector<int32_t> expert(size_t(N) * k);
+  for (size_t a = 0; a < expert.size(); ++a) expert[a] = static_cast<int32_t>((a * 5 + a / 3) % E);
+  for (RouterKind kind : {RouterKind::kSoftmax, RouterKind::kSigmoid}) {
+    const bool softmax = kind == RouterKind::kSoftmax;
+    const float weight = 0.01f;
+    std::vector<float> d_cpu(logits.size(), 0.25f), d(logits.size(), 0.25f);
+    aux_loss_backward(d_cpu.data(), logits.data(), expert.data(), N, E, k, kind, weight);
+    const double loss_cpu = aux_loss_forward(logits.data(), expert.data(), N, E, k, kind, weight);
+
+    std::vector<double> f(E, 0.0), p_sum(E, 0.0);
+    for (int32_t e : expert) f[size_t(e)] += 1.0;
+    for (double& v : f) v /= double(N) * k;
+    const double c = double(weight) * E / N;
+    for (int t = 0; t < N; ++t) {
+      const float* l = &logits[size_t(t) * E];
+      double mx = l[0], S = 0.0, fp = 0.0;
+      for (int e = 1; e < E; ++e) mx = std::max(mx, double(l[e]));
+      for (int e = 0; e < E; ++e) S += cuda::router_affinity(l[e], mx, softmax);
+      for (int e = 0; e < E; ++e) fp += f[size_t(e)] * (cuda::router_affinity(l[e], mx, softmax) / S);
+      for (int e = 0; e < E; ++e) p_sum[size_t(e)] += cuda::router_affinity(l[e], mx, softmax) / S;
+      for (int j = 0; j < E; ++j)
+        d[size_t(t) * E + j] += cuda::aux_loss_dlogit(cuda::router_affinity(l[j], mx, softmax), S, f[size_t(j)], fp, c,
+                                                      softmax);
+    }
+    double loss = 0.0;
+    for (int e = 0; e < E; ++e) loss += f[size_t(e)] * p_sum[size_t(e)] / N;
+    CHECK(double(weight) * E * loss == Approx(loss_cpu).epsilon(1e-12));
+    CHECK(max_rel_error(d, d_cpu) < 1e-6);
+  }
+}

@@ -8,8 +8,9 @@
 //   attention   forward at head dim 128, seq 4096, causal, bf16: TFLOP/s and
 //               the fraction of the bf16 ceiling measured here (cuBLAS at
 //               8192³, the first gemm row) (target: ≥ 0.50)
-//   experts     the grouped expert GEMMs (one cuBLASLt GEMM per expert, fp32)
-//               against one dense GEMM of the same FLOPs (target: ≥ 0.70)
+//   experts*    the grouped expert GEMMs — the per-expert loop and one cuBLAS
+//               grouped-batched call — against one dense GEMM of the same
+//               FLOPs, fp32 and bf16, and at the 1.6 B ladder MoE's shape (target: ≥ 0.70)
 // Median of `repeats` timed runs after warm-up; CUDA events on one stream.
 //
 //   build/bench/cuda_kernels_timing [--repeats 20]
@@ -18,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,17 +64,28 @@ double time_median_s(const std::function<void()>& fn) {
   return times[times.size() / 2];
 }
 
-void* device_zeros(size_t bytes) {
+// Device bytes holding pseudo-random finite values whether read as bf16 or
+// fp32 (never time on zeros: a bf16 GEMM ran 13% faster on zeros than on
+// random data on an H200 here, .library/device/METHOD.md): every 16-bit unit
+// is a bf16 of random sign and mantissa with magnitude in [2^-8, 1).
+void* device_random(size_t bytes) {
   void* p = nullptr;
   RS_CUDA_CHECK(cudaMalloc(&p, bytes));
-  RS_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  std::vector<uint16_t> host((bytes + 1) / 2);
+  uint64_t s = 0x9e3779b97f4a7c15ULL ^ bytes;
+  for (uint16_t& u : host) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    const auto r = static_cast<uint32_t>(s >> 33);
+    u = static_cast<uint16_t>((r & 0x8000u) | ((0x77u + (r >> 16) % 8u) << 7) | (r & 0x7fu));
+  }
+  RS_CUDA_CHECK(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice));
   return p;
 }
 
 nlohmann::json time_gemm(Gemm& gemm, cublasHandle_t blas, int m, int n, int k, const char* what) {
-  auto* a = static_cast<__nv_bfloat16*>(device_zeros(size_t(m) * k * 2));
-  auto* b = static_cast<__nv_bfloat16*>(device_zeros(size_t(k) * n * 2));
-  auto* c = static_cast<__nv_bfloat16*>(device_zeros(size_t(m) * n * 2));
+  auto* a = static_cast<__nv_bfloat16*>(device_random(size_t(m) * k * 2));
+  auto* b = static_cast<__nv_bfloat16*>(device_random(size_t(k) * n * 2));
+  auto* c = static_cast<__nv_bfloat16*>(device_random(size_t(m) * n * 2));
   const double flops = 2.0 * m * n * k;
   const double ours_s = time_median_s([&] { gemm.run({.m = m, .n = n, .k = k}, DType::kBF16, c, a, b); });
   const float alpha = 1.0f, beta = 0.0f;
@@ -94,6 +107,36 @@ nlohmann::json time_memory(const char* name, double bytes_moved, double copy_byt
   const double rate = bytes_moved / s;
   return {{"kernel", name}, {"bytes", bytes_moved}, {"bytes_per_s", rate},
           {"vs_copy", rate / copy_bytes_per_s}};
+}
+
+// E experts of `rows` rows each, (rows, L)·(L, F) per expert: the per-expert loop the backend runs
+// ("grouped"), one cuBLAS grouped-batched call ("one_call", experts_*_grouped) and one dense GEMM of
+// the same FLOPs; ratio = dense time / that time (the target: >= 0.70).
+nlohmann::json time_experts(Gemm& gemm, int E, int rows, int L, int F, DType type, const char* what) {
+  const size_t elem = type == DType::kF32 ? 4 : 2;
+  const size_t A = size_t(E) * rows;
+  auto* xs = static_cast<char*>(device_random(A * L * elem));
+  auto* w = static_cast<char*>(device_random(size_t(E) * L * F * elem));
+  auto* ys = static_cast<char*>(device_random(A * F * elem));
+  const double flops = 2.0 * double(A) * L * F;
+  std::vector<rackstep::exec::cuda::GemmItem> items;
+  for (int e = 0; e < E; ++e)
+    items.push_back({.m = rows, .n = F, .k = L, .c = ys + size_t(e) * rows * F * elem,
+                     .a = xs + size_t(e) * rows * L * elem, .b = w + size_t(e) * L * F * elem});
+  const double loop_s = time_median_s([&] {
+    for (const auto& it : items) gemm.run({.m = it.m, .n = it.n, .k = it.k}, type, it.c, it.a, it.b);
+  });
+  const double one_call_s = time_median_s([&] { gemm.run_grouped(items, false, false, 1.0f, 0.0f, type); });
+  const double dense_s = time_median_s([&] { gemm.run({.m = int(A), .n = F, .k = L}, type, ys, xs, w); });
+  cudaFree(xs);
+  cudaFree(w);
+  cudaFree(ys);
+  return {{"shape", what},
+          {"grouped_tflop_per_s", flops / loop_s * 1e-12},
+          {"one_call_tflop_per_s", flops / one_call_s * 1e-12},
+          {"dense_tflop_per_s", flops / dense_s * 1e-12},
+          {"ratio", dense_s / loop_s},
+          {"one_call_ratio", dense_s / one_call_s}};
 }
 
 }  // namespace
@@ -139,16 +182,22 @@ int main(int argc, char** argv) {
 
   // Memory-bound kernels over 256M bf16 elements (512 MB per tensor).
   const size_t n = size_t(1) << 28;
-  auto* x = static_cast<__nv_bfloat16*>(device_zeros(n * 2));
-  auto* y = static_cast<__nv_bfloat16*>(device_zeros(n * 2));
-  auto* z = static_cast<__nv_bfloat16*>(device_zeros(n * 2));
+  auto* x = static_cast<__nv_bfloat16*>(device_random(n * 2));
+  auto* y = static_cast<__nv_bfloat16*>(device_random(n * 2));
+  auto* z = static_cast<__nv_bfloat16*>(device_random(n * 2));
   const double copy_s = time_median_s([&] { RS_CUDA_CHECK(cudaMemcpyAsync(y, x, n * 2, cudaMemcpyDeviceToDevice)); });
   const double copy_rate = 2.0 * n * 2 / copy_s;  // read + write
   out["copy_bytes_per_s"] = copy_rate;
   const int d = 8192, rows = static_cast<int>(n / d);
-  auto* rstd = static_cast<float*>(device_zeros(size_t(rows) * 4));
-  auto* gain = static_cast<float*>(device_zeros(size_t(d) * 4));
-  auto* pos = static_cast<int32_t*>(device_zeros(size_t(rows) * 4));
+  auto* rstd = static_cast<float*>(device_random(size_t(rows) * 4));
+  auto* gain = static_cast<float*>(device_random(size_t(d) * 4));
+  int32_t* pos = nullptr;  // each row's position in a 4096-token sequence
+  {
+    std::vector<int32_t> host(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) host[static_cast<size_t>(r)] = r % 4096;
+    RS_CUDA_CHECK(cudaMalloc(&pos, host.size() * 4));
+    RS_CUDA_CHECK(cudaMemcpy(pos, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  }
   namespace cu = rackstep::exec::cuda;
   out["memory"] = nlohmann::json::array({
       time_memory("swiglu_forward", 3.0 * n * 2, copy_rate, [&] { cu::swiglu_forward(z, x, y, n, nullptr); }),
@@ -168,10 +217,10 @@ int main(int argc, char** argv) {
     // Attention forward, causal, bf16: 2 GEMM-like products over the visible half.
     const int B = 1, T = 4096, H = 32, hd = 128;
     const size_t n_q = size_t(B) * T * H * hd;
-    auto* q = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
-    auto* kv = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
-    auto* o = static_cast<__nv_bfloat16*>(device_zeros(n_q * 2));
-    auto* lse = static_cast<float*>(device_zeros(size_t(B) * H * T * 4));
+    auto* q = static_cast<__nv_bfloat16*>(device_random(n_q * 2));
+    auto* kv = static_cast<__nv_bfloat16*>(device_random(n_q * 2));
+    auto* o = static_cast<__nv_bfloat16*>(device_random(n_q * 2));
+    auto* lse = static_cast<float*>(device_random(size_t(B) * H * T * 4));
     const double flops = 4.0 * B * H * hd * (double(T) * (T + 1) / 2);
     const double s_fwd = time_median_s(
         [&] { cu::attention_forward(o, lse, q, kv, kv, nullptr, B, T, H, H, H, hd, 0, 0.088f, nullptr); });
@@ -183,29 +232,12 @@ int main(int argc, char** argv) {
     cudaFree(o);
     cudaFree(lse);
   }
-  {
-    // Grouped experts (E experts of A/E rows each) against one dense GEMM of the same FLOPs.
-    const int E = 64, per_expert = 512, L = 1024, F = 1024, A = E * per_expert;
-    auto* xs = static_cast<float*>(device_zeros(size_t(A) * L * 4));
-    auto* w = static_cast<float*>(device_zeros(size_t(E) * L * F * 4));
-    auto* ys = static_cast<float*>(device_zeros(size_t(A) * F * 4));
-    std::vector<int32_t> offsets(E + 1);
-    for (int e = 0; e <= E; ++e) offsets[e] = e * per_expert;
-    const double flops = 2.0 * A * L * F;
-    const double grouped_s = time_median_s([&] {
-      for (int e = 0; e < E; ++e)
-        gemm.run({.m = per_expert, .n = F, .k = L}, DType::kF32, ys + size_t(offsets[e]) * F, xs + size_t(offsets[e]) * L,
-                 w + size_t(e) * L * F);
-    });
-    const double dense_s = time_median_s([&] { gemm.run({.m = A, .n = F, .k = L}, DType::kF32, ys, xs, w); });
-    out["experts"] = {{"shape", "64 experts x 512 rows, 1024 -> 1024, fp32"},
-                      {"grouped_tflop_per_s", flops / grouped_s * 1e-12},
-                      {"dense_tflop_per_s", flops / dense_s * 1e-12},
-                      {"ratio", dense_s / grouped_s}};
-    cudaFree(xs);
-    cudaFree(w);
-    cudaFree(ys);
-  }
+  // Grouped experts against one dense GEMM of the same FLOPs: the shape in fp32 (the parity
+  // mode) and bf16 (the target's mode), and the 1.6 B ladder MoE's (384 small experts).
+  out["experts"] = time_experts(gemm, 64, 512, 1024, 1024, DType::kF32, "64 experts x 512 rows, 1024 -> 1024, fp32");
+  out["experts_bf16"] = time_experts(gemm, 64, 512, 1024, 1024, DType::kBF16, "64 experts x 512 rows, 1024 -> 1024, bf16");
+  out["experts_d768"] =
+      time_experts(gemm, 384, 43, 384, 384, DType::kF32, "384 experts x 43 rows, 384 -> 384, fp32 (marin-ladder-d768)");
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
 }

@@ -21,4 +21,12 @@ void attn_gate_apply(float* y, float* g, const float* o, int N, int H, int hd, c
 void attn_gate_grad(float* d_o, float* dz, const float* dy, const float* o, const float* g, int N, int H, int hd,
                     cudaStream_t stream);
 
+// Gated norm, elementwise parts (exec/cuda/layers.cpp): s = silu(a); g = σ(g) in place and
+// y = x·g; db = dy x g (1 − g) and dx = dy g; ds *= silu'(a).
+void silu(float* s, const float* a, size_t n, cudaStream_t stream);
+void gate_sigmoid_mul(float* y, float* g, const float* x, size_t n, cudaStream_t stream);
+void gated_norm_grad(float* db, float* dx, const float* dy, const float* x, const float* g, size_t n,
+                     cudaStream_t stream);
+void mul_silu_grad(float* ds, const float* a, size_t n, cudaStream_t stream);
+
 }  // namespace rackstep::exec::cuda::detail

@@ -46,6 +46,33 @@ RS_HOST_DEVICE float rms_backward_k(double dot, float rstd, int d) {
   return static_cast<float>(dot) * rstd * rstd * rstd / d;
 }
 
+// LayerNorm (exec/cpu/layernorm.cpp), with xc = x − mean (mean rounded to
+// float, as the CPU kernel does) and r = rms_rstd(Σ (x − mean)², d, eps):
+// y = xc r g; backward dx = r (dy g − a − xc r b), a = mean(dy g), b = mean(dy g xc r).
+RS_HOST_DEVICE float layernorm_y(float xc, float r, float gain) { return xc * r * gain; }
+RS_HOST_DEVICE float layernorm_dx(float dy, float gain, float xc, float r, float a, float b) {
+  return r * (dy * gain - a - xc * r * b);
+}
+
+// Gated norm (exec/kernels.h, gated_norm_*): g = σ(b), y = x g; backward
+// db = dy x g (1 − g) (the gate's pre-activation), dx = dy g (the direct path).
+RS_HOST_DEVICE void gated_norm_grad(float dy, float x, float g, float* db, float* dx) {
+  *db = dy * x * g * (1.0f - g);
+  *dx = dy * g;
+}
+
+// A router's unnormalised affinity of one expert (exec/cpu/balancing.cpp):
+// exp(l − max) for softmax, σ(l) for sigmoid, in double; p_e = s_e / Σ s.
+RS_HOST_DEVICE double router_affinity(float l, double row_max, bool softmax) {
+  return softmax ? exp(static_cast<double>(l) - row_max) : 1.0 / (1.0 + exp(-static_cast<double>(l)));
+}
+// d(aux loss)/d l_j = c dp (f_j − Σ_e f_e p_e), c = weight E / N, with
+// dp = p_j (softmax) or s_j (1 − s_j) / S (sigmoid).
+RS_HOST_DEVICE float aux_loss_dlogit(double s, double S, double f, double fp, double c, bool softmax) {
+  const double dp = softmax ? s / S : s * (1.0 - s) / S;
+  return static_cast<float>(c * dp * (f - fp));
+}
+
 // Partial RoPE, NeoX pairing: pair i < rot/2 of a head rotates by pos · θ^(−2i/rot).
 // The angle is formed in double: at 16k positions a float angle is off by ~1e-3 rad.
 RS_HOST_DEVICE double rope_angle(int pos, int i, int rot_dims, float theta) {

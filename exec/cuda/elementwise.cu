@@ -1,9 +1,13 @@
 // Memory-bound kernels of the CUDA backend (exec/cuda/ops.h): one thread per
-// element (grid-stride) for SwiGLU, residual and RoPE; one block per row for
-// RMSNorm forward/backward with a warp-shuffle + shared-memory reduction.
+// element (grid-stride) for SwiGLU, residual, RoPE, the gated norm's
+// elementwise parts and the MLA column plumbing; one block per row for RMSNorm
+// and LayerNorm forward/backward with a warp-shuffle + shared-memory reduction.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "exec/cuda/check.h"
+#include "exec/cuda/detail.h"
 #include "exec/cuda/element_access.cuh"
 #include "exec/cuda/element_math.h"
 #include "exec/cuda/ops.h"
@@ -114,6 +118,134 @@ __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int N, int hea
 }
 
 template <typename T>
+__global__ void layernorm_forward_kernel(T* y, float* rstd, const T* x, const float* gain, float eps, int d) {
+  const size_t row = blockIdx.x;
+  const T* xr = x + row * d;
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < d; i += kThreads) sum += load(xr, i);
+  const double mean = block_sum(sum) / d;
+  double ss = 0.0;
+  for (int i = threadIdx.x; i < d; i += kThreads) ss += (load(xr, i) - mean) * (load(xr, i) - mean);
+  const float r = rms_rstd(block_sum(ss), d, eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  const auto m = static_cast<float>(mean);
+  T* yr = y + row * d;
+  for (int i = threadIdx.x; i < d; i += kThreads) store(yr, i, layernorm_y(load(xr, i) - m, r, gain[i]));
+}
+
+template <typename T>
+__global__ void row_mean_kernel(float* mean, const T* x, int d) {
+  const size_t row = blockIdx.x;
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < d; i += kThreads) sum += load(x + row * d, i);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) mean[row] = static_cast<float>(sum / d);
+}
+
+template <typename T>
+__global__ void layernorm_dgain_kernel(float* dgain, const T* dy, const T* x, const float* mean, const float* rstd,
+                                       int rows, int d) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= d) return;
+  double acc = 0.0;
+  for (int n = 0; n < rows; ++n)
+    acc += double(load(dy, size_t(n) * d + i)) * (load(x, size_t(n) * d + i) - mean[n]) * rstd[n];
+  dgain[i] += static_cast<float>(acc);
+}
+
+template <typename T>
+__global__ void layernorm_backward_kernel(T* dx, const T* dy, const T* x, const float* mean, const float* rstd,
+                                          const float* gain, int d) {
+  const size_t row = blockIdx.x;
+  const T* xr = x + row * d;
+  const T* dyr = dy + row * d;
+  const float m = mean[row], r = rstd[row];
+  double s1 = 0.0, s2 = 0.0;
+  for (int i = threadIdx.x; i < d; i += kThreads) {
+    const double g = double(load(dyr, i)) * gain[i];
+    s1 += g;
+    s2 += g * (load(xr, i) - m) * r;
+  }
+  const auto a = static_cast<float>(block_sum(s1) / d);
+  const auto b = static_cast<float>(block_sum(s2) / d);
+  T* dxr = dx + row * d;
+  for (int i = threadIdx.x; i < d; i += kThreads)
+    store(dxr, i, layernorm_dx(load(dyr, i), gain[i], load(xr, i) - m, r, a, b));
+}
+
+__global__ void copy_columns_kernel(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows,
+                                    bool accumulate) {
+  const int64_t n = accumulate ? (wx < wy ? wx : wy) : wy;  // columns written per row
+  RS_GRID_STRIDE(i, size_t(rows) * n) {
+    const int64_t r = i / n, j = i % n;
+    float* yj = y + r * wy + j;
+    if (accumulate) {
+      *yj += x[r * wx + j];
+      continue;
+    }
+    *yj = j < wx ? x[r * wx + j] : 0.0f;
+  }
+}
+
+__global__ void assemble_key_kernel(float* k, const float* k_nope, const float* k_rope, int64_t N, int64_t H,
+                                    int64_t hd, int64_t r) {
+  const int64_t w = hd + r;
+  RS_GRID_STRIDE(i, size_t(N) * H * w) {
+    const int64_t row = i / w, j = i % w, n = row / H;  // row = (n, h)
+    k[i] = j < hd ? k_nope[row * hd + j] : k_rope[n * r + (j - hd)];
+  }
+}
+
+__global__ void split_key_nope_kernel(float* dk_nope, bool acc, const float* dk, int64_t N, int64_t H, int64_t hd,
+                                      int64_t r) {
+  RS_GRID_STRIDE(i, size_t(N) * H * hd) {
+    const int64_t row = i / hd, j = i % hd;
+    const float g = dk[row * (hd + r) + j];
+    dk_nope[i] = acc ? dk_nope[i] + g : g;
+  }
+}
+
+__global__ void split_key_rope_kernel(float* dk_rope, bool acc, const float* dk, int64_t N, int64_t H, int64_t hd,
+                                      int64_t r) {
+  RS_GRID_STRIDE(i, size_t(N) * r) {
+    const int64_t n = i / r, j = i % r;
+    float sum = acc ? dk_rope[i] : 0.0f;
+    for (int64_t h = 0; h < H; ++h) sum += dk[(n * H + h) * (hd + r) + hd + j];  // heads in order, as the CPU
+    dk_rope[i] = sum;
+  }
+}
+
+__global__ void add_inplace_kernel(float* dst, const float* src, size_t n) {
+  RS_GRID_STRIDE(i, n) { dst[i] += src[i]; }
+}
+
+__global__ void count_nonfinite_kernel(unsigned int* count, const float* x, size_t n) {
+  RS_GRID_STRIDE(i, n) {
+    if (!isfinite(x[i])) atomicAdd(count, 1u);
+  }
+}
+
+__global__ void silu_kernel(float* s, const float* a, size_t n) {
+  RS_GRID_STRIDE(i, n) { s[i] = silu(a[i]); }
+}
+
+__global__ void gate_sigmoid_mul_kernel(float* y, float* g, const float* x, size_t n) {
+  RS_GRID_STRIDE(i, n) {
+    g[i] = sigmoid(g[i]);
+    y[i] = x[i] * g[i];
+  }
+}
+
+__global__ void gated_norm_grad_kernel(float* db, float* dx, const float* dy, const float* x, const float* g,
+                                       size_t n) {
+  RS_GRID_STRIDE(i, n) { gated_norm_grad(dy[i], x[i], g[i], &db[i], &dx[i]); }
+}
+
+__global__ void mul_silu_grad_kernel(float* ds, const float* a, size_t n) {
+  RS_GRID_STRIDE(i, n) { ds[i] *= silu_grad(a[i]); }
+}
+
+template <typename T>
 __global__ void copy_tail_kernel(T* y, const T* x, size_t rows, int hd, int from) {
   const int width = hd - from;
   const size_t n = rows * width;
@@ -182,6 +314,102 @@ void rope_apply(T* y, const T* x, const int32_t* pos, int N, int heads, int hd, 
   }
 }
 
+template <typename T>
+void layernorm_forward(T* y, float* rstd, const T* x, const float* gain, float eps, int rows, int d,
+                       cudaStream_t stream) {
+  if (rows == 0) return;
+  layernorm_forward_kernel<<<rows, kThreads, 0, stream>>>(y, rstd, x, gain, eps, d);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void layernorm_backward(T* dx, float* dgain, const T* dy, const T* x, const float* rstd, const float* gain,
+                        float* row_mean, int rows, int d, cudaStream_t stream) {
+  if (rows == 0) return;
+  row_mean_kernel<<<rows, kThreads, 0, stream>>>(row_mean, x, d);
+  RS_CUDA_CHECK(cudaGetLastError());
+  // dgain first, so that dx may alias dy (as on the CPU).
+  layernorm_dgain_kernel<<<(d + kThreads - 1) / kThreads, kThreads, 0, stream>>>(dgain, dy, x, row_mean, rstd, rows,
+                                                                                 d);
+  RS_CUDA_CHECK(cudaGetLastError());
+  layernorm_backward_kernel<<<rows, kThreads, 0, stream>>>(dx, dy, x, row_mean, rstd, gain, d);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool accumulate,
+                  cudaStream_t stream) {
+  const size_t n = size_t(rows) * size_t(accumulate ? std::min(wx, wy) : wy);
+  if (n == 0) return;
+  copy_columns_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, wy, x, wx, rows, accumulate);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void assemble_key(float* k, const float* k_nope, const float* k_rope, int64_t N, int64_t H, int64_t hd, int64_t r,
+                  cudaStream_t stream) {
+  const size_t n = size_t(N) * H * (hd + r);
+  if (n == 0) return;
+  assemble_key_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, k_nope, k_rope, N, H, hd, r);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void split_key_grad(float* dk_nope, bool acc_nope, float* dk_rope, bool acc_rope, const float* dk, int64_t N,
+                    int64_t H, int64_t hd, int64_t r, cudaStream_t stream) {
+  if (N == 0) return;
+  split_key_nope_kernel<<<blocks_for(size_t(N) * H * hd), kThreads, 0, stream>>>(dk_nope, acc_nope, dk, N, H, hd, r);
+  RS_CUDA_CHECK(cudaGetLastError());
+  split_key_rope_kernel<<<blocks_for(size_t(N) * r), kThreads, 0, stream>>>(dk_rope, acc_rope, dk, N, H, hd, r);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_inplace(float* dst, const float* src, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_inplace_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, src, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+bool all_finite(const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return true;
+  unsigned int* count = nullptr;
+  RS_CUDA_CHECK(cudaMallocAsync(&count, sizeof(unsigned int), stream));
+  RS_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned int), stream));
+  count_nonfinite_kernel<<<blocks_for(n), kThreads, 0, stream>>>(count, x, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+  unsigned int host = 0;
+  RS_CUDA_CHECK(cudaMemcpyAsync(&host, count, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  RS_CUDA_CHECK(cudaFreeAsync(count, stream));
+  RS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host == 0;
+}
+
+namespace detail {
+
+void silu(float* s, const float* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  silu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(s, a, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void gate_sigmoid_mul(float* y, float* g, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gate_sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, g, x, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void gated_norm_grad(float* db, float* dx, const float* dy, const float* x, const float* g, size_t n,
+                     cudaStream_t stream) {
+  if (n == 0) return;
+  gated_norm_grad_kernel<<<blocks_for(n), kThreads, 0, stream>>>(db, dx, dy, x, g, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void mul_silu_grad(float* ds, const float* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  mul_silu_grad_kernel<<<blocks_for(n), kThreads, 0, stream>>>(ds, a, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace detail
+
 #define RS_INSTANTIATE(T)                                                                                        \
   template void swiglu_forward<T>(T*, const T*, const T*, size_t, cudaStream_t);                                \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, size_t, cudaStream_t);                 \
@@ -189,7 +417,10 @@ void rope_apply(T* y, const T* x, const int32_t* pos, int N, int heads, int hd, 
   template void rmsnorm_forward<T>(T*, float*, const T*, const float*, float, float, int, int, cudaStream_t);   \
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const float*, const float*, float, int, int, \
                                     cudaStream_t);                                                              \
-  template void rope_apply<T>(T*, const T*, const int32_t*, int, int, int, int, float, float, cudaStream_t);
+  template void rope_apply<T>(T*, const T*, const int32_t*, int, int, int, int, float, float, cudaStream_t);    \
+  template void layernorm_forward<T>(T*, float*, const T*, const float*, float, int, int, cudaStream_t);       \
+  template void layernorm_backward<T>(T*, float*, const T*, const T*, const float*, const float*, float*, int, \
+                                      int, cudaStream_t);
 RS_INSTANTIATE(float)
 RS_INSTANTIATE(__nv_bfloat16)
 #undef RS_INSTANTIATE

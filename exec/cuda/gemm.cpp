@@ -30,6 +30,8 @@ Gemm::Gemm(cudaStream_t stream, size_t workspace_bytes) : stream_(stream), works
 
 Gemm::~Gemm() {
   for (auto& [key, plan] : plans_) delete plan;
+  if (pointers_) cudaFree(pointers_);
+  if (blas_) cublasDestroy(blas_);
   if (workspace_) cudaFree(workspace_);
   if (handle_) cublasLtDestroy(handle_);
 }
@@ -75,6 +77,57 @@ void Gemm::run(const GemmShape& s, DType type, void* c, const void* a, const voi
   const Plan& plan = plan_for(s, type);
   RS_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &s.alpha, b, plan.a, a, plan.b, &s.beta, c, plan.c, c, plan.c,
                                  &plan.algo, workspace_, workspace_bytes_, stream_));
+}
+
+// The same row-major → column-major swap as run(): cuBLAS's A is our B (m and n
+// swapped), each with its own transpose flag and the leading dimension of its
+// stored row-major rows.
+void Gemm::run_grouped(const std::vector<GemmItem>& items, bool trans_a, bool trans_b, float alpha, float beta,
+                       DType type) {
+  std::vector<int> m, n, k, lda, ldb, ldc, size;
+  std::vector<const void*> a_ptr, b_ptr;
+  std::vector<void*> c_ptr;
+  for (const GemmItem& it : items) {
+    if (it.m == 0) continue;
+    RS_CHECK(it.m > 0 && it.n > 0 && it.k > 0, "gemm: every dimension must be positive");
+    m.push_back(it.n);  // cuBLAS's (column-major) C is (n, m)
+    n.push_back(it.m);
+    k.push_back(it.k);
+    lda.push_back(trans_b ? it.k : it.n);  // our B: stored (k, n), or (n, k) when transposed
+    ldb.push_back(trans_a ? it.m : it.k);  // our A: stored (m, k), or (k, m) when transposed
+    ldc.push_back(it.n);
+    size.push_back(1);
+    a_ptr.push_back(it.b);
+    b_ptr.push_back(it.a);
+    c_ptr.push_back(it.c);
+  }
+  const size_t groups = m.size();
+  if (groups == 0) return;
+  if (!blas_) {
+    RS_CUBLAS_CHECK(cublasCreate(&blas_));
+    RS_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+    RS_CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
+  }
+  if (groups > pointer_capacity_) {
+    if (pointers_) RS_CUDA_CHECK(cudaFreeAsync(pointers_, stream_));
+    RS_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&pointers_), 3 * groups * sizeof(void*), stream_));
+    pointer_capacity_ = groups;
+  }
+  // Pageable host → device copies are staged before cudaMemcpyAsync returns: the vectors may go.
+  RS_CUDA_CHECK(cudaMemcpyAsync(pointers_, a_ptr.data(), groups * sizeof(void*), cudaMemcpyHostToDevice, stream_));
+  RS_CUDA_CHECK(cudaMemcpyAsync(pointers_ + groups, b_ptr.data(), groups * sizeof(void*), cudaMemcpyHostToDevice,
+                                stream_));
+  RS_CUDA_CHECK(cudaMemcpyAsync(pointers_ + 2 * groups, c_ptr.data(), groups * sizeof(void*), cudaMemcpyHostToDevice,
+                                stream_));
+  const std::vector<cublasOperation_t> op_a(groups, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N),
+      op_b(groups, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  const std::vector<float> alphas(groups, alpha), betas(groups, beta);
+  const cudaDataType_t data = type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  RS_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+      blas_, op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alphas.data(),
+      const_cast<const void* const*>(pointers_), data, lda.data(), const_cast<const void* const*>(pointers_ + groups),
+      data, ldb.data(), betas.data(), pointers_ + 2 * groups, data, ldc.data(), static_cast<int>(groups), size.data(),
+      CUBLAS_COMPUTE_32F));
 }
 
 }  // namespace rackstep::exec::cuda

@@ -16,12 +16,14 @@
 #pragma once
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <vector>
 
 namespace rackstep::exec::cuda {
 
@@ -37,6 +39,14 @@ struct GemmShape {
   auto key() const { return std::make_tuple(m, n, k, trans_a, trans_b); }
 };
 
+// One GEMM of a grouped call: C (m, n) = op(A)·op(B), row-major as above.
+struct GemmItem {
+  int m = 0, n = 0, k = 0;
+  void* c = nullptr;
+  const void* a = nullptr;
+  const void* b = nullptr;
+};
+
 class Gemm {
  public:
   explicit Gemm(cudaStream_t stream, size_t workspace_bytes = size_t(32) << 20);
@@ -46,6 +56,11 @@ class Gemm {
 
   // c, a, b are device pointers of `type` (float or __nv_bfloat16).
   void run(const GemmShape& shape, DType type, void* c, const void* a, const void* b);
+  // Independent GEMMs of one type, transposes and scalars in one launch
+  // (cublasGemmGroupedBatchedEx, one group per item): the routed experts,
+  // whose shapes differ in m only. Items with m == 0 are skipped.
+  void run_grouped(const std::vector<GemmItem>& items, bool trans_a, bool trans_b, float alpha, float beta,
+                   DType type);
   // The stream every GEMM of this object is enqueued on.
   cudaStream_t stream() const { return stream_; }
   // How many distinct shapes have a cached algorithm (for tests and the profiler).
@@ -60,6 +75,9 @@ class Gemm {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<std::tuple<int, int, int, bool, bool, int>, Plan*> plans_;
+  cublasHandle_t blas_ = nullptr;  // the grouped path (created at its first use)
+  void** pointers_ = nullptr;      // (3, capacity) device arrays of the grouped call's A, B, C
+  size_t pointer_capacity_ = 0;
 };
 
 }  // namespace rackstep::exec::cuda

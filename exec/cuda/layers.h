@@ -1,7 +1,7 @@
 // The CUDA backend's GEMM-bearing layers, composed from cuBLASLt GEMMs and the
 // elementwise kernels, in the shapes and gradient rule of exec/kernels.h
-// (fp32 parity mode): linear layers (no bias yet), the attention gate and the
-// dense SwiGLU (shared experts). Everything runs on gemm.stream().
+// (fp32 parity mode): linear layers (no bias yet), the tied LM head, the gated
+// norm, the attention gate and the dense SwiGLU (shared experts). Everything runs on gemm.stream().
 //
 //   cuda::linear_forward(gemm, y, x, w, N, in, out);
 //   cuda::attn_gate_forward(gemm, y, g, o, x, w_gate, N, d, H, hd);
@@ -18,6 +18,21 @@ void linear_forward(Gemm& gemm, float* y, const float* x, const float* w, int N,
 // dx = dy·Wᵀ (+= with accumulate_dx; skipped when dx is null), dW += xᵀ·dy.
 void linear_backward(Gemm& gemm, float* dx, float* dw, const float* dy, const float* x, const float* w, int N, int in,
                      int out, bool accumulate_dx = false);
+
+// Tied LM head: y (N, out) = x (N, in) · Wᵀ, W stored (out, in) (the embedding table).
+void linear_t_forward(Gemm& gemm, float* y, const float* x, const float* w, int N, int in, int out);
+// dx = dy·W (+= with accumulate_dx; skipped when dx is null), dW += dyᵀ·x.
+void linear_t_backward(Gemm& gemm, float* dx, float* dw, const float* dy, const float* x, const float* w, int N,
+                       int in, int out, bool accumulate_dx = false);
+
+// Gated norm: y = x · σ(silu(x·W_down)·W_up); a (N, r) and g (N, d) saved.
+// scratch: exec::gated_norm_scratch_floats(N, d, r) floats (forward uses N·r of them).
+void gated_norm_forward(Gemm& gemm, float* y, float* a, float* g, const float* x, const float* w_down,
+                        const float* w_up, float* scratch, int N, int d, int r);
+// dx =, dW_down +=, dW_up +=.
+void gated_norm_backward(Gemm& gemm, float* dx, float* dw_down, float* dw_up, const float* dy, const float* x,
+                         const float* a, const float* g, const float* w_down, const float* w_up, float* scratch, int N,
+                         int d, int r);
 
 // g = 2σ(x·W_gate) saved (N, H); y = g·o per head.
 void attn_gate_forward(Gemm& gemm, float* y, float* g, const float* o, const float* x, const float* w_gate, int N,

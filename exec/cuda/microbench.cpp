@@ -1,103 +1,166 @@
+// The CUDA calibration backend (exec/cuda/microbench.h).
 #include "exec/cuda/microbench.h"
 
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <string>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <random>
+#include <vector>
 
+#include "exec/cuda/backend.h"
 #include "exec/cuda/check.h"
 #include "exec/cuda/gemm.h"
-#include "sim/base/check.h"
+#include "exec/cuda/layers.h"
+#include "exec/cuda/ops.h"
+#include "exec/model.h"
+#include "exec/optim.h"
 
 namespace rackstep::exec::cuda {
-
 namespace {
 
-// A device buffer of `bytes`, filled with 0x3c bytes (bf16 0x3c3c ~ 0.0115: no
-// zeros or denormals the hardware could shortcut).
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    RS_CUDA_CHECK(cudaMalloc(&p, bytes));
-    RS_CUDA_CHECK(cudaMemset(p, 0x3c, bytes));
+using Clock = std::chrono::steady_clock;
+
+// Device floats, pseudo-random in [-1, 1) (never zeros: they time faster than data).
+struct Floats {
+  float* p = nullptr;
+  explicit Floats(size_t n, uint32_t seed) {
+    RS_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
+    std::vector<float> host(n);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& x : host) x = u(rng);
+    RS_CUDA_CHECK(cudaMemcpy(p, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~Floats() { cudaFree(p); }
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
 };
 
-// Seconds of what `enqueue` puts on `stream`, by CUDA events (device time: a
-// shared host does not stretch it).
-template <class F>
-double device_seconds(cudaStream_t stream, F enqueue) {
-  cudaEvent_t a, b;
-  RS_CUDA_CHECK(cudaEventCreate(&a));
-  RS_CUDA_CHECK(cudaEventCreate(&b));
-  RS_CUDA_CHECK(cudaEventRecord(a, stream));
-  enqueue();
-  RS_CUDA_CHECK(cudaEventRecord(b, stream));
-  RS_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  RS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  RS_CUDA_CHECK(cudaEventDestroy(a));
-  RS_CUDA_CHECK(cudaEventDestroy(b));
-  return 1e-3 * ms;
+// Seconds of fn on `stream` by CUDA events, the fastest of reps after one warm-up.
+double best_seconds(cudaStream_t stream, int reps, const std::function<void()>& fn) {
+  cudaEvent_t start, stop;
+  RS_CUDA_CHECK(cudaEventCreate(&start));
+  RS_CUDA_CHECK(cudaEventCreate(&stop));
+  double best = 1e30;
+  for (int r = 0; r <= reps; ++r) {
+    RS_CUDA_CHECK(cudaEventRecord(start, stream));
+    fn();
+    RS_CUDA_CHECK(cudaEventRecord(stop, stream));
+    RS_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    RS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (r > 0) best = std::min(best, 1e-3 * ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
 }
 
 class CudaOpBackend final : public OpBackend {
  public:
-  CudaOpBackend() {
-    RS_CUDA_CHECK(cudaStreamCreate(&stream_));
-    gemm_ = std::make_unique<Gemm>(stream_);
-  }
+  CudaOpBackend() : gemm_(stream_) {}
   ~CudaOpBackend() override {
-    gemm_.reset();
+    cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
   std::string name() const override { return "cuda"; }
   int threads() const override { return 1; }
-  bool can_profile() const override { return false; }
 
-  // y(m, n) = x(m, k)·W(k, n); backward dx = dy·Wᵀ and dW += xᵀ·dy, bf16 in and out.
   PassSeconds gemm(int64_t m, int64_t n, int64_t k, int reps) override {
-    const size_t e = sizeof(__nv_bfloat16);
-    DeviceBuffer x(static_cast<size_t>(m * k) * e), w(static_cast<size_t>(k * n) * e), y(static_cast<size_t>(m * n) * e);
-    DeviceBuffer dx(static_cast<size_t>(m * k) * e), dw(static_cast<size_t>(k * n) * e);
     const int M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
-    double f = 1e30, b = 1e30;
-    for (int r = 0; r <= reps; ++r) {  // the first run warms the algorithm cache
-      const double tf = device_seconds(stream_, [&] { gemm_->run({.m = M, .n = N, .k = K}, DType::kBF16, y.p, x.p, w.p); });
-      const double tb = device_seconds(stream_, [&] {
-        gemm_->run({.m = M, .n = K, .k = N, .trans_b = true}, DType::kBF16, dx.p, y.p, w.p);
-        gemm_->run({.m = K, .n = N, .k = M, .trans_a = true, .beta = 1.0f}, DType::kBF16, dw.p, x.p, y.p);
-      });
-      if (r == 0) continue;
-      f = std::min(f, tf);
-      b = std::min(b, tb);
-    }
-    return {f, b, 1.0};
+    Floats x(size_t(m * k), 1), w(size_t(k * n), 2), y(size_t(m * n), 3), dx(size_t(m * k), 4), dw(size_t(k * n), 5);
+    PassSeconds p;
+    p.fwd_s = best_seconds(stream_, reps, [&] { linear_forward(gemm_, y.p, x.p, w.p, M, K, N); });
+    p.bwd_s = best_seconds(stream_, reps, [&] { linear_backward(gemm_, dx.p, dw.p, y.p, x.p, w.p, M, K, N); });
+    return p;
   }
 
-  // Bytes moved per second (read + write) of a device-to-device copy of `bytes`.
   double stream_bytes_per_s(double bytes, int reps) override {
-    const auto n = static_cast<size_t>(bytes);
-    DeviceBuffer a(n), c(n);
-    double best = 1e30;
-    for (int r = 0; r <= reps; ++r) {
-      const double t = device_seconds(stream_, [&] { RS_CUDA_CHECK(cudaMemcpyAsync(c.p, a.p, n, cudaMemcpyDeviceToDevice, stream_)); });
-      if (r > 0) best = std::min(best, t);
-    }
-    return 2.0 * bytes / best;
+    const auto n = static_cast<size_t>(bytes / sizeof(float));
+    Floats a(n, 6), b(n, 7), y(n, 8);
+    const double s = best_seconds(stream_, reps, [&] { residual_forward<float>(y.p, a.p, b.p, n, stream_); });
+    return 3.0 * static_cast<double>(n) * sizeof(float) / s;
   }
 
-  ModelProfile profile(const models::LayerGraph&, int64_t, int64_t, int) override {
-    throw UserError("calibrate --backend cuda: layer-graph op profiles need the CUDA model driver (exec/backend.h)");
+  // As the CPU backend's profile (exec/microbench.cpp): random tokens in
+  // documents of 64..512, the fastest repetition of each pass and op; the
+  // optimizer runs on the host arenas, as in `rackstep train --backend cuda`.
+  ModelProfile profile(const models::LayerGraph& graph, int64_t batch, int64_t seq, int reps) override {
+    Model model(graph, batch, seq, make_cuda_backend());
+    model.init_params(1);
+    const int64_t N = batch * seq;
+    std::vector<int32_t> tokens(static_cast<size_t>(N + 1)), doc(static_cast<size_t>(N), 0);
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(graph.model.vocab - 1));
+    for (auto& t : tokens) t = tok(rng);
+    std::uniform_int_distribution<int> doc_len(64, 512);
+    for (int64_t b = 0; b < batch; ++b) {
+      int32_t id = 0;
+      for (int64_t t = 0, left = doc_len(rng); t < seq; ++t, --left) {
+        if (left == 0) {
+          ++id;
+          left = doc_len(rng);
+        }
+        doc[static_cast<size_t>(b * seq + t)] = id;
+      }
+    }
+    const OptimizerConfig cfg = default_optimizer_config(1000, graph.model.d_model, N);
+    Optimizer opt(cfg);
+    OptimizerState state = init_optimizer_state(model.params());
+    std::map<std::pair<size_t, int>, double> best_op;
+    bool recording = false;
+    model.set_op_timer([&](size_t op, int phase, Clock::time_point s, Clock::time_point e) {
+      if (!recording) return;
+      const double t = std::chrono::duration<double>(e - s).count();
+      auto [it, fresh] = best_op.emplace(std::make_pair(op, phase), t);
+      if (!fresh) it->second = std::min(it->second, t);
+    });
+    auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    ModelProfile p;
+    p.forward_s = p.backward_s = p.optimizer_s = 1e30;
+    for (int r = 0; r <= reps; ++r) {
+      recording = r > 0;
+      model.zero_grads();
+      const auto t0 = Clock::now();
+      model.forward(tokens.data(), tokens.data() + 1, doc.data());
+      model.backend().synchronize();
+      const auto t1 = Clock::now();
+      model.backward();
+      model.backend().synchronize();
+      const auto t2 = Clock::now();
+      opt.step(model.params(), model.grads(), state);
+      const auto t3 = Clock::now();
+      if (!recording) continue;
+      p.forward_s = std::min(p.forward_s, seconds(t0, t1));
+      p.backward_s = std::min(p.backward_s, seconds(t1, t2));
+      p.optimizer_s = std::min(p.optimizer_s, seconds(t2, t3));
+    }
+    model.set_op_timer(nullptr);
+    p.cpu_share = 1;
+    p.rss_bytes = current_rss_bytes();
+    p.model_bytes = static_cast<double>(model.params().bytes() + model.grads().bytes() + model.activation_bytes() +
+                                        state.momentum.bytes() + state.second_moment.bytes());
+    std::map<size_t, OpSample> by_op;
+    for (const auto& [key, t] : best_op) {
+      OpSample& s = by_op[key.first];
+      s.index = key.first;
+      (key.second == 0 ? s.fwd_s : s.bwd_s) = t;
+    }
+    for (const auto& [i, s] : by_op) p.ops.push_back(s);
+    return p;
   }
 
  private:
-  cudaStream_t stream_ = nullptr;
-  std::unique_ptr<Gemm> gemm_;
+  static cudaStream_t make_stream() {
+    cudaStream_t s = nullptr;
+    RS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }
+  cudaStream_t stream_ = make_stream();
+  Gemm gemm_;
 };
 
 }  // namespace
@@ -105,7 +168,8 @@ class CudaOpBackend final : public OpBackend {
 std::unique_ptr<OpBackend> make_cuda_op_backend() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    throw UserError("calibrate: --backend cuda: expected a CUDA device, found none (cudaGetDeviceCount)");
+    cudaGetLastError();
+    return nullptr;
   }
   return std::make_unique<CudaOpBackend>();
 }

@@ -1,12 +1,12 @@
-// The CUDA backend's op micro-benchmarks for `rackstep calibrate --backend
-// cuda` (exec/microbench.h is the interface and the CPU one): GEMMs through
-// cuBLASLt in bf16 with fp32 accumulation (the engine's mix) timed with CUDA
-// events, and device-to-device copy bandwidth. Layer-graph op profiles need the
-// CUDA model driver (exec/backend.h, issue 10): until it exists the backend
-// says it cannot profile, and the fit uses the GEMMs and bandwidth only.
+// The CUDA side of `rackstep calibrate` (exec/microbench.h): an OpBackend whose
+// GEMMs are the backend's cuBLASLt path (fp32, no TF32), whose stream rate is
+// the residual add on the device, and whose model profile is the one model
+// driver on the CUDA backend (exec/cuda/backend.h) with its per-op timer (the
+// driver synchronises the device around each op, so an op's time is its
+// kernels' wall time). GPU times are not de-loaded: cpu_share = 1.
 //
-//   std::unique_ptr<OpBackend> b = cuda::make_cuda_op_backend();  // UserError without a GPU
-//   nlohmann::json m = run_microbenchmarks(*b, make_plan(models, budget_s), progress);
+//   std::unique_ptr<OpBackend> b = cuda::make_cuda_op_backend();   // nullptr without a device
+//   nlohmann::json m = run_microbenchmarks(*b, make_plan({"models/zoo/tiny-moe.json"}, 60), progress);
 #pragma once
 
 #include <memory>

@@ -3,6 +3,8 @@
 // (token, choice) for the combine backward's dot products, CUB for grouping.
 #include <cub/device/device_radix_sort.cuh>
 
+#include <vector>
+
 #include "exec/cuda/check.h"
 #include "exec/cuda/detail.h"
 #include "exec/cuda/element_access.cuh"
@@ -112,6 +114,94 @@ __global__ void qb_bias_kernel(float* bias, const int64_t* counts, int E, int k,
   bias[e] = static_cast<float>(-q);
 }
 
+// Per token: lse of the logits (max in float, sum in double, as exec/cpu/moe.cpp), z = lse².
+__global__ void router_z_rows_kernel(double* z, const float* logits, int N, int E) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const float* l = logits + size_t(t) * E;
+  float mx = l[0];
+  for (int e = 1; e < E; ++e) mx = fmaxf(mx, l[e]);
+  double sum = 0.0;
+  for (int e = 0; e < E; ++e) sum += exp(static_cast<double>(l[e]) - mx);
+  const double lse = mx + log(sum);
+  z[t] = lse * lse;
+}
+
+// Σ of n doubles by one thread in order (the CPU's serial sum); out[0].
+__global__ void ordered_sum_kernel(double* out, const double* x, int n) {
+  double acc = 0.0;
+  for (int i = 0; i < n; ++i) acc += x[i];
+  out[0] = acc;
+}
+
+__global__ void router_z_backward_kernel(float* dlogits, const float* logits, int N, int E, float weight) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const float* l = logits + size_t(t) * E;
+  double mx = l[0];
+  for (int e = 1; e < E; ++e) mx = fmax(mx, static_cast<double>(l[e]));
+  double sum = 0.0;
+  for (int e = 0; e < E; ++e) sum += exp(l[e] - mx);
+  const double lse = mx + log(sum);
+  const double c = static_cast<double>(weight) * 2.0 * lse / N;
+  float* d = dlogits + size_t(t) * E;
+  for (int e = 0; e < E; ++e) d[e] += static_cast<float>(c * exp(l[e] - mx) / sum);
+}
+
+// f (E): assignments per expert / (N k). Integer-valued double adds are exact in any order.
+__global__ void assignment_counts_kernel(double* f, const int32_t* expert, int A) {
+  RS_GRID_STRIDE(a, size_t(A)) { atomicAdd(&f[expert[a]], 1.0); }
+}
+
+__global__ void divide_doubles_kernel(double* x, int n, double divisor) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] /= divisor;
+}
+
+__global__ void fractions_from_counts_kernel(double* f, const int64_t* counts, int E, double divisor) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e < E) f[e] = static_cast<double>(counts[e]) / divisor;
+}
+
+// Per token: the row max (softmax) and S = Σ_e affinity.
+__global__ void router_affinity_rows_kernel(double* row_max, double* row_sum, const float* logits, int N, int E,
+                                            bool softmax) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const float* l = logits + size_t(t) * E;
+  double mx = l[0];
+  for (int e = 1; e < E; ++e) mx = fmax(mx, static_cast<double>(l[e]));
+  double S = 0.0;
+  for (int e = 0; e < E; ++e) S += router_affinity(l[e], mx, softmax);
+  row_max[t] = mx;
+  row_sum[t] = S;
+}
+
+// P_e · N = Σ_t p_te, a thread per expert walking the tokens in order.
+__global__ void expert_prob_sums_kernel(double* p_sum, const float* logits, const double* row_max,
+                                        const double* row_sum, int N, int E, bool softmax) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  double acc = 0.0;
+  for (int t = 0; t < N; ++t) acc += router_affinity(logits[size_t(t) * E + e], row_max[t], softmax) / row_sum[t];
+  p_sum[e] = acc;
+}
+
+__global__ void aux_backward_kernel(float* dlogits, const float* logits, const double* f, int N, int E, bool softmax,
+                                    double c) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const float* l = logits + size_t(t) * E;
+  double mx = l[0];
+  for (int e = 1; e < E; ++e) mx = fmax(mx, static_cast<double>(l[e]));
+  double S = 0.0;
+  for (int e = 0; e < E; ++e) S += router_affinity(l[e], mx, softmax);
+  double fp = 0.0;
+  for (int e = 0; e < E; ++e) fp += f[e] * (router_affinity(l[e], mx, softmax) / S);
+  float* d = dlogits + size_t(t) * E;
+  for (int j = 0; j < E; ++j) d[j] += aux_loss_dlogit(router_affinity(l[j], mx, softmax), S, f[j], fp, c, softmax);
+}
+
 __global__ void iota_kernel(int32_t* x, int n) {
   RS_GRID_STRIDE(i, size_t(n)) { x[i] = static_cast<int32_t>(i); }
 }
@@ -211,6 +301,84 @@ void qb_bias_from_histogram(float* bias, const int64_t* counts, int E, int k, in
   RS_CHECK(k >= 1 && k <= E, "qb: need 1 <= k <= E");
   qb_bias_kernel<<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(bias, counts, E, k, n_bins, lo,
                                                                        (double(hi) - lo) / n_bins);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+double router_z_loss(const float* logits, int N, int E, double* work, cudaStream_t stream) {
+  if (N == 0) return 0.0;
+  router_z_rows_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(work, logits, N, E);
+  RS_CUDA_CHECK(cudaGetLastError());
+  ordered_sum_kernel<<<1, 1, 0, stream>>>(work + N, work, N);
+  RS_CUDA_CHECK(cudaGetLastError());
+  double total = 0.0;
+  RS_CUDA_CHECK(cudaMemcpyAsync(&total, work + N, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  RS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return total / N;
+}
+
+void router_z_loss_backward(float* dlogits, const float* logits, int N, int E, float weight, cudaStream_t stream) {
+  RS_CHECK(N > 0 && E > 0, "router_z_loss_backward: bad shape");
+  router_z_backward_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(dlogits, logits, N, E, weight);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+// Work layout: f (E), Σ_t p (E), row max (N), row sum (N); router_z_loss uses N + 1.
+size_t router_loss_work_doubles(int N, int E) { return 2 * size_t(E) + 2 * size_t(N) + 1; }
+
+namespace {
+
+// f_e = assignments to e / (N k) into work[0, E); with the global batch's counts, counts_e / (n_total k).
+void assignment_fractions(double* f, const int32_t* expert, int N, int E, int k, const int64_t* counts,
+                          int64_t n_total, cudaStream_t stream) {
+  if (counts) {
+    fractions_from_counts_kernel<<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+        f, counts, E, static_cast<double>(n_total) * k);
+    RS_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  RS_CUDA_CHECK(cudaMemsetAsync(f, 0, sizeof(double) * E, stream));
+  const int A = N * k;
+  assignment_counts_kernel<<<grid_blocks(A, kThreads), kThreads, 0, stream>>>(f, expert, A);
+  RS_CUDA_CHECK(cudaGetLastError());
+  divide_doubles_kernel<<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(f, E, double(N) * k);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+double aux_loss_forward(const float* logits, const int32_t* expert, int N, int E, int k, RouterKind kind, float weight,
+                        double* work, cudaStream_t stream, const int64_t* counts, int64_t n_total) {
+  RS_CHECK(N > 0 && E > 0 && k > 0 && (!counts || n_total >= N), "aux_loss_forward: bad shape");
+  const bool softmax = kind == RouterKind::kSoftmax;
+  double* f = work;
+  double* p_sum = f + E;
+  double* row_max = p_sum + E;
+  double* row_sum = row_max + N;
+  assignment_fractions(f, expert, N, E, k, counts, n_total, stream);
+  router_affinity_rows_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(row_max, row_sum, logits, N, E,
+                                                                                      softmax);
+  RS_CUDA_CHECK(cudaGetLastError());
+  expert_prob_sums_kernel<<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p_sum, logits, row_max, row_sum, N,
+                                                                                  E, softmax);
+  RS_CUDA_CHECK(cudaGetLastError());
+  std::vector<double> host(2 * size_t(E));
+  RS_CUDA_CHECK(cudaMemcpyAsync(host.data(), f, sizeof(double) * host.size(), cudaMemcpyDeviceToHost, stream));
+  RS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double n_mean = counts ? static_cast<double>(n_total) : N;
+  double loss = 0.0;
+  for (int e = 0; e < E; ++e) loss += host[size_t(e)] * host[size_t(E + e)] / n_mean;  // as exec/cpu/balancing.cpp
+  return static_cast<double>(weight) * E * loss;
+}
+
+void aux_loss_backward(float* dlogits, const float* logits, const int32_t* expert, int N, int E, int k,
+                       RouterKind kind, float weight, double* work, cudaStream_t stream, const int64_t* counts,
+                       int64_t n_total) {
+  RS_CHECK(N > 0 && E > 0 && k > 0 && (!counts || n_total >= N), "aux_loss_backward: bad shape");
+  assignment_fractions(work, expert, N, E, k, counts, n_total, stream);
+  const double c = counts ? static_cast<double>(weight) * E / static_cast<double>(n_total)
+                          : static_cast<double>(weight) * E / N;
+  aux_backward_kernel<<<(N + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      dlogits, logits, work, N, E, kind == RouterKind::kSoftmax, c);
   RS_CUDA_CHECK(cudaGetLastError());
 }
 

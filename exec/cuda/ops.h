@@ -50,6 +50,24 @@ void rmsnorm_backward(T* dx,            // (rows, d) =
                       const float* gain,// (d) or nullptr
                       float multiplier, int rows, int d, cudaStream_t stream);
 
+// LayerNorm with a gain and no bias (exec/kernels.h, layernorm_*): y = (x − mean)·rstd·gain.
+template <typename T>
+void layernorm_forward(T* y,              // (rows, d)
+                       float* rstd,       // (rows) saved
+                       const T* x,        // (rows, d)
+                       const float* gain, // (d)
+                       float eps, int rows, int d, cudaStream_t stream);
+// dx =, dgain += (a thread per column walks the rows in order: deterministic).
+template <typename T>
+void layernorm_backward(T* dx,             // (rows, d) =, may alias dy
+                        float* dgain,      // (d) +=
+                        const T* dy,       // (rows, d)
+                        const T* x,        // (rows, d)
+                        const float* rstd, // (rows)
+                        const float* gain, // (d)
+                        float* row_mean,   // (rows) scratch
+                        int rows, int d, cudaStream_t stream);
+
 // Partial RoPE (NeoX pairing) over (N, heads, hd); sign +1 forward, −1 backward.
 template <typename T>
 void rope_apply(T* y,                  // (N, heads, hd)
@@ -116,6 +134,22 @@ void embedding_backward(float* dtable,          // (V, d) +=
                         const Elem* dout,       // (N, d)
                         const int32_t* tokens,  // (N)
                         int N, int d, cudaStream_t stream);
+
+// Column slicing of row-major tensors (exec/model.cpp's MLA plumbing): y (rows, wy)
+// gets the first min(wx, wy) columns of x (rows, wx), zeros after; with
+// accumulate, the common columns are added and the rest left alone.
+void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool accumulate,
+                  cudaStream_t stream);
+// MLA key: k (N, H, hd + r) = [k_nope (N, H, hd) | k_rope (N, r) for every head].
+void assemble_key(float* k, const float* k_nope, const float* k_rope, int64_t N, int64_t H, int64_t hd, int64_t r,
+                  cudaStream_t stream);
+// Its backward: dk_nope = dk[..., :hd] (= or +=), dk_rope = Σ_h dk[..., hd:] (= or +=; heads in order).
+void split_key_grad(float* dk_nope, bool acc_nope, float* dk_rope, bool acc_rope, const float* dk, int64_t N,
+                    int64_t H, int64_t hd, int64_t r, cudaStream_t stream);
+// dst += src.
+void add_inplace(float* dst, const float* src, size_t n, cudaStream_t stream);  // (n) each
+// Whether every element is finite (waits for the stream). The NaN localisation check.
+bool all_finite(const float* x, size_t n, cudaStream_t stream);                 // (n)
 
 // Cross-entropy with logit z-loss over a chunk of tokens, as exec/kernels.h's
 // cross_entropy_forward (the chunk's shares of the batch means; waits for the

@@ -11,11 +11,16 @@
 //   rackstep train ... --dispatch pooled --ep 4 --sender-cf 1.1 --receiver-cf 1.15   # simulated EP drops
 //   mpirun -np 4 rackstep train --model models/zoo/tiny-moe.json --data data/py --batch 8   # data parallel
 //   mpirun -np 4 rackstep train ... --dispatch pooled --ep 4 [--verify-dispatch]   # real expert parallel
+//   rackstep train --model models/zoo/tiny-moe.json --data data/py --steps 20 --backend cuda   # on the GPU
 //   rackstep train ... --routing-trace-eval runs/t/eval.rsrt --eval-batches 64   # routing for drops --replay
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "exec/backend.h"
+#if defined(RACKSTEP_HAVE_CUDA)
+#include "exec/cuda/backend.h"
+#endif
 #include "exec/dist.h"
 #include "exec/train.h"
 #include "exec/watchdog.h"
@@ -36,7 +41,24 @@ struct TrainArgs {
   double collective_timeout_s = 600;  // exec/watchdog.h; 0 = off
 };
 
+// --backend: "cpu" is built in; "cuda" where this binary links the CUDA
+// backend (exec/cuda/backend.h) and the machine has a device.
+void check_backend(const std::string& name) {
+  if (name == "cpu") return;
+  if (name != "cuda") throw UserError("train --backend: expected cpu or cuda, found '" + name + "'");
+#if defined(RACKSTEP_HAVE_CUDA)
+  cuda::register_cuda_backend();
+  for (const std::string& n : available_backends())
+    if (n == "cuda") return;
+  throw UserError("train --backend cuda: expected a CUDA device on this machine, found none");
+#else
+  throw UserError("train --backend cuda: expected a rackstep built with the CUDA backend, found one built without "
+                  "(nvcc was not found when CMake configured it)");
+#endif
+}
+
 int run_on(TrainArgs& a, const Comm& world) {
+  check_backend(a.o.backend);
   if (!a.o.layout_path.empty() && a.dispatch != "none") {
     throw UserError("train: expected --layout or --dispatch/--ep (the layout holds the EP settings), found both");
   }
@@ -80,7 +102,7 @@ int run(TrainArgs& a) {
 }
 
 rackstep::cli::Registration reg{
-    "train", "Train a model on a token-shard dataset with the CPU engine (fp32, OpenBLAS + OpenMP)",
+    "train", "Train a model on a token-shard dataset (fp32; CPU: OpenBLAS + OpenMP, or --backend cuda)",
     [](CLI::App& app) {
       auto a = std::make_shared<TrainArgs>();
       app.add_option("--model", a->o.model_path, "model JSON (models/zoo/*.json)")->required();
@@ -108,6 +130,9 @@ rackstep::cli::Registration reg{
       app.add_option("--profile-steps", a->o.profile_steps, "steps profiled (from the first)")
           ->check(CLI::PositiveNumber);
       app.add_option("--seed", a->o.seed, "parameter init and data order");
+      app.add_option("--backend", a->o.backend,
+                     "where the ops run: cpu, or cuda (fp32 parity mode on the GPU; needs a CUDA build and a device)")
+          ->capture_default_str();
       app.add_option("--threads", a->o.threads, "OpenMP / OpenBLAS threads (results are bitwise reproducible per count)")
           ->check(CLI::NonNegativeNumber);
       app.add_option("--batch", a->o.batch, "sequences per step (default: the recipe's)")->check(CLI::PositiveNumber);
