@@ -504,6 +504,10 @@ std::string unsupported(const models::Op& op) {
     return "its parameter '" + op.params[known].name + "' (the CUDA backend runs " + std::to_string(known) +
            " for a " + models::to_string(op.kind) + " op; exec/cpu runs it)";
   }
+  if (op.alibi) return "ALiBi scores (exec/cpu runs them)";
+  if (op.kind == OpKind::kSharedMlp && op.activation != models::MlpActivation::kSwiGlu) {
+    return "a non-SwiGLU MLP activation (the CUDA backend runs SwiGLU only)";
+  }
   if (op.kind == OpKind::kSharedMlp && op.params.size() < known) {
     return "an MLP without SwiGLU's three matrices (the CUDA backend runs SwiGLU only)";
   }
