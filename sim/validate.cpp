@@ -187,6 +187,12 @@ std::vector<ValidationRun> load_validation_set(const std::string& dir) {
       v.role = j.string("role");
       if (v.role != "fitted" && v.role != "validation") j.fail("role", "\"fitted\" or \"validation\"", v.role);
       v.citation = citation + "; " + j.string("source");
+      JsonReader check = j.object("verified");
+      const std::string status = check.string("status");
+      if (status != "verified" && status != "unverified") check.fail("status", "\"verified\" or \"unverified\"", status);
+      v.verified = status == "verified";
+      v.verification = check.string("how");
+      check.finish();
       v.model_path = src(j.string("model"));
       v.cluster_path = src(j.string("cluster"));
       v.domains = j.integer("domains", 0, {.min = 0});
@@ -245,11 +251,13 @@ void run_validation(std::vector<ValidationRun>& runs, const std::string& calibra
   }
 }
 
-ValidationSummary summarize(const std::vector<ValidationRun>& runs, const std::string& role) {
+ValidationSummary summarize(const std::vector<ValidationRun>& runs, const std::string& role, SourceCheck check) {
   ValidationSummary s;
   std::vector<double> errs;
   for (const ValidationRun& v : runs) {
     if (v.role != role) continue;
+    if (check == SourceCheck::kVerified && !v.verified) continue;
+    if (check == SourceCheck::kUnverified && v.verified) continue;
     ++s.runs;
     if (v.ok && v.verdict_right()) ++s.verdicts_right;
     if (!v.ok || v.measured_step_time_s <= 0) continue;
