@@ -196,6 +196,7 @@ std::vector<ValidationRun> load_validation_set(const std::string& dir) {
       v.model_path = src(j.string("model"));
       v.cluster_path = src(j.string("cluster"));
       v.domains = j.integer("domains", 0, {.min = 0});
+      v.gpus_per_domain = j.integer("gpus_per_domain", 0, {.min = 0});
       v.stack = j.string("stack");
       if (j.has("layout_file")) {
         v.layout_json = load_json_file(src(j.string("layout_file")));
@@ -224,7 +225,9 @@ void run_validation(std::vector<ValidationRun>& runs, const std::string& calibra
   for (ValidationRun& v : runs) {
     try {
       const auto g = models::build_layer_graph(models::load_model(v.model_path));
-      const auto c = topologies::load_cluster(v.cluster_path, v.domains);
+      const auto c = v.gpus_per_domain > 0
+                         ? topologies::make_cluster(topologies::load_system(v.cluster_path), v.domains, v.gpus_per_domain)
+                         : topologies::load_cluster(v.cluster_path, v.domains);
       const Layout l = parse_layout(v.layout_json, v.file + " run " + v.id);
       const Stack stack = load_stack(stack_path(v.stack));
       const Prediction p = Predictor(g, c, stack_calibration(stack, base)).predict(l);

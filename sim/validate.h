@@ -54,6 +54,7 @@ struct ValidationRun {
   std::string verification;      // how they were checked, or why they could not be
   std::string model_path, cluster_path, stack, layout_desc;
   int64_t domains = 0;
+  int64_t gpus_per_domain = 0;   // 0 = the whole domain (a run on part of one node sets it)
   nlohmann::json layout_json;    // sim/layout.h JSON
   // Measured (0 / absent = not published).
   double measured_step_time_s = 0;
