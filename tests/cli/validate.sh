@@ -49,7 +49,7 @@ check "the table names both groups" "grep -q '^fitted rows' <<<\"\$out\" && grep
 read -r med max verdicts <<<"$figs"
 check "the text goal line prints the computed figures ($med% / $max% / $verdicts)" "grep -q \"^goal on the verified validation rows.*median |step error| $med%, max $max%, verdicts right $verdicts\" <<<\"\$out\""
 
-# One verified validation measurement doubled: the goal figures follow the data.
+# Every verified validation measurement doubled: the goal figures follow the data.
 python3 - "$tmp" <<'EOF'
 import json, glob, os, shutil, sys
 tmp = sys.argv[1]
@@ -58,7 +58,7 @@ done = False
 for f in sorted(glob.glob("tests/validation/*.json")):
     d = json.load(open(f))
     for r in d["runs"]:
-        if not done and r["role"] == "validation" and r["verified"]["status"] == "verified" and r["measured"].get("step_time_s"):
+        if r["role"] == "validation" and r["verified"]["status"] == "verified" and r["measured"].get("step_time_s"):
             r["measured"]["step_time_s"] *= 2.0
             done = True
     json.dump(d, open(f"{tmp}/set/" + os.path.basename(f), "w"))
@@ -68,7 +68,7 @@ EOF
 check "validate --dir on an edited set exits 0" "[ $rc -eq 0 ]"
 figs2=$(python3 "$tmp/goal.py" "$tmp/v2.json"); rc=$?
 check "the edited set's goal is recomputed from its rows" "[ $rc -eq 0 ]"
-check "a doubled measurement moves the goal's max error to about 50% and the goal is not met" "python3 -c 'import json; g=json.load(open(\"$tmp/v2.json\"))[\"goal\"]; assert g[\"max_abs_step_error\"] > 0.4 and not g[\"met\"]'"
+check "doubled measurements move the goal's median error to about 50% and the goal is not met" "python3 -c 'import json; g=json.load(open(\"$tmp/v2.json\"))[\"goal\"]; g0=json.load(open(\"$tmp/v.json\"))[\"goal\"]; assert g[\"median_abs_step_error\"] > 0.3 and g[\"median_abs_step_error\"] != g0[\"median_abs_step_error\"] and not g[\"met\"]'"
 
 # A GPU without GEMM calibration: a warning on its rows, never a silent default.
 python3 -c "
