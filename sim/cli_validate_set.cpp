@@ -144,7 +144,8 @@ int run_validate_set(const ValidateSetArgs& a) {
 rackstep::cli::Registration reg{
     "validate",
     "Published measured runs (tests/validation/*.json) predicted under their training stacks: fitted and "
-    "validation rows apart, step-time error, MFU and memory verdicts",
+    "validation rows apart, step-time error, MFU and memory verdicts; rows whose figures were checked against the "
+    "publication (verified) and not (unverified) summarised apart, the goal line on the verified validation rows",
     [](CLI::App& app) {
       auto a = std::make_shared<ValidateSetArgs>();
       app.add_option("--dir", a->dir, "folder of validation-set JSON files (default tests/validation)");
