@@ -151,4 +151,83 @@ double all_reduce_bus_bw(const Network& net, int64_t domains, int64_t gpus_per_d
   return t > 0 ? 2.0 * (n - 1.0) / n * bytes / t : 0.0;
 }
 
+// ------------------------------------------------------------ bytes per tier
+
+namespace {
+
+constexpr double kOneByte = 1.0;
+
+using RingTime = double (*)(const Network&, const Group&, double);
+
+// passes: 1 for all-gather / reduce-scatter, 2 for all-reduce.
+Traffic ring_traffic(const Network& net, const Group& g, double full_bytes, double passes, RingTime fn) {
+  Traffic t;
+  if (g.size <= 1 || full_bytes <= 0) return t;
+  const double inner = static_cast<double>(g.per_domain());
+  const double domains = static_cast<double>(g.domains);
+  t.nvlink_bytes = passes * (inner - 1.0) / inner * full_bytes;
+  t.nic_bytes = passes * (domains - 1.0) / domains * full_bytes / inner;
+  if (g.units > 1) t.spine_bytes = t.nic_bytes;  // a rail ring across units runs at the spine's share
+  t.bw_s = fn(net, g, full_bytes) - fn(net, g, kOneByte);
+  return t;
+}
+
+}  // namespace
+
+Traffic& Traffic::operator+=(const Traffic& o) {
+  nvlink_bytes += o.nvlink_bytes;
+  nic_bytes += o.nic_bytes;
+  spine_bytes += o.spine_bytes;
+  bw_s += o.bw_s;
+  return *this;
+}
+
+Traffic all_gather_traffic(const Network& net, const Group& g, double full_bytes) {
+  return ring_traffic(net, g, full_bytes, 1.0, all_gather_s);
+}
+
+Traffic reduce_scatter_traffic(const Network& net, const Group& g, double full_bytes) {
+  return ring_traffic(net, g, full_bytes, 1.0, reduce_scatter_s);
+}
+
+Traffic all_reduce_traffic(const Network& net, const Group& g, double full_bytes) {
+  return ring_traffic(net, g, full_bytes, 2.0, all_reduce_s);
+}
+
+Traffic all_to_all_traffic(const Network& net, const Group& g, double bytes_per_rank, double link_eff) {
+  Traffic t;
+  if (g.size <= 1 || bytes_per_rank <= 0) return t;
+  const double n = static_cast<double>(g.size);
+  const double inner = static_cast<double>(g.per_domain());
+  t.nvlink_bytes = (inner - 1.0) / n * bytes_per_rank;
+  t.nic_bytes = (n - inner) / n * bytes_per_rank;
+  if (g.units > 1) {
+    // Peers outside my scalable unit (as all_to_all_s).
+    const double unit_ranks = inner * std::ceil(static_cast<double>(g.domains) / static_cast<double>(g.units));
+    t.spine_bytes = std::max(0.0, n - unit_ranks) / n * bytes_per_rank;
+  }
+  t.bw_s = all_to_all_s(net, g, bytes_per_rank, link_eff) - all_to_all_s(net, g, kOneByte, link_eff);
+  return t;
+}
+
+Traffic send_recv_traffic(const Network& net, bool cross_domain, double bytes) {
+  Traffic t;
+  if (bytes <= 0) return t;
+  (cross_domain ? t.nic_bytes : t.nvlink_bytes) = bytes;
+  t.bw_s = send_recv_s(net, cross_domain, bytes) - send_recv_s(net, cross_domain, kOneByte);
+  return t;
+}
+
+CommCost comm_cost(double t_s, const Traffic& tr) {
+  CommCost c;
+  if (!(t_s > 0)) return c;
+  c.nvlink_bytes = tr.nvlink_bytes;
+  c.nic_bytes = tr.nic_bytes;
+  c.spine_bytes = std::min(tr.spine_bytes, tr.nic_bytes);
+  c.bw_s = c.nvlink_bytes + c.nic_bytes > 0 ? std::clamp(tr.bw_s, 0.0, t_s) : 0.0;
+  if (c.bw_s <= 0) c.nvlink_bytes = c.nic_bytes = c.spine_bytes = 0;
+  c.latency_s = t_s - c.bw_s;
+  return c;
+}
+
 }  // namespace rackstep::sim

@@ -84,4 +84,43 @@ int64_t units_spanned(const Network& net, int64_t domains);
 // nccl-tests bus bandwidth of an all-reduce over `domains` full domains (for validation).
 double all_reduce_bus_bw(const Network& net, int64_t domains, int64_t gpus_per_domain, double bytes);
 
+// ------------------------------------------------------------ bytes per tier
+// What the discrete-event simulator (sim/step_graph.h) needs of a collective:
+// the real per-GPU bytes of its algorithm on each network tier, and how its
+// time splits into a fixed latency and the time those bytes take.
+//
+// Per-GPU bytes of one call on each tier, and the bandwidth part of its time
+// (its time for the payload minus its time for a 1-byte message).
+//   ring (NCCL, hierarchical): inside each domain every GPU sends (n-1)/n of
+//     the buffer per pass over NVLink; across domains the 1/inner shard goes
+//     round a rail ring over the NIC (all the NIC bytes cross the spine when
+//     the group spans scalable units).
+//   all-to-all: the share to peers in the domain crosses NVLink, the rest the
+//     NIC, the share to peers outside the scalable unit the spine too.
+struct Traffic {
+  double nvlink_bytes = 0, nic_bytes = 0, spine_bytes = 0, bw_s = 0;
+  Traffic& operator+=(const Traffic& o);
+};
+Traffic all_gather_traffic(const Network& net, const Group& g, double full_bytes);
+Traffic reduce_scatter_traffic(const Network& net, const Group& g, double full_bytes);
+Traffic all_reduce_traffic(const Network& net, const Group& g, double full_bytes);
+Traffic all_to_all_traffic(const Network& net, const Group& g, double bytes_per_rank, double link_eff = 1.0);
+Traffic send_recv_traffic(const Network& net, bool cross_domain, double bytes);
+
+// One call as the event engine runs it: a fixed latency, then the per-GPU bytes
+// over the NVLink port and the NIC streaming together; alone on their links the
+// tiers finish after bw_s, so latency_s + bw_s is the predictor's time.
+struct CommCost {
+  double latency_s = 0;
+  double bw_s = 0;
+  double nvlink_bytes = 0;  // per GPU
+  double nic_bytes = 0;     // per GPU, leaves the NVLink domain
+  double spine_bytes = 0;   // of nic_bytes: leaves the scalable unit over the spine
+  double time_s() const { return latency_s + bw_s; }
+  CommCost scaled(double f) const { return {latency_s * f, bw_s * f, nvlink_bytes * f, nic_bytes * f, spine_bytes * f}; }
+};
+// The predictor's time t_s for a call, split into latency and bandwidth time for
+// the traffic's bytes (the bandwidth part never exceeds t_s).
+CommCost comm_cost(double t_s, const Traffic& tr);
+
 }  // namespace rackstep::sim

@@ -104,8 +104,14 @@ double newton_schulz_flops(double m, double n, int64_t steps) {
 // bucket when the backward has ended, as a trainer that reduces the stacked
 // gradients after its layer loop does). Buckets queue on the network one at a
 // time; whatever still runs when the backward ends is exposed.
-double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration& cal, const Layout& l,
-                         const LayoutShape& s, const double* bwd_wall, size_t classes) {
+// The replicas a layer's gradients are reduced across once per step, and the
+// share of a layer's parameters each GPU holds gradients for.
+struct GradSyncGroups {
+  Group dense, expert, replicated;
+  double dense_shard = 1, expert_shard = 1;
+};
+
+GradSyncGroups grad_sync_groups(const Network& net, const Layout& l, const LayoutShape& s) {
   const int64_t tp = l.tp, cp = l.cp;
   // ZeRO-3 reduce-scatters inside each layer's backward; what is left per step is
   // the all-reduce of the shards across the data/fsdp replicas. ZeRO 0-2 (and kept
@@ -115,14 +121,25 @@ double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration
   const bool whole = !s.gathers_per_layer;
   const int64_t expert_split = whole ? l.ep : std::max(l.ep, l.fsdp);
   const int64_t dense_split = whole ? 1 : l.fsdp;
-  const double dense_shard = static_cast<double>(dense_split * tp);
-  const double expert_shard = static_cast<double>(expert_split * tp);
-  const Group dense_g = group_of(net, l.data / dense_split * cp, tp * dense_split);
-  const Group expert_g = group_of(net, l.data / expert_split * cp, tp * expert_split);
+  GradSyncGroups g;
+  g.dense_shard = static_cast<double>(dense_split * tp);
+  g.expert_shard = static_cast<double>(expert_split * tp);
+  g.dense = group_of(net, l.data / dense_split * cp, tp * dense_split);
+  g.expert = group_of(net, l.data / expert_split * cp, tp * expert_split);
+  g.replicated = group_of(net, l.data * cp, tp);
+  return g;
+}
+
+double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration& cal, const Layout& l,
+                         const LayoutShape& s, const double* bwd_wall, size_t classes) {
+  const GradSyncGroups gs = grad_sync_groups(net, l, s);
+  const double dense_shard = gs.dense_shard;
+  const double expert_shard = gs.expert_shard;
+  const Group& dense_g = gs.dense;
+  const Group& expert_g = gs.expert;
   const double edge_s = all_reduce_s(net, dense_g, s.edge_params / dense_shard * s.grad_bytes);
   const double replicated_s =
-      s.replicated_params > 0 ? all_reduce_s(net, group_of(net, l.data * cp, tp), s.replicated_params * s.grad_bytes)
-                              : 0.0;
+      s.replicated_params > 0 ? all_reduce_s(net, gs.replicated, s.replicated_params * s.grad_bytes) : 0.0;
   if (cal.grad_sync_bucket_layers <= 0) {
     const double dense_s = all_reduce_s(net, dense_g, s.dense_stage_params / dense_shard * s.grad_bytes);
     const double expert_s = s.expert_stage_params > 0
@@ -157,6 +174,8 @@ double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration
   return std::max(0.0, net_free - now);
 }
 
+}  // namespace
+
 // Per-class results for one micro-batch on one GPU.
 struct ClassCost {
   BlockTime compute;
@@ -168,9 +187,11 @@ struct ClassCost {
   double carry_xfer_s = 0;                       // residual carry to/from host
 };
 
+namespace {
 struct Groups {
   Group fsdp, ezero, ep, tp, cp;
 };
+}  // namespace
 
 class StepModel {
  public:
@@ -204,8 +225,16 @@ class StepModel {
 
   const LayoutShape& shape() const { return s_; }
   const PriceContext& ctx() const { return ctx_; }
+  const Layout& layout() const { return l_; }
   double drop() const { return drop_; }
   const char* drop_source() const { return drop_source_; }
+
+  std::vector<ClassCost> class_costs() const {
+    std::vector<ClassCost> out;
+    out.reserve(t_.classes.size());
+    for (const auto& lc : t_.classes) out.push_back(class_cost(lc));
+    return out;
+  }
 
   ClassCost class_cost(const LayerClass& lc) const {
     ClassCost k;
@@ -225,9 +254,7 @@ class StepModel {
     }
     if (lc.moe && l_.ep > 1) {
       const bool pooled = l_.ep_transport == EpTransport::kPooled;
-      // Pooled sends whole pools (sender_cf · A rows); ragged sends the rows it has.
-      const double rows = pooled ? l_.sender_cf * s_.routed_rows_mb : s_.routed_rows_mb;
-      const double bytes = rows * static_cast<double>(t_.moe_width) * 2.0;
+      const double bytes = ep_bytes();
       const double fixed = cal_.ep_a2a_latency_s + (pooled ? 0.0 : cal_.ep_ragged_sync_s);
       const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
       k.ep_dispatch_s = all_to_all_s(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
@@ -262,7 +289,119 @@ class StepModel {
     return steps * send_recv_s(net_, cross, kv_bytes);
   }
 
+  // The calls behind a class's communication times (k), with their bytes per tier.
+  LayerCollectives collectives(const LayerClass& lc, const ClassCost& k) const {
+    LayerCollectives c;
+    const double tp = static_cast<double>(l_.tp);
+    Traffic gather, rs;
+    if (l_.fsdp > 1) {
+      gather += all_gather_traffic(net_, g_.fsdp, lc.dense_params / tp * 2.0);
+      rs += reduce_scatter_traffic(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+    }
+    if (s_.expert_zero > 1.0) {
+      const double local = lc.expert_params / (static_cast<double>(l_.ep) * tp);
+      gather += all_gather_traffic(net_, g_.ezero, local * 2.0);
+      rs += reduce_scatter_traffic(net_, g_.ezero, local * s_.grad_bytes);
+    }
+    c.fsdp_gather = comm_cost(k.fsdp_gather_s, gather);
+    c.grad_reduce_scatter = comm_cost(k.grad_rs_s, rs);
+    if (lc.moe && l_.ep > 1) {
+      const double bytes = ep_bytes();
+      c.ep_dispatch = comm_cost(k.ep_dispatch_s, all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)));
+      c.ep_combine = comm_cost(k.ep_combine_s, all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep)));
+    }
+    if (l_.tp > 1) {
+      const double act = s_.tokens_mb * static_cast<double>(t_.d_model) * 2.0;
+      Traffic t = all_gather_traffic(net_, g_.tp, act);
+      t += reduce_scatter_traffic(net_, g_.tp, act);
+      t += t;
+      c.tp = comm_cost(k.tp_pass_s, t);
+    }
+    if (l_.cp > 1) c.cp = comm_cost(k.cp_pass_s, cp_traffic(lc));
+    const GradSyncGroups gs = grad_sync_groups(net_, l_, s_);
+    c.grad_sync_dense = all_reduce_cost(gs.dense, lc.dense_params / gs.dense_shard * s_.grad_bytes);
+    c.grad_sync_expert = all_reduce_cost(gs.expert, lc.expert_params / gs.expert_shard * s_.grad_bytes);
+    return c;
+  }
+
+  // The per-step calls: stage-boundary sends, the edge and replicated gradient
+  // all-reduces, Muon's gather to the matrix owners and redistribution.
+  StepCollectives step_collectives() const {
+    StepCollectives c;
+    if (l_.pp > 1) {
+      const double act = pp_send_bytes();
+      const bool cross = pp_send_cross();
+      c.pp_send = comm_cost(send_recv_s(net_, cross, act), send_recv_traffic(net_, cross, act));
+    }
+    const GradSyncGroups gs = grad_sync_groups(net_, l_, s_);
+    c.edge_grad_sync = all_reduce_cost(gs.dense, s_.edge_params / gs.dense_shard * s_.grad_bytes);
+    c.replicated_grad_sync = all_reduce_cost(gs.replicated, s_.replicated_params * s_.grad_bytes);
+    Traffic one;
+    double t_one = 0;
+    for (const MuonCall& m : muon_calls()) {
+      one += all_to_all_traffic(net_, m.group, m.bytes);
+      t_one += all_to_all_s(net_, m.group, m.bytes);
+    }
+    c.muon_gather = c.muon_redistribute = comm_cost(t_one, one);
+    return c;
+  }
+
+  // EP all-to-all bytes per GPU of one call: pooled sends whole pools
+  // (sender_cf · A rows), ragged the rows it has; bf16 rows of the expert input width.
+  double ep_bytes() const {
+    const bool pooled = l_.ep_transport == EpTransport::kPooled;
+    const double rows = pooled ? l_.sender_cf * s_.routed_rows_mb : s_.routed_rows_mb;
+    return rows * static_cast<double>(t_.moe_width) * 2.0;
+  }
+
+  // One micro-batch of activations in bf16 across a stage boundary.
+  double pp_send_bytes() const { return s_.tokens_mb * static_cast<double>(t_.d_model) * 2.0 / static_cast<double>(l_.tp); }
+  bool pp_send_cross() const { return l_.data * l_.tp * l_.cp >= net_.gpus_per_domain; }
+
+  // Muon's all-to-alls (each way) that bring the shards of each matrix to its owner.
+  struct MuonCall {
+    Group group;
+    double bytes;
+  };
+  std::vector<MuonCall> muon_calls() const {
+    std::vector<MuonCall> out;
+    const int64_t tp = l_.tp, cp = l_.cp;
+    if (s_.dense_shard > 1.0) out.push_back({group_of(net_, l_.fsdp * tp, cp), s_.muon_dense_local * 2.0});
+    if (s_.expert_zero > 1.0) {
+      out.push_back({group_of(net_, static_cast<int64_t>(s_.expert_zero), tp * cp * l_.ep), s_.muon_expert_local * 2.0});
+    }
+    return out;
+  }
+
  private:
+  CommCost all_reduce_cost(const Group& g, double bytes) const {
+    if (g.size <= 1 || bytes <= 0) return {};
+    return comm_cost(all_reduce_s(net_, g, bytes), all_reduce_traffic(net_, g, bytes));
+  }
+
+  // KV blocks of a class's attention ops passed round the CP ring (or gathered), one forward pass.
+  Traffic cp_traffic(const LayerClass& lc) const {
+    const double tp = static_cast<double>(l_.tp);
+    const bool cross = g_.cp.domains > 1;
+    Traffic t;
+    for (const OpEntry& e : lc.ops) {
+      if (e.kind != OpKind::kAttention) continue;
+      const double kv = s_.tokens_mb * e.kv_heads * (e.qk_head_dim + e.head_dim) * 2.0 / tp;
+      if (l_.cp_kind == CpKind::kAllGatherKv) {
+        t += all_gather_traffic(net_, g_.cp, kv * static_cast<double>(l_.cp));
+        continue;
+      }
+      const double chunk = static_cast<double>(s_.seq) / static_cast<double>(l_.cp);
+      double steps = static_cast<double>(l_.cp - 1);
+      if (e.window > 0) steps = std::min(steps, std::ceil(static_cast<double>(e.window) / chunk));
+      const Traffic one = send_recv_traffic(net_, cross, kv);
+      t.nvlink_bytes += steps * one.nvlink_bytes;
+      t.nic_bytes += steps * one.nic_bytes;
+      t.bw_s += steps * one.bw_s;
+    }
+    return t;
+  }
+
   const OpTable& t_;
   const topologies::Cluster& c_;
   const Calibration& cal_;
@@ -274,6 +413,8 @@ class StepModel {
   double drop_ = 0;
   const char* drop_source_ = "none";
 };
+
+namespace {
 
 // Exposed EP time of one pass (dispatch + combine) given the expert compute it can hide behind.
 double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double expert_s) {
@@ -315,7 +456,13 @@ Prediction Predictor::predict(const Layout& l) const {
     p.issues = std::move(issues);
     return p;
   }
-  Prediction p = run(l);
+  const StepModel sm(table_, cluster_, cal_, net_, l);
+  Prediction p = run(sm, sm.class_costs());
+  add_memory_issues(p);
+  return p;
+}
+
+void Predictor::add_memory_issues(Prediction& p) const {
   if (!p.memory.fits_device) {
     p.issues.push_back({Reason::kDeviceMemory, "needs " + std::to_string(p.memory.device_total / (1u << 30)) +
                                                    " GiB per GPU, HBM holds " +
@@ -326,12 +473,12 @@ Prediction Predictor::predict(const Layout& l) const {
                                                  " GiB of host memory per GPU, has " +
                                                  std::to_string(p.memory.host_capacity / (1u << 30)) + " GiB"});
   }
-  return p;
 }
 
 Prediction Predictor::predict_fast(const Layout& l, Reason* reason) const {
   if (first_issue(l, graph_, cluster_, reason)) return Prediction{};
-  Prediction p = run(l);
+  const StepModel sm(table_, cluster_, cal_, net_, l);
+  Prediction p = run(sm, sm.class_costs());
   if (!p.memory.fits_device) {
     *reason = Reason::kDeviceMemory;
     p.valid = false;
@@ -342,8 +489,8 @@ Prediction Predictor::predict_fast(const Layout& l, Reason* reason) const {
   return p;
 }
 
-Prediction Predictor::run(const Layout& l) const {
-  const StepModel sm(table_, cluster_, cal_, net_, l);
+Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& costs) const {
+  const Layout& l = sm.layout();
   const LayoutShape& s = sm.shape();
   const PriceContext& ctx = sm.ctx();
   const double pp = static_cast<double>(l.pp);
@@ -362,7 +509,7 @@ Prediction Predictor::run(const Layout& l) const {
   double bwd_wall[kMaxClasses] = {};
   for (size_t ci = 0; ci < table_.classes.size(); ++ci) {
     const LayerClass& lc = table_.classes[ci];
-    const ClassCost k = sm.class_cost(lc);
+    const ClassCost& k = costs[ci];
     const double n = static_cast<double>(lc.count) / pp * s.stage_scale;
     const BlockTime& bt = k.compute;
     const double rec = full ? bt.fwd_s : selective ? bt.recompute_selective_s : 0.0;
@@ -430,13 +577,11 @@ Prediction Predictor::run(const Layout& l) const {
   const double mb_fwd = f + (ep + fsdp + tpc + cpc + off) * 0.5;
   const double mb_bwd = r + b + (ep + fsdp + tpc + cpc + off) * 0.5;
   if (l.pp > 1) {
-    const double act = s.tokens_mb * static_cast<double>(table_.d_model) * 2.0 / static_cast<double>(l.tp);
-    const bool cross = l.data * l.tp * l.cp >= net_.gpus_per_domain;
-    bd.pp_bubble_s = pipeline_bubble(l, mb_fwd, mb_bwd) + 2.0 * (pp - 1.0) * send_recv_s(net_, cross, act);
+    bd.pp_bubble_s = pipeline_bubble(l, mb_fwd, mb_bwd) +
+                     2.0 * (pp - 1.0) * send_recv_s(net_, sm.pp_send_cross(), sm.pp_send_bytes());
   }
 
   bd.grad_sync_s = exposed_grad_sync(table_, net_, cal_, l, s, bwd_wall, std::min(kMaxClasses, table_.classes.size()));
-  const int64_t tp = l.tp, cp = l.cp;
 
   // Optimizer. Device update: Adam reads p, g, m, v and writes p, m, v (fp32); Muon
   // reads p, g, momentum and writes p, momentum. States on host stream over the link.
@@ -482,14 +627,7 @@ Prediction Predictor::run(const Layout& l) const {
   opt_compute += ns_s;
   // Gather the shards of each matrix to its owner and send the result back.
   double opt_comm = 0.0;
-  if (s.dense_shard > 1.0) {
-    const Group g = group_of(net_, l.fsdp * tp, cp);
-    opt_comm += 2.0 * all_to_all_s(net_, g, s.muon_dense_local * 2.0);
-  }
-  if (s.expert_zero > 1.0) {
-    const Group g = group_of(net_, static_cast<int64_t>(s.expert_zero), tp * cp * l.ep);
-    opt_comm += 2.0 * all_to_all_s(net_, g, s.muon_expert_local * 2.0);
-  }
+  for (const StepModel::MuonCall& c : sm.muon_calls()) opt_comm += 2.0 * all_to_all_s(net_, c.group, c.bytes);
   const double link = net_.h2d_bw_bytes_per_s > 0 ? net_.h2d_bw_bytes_per_s : 1e12;
   const double host_s = (h2d + (1.0 - cal_.host_link_duplex) * h2d) / link;  // same bytes back (d2h)
   bd.optimizer_compute_s = opt_compute;
@@ -522,11 +660,16 @@ Prediction Predictor::run(const Layout& l) const {
   return p;
 }
 
-std::vector<LayerTiming> Predictor::layer_timings(const Layout& l) const {
+StepPrice Predictor::price(const Layout& l) const {
+  StepPrice out;
+  out.prediction.issues = check_layout(l, graph_, cluster_);
   const StepModel sm(table_, cluster_, cal_, net_, l);
-  std::vector<ClassCost> costs;
-  for (const auto& lc : table_.classes) costs.push_back(sm.class_cost(lc));
-  std::vector<LayerTiming> out;
+  const std::vector<ClassCost> costs = sm.class_costs();
+  if (out.prediction.issues.empty()) {
+    out.prediction = run(sm, costs);
+    add_memory_issues(out.prediction);
+  }
+  const models::Recompute rc = l.recompute;
   for (size_t i = 0; i < table_.layer_class.size(); ++i) {
     const size_t ci = static_cast<size_t>(table_.layer_class[i]);
     const ClassCost& k = costs[ci];
@@ -534,27 +677,22 @@ std::vector<LayerTiming> Predictor::layer_timings(const Layout& l) const {
     t.layer = static_cast<int32_t>(i);
     t.fwd_s = k.compute.fwd_s;
     t.bwd_s = k.compute.bwd_s;
-    t.recompute_s = l.recompute == models::Recompute::kFull        ? k.compute.fwd_s
-                    : l.recompute == models::Recompute::kSelective ? k.compute.recompute_selective_s
-                                                                   : 0.0;
+    t.recompute_s = rc == models::Recompute::kFull        ? k.compute.fwd_s
+                    : rc == models::Recompute::kSelective ? k.compute.recompute_selective_s
+                                                          : 0.0;
     t.ep_dispatch_s = k.ep_dispatch_s;
     t.ep_combine_s = k.ep_combine_s;
     t.fsdp_gather_s = k.fsdp_gather_s;
     t.grad_reduce_scatter_s = k.grad_rs_s;
     t.tp_comm_s = k.tp_pass_s;
     t.cp_comm_s = k.cp_pass_s;
-    out.push_back(t);
+    out.layers.push_back(t);
   }
-  return out;
-}
-
-std::vector<OpTiming> Predictor::op_timings(const Layout& l) const {
-  const StepModel sm(table_, cluster_, cal_, net_, l);
-  std::vector<OpTiming> out(graph_.ops.size());
+  out.ops.resize(graph_.ops.size());
   const auto fill = [&](const std::vector<OpEntry>& ops, size_t first, int32_t layer, const ClassCost* k) {
     for (size_t j = 0; j < ops.size(); ++j) {
       const OpTime t = price_op(ops[j], sm.ctx());
-      OpTiming& o = out[first + j];
+      OpTiming& o = out.ops[first + j];
       o.graph_index = first + j;
       o.layer = layer;
       o.fwd_s = t.fwd_s;
@@ -566,13 +704,15 @@ std::vector<OpTiming> Predictor::op_timings(const Layout& l) const {
     }
   };
   fill(table_.pre, 0, -1, nullptr);
-  std::vector<ClassCost> costs;
-  for (const auto& lc : table_.classes) costs.push_back(sm.class_cost(lc));
   for (size_t i = 0; i < table_.layer_class.size(); ++i) {
     const size_t ci = static_cast<size_t>(table_.layer_class[i]);
     fill(table_.classes[ci].ops, graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
   }
   fill(table_.head, graph_.head_begin, -1, nullptr);
+  std::vector<LayerCollectives> per_class;
+  for (size_t ci = 0; ci < table_.classes.size(); ++ci) per_class.push_back(sm.collectives(table_.classes[ci], costs[ci]));
+  for (int32_t ci : table_.layer_class) out.collectives.push_back(per_class[static_cast<size_t>(ci)]);
+  out.step_collectives = sm.step_collectives();
   return out;
 }
 

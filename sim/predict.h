@@ -10,11 +10,15 @@
 //   r.breakdown                                    // lines sum to step_time_s
 //   r.memory                                       // sim/memory.h lines, fits_device
 //   Prediction r = predict(graph, cluster, layout);   // one-off convenience
+//   StepPrice all = p.price(layout);               // + timings per layer / op, every collective
 //
-// For the discrete-event simulator: Predictor::layer_timings(layout) gives each
+// For the discrete-event simulator: Predictor::price(layout) prices the step
+// once and returns the prediction with everything it was built from: each
 // layer's forward / backward / recompute compute time and its communication by
-// kind, for one micro-batch on one GPU; Predictor::op_timings(layout) the same
-// per layer-graph op (index into LayerGraph::ops).
+// kind, for one micro-batch on one GPU (layers); the same per layer-graph op
+// (ops, index into LayerGraph::ops); and every collective call as a latency
+// plus per-GPU bytes per network tier (collectives), which sim/step_graph.h
+// schedules without re-deriving them. layer_timings / op_timings are views of it.
 //
 // The step (per data rank; the most loaded pipeline stage):
 //   per micro-batch  compute fwd + recompute + bwd of the stage's layers (sim/cost.h
@@ -57,6 +61,9 @@
 #include "topologies/topology.h"
 
 namespace rackstep::sim {
+
+class StepModel;   // the layout's shape and pricing context (sim/predict.cpp)
+struct ClassCost;  // one layer class's costs for one micro-batch (sim/predict.cpp)
 
 // Seconds per step by cause; the fields sum to the step time.
 struct StepBreakdown {
@@ -114,6 +121,34 @@ struct OpTiming {
   double comm_s = 0;                 // dispatch / combine all-to-all (per pass)
 };
 
+// The collectives of one layer, for one micro-batch on one GPU, as calls
+// (sim/collectives.h CommCost: latency_s + bw_s is the time in LayerTiming).
+struct LayerCollectives {
+  CommCost fsdp_gather;           // ZeRO-3 weight all-gather (dense + expert-data shards)
+  CommCost grad_reduce_scatter;   // ZeRO-3 gradient reduce-scatter (per micro-batch; none when weights are kept)
+  CommCost ep_dispatch, ep_combine;  // one call each (per pass)
+  CommCost tp;                    // the sequence-parallel all-gathers / reduce-scatters of one pass
+  CommCost cp;                    // KV ring passes (or gather) of one forward pass
+  CommCost grad_sync_dense, grad_sync_expert;  // the layer's gradients across replicas, once per step
+};
+
+// The per-step collectives.
+struct StepCollectives {
+  CommCost pp_send;               // one micro-batch's activations (or gradients) across a stage boundary
+  CommCost edge_grad_sync;        // LM head (or embedding) gradients across replicas
+  CommCost replicated_grad_sync;  // a replicated embedding's gradients over every data rank
+  CommCost muon_gather, muon_redistribute;  // Newton–Schulz: shards to matrix owners and back
+};
+
+// One priced step (Predictor::price): the prediction and what it was built from.
+struct StepPrice {
+  Prediction prediction;
+  std::vector<LayerTiming> layers;               // one per layer
+  std::vector<OpTiming> ops;                     // one per LayerGraph::ops entry
+  std::vector<LayerCollectives> collectives;     // one per layer
+  StepCollectives step_collectives;
+};
+
 class Predictor {
  public:
   Predictor(const models::LayerGraph& g, const topologies::Cluster& c, const Calibration& cal = default_calibration());
@@ -122,8 +157,12 @@ class Predictor {
   // Fast path for sweeps: no issue strings; `reason` set when invalid.
   Prediction predict_fast(const Layout& l, Reason* reason) const;
 
-  std::vector<LayerTiming> layer_timings(const Layout& l) const;
-  std::vector<OpTiming> op_timings(const Layout& l) const;
+  // The prediction, per-layer and per-op timings and every collective, from one
+  // pricing of the layout. Timings and collectives are filled for invalid layouts
+  // too (prediction.issues says why they cannot run).
+  StepPrice price(const Layout& l) const;
+  std::vector<LayerTiming> layer_timings(const Layout& l) const { return price(l).layers; }
+  std::vector<OpTiming> op_timings(const Layout& l) const { return price(l).ops; }
 
   const OpTable& table() const { return table_; }
   const models::LayerGraph& graph() const { return graph_; }
@@ -132,7 +171,8 @@ class Predictor {
   const Network& network() const { return net_; }
 
  private:
-  Prediction run(const Layout& l) const;
+  Prediction run(const StepModel& sm, const std::vector<ClassCost>& costs) const;
+  void add_memory_issues(Prediction& p) const;
 
   models::LayerGraph graph_;
   topologies::Cluster cluster_;

@@ -16,92 +16,8 @@ namespace rackstep::sim {
 
 namespace {
 
-// ------------------------------------------------------------ communication
-
-// One collective call as the engine runs it: a fixed latency, then per-GPU
-// bytes over the NVLink port and over the NIC, streaming together; alone on
-// their links both tiers finish after bw_s.
-struct Comm {
-  double latency_s = 0;
-  double bw_s = 0;
-  double nvlink_bytes = 0;  // per GPU
-  double nic_bytes = 0;     // per GPU, leaves the NVLink domain
-  double spine_bytes = 0;   // of nic_bytes: leaves the scalable unit over the spine
-  double time_s() const { return latency_s + bw_s; }
-  Comm scaled(double f) const { return {latency_s * f, bw_s * f, nvlink_bytes * f, nic_bytes * f, spine_bytes * f}; }
-};
-
-// Real per-GPU bytes of an algorithm per tier, and the predictor's time for
-// moving them (its time for the payload minus its time for a 1-byte message).
-struct Traffic {
-  double nvlink_bytes = 0, nic_bytes = 0, spine_bytes = 0, bw_s = 0;
-  Traffic& operator+=(const Traffic& o) {
-    nvlink_bytes += o.nvlink_bytes;
-    nic_bytes += o.nic_bytes;
-    spine_bytes += o.spine_bytes;
-    bw_s += o.bw_s;
-    return *this;
-  }
-};
-
-constexpr double kOneByte = 1.0;
-
-using RingTime = double (*)(const Network&, const Group&, double);
-
-// Hierarchical ring (NCCL): inside each domain every GPU sends (n-1)/n of the
-// buffer per pass over NVLink; across domains the 1/inner shard goes round a
-// rail ring over the NIC. passes: 1 for all-gather / reduce-scatter, 2 for all-reduce.
-Traffic ring_traffic(const Network& net, const Group& g, double full_bytes, double passes, RingTime fn) {
-  Traffic t;
-  if (g.size <= 1 || full_bytes <= 0) return t;
-  const double inner = static_cast<double>(g.per_domain());
-  const double domains = static_cast<double>(g.domains);
-  t.nvlink_bytes = passes * (inner - 1.0) / inner * full_bytes;
-  t.nic_bytes = passes * (domains - 1.0) / domains * full_bytes / inner;
-  if (g.units > 1) t.spine_bytes = t.nic_bytes;  // a rail ring across units runs at the spine's share
-  t.bw_s = fn(net, g, full_bytes) - fn(net, g, kOneByte);
-  return t;
-}
-
-// All-to-all: each rank's payload is spread evenly; the share to peers in its
-// domain crosses NVLink, the rest its NIC.
-Traffic a2a_traffic(const Network& net, const Group& g, double bytes_per_rank, double link_eff) {
-  Traffic t;
-  if (g.size <= 1 || bytes_per_rank <= 0) return t;
-  const double n = static_cast<double>(g.size);
-  const double inner = static_cast<double>(g.per_domain());
-  t.nvlink_bytes = (inner - 1.0) / n * bytes_per_rank;
-  t.nic_bytes = (n - inner) / n * bytes_per_rank;
-  if (g.units > 1) {
-    // Peers outside my scalable unit (as sim/collectives.cpp's all_to_all_s).
-    const double unit_ranks = inner * std::ceil(static_cast<double>(g.domains) / static_cast<double>(g.units));
-    t.spine_bytes = std::max(0.0, n - unit_ranks) / n * bytes_per_rank;
-  }
-  t.bw_s = all_to_all_s(net, g, bytes_per_rank, link_eff) - all_to_all_s(net, g, kOneByte, link_eff);
-  return t;
-}
-
-Traffic send_traffic(const Network& net, bool cross_domain, double bytes) {
-  Traffic t;
-  if (bytes <= 0) return t;
-  (cross_domain ? t.nic_bytes : t.nvlink_bytes) = bytes;
-  t.bw_s = send_recv_s(net, cross_domain, bytes) - send_recv_s(net, cross_domain, kOneByte);
-  return t;
-}
-
-// The predictor's time t for a call split into latency and bandwidth time
-// for the traffic's bytes (the bandwidth part never exceeds t).
-Comm fit(double t_s, const Traffic& tr) {
-  Comm c;
-  if (!(t_s > 0)) return c;
-  c.nvlink_bytes = tr.nvlink_bytes;
-  c.nic_bytes = tr.nic_bytes;
-  c.spine_bytes = std::min(tr.spine_bytes, tr.nic_bytes);
-  c.bw_s = c.nvlink_bytes + c.nic_bytes > 0 ? std::clamp(tr.bw_s, 0.0, t_s) : 0.0;
-  if (c.bw_s <= 0) c.nvlink_bytes = c.nic_bytes = c.spine_bytes = 0;
-  c.latency_s = t_s - c.bw_s;
-  return c;
-}
+// One collective call as the engine runs it (priced by Predictor::price).
+using Comm = CommCost;
 
 // ------------------------------------------------------------ costs
 
@@ -136,14 +52,14 @@ struct Costs {
   double ep_overlap_eff = 1.0;
   int64_t waves = 1;              // EP waves per pass
   int64_t bucket_layers = 1;      // layers per gradient all-reduce bucket (0: one after the backward)
+  bool kept_weights = false;      // ZeRO-3 keep_gathered_weights: each layer gathered once per step
   StepBreakdown step;
   double checkpoint_bytes_per_gpu = 0, checkpoint_blocking = 1, storage_bw = 0;
 };
 
 // Splits each layer's op times around the dispatch and combine ops.
-void split_layers(const Predictor& p, const Layout& l, Costs& c) {
+void split_layers(const Predictor& p, const std::vector<OpTiming>& ops, Costs& c) {
   const models::LayerGraph& g = p.graph();
-  const std::vector<OpTiming> ops = p.op_timings(l);
   const size_t first_block = g.block_begin.empty() ? g.head_begin : g.block_begin.front();
   for (const OpTiming& o : ops) {
     if (o.layer >= 0) continue;
@@ -186,140 +102,39 @@ void split_layers(const Predictor& p, const Layout& l, Costs& c) {
   }
 }
 
-void price_layer_comm(const Predictor& p, const Layout& l, const LayoutShape& s, LayerCost& k) {
-  const Network& net = p.network();
-  const OpTable& tab = p.table();
-  const LayerClass& lc = tab.classes[static_cast<size_t>(tab.layer_class[static_cast<size_t>(k.t.layer)])];
-  const double tp = static_cast<double>(l.tp);
-  // FSDP gather (bf16) and gradient reduce-scatter, plus ZeRO over the expert-data axis.
-  Traffic gather, rs;
-  if (l.fsdp > 1) {
-    const Group g = group_of(net, l.fsdp, l.tp * l.cp);
-    gather += ring_traffic(net, g, lc.dense_params / tp * 2.0, 1.0, all_gather_s);
-    rs += ring_traffic(net, g, lc.dense_params / tp * s.grad_bytes, 1.0, reduce_scatter_s);
-  }
-  if (s.expert_zero > 1.0) {
-    const Group g = group_of(net, static_cast<int64_t>(s.expert_zero), l.tp * l.cp * l.ep);
-    const double local = lc.expert_params / (static_cast<double>(l.ep) * tp);
-    gather += ring_traffic(net, g, local * 2.0, 1.0, all_gather_s);
-    rs += ring_traffic(net, g, local * s.grad_bytes, 1.0, reduce_scatter_s);
-  }
-  k.gather = fit(k.t.fsdp_gather_s, gather);
-  k.reduce_scatter = fit(k.t.grad_reduce_scatter_s, rs);
-  if (k.ep) {
-    // Pooled sends whole pools (sender_cf x A rows); ragged the rows it has; bf16 rows of the expert input width.
-    const bool pooled = l.ep_transport == EpTransport::kPooled;
-    const double rows = (pooled ? l.sender_cf : 1.0) * s.routed_rows_mb;
-    const double bytes = rows * static_cast<double>(tab.moe_width) * 2.0;
-    const Group g = group_of(net, l.ep, l.tp * l.cp);
-    k.dispatch = fit(k.t.ep_dispatch_s, a2a_traffic(net, g, bytes, ep_dispatch_eff(p.calibration(), l.ep)));
-    k.combine = fit(k.t.ep_combine_s, a2a_traffic(net, g, bytes, ep_combine_eff(p.calibration(), l.ep)));
-  }
-  if (l.tp > 1) {
-    // Sequence parallel: all-gather before and reduce-scatter after attention and MLP.
-    const Group g = group_of(net, l.tp, 1);
-    const double act = s.tokens_mb * static_cast<double>(tab.d_model) * 2.0;
-    Traffic t = ring_traffic(net, g, act, 1.0, all_gather_s);
-    t += ring_traffic(net, g, act, 1.0, reduce_scatter_s);
-    t += t;
-    k.tp = fit(k.t.tp_comm_s, t);
-  }
-  if (l.cp > 1) {
-    // KV blocks passed round the ring (or gathered) for every attention op.
-    const Group g = group_of(net, l.cp, l.tp);
-    const bool cross = g.domains > 1;
-    Traffic t;
-    for (const OpEntry& e : lc.ops) {
-      if (e.kind != models::OpKind::kAttention) continue;
-      const double kv = s.tokens_mb * e.kv_heads * (e.qk_head_dim + e.head_dim) * 2.0 / tp;
-      if (l.cp_kind == CpKind::kAllGatherKv) {
-        t += ring_traffic(net, g, kv * static_cast<double>(l.cp), 1.0, all_gather_s);
-        continue;
-      }
-      const double chunk = static_cast<double>(s.seq) / static_cast<double>(l.cp);
-      double steps = static_cast<double>(l.cp - 1);
-      if (e.window > 0) steps = std::min(steps, std::ceil(static_cast<double>(e.window) / chunk));
-      Traffic one = send_traffic(net, cross, kv);
-      t.nvlink_bytes += steps * one.nvlink_bytes;
-      t.nic_bytes += steps * one.nic_bytes;
-      t.bw_s += steps * one.bw_s;
-    }
-    k.cp_fwd = fit(k.t.cp_comm_s, t);
-    k.cp_bwd = k.cp_fwd.scaled(2.0);  // KV forward and dKV back
-  }
-}
-
-// One all-reduce at the predictor's time for it.
-Comm all_reduce(const Network& net, const Group& g, double bytes) {
-  if (g.size <= 1 || bytes <= 0) return {};
-  return fit(all_reduce_s(net, g, bytes), ring_traffic(net, g, bytes, 2.0, all_reduce_s));
-}
-
-// Gradient all-reduce across replicas, per layer as the last micro-batch's
-// backward releases it (dense shards over data/fsdp, experts over
-// data/max(ep, fsdp)); the LM head's first, a replicated embedding's last.
-// As sim/predict.cpp's exposed_grad_sync with one-layer buckets: the buckets
-// queue on the gradient stream and whatever runs past the backward is exposed.
-void price_grad_sync(const Predictor& p, const Layout& l, const LayoutShape& s, Costs& c) {
-  const Network& net = p.network();
-  const OpTable& tab = p.table();
-  const int64_t tp = l.tp, cp = l.cp;
-  const int64_t split = std::max(l.ep, l.fsdp);
-  const Group dense_g = group_of(net, l.data / l.fsdp * cp, tp * l.fsdp);
-  const Group expert_g = group_of(net, l.data / split * cp, tp * split);
-  for (LayerCost& k : c.layers) {
-    const LayerClass& lc = tab.classes[static_cast<size_t>(tab.layer_class[static_cast<size_t>(k.t.layer)])];
-    k.grad_sync.push_back(all_reduce(net, dense_g, lc.dense_params / s.dense_shard * s.grad_bytes));
-    k.grad_sync.push_back(all_reduce(net, expert_g, lc.expert_params / s.expert_shard * s.grad_bytes));
-  }
-  c.edge_sync = all_reduce(net, dense_g, s.edge_params / s.dense_shard * s.grad_bytes);
-  c.replicated_sync = all_reduce(net, group_of(net, l.data * cp, tp), s.replicated_params * s.grad_bytes);
-}
-
-// Muon: gather the shards of each matrix to its owner and send the result
-// back; one all-to-all each way, fitted to the breakdown's optimizer_comm line.
-void price_muon_comm(const Predictor& p, const Layout& l, const LayoutShape& s, Costs& c) {
-  const Network& net = p.network();
-  const int64_t tp = l.tp, cp = l.cp;
-  Traffic one;
-  double t_one = 0;
-  auto a2a = [&](const Group& g, double bytes) {
-    if (g.size <= 1 || bytes <= 0) return;
-    one += a2a_traffic(net, g, bytes, 1.0);
-    t_one += all_to_all_s(net, g, bytes);
-  };
-  if (s.dense_shard > 1.0) a2a(group_of(net, l.fsdp * tp, cp), s.muon_dense_local * 2.0);
-  if (s.expert_zero > 1.0) a2a(group_of(net, static_cast<int64_t>(s.expert_zero), tp * cp * l.ep), s.muon_expert_local * 2.0);
-  const double each_s = 0.5 * c.step.optimizer_comm_s;
-  if (!(t_one > 0) || !(each_s > 0)) return;
-  one.bw_s *= each_s / t_one;
-  c.ns_gather = c.ns_redistribute = fit(each_s, one);
-}
-
-Costs gather_costs(const Predictor& p, const Layout& l, const Prediction& pred, const StepGraphOptions& o) {
+// The priced step, arranged for scheduling: each layer's compute split around
+// its routed experts, and the calls Predictor::price priced.
+Costs gather_costs(const Predictor& p, const Layout& l, const StepPrice& price, const StepGraphOptions& o) {
   Costs c;
-  c.step = pred.breakdown;
-  const LayoutShape s = layout_shape(p.table(), p.cluster(), l);
-  for (const LayerTiming& t : p.layer_timings(l)) {
+  c.step = price.prediction.breakdown;
+  for (size_t i = 0; i < price.layers.size(); ++i) {
+    const LayerTiming& t = price.layers[i];
+    const LayerCollectives& x = price.collectives[i];
     LayerCost k;
     k.t = t;
     k.ep = t.ep_dispatch_s > 0 || t.ep_combine_s > 0;
+    k.gather = x.fsdp_gather;
+    k.reduce_scatter = x.grad_reduce_scatter;
+    k.dispatch = x.ep_dispatch;
+    k.combine = x.ep_combine;
+    k.tp = x.tp;
+    k.cp_fwd = x.cp;
+    k.cp_bwd = x.cp.scaled(2.0);  // KV forward and dKV back
+    k.grad_sync = {x.grad_sync_dense, x.grad_sync_expert};
     c.layers.push_back(k);
   }
-  split_layers(p, l, c);
-  for (LayerCost& k : c.layers) price_layer_comm(p, l, s, k);
-  price_grad_sync(p, l, s, c);
-  price_muon_comm(p, l, s, c);
+  split_layers(p, price.ops, c);
+  const StepCollectives& sc = price.step_collectives;
+  c.edge_sync = sc.edge_grad_sync;
+  c.replicated_sync = sc.replicated_grad_sync;
+  c.ns_gather = sc.muon_gather;
+  c.ns_redistribute = sc.muon_redistribute;
+  c.send = sc.pp_send;
+  c.kept_weights = l.zero_stage >= 3 && l.keep_gathered_weights;
   const bool pooled = l.ep_transport == EpTransport::kPooled;
   c.waves = pooled ? std::max<int64_t>(1, l.waves) : 1;
   c.ep_overlap_eff = pooled ? p.calibration().ep_wave_overlap_eff : 1.0;
   c.bucket_layers = p.calibration().grad_sync_bucket_layers;
-  if (l.pp > 1) {
-    // The predictor's stage-boundary message: one micro-batch of activations in bf16.
-    const double act_bytes = s.tokens_mb * static_cast<double>(p.graph().model.d_model) * 2.0 / static_cast<double>(l.tp);
-    const bool cross = l.data * l.tp * l.cp >= p.network().gpus_per_domain;
-    c.send = fit(send_recv_s(p.network(), cross, act_bytes), send_traffic(p.network(), cross, act_bytes));
-  }
   if (o.checkpoint_every > 0) {
     const GoodputConfig g = default_goodput_config();
     const double total = p.table().total_params * g.checkpoint_bytes_per_param;
@@ -843,7 +658,9 @@ class Builder {
     for (int64_t i = 0; i < lpc_; ++i) {
       const int64_t layer = q * lpc_ + i;
       std::vector<TaskId> window = i >= 2 ? done[i - 2] : stage_gate(s);
-      std::vector<TaskId> g = gather(s, layer, tag, window);
+      // Kept gathered weights: the step's first micro-batch gathers them; later
+      // passes find them in memory (and follow it on the compute stream).
+      std::vector<TaskId> g = c_.kept_weights && mb > 0 ? std::vector<TaskId>(n_) : gather(s, layer, tag, window);
       layer_forward(s, layer, tag, "forward", g, prev);
       done.push_back(prev);
     }
@@ -880,7 +697,7 @@ class Builder {
       const int64_t layer = q * lpc_ + i;
       const int64_t k = lpc_ - 1 - i;  // position in backward order
       std::vector<TaskId> window = k >= 2 ? done[k - 2] : prev;
-      std::vector<TaskId> g = gather(s, layer, tag, window);
+      std::vector<TaskId> g = c_.kept_weights ? std::vector<TaskId>(n_) : gather(s, layer, tag, window);
       const LayerCost& t = c_.layers[layer];
       if (full) {
         layer_forward(s, layer, tag + ".recompute", "recompute", g, prev);
@@ -1099,7 +916,8 @@ void check_schedule(const Layout& l, int64_t layers, int64_t m) {
 
 StepGraph build_step_graph(const Predictor& p, const Layout& l, const StepGraphOptions& o) {
   StepGraph sg;
-  sg.prediction = p.predict(l);
+  const StepPrice price = p.price(l);
+  sg.prediction = price.prediction;
   if (!sg.prediction.valid) {
     std::string why;
     for (const auto& i : sg.prediction.issues) why += (why.empty() ? "" : "; ") + i.detail;
@@ -1119,7 +937,7 @@ StepGraph build_step_graph(const Predictor& p, const Layout& l, const StepGraphO
     throw UserError("timeline: --ranks-per-stage " + std::to_string(o.ranks_per_stage) +
                     " must divide the " + std::to_string(per_stage) + " GPUs of a stage");
   }
-  const Costs costs = gather_costs(p, l, sg.prediction, o);
+  const Costs costs = gather_costs(p, l, price, o);
   const int64_t layers = static_cast<int64_t>(costs.layers.size());
   sg.stages = l.pp;
   sg.micro_batches = std::max<int64_t>(1, std::llround(sg.prediction.micro_batches));

@@ -1,13 +1,16 @@
 // The task graph of training steps, for the event engine (sim/des.h).
 //
-// Built from the layer graph, a layout and a cluster, priced with the
-// predictor's per-layer costs (Predictor::layer_timings, op_timings and the
-// per-step lines of its breakdown) so the DES and the analytic model share
-// every cost and differ only in how the pieces overlap, wait and share links:
+// Built from one Predictor::price of the layout: its per-layer and per-op
+// timings, every collective call with its latency and bytes per network tier,
+// and the per-step lines of its breakdown. This file only schedules them, so
+// the DES and the analytic model share every cost and differ only in how the
+// pieces overlap, wait and share links:
 //   - per micro-batch and layer: forward, (full or selective) recompute,
 //     backward on the compute stream, split around the routed experts;
 //   - FSDP parameter all-gathers on their own stream, prefetched one layer
-//     ahead (a gather waits for the compute two layers back: a memory window);
+//     ahead (a gather waits for the compute two layers back: a memory window),
+//     per micro-batch and pass, or once per step in the first micro-batch's
+//     forward with keep_gathered_weights (as the predictor prices it);
 //     gradient reduce-scatters on another stream after each layer's backward
 //     (after its weight-gradient pass under zero-bubble schedules);
 //   - EP dispatch / expert GEMMs / combine per wave: ragged is one wave

@@ -1,0 +1,113 @@
+// The step graph schedules the collectives Predictor::price priced: every
+// collective call in the task graph moves exactly the per-tier bytes of the
+// priced call, at its bandwidth time, so the DES and the analytic prediction
+// cannot drift apart in what they send.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "sim/des.h"
+#include "sim/predict.h"
+#include "sim/step_graph.h"
+#include "tests/sim_step_graph_case.h"
+
+using namespace rackstep;
+using namespace rackstep::sim;
+
+using test::Case;
+using test::load;
+
+namespace {
+
+// What one call in the engine moves: bytes over NVLink-port links and over NIC
+// links (its flows are the task `name` and its `.nic` / `.spine` siblings, on
+// the first process that runs it).
+struct Moved {
+  int tasks = 0;
+  double nvlink_bytes = 0, nic_bytes = 0;
+  double bw_s = 0;  // the stream flow's time alone on its links
+};
+
+Moved moved(const Engine& e, const std::string& name) {
+  Moved m;
+  int process = -1;
+  for (int32_t i = 0; i < e.num_tasks(); ++i) {
+    const TaskId t{i};
+    const std::string& n = e.task_name(t);
+    if (n != name && n != name + ".nic" && n != name + ".spine") continue;
+    if (process < 0) process = e.task_process(t);
+    if (e.task_process(t) != process) continue;
+    ++m.tasks;
+    const std::vector<ResourceId> links = e.task_links(t);
+    if (links.empty()) continue;
+    (e.resource_kind(links.front()) == ResourceKind::kNvlinkPort ? m.nvlink_bytes : m.nic_bytes) += e.task_bytes(t);
+    if (n == name) m.bw_s = e.uncontended_flow_s(t);
+  }
+  return m;
+}
+
+void check_call(const Engine& e, const std::string& name, const CommCost& priced) {
+  INFO(name << ": priced latency " << priced.latency_s << " s, bandwidth " << priced.bw_s << " s, NVLink "
+            << priced.nvlink_bytes << " B, NIC " << priced.nic_bytes << " B");
+  REQUIRE(priced.time_s() > 0);
+  REQUIRE(priced.nvlink_bytes + priced.nic_bytes > 0);
+  const Moved m = moved(e, name);
+  REQUIRE(m.tasks > 0);
+  CHECK(m.nvlink_bytes == Approx(priced.nvlink_bytes).epsilon(1e-12));
+  CHECK(m.nic_bytes == Approx(priced.nic_bytes).epsilon(1e-12));
+  CHECK(m.bw_s == Approx(priced.bw_s).epsilon(1e-6));
+}
+
+StepGraphOptions private_links() {
+  StepGraphOptions o;
+  o.contention = false;  // every stream on links of its own: a flow's time is its priced bandwidth time
+  o.gc_stalls = false;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("the step graph's collectives are the ones price() priced (FSDP, EP, gradient sync, Muon)",
+          "[step_graph][price]") {
+  Case c = load("marin-535b-a23b.json", "gb200-11-racks.json", "hero-ragged.json");
+  const Predictor p(c.graph, c.cluster);
+  const StepPrice price = p.price(c.layout);
+  REQUIRE(price.prediction.valid);
+  REQUIRE(price.collectives.size() == price.layers.size());
+  // One pricing for both views: the prediction is predict()'s, the layer timings layer_timings()'.
+  CHECK(price.prediction.step_time_s == p.predict(c.layout).step_time_s);
+  CHECK(price.layers[3].fsdp_gather_s == p.layer_timings(c.layout)[3].fsdp_gather_s);
+  // Every call's time is the predictor's time for it.
+  CHECK(price.collectives[3].fsdp_gather.time_s() == Approx(price.layers[3].fsdp_gather_s).epsilon(1e-12));
+  CHECK(price.collectives[3].ep_dispatch.time_s() == Approx(price.layers[3].ep_dispatch_s).epsilon(1e-12));
+
+  const StepGraph sg = build_step_graph(p, c.layout, private_links());
+  const Engine& e = sg.engine;
+  // Layer 3 routes its tokens (the hero's first layers are dense).
+  const int64_t moe = 3;
+  REQUIRE(price.layers[moe].ep_dispatch_s > 0);
+  const LayerCollectives& x = price.collectives[moe];
+  check_call(e, "L3.mb0.fwd.allgather", x.fsdp_gather);
+  check_call(e, "L3.mb0.bwd.reduce_scatter", x.grad_reduce_scatter);
+  check_call(e, "L3.mb0.fwd.dispatch", x.ep_dispatch);
+  check_call(e, "L3.mb0.fwd.combine", x.ep_combine);
+  // The layer's two gradient all-reduces across replicas (dense, then experts) share one name.
+  const Moved sync = moved(e, "L3.grad_sync");
+  CHECK(sync.nvlink_bytes == Approx(x.grad_sync_dense.nvlink_bytes + x.grad_sync_expert.nvlink_bytes).epsilon(1e-12));
+  CHECK(sync.nic_bytes == Approx(x.grad_sync_dense.nic_bytes + x.grad_sync_expert.nic_bytes).epsilon(1e-12));
+  const StepCollectives& st = price.step_collectives;
+  check_call(e, "step0.newton_schulz_gather", st.muon_gather);
+  check_call(e, "step0.newton_schulz_redistribute", st.muon_redistribute);
+  check_call(e, "step0.embedding_grad_sync", st.replicated_grad_sync);
+}
+
+TEST_CASE("the step graph's context-parallel and pipeline sends are the ones price() priced", "[step_graph][price]") {
+  Case c = load("marin-535b-a23b.json", "hgx-h100.json", "h100-longctx-pp24.json", 96);
+  const Predictor p(c.graph, c.cluster);
+  const StepPrice price = p.price(c.layout);
+  REQUIRE(price.prediction.valid);
+  const StepGraph sg = build_step_graph(p, c.layout, private_links());
+  check_call(sg.engine, "L0.mb0.c0.fwd.cp_ring", price.collectives[0].cp);
+  check_call(sg.engine, "mb0.c0.fwd.send", price.step_collectives.pp_send);
+}
