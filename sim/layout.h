@@ -46,6 +46,9 @@ enum class PpSchedule { k1F1B, kInterleaved1F1B, kZeroBubble, kDualPipeV };
 enum class CpKind { kRing, kAllGatherKv };
 enum class StatePlacement { kDevice, kHost };
 enum class MasterDtype { kFp32, kBf16 };
+// Gradient buffers and their reduction: the master dtype's (the default), or set
+// apart (Megatron's grad_reduce_in_fp32 = False: bf16 buffers under an fp32 master).
+enum class GradDtype { kAsMaster, kFp32, kBf16 };
 // EP transport (spec/marin-architecture.md, EP dispatch): fixed-capacity pooled
 // waves with sender and receiver capacity factors, or ragged with a receiver gate.
 enum class EpTransport { kPooled, kRagged };
@@ -70,6 +73,7 @@ struct Layout {
   bool offload_residual = false; // residual carry of each layer kept on host
   StatePlacement optimizer_state = StatePlacement::kDevice;
   MasterDtype master_dtype = MasterDtype::kFp32;
+  GradDtype grad_dtype = GradDtype::kAsMaster;  // gradient buffers and their reduction
   EpTransport ep_transport = EpTransport::kRagged;
   double sender_cf = 1.10;       // pooled: sender pool capacity factor
   double receiver_cf = 1.15;     // receiver buffers (pooled) / gate (ragged)

@@ -65,7 +65,7 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.stage_scale = t.layers > 0 ? s.layers_per_stage * pp / static_cast<double>(t.layers) : 1.0;
   s.in_flight = in_flight_micro_batches(l, s.micro_batches);
   s.master_bytes = l.master_dtype == MasterDtype::kFp32 ? 4.0 : 2.0;
-  s.grad_bytes = s.master_bytes;
+  s.grad_bytes = l.grad_dtype == GradDtype::kAsMaster ? s.master_bytes : l.grad_dtype == GradDtype::kFp32 ? 4.0 : 2.0;
   for (const auto& lc : t.classes) {
     const double share = static_cast<double>(lc.count) / pp * s.stage_scale;
     s.dense_stage_params += lc.dense_params * share;
