@@ -21,6 +21,14 @@ double sourced(JsonReader& parent, const std::string& key, NumberRange range = {
   return x;
 }
 
+bool sourced_flag(JsonReader& parent, const std::string& key) {
+  JsonReader v = parent.object(key);
+  const bool x = v.boolean("value");
+  v.string("source");
+  v.finish();
+  return x;
+}
+
 double shape_factor(double x, double half) { return x / (x + half); }
 
 }  // namespace
@@ -94,6 +102,14 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.ep_ragged_sync_s = sourced(col, "ep_ragged_sync_s", nonneg);
   c.ep_wave_overlap_eff = sourced(col, "ep_wave_overlap_efficiency", {.min = 0, .max = 1});
   c.fsdp_prefetch_overlap = sourced(col, "fsdp_prefetch_overlap", {.min = 0, .max = 1});
+  // Optional, so calibration files written before them still read (default: Marin's, per layer, no re-gather).
+  if (col.has("fsdp_gather_per_module")) c.fsdp_gather_per_module = sourced_flag(col, "fsdp_gather_per_module");
+  if (col.has("fsdp_prefetch_bucket_params")) {
+    c.fsdp_prefetch_bucket_params = sourced(col, "fsdp_prefetch_bucket_params", {.min = 0});
+  }
+  if (col.has("fsdp_regather_for_recompute")) {
+    c.fsdp_regather_for_recompute = sourced_flag(col, "fsdp_regather_for_recompute");
+  }
   c.grad_sync_bucket_layers = static_cast<int64_t>(sourced(col, "grad_sync_bucket_layers", {.min = 0, .max = 1e6}));
   c.tp_overlap = sourced(col, "tp_overlap", {.min = 0, .max = 1});
   c.cp_ring_overlap = sourced(col, "cp_ring_overlap", {.min = 0, .max = 1});
