@@ -50,6 +50,18 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.gemm_half_dim = sourced(gemm, "half_dim", nonneg);
   // Optional, so calibration files written before FP8 GEMMs existed still read.
   if (gemm.has("fp8_relative_efficiency")) c.fp8_gemm_relative_eff = sourced(gemm, "fp8_relative_efficiency", frac);
+  if (gemm.has("fp8_measured_gpus")) {
+    JsonReader v = gemm.object("fp8_measured_gpus");
+    const nlohmann::json& names = v.raw().at("value");
+    if (!names.is_array()) throw UserError(file, "/gemm/fp8_measured_gpus/value", "a list of GPU names", names.dump());
+    for (const auto& n : names) {
+      if (!n.is_string()) throw UserError(file, "/gemm/fp8_measured_gpus/value", "a GPU name", n.dump());
+      c.fp8_gemm_measured_gpus.push_back(n.get<std::string>());
+    }
+    v.ignore("value");
+    v.string("source");
+    v.finish();
+  }
   gemm.finish();
 
   JsonReader gg = r.object("grouped_gemm");

@@ -40,6 +40,7 @@ struct Calibration {
   double gemm_half_dim = 128;
   // FP8 GEMMs: efficiency relative to the BF16 curve, at the FP8 peak.
   double fp8_gemm_relative_eff = 0.83;
+  std::vector<std::string> fp8_gemm_measured_gpus;  // GPUs fp8_gemm_relative_eff was measured on (others: a warning)
   // Grouped expert GEMM: one measured anchor (the six-GEMM expert MLP of the
   // hero); the grouped factor (anchor eff / dense eff at the anchor shape) is
   // derived at load time and applied to every other grouped shape.

@@ -679,6 +679,12 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   p.hfu = hw_flops / (p.step_time_s * gpu.peak_bf16_flops_per_s);
   p.memory = estimate_memory(table_, cluster_, l, cal_, s);
   p.warnings = warnings_;
+  const auto& measured = cal_.fp8_gemm_measured_gpus;
+  if (l.fp8 != Fp8Gemms::kNone && std::find(measured.begin(), measured.end(), gpu.name) == measured.end()) {
+    p.warnings.push_back("FP8 GEMMs on '" + gpu.name + "' priced at gemm.fp8_relative_efficiency " +
+                         std::to_string(cal_.fp8_gemm_relative_eff) + " of " + cal_.file +
+                         ", measured on another GPU (an assumption here); add this GPU to gemm.fp8_measured_gpus with a measurement");
+  }
   if (std::string_view(p.drop_source) == "fallback") {
     p.warnings.push_back("sim/drops cannot price these EP dispatch settings: drop fraction " +
                          std::to_string(p.drop_fraction) + " from the drop model's fit target (sim/drop_calibration.json /fit/target_drop)");
