@@ -35,6 +35,19 @@ void run_step(benchmark::State& state, const std::string& cluster, rackstep::sim
   state.counters["events_per_step"] = static_cast<double>(events) / static_cast<double>(state.iterations());
 }
 
+// The pricing the step graph starts from: Predictor::price of the hero layout
+// (prediction, per-layer and per-op timings, every collective with its bytes).
+void BM_PriceHero(benchmark::State& state) {
+  const rackstep::sim::Predictor p(hero_graph(), rackstep::topologies::load_cluster(src("topologies/zoo/gb200-11-racks.json")));
+  const rackstep::sim::Layout l = rackstep::sim::load_layout(src("sim/layouts/hero-ragged.json"));
+  for (auto _ : state) {
+    rackstep::sim::StepPrice price = p.price(l);
+    benchmark::DoNotOptimize(price.prediction.step_time_s);
+  }
+  state.counters["prices_per_s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PriceHero);
+
 void BM_HeroStep(benchmark::State& state) {
   run_step(state, "topologies/zoo/gb200-11-racks.json", rackstep::sim::load_layout(src("sim/layouts/hero-ragged.json")));
 }

@@ -4,15 +4,6 @@
 
 namespace rackstep::exec {
 
-sim::Transport transport_of(sim::EpTransport t) {
-  switch (t) {
-    case sim::EpTransport::kPooled: return sim::Transport::pooled;
-    case sim::EpTransport::kRagged: return sim::Transport::ragged;
-  }
-  RS_CHECK(false, "unknown EP transport");
-  return sim::Transport::ragged;
-}
-
 sim::DispatchConfig with_model_experts(sim::DispatchConfig config, const models::LayerGraph& g) {
   const auto& m = g.model;
   if (m.moe.experts == 0) {
@@ -61,7 +52,7 @@ TrainLayout train_layout(const sim::Layout& l, const std::string& file, const mo
   }
   if (l.ep > 1) {
     sim::DispatchConfig c;
-    c.transport = transport_of(l.ep_transport);
+    c.transport = l.ep_transport;
     c.sender_cf = l.sender_cf;
     c.receiver_cf = l.receiver_cf;
     c.waves = static_cast<int>(l.waves);

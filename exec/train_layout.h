@@ -40,9 +40,6 @@ struct TrainLayout {
 TrainLayout train_layout(const sim::Layout& l, const std::string& file, const models::LayerGraph& g,
                          int processes, int64_t batch_override);
 
-// The dispatch library's transport for a layout's EP transport.
-sim::Transport transport_of(sim::EpTransport t);
-
 // `config` with the routed-expert shape of the graph (experts, top-k);
 // UserError when the model has no routed experts.
 sim::DispatchConfig with_model_experts(sim::DispatchConfig config, const models::LayerGraph& g);

@@ -8,6 +8,7 @@
 # records its error line), `rackstep timeline --json` for each shipped layout with
 # the model it is written for, and `rackstep size --json` on the default scenario.
 # Wall-clock fields (the engine's own run time) are removed: they differ run to run.
+# BUILD_DIR may be another checkout's build (its source paths print as <repo>).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -31,6 +32,9 @@ model_of() {
 }
 # Drops the fields that measure the simulator itself, not the step.
 strip_wall() { grep -v -E '"(build_s|simulate_s|seconds)"'; }
+
+# Source paths print as <repo>/..., so builds of two checkouts compare.
+exec > >(sed -E 's#"/[^"]*/(topologies|tests|models|sim)/#"<repo>/\1/#g')
 
 for layout in sim/layouts/*.json; do
   for model in models/zoo/*.json; do
@@ -62,6 +66,15 @@ for layout in sim/layouts/hero-ragged.json sim/layouts/hero-pooled.json; do
   "$RS" timeline --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/gb200-11-racks.json \
     --layout "$layout" --ranks-per-stage 4 --steps 2 --checkpoint-every 2 --json 2>&1 | strip_wall
 done
+
+# The predictor's other readers: the calibration and public validation tables
+# (per-op timings included) and a ranked sweep.
+echo "=== validate-calibration"
+"$RS" validate-calibration --json 2>&1 | strip_wall
+echo "=== validate"
+"$RS" validate --json 2>&1 | strip_wall
+echo "=== sweep marin-535b-a23b.json on gb200-11-racks"
+"$RS" sweep --model models/zoo/marin-535b-a23b.json --cluster topologies/zoo/gb200-11-racks.json --threads 1 --json 2>&1 | strip_wall
 
 echo "=== size (default scenario)"
 "$RS" size --json 2>&1 | strip_wall

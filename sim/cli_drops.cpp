@@ -93,7 +93,7 @@ void apply_model_and_layout(DropsArgs& a) {
     if (l.seq_len > 0) seq = l.seq_len;
     if (!given(a.ep)) s.ep = l.ep;
     if (!given(a.gpus)) s.gpus = l.data;  // EP groups are ep consecutive data ranks
-    if (!given(a.transport_opt)) a.transport = l.ep_transport == EpTransport::kPooled ? "pooled" : "ragged";
+    if (!given(a.transport_opt)) s.dispatch.transport = l.ep_transport;
     if (!given(a.sender_cf)) s.dispatch.sender_cf = l.sender_cf;
     if (!given(a.receiver_cf)) s.dispatch.receiver_cf = l.receiver_cf;
     if (!given(a.waves)) s.dispatch.waves = static_cast<int>(l.waves);
@@ -258,7 +258,7 @@ int run_drops(DropsArgs& a) {
   }
   apply_model_and_layout(a);
   DropScenario base = a.scenario;
-  base.dispatch.transport = parse_transport(a.transport);
+  if (given(a.transport_opt) || a.layout.empty()) base.dispatch.transport = parse_transport(a.transport);
   if (a.method != "mc" && a.method != "analytic")
     throw UserError("--method: expected mc or analytic, found \"" + a.method + "\"");
   const Method method = a.method == "mc" ? Method::monte_carlo : Method::analytic;
@@ -443,10 +443,12 @@ rackstep::cli::Registration reg{
       a->tokens = app.add_option("--tokens-per-gpu", s.tokens_per_gpu, "tokens per GPU per MoE dispatch (default 65536)");
       a->context = app.add_option("--context", s.context, "sequence length in tokens (default 4096)");
       a->transport_opt = app.add_option("--transport", a->transport, "pooled | ragged | capacity (default pooled)");
-      a->sender_cf = app.add_option("--sender-cf", s.dispatch.sender_cf, "pooled sender pool capacity factor (1.10)");
-      a->receiver_cf = app.add_option("--receiver-cf", s.dispatch.receiver_cf, "receiver / expert capacity factor (1.15)");
-      a->waves = app.add_option("--waves", s.dispatch.waves, "pooled waves W (default 3)");
-      a->chunks = app.add_option("--chunks", s.dispatch.ragged_chunks, "ragged receiver gate chunks (default 2)");
+      a->sender_cf = app.add_option("--sender-cf", s.dispatch.sender_cf, "pooled sender pool capacity factor")
+                         ->capture_default_str();
+      a->receiver_cf = app.add_option("--receiver-cf", s.dispatch.receiver_cf, "receiver / expert capacity factor")
+                           ->capture_default_str();
+      a->waves = app.add_option("--waves", s.dispatch.waves, "pooled waves W")->capture_default_str();
+      a->chunks = app.add_option("--chunks", s.dispatch.ragged_chunks, "ragged receiver gate chunks")->capture_default_str();
       app.add_option("--method", a->method, "mc (Monte Carlo, default) | analytic");
       app.add_option("--samples", a->mc.samples, "Monte Carlo steps (default 16)");
       app.add_option("--seed", a->mc.seed, "random seed (default 1)");

@@ -43,6 +43,8 @@
 
 namespace rackstep::sim {
 
+// The EP transport, one enum for the dispatch library, layouts (sim/layout.h:
+// Layout::ep_transport, pooled or ragged) and `rackstep train`.
 enum class Transport { pooled, ragged, capacity };
 // Order in which the capacity transport grants expert capacity.
 enum class CapacityPriority { position, router_prob };
@@ -50,14 +52,23 @@ enum class CapacityPriority { position, router_prob };
 Transport parse_transport(const std::string& name);  // UserError on anything else
 std::string transport_name(Transport t);
 
+// The dispatch settings' defaults, written once: the hero's pooled waves
+// (spec/marin-architecture.md, EP dispatch: W = 3, sender cf 1.10, receiver cf
+// 1.15) and the ragged receiver gate split over two expert chunks. DispatchConfig,
+// Layout (sim/layout.h) and the drop model (sim/drops.h) start from these.
+inline constexpr double kDefaultSenderCf = 1.10;
+inline constexpr double kDefaultReceiverCf = 1.15;
+inline constexpr int kDefaultWaves = 3;
+inline constexpr int kDefaultRaggedChunks = 2;
+
 struct DispatchConfig {
   int64_t n_experts = 384;
   int top_k = 8;
   Transport transport = Transport::pooled;
-  double sender_cf = 1.10;    // pooled only: sender pool capacity factor
-  double receiver_cf = 1.15;  // receiver buffer / gate / per-expert capacity factor
-  int waves = 3;              // pooled only: W
-  int ragged_chunks = 2;      // ragged only: receiver gate split across expert chunks
+  double sender_cf = kDefaultSenderCf;      // pooled only: sender pool capacity factor
+  double receiver_cf = kDefaultReceiverCf;  // receiver buffer / gate / per-expert capacity factor
+  int waves = kDefaultWaves;                // pooled only: W
+  int ragged_chunks = kDefaultRaggedChunks; // ragged only: receiver gate split across expert chunks
   CapacityPriority priority = CapacityPriority::position;  // capacity only
 };
 

@@ -130,7 +130,7 @@ void write_drop_calibration(const std::string& path, const DropCalibration& cal)
 // The predictor's entry point: analytic estimate under the default calibration,
 // cached per argument set (thread-safe). UserError on impossible settings.
 DropFractions predict_drops(int64_t n_experts, int top_k, int64_t ep, int64_t tokens_per_gpu, int64_t context,
-                            Transport transport, double sender_cf, double receiver_cf, int waves = 3,
-                            int ragged_chunks = 2);
+                            Transport transport, double sender_cf, double receiver_cf, int waves = kDefaultWaves,
+                            int ragged_chunks = kDefaultRaggedChunks);
 
 }  // namespace rackstep::sim

@@ -22,7 +22,7 @@ std::string train_flags(const Layout& l, const models::ModelConfig& m) {
   std::ostringstream o;
   o << "--model \"$DIR/model.json\" --data \"$DATA\" --batch " << tokens / seq << " --seq " << seq
     << " --threads \"$THREADS\" --profile --out \"$RUN\"";
-  if (l.ep > 1) o << " --dispatch " << (l.ep_transport == EpTransport::kPooled ? "pooled" : "ragged") << " --ep " << l.ep;
+  if (l.ep > 1) o << " --dispatch " << transport_name(l.ep_transport) << " --ep " << l.ep;
   return o.str();
 }
 

@@ -52,7 +52,7 @@ ExpertLoad expert_load_for_layout(const models::ModelConfig& model, const Layout
   DropScenario s;
   s.dispatch.n_experts = model.moe.experts;
   s.dispatch.top_k = static_cast<int>(model.moe.top_k);
-  s.dispatch.transport = layout.ep_transport == EpTransport::kPooled ? Transport::pooled : Transport::ragged;
+  s.dispatch.transport = layout.ep_transport;
   s.dispatch.sender_cf = layout.sender_cf;
   s.dispatch.receiver_cf = layout.receiver_cf;
   s.dispatch.waves = static_cast<int>(layout.waves);

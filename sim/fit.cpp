@@ -185,7 +185,7 @@ Layout cpu_run_layout(int64_t processes, int64_t ep, int64_t batch, int64_t seq,
   l.recompute = models::Recompute::kNone;
   l.optimizer_state = StatePlacement::kDevice;
   l.master_dtype = MasterDtype::kFp32;
-  l.ep_transport = transport == "pooled" ? EpTransport::kPooled : EpTransport::kRagged;
+  l.ep_transport = transport == "pooled" ? Transport::pooled : Transport::ragged;
   return l;
 }
 

@@ -43,7 +43,6 @@ const char* to_string(PpSchedule s) {
   return "?";
 }
 
-const char* to_string(EpTransport t) { return t == EpTransport::kPooled ? "pooled" : "ragged"; }
 
 int64_t batch_seqs(const Layout& l, const models::LayerGraph& g) {
   const int64_t seq = l.seq(g.model);
@@ -155,6 +154,9 @@ void visit_rules(const Layout& l, const models::LayerGraph& g, const topologies:
   if (l.waves < 1 || l.ragged_chunks < 1 || l.sender_cf <= 0 || l.receiver_cf <= 0) {
     if (!add(Reason::kWaves, "waves, chunks and capacity factors must be positive")) return;
   }
+  if (l.ep_transport == Transport::capacity) {
+    if (!add(Reason::kWaves, "a layout's EP transport is pooled or ragged (capacity is a drop-model setting)")) return;
+  }
 }
 
 }  // namespace
@@ -231,12 +233,11 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.master_dtype = r.choice("master_dtype", {"fp32", "bf16"}, "fp32") == "fp32" ? MasterDtype::kFp32 : MasterDtype::kBf16;
   const std::string grad = r.choice("grad_dtype", {"master", "fp32", "bf16"}, "master");
   l.grad_dtype = grad == "fp32" ? GradDtype::kFp32 : grad == "bf16" ? GradDtype::kBf16 : GradDtype::kAsMaster;
-  l.ep_transport = r.choice("ep_transport", {"pooled", "ragged"}, "ragged") == "pooled" ? EpTransport::kPooled
-                                                                                        : EpTransport::kRagged;
-  l.sender_cf = r.number("sender_cf", 1.10, {.min_exclusive = 0, .max = 16});
-  l.receiver_cf = r.number("receiver_cf", 1.15, {.min_exclusive = 0, .max = 16});
-  l.waves = r.integer("waves", 3, {.min = 1, .max = 64});
-  l.ragged_chunks = r.integer("ragged_chunks", 2, {.min = 1, .max = 64});
+  l.ep_transport = parse_transport(r.choice("ep_transport", {"pooled", "ragged"}, "ragged"));
+  l.sender_cf = r.number("sender_cf", kDefaultSenderCf, {.min_exclusive = 0, .max = 16});
+  l.receiver_cf = r.number("receiver_cf", kDefaultReceiverCf, {.min_exclusive = 0, .max = 16});
+  l.waves = r.integer("waves", kDefaultWaves, {.min = 1, .max = 64});
+  l.ragged_chunks = r.integer("ragged_chunks", kDefaultRaggedChunks, {.min = 1, .max = 64});
   l.coordinated_gc = r.boolean("coordinated_gc", false);
   l.replicate_embedding = r.boolean("replicate_embedding", false);
   l.zero_stage = r.integer("zero_stage", 3, {.min = 0, .max = 3});
@@ -277,7 +278,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   j["optimizer_state"] = l.optimizer_state == StatePlacement::kHost ? "host" : "device";
   j["master_dtype"] = l.master_dtype == MasterDtype::kFp32 ? "fp32" : "bf16";
   if (l.grad_dtype != GradDtype::kAsMaster) j["grad_dtype"] = l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16";
-  j["ep_transport"] = to_string(l.ep_transport);
+  j["ep_transport"] = transport_name(l.ep_transport);
   j["sender_cf"] = l.sender_cf;
   j["receiver_cf"] = l.receiver_cf;
   j["waves"] = l.waves;
@@ -306,7 +307,7 @@ std::string describe(const Layout& l) {
   if (l.fp8 != Fp8Gemms::kNone) s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts");
   if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
-  if (l.ep > 1) s << " | " << to_string(l.ep_transport);
+  if (l.ep > 1) s << " | " << transport_name(l.ep_transport);
   return s.str();
 }
 

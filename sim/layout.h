@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/layer_graph.h"
+#include "sim/dispatch.h"
 #include "topologies/topology.h"
 
 namespace rackstep::sim {
@@ -49,9 +50,6 @@ enum class MasterDtype { kFp32, kBf16 };
 // Gradient buffers and their reduction: the master dtype's (the default), or set
 // apart (Megatron's grad_reduce_in_fp32 = False: bf16 buffers under an fp32 master).
 enum class GradDtype { kAsMaster, kFp32, kBf16 };
-// EP transport (spec/marin-architecture.md, EP dispatch): fixed-capacity pooled
-// waves with sender and receiver capacity factors, or ragged with a receiver gate.
-enum class EpTransport { kPooled, kRagged };
 // Which GEMMs run in FP8 (per-op precision; attention, norms and the LM head stay BF16).
 enum class Fp8Gemms { kNone, kExperts, kLinear };
 
@@ -74,11 +72,13 @@ struct Layout {
   StatePlacement optimizer_state = StatePlacement::kDevice;
   MasterDtype master_dtype = MasterDtype::kFp32;
   GradDtype grad_dtype = GradDtype::kAsMaster;  // gradient buffers and their reduction
-  EpTransport ep_transport = EpTransport::kRagged;
-  double sender_cf = 1.10;       // pooled: sender pool capacity factor
-  double receiver_cf = 1.15;     // receiver buffers (pooled) / gate (ragged)
-  int64_t waves = 3;             // pooled: W
-  int64_t ragged_chunks = 2;     // ragged: receiver gate split
+  // EP transport (spec/marin-architecture.md, EP dispatch; sim/dispatch.h): fixed-capacity
+  // pooled waves with sender and receiver capacity factors, or ragged with a receiver gate.
+  Transport ep_transport = Transport::ragged;
+  double sender_cf = kDefaultSenderCf;      // pooled: sender pool capacity factor
+  double receiver_cf = kDefaultReceiverCf;  // receiver buffers (pooled) / gate (ragged)
+  int64_t waves = kDefaultWaves;            // pooled: W
+  int64_t ragged_chunks = kDefaultRaggedChunks;  // ragged: receiver gate split
   bool coordinated_gc = false;   // host GC pauses taken by all ranks at once
   bool replicate_embedding = false;  // embedding (and its state) whole on every GPU (the hero)
   int64_t zero_stage = 3;        // what the fsdp group shards (see above); 0 = nothing (fsdp must be 1)
@@ -141,6 +141,5 @@ nlohmann::json layout_to_json(const Layout& l);
 std::string describe(const Layout& l);
 
 const char* to_string(PpSchedule s);
-const char* to_string(EpTransport t);
 
 }  // namespace rackstep::sim

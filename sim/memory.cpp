@@ -155,7 +155,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   if (l.ep > 1 && t.experts > 0) {
     const double row_bytes = static_cast<double>(t.moe_width) * 2.0;
     const double a = s.routed_rows_mb;
-    const double per_direction = l.ep_transport == EpTransport::kPooled ? (l.sender_cf + l.receiver_cf) * a * row_bytes
+    const double per_direction = l.ep_transport == Transport::pooled ? (l.sender_cf + l.receiver_cf) * a * row_bytes
                                                                        : l.receiver_cf * a * row_bytes;
     m.ep_buffers = 2.0 * per_direction;  // dispatch and combine
   }

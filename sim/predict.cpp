@@ -58,7 +58,7 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
   // same few settings, so each thread keeps its own small cache in front of it.
   struct Entry {
     int64_t experts, k, ep, tokens, seq, waves, chunks;
-    EpTransport tr;
+    Transport tr;
     double scf, rcf, value;
     bool ok;
   };
@@ -75,9 +75,8 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
   Entry e{t.experts, t.top_k, l.ep, tokens, s.seq, l.waves, l.ragged_chunks, l.ep_transport,
           l.sender_cf, l.receiver_cf, 0.0, false};
   try {
-    const Transport tr = l.ep_transport == EpTransport::kPooled ? Transport::pooled : Transport::ragged;
-    e.value = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, tokens, s.seq, tr, l.sender_cf, l.receiver_cf,
-                            static_cast<int>(l.waves), static_cast<int>(l.ragged_chunks))
+    e.value = predict_drops(t.experts, static_cast<int>(t.top_k), l.ep, tokens, s.seq, l.ep_transport, l.sender_cf,
+                            l.receiver_cf, static_cast<int>(l.waves), static_cast<int>(l.ragged_chunks))
                   .total();
     e.ok = true;
   } catch (const std::exception&) {
@@ -131,7 +130,7 @@ GradSyncGroups grad_sync_groups(const Network& net, const Layout& l, const Layou
 }
 
 double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration& cal, const Layout& l,
-                         const LayoutShape& s, const double* bwd_wall, size_t classes) {
+                         const LayoutShape& s, const std::vector<double>& bwd_wall) {
   const GradSyncGroups gs = grad_sync_groups(net, l, s);
   const double dense_shard = gs.dense_shard;
   const double expert_shard = gs.expert_shard;
@@ -148,8 +147,8 @@ double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration
     return dense_s + edge_s + expert_s + replicated_s;
   }
   // One layer's gradient all-reduce per class.
-  double layer_s[16] = {};
-  for (size_t ci = 0; ci < classes && ci < 16; ++ci) {
+  std::vector<double> layer_s(t.classes.size(), 0.0);
+  for (size_t ci = 0; ci < t.classes.size(); ++ci) {
     const LayerClass& lc = t.classes[ci];
     layer_s[ci] = all_reduce_s(net, dense_g, lc.dense_params / dense_shard * s.grad_bytes) +
                   (lc.expert_params > 0 ? all_reduce_s(net, expert_g, lc.expert_params / expert_shard * s.grad_bytes)
@@ -162,7 +161,6 @@ double exposed_grad_sync(const OpTable& t, const Network& net, const Calibration
   int64_t in_bucket = 0;
   for (int64_t i = stage_layers - 1; i >= 0; --i) {
     const auto ci = static_cast<size_t>(t.layer_class[static_cast<size_t>(i)]);
-    if (ci >= classes || ci >= 16) continue;
     now += bwd_wall[ci];
     pending += layer_s[ci];
     if (++in_bucket < cal.grad_sync_bucket_layers && i > 0) continue;
@@ -214,7 +212,7 @@ class StepModel {
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
     const double a = s_.routed_rows_mb;
-    ctx_.expert_rows = l.ep > 1 && l.ep_transport == EpTransport::kPooled ? l.receiver_cf * a : a * (1.0 - drop_);
+    ctx_.expert_rows = l.ep > 1 && l.ep_transport == Transport::pooled ? l.receiver_cf * a : a * (1.0 - drop_);
     const int64_t tp = l.tp, cp = l.cp;
     g_.fsdp = group_of(net, l.fsdp, tp * cp);
     g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), tp * cp * l.ep);
@@ -253,7 +251,7 @@ class StepModel {
       if (s_.gathers_per_layer) k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
     }
     if (lc.moe && l_.ep > 1) {
-      const bool pooled = l_.ep_transport == EpTransport::kPooled;
+      const bool pooled = l_.ep_transport == Transport::pooled;
       const double bytes = ep_bytes();
       const double fixed = cal_.ep_a2a_latency_s + (pooled ? 0.0 : cal_.ep_ragged_sync_s);
       const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
@@ -272,7 +270,7 @@ class StepModel {
       k.attention_bwd_s += at.bwd_s;
       if (l_.cp > 1) k.cp_pass_s += cp_kv_s(e);
     }
-    if (l_.offload_residual && l_.recompute == models::Recompute::kFull && net_.h2d_bw_bytes_per_s > 0) {
+    if (l_.offload_residual && l_.recompute == models::Recompute::kFull) {
       k.carry_xfer_s = s_.tokens_mb / tp * static_cast<double>(t_.d_model) * 2.0 / net_.h2d_bw_bytes_per_s;
     }
     return k;
@@ -361,7 +359,7 @@ class StepModel {
   // EP all-to-all bytes per GPU of one call: pooled sends whole pools
   // (sender_cf · A rows), ragged the rows it has; bf16 rows of the expert input width.
   double ep_bytes() const {
-    const bool pooled = l_.ep_transport == EpTransport::kPooled;
+    const bool pooled = l_.ep_transport == Transport::pooled;
     const double rows = pooled ? l_.sender_cf * s_.routed_rows_mb : s_.routed_rows_mb;
     return rows * static_cast<double>(t_.moe_width) * 2.0;
   }
@@ -431,7 +429,7 @@ namespace {
 // Exposed EP time of one pass (dispatch + combine) given the expert compute it can hide behind.
 double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double expert_s) {
   if (comm_s <= 0) return 0.0;
-  if (l.ep_transport == EpTransport::kRagged) return comm_s * (1.0 - std::max(0.0, l.ep_comm_overlap));
+  if (l.ep_transport == Transport::ragged) return comm_s * (1.0 - std::max(0.0, l.ep_comm_overlap));
   const double w = static_cast<double>(l.waves);
   const double ovl = cal.ep_wave_overlap_eff * std::min(1.0, expert_s / comm_s);
   return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));
@@ -453,25 +451,14 @@ double pipeline_bubble(const Layout& l, double f, double b) {
 
 Predictor::Predictor(const models::LayerGraph& g, const topologies::Cluster& c, const Calibration& cal)
     : graph_(g), cluster_(c), cal_(cal), table_(build_op_table(g)), net_(make_network(c, cal)) {
+  // Host offloads divide by it (topologies/topology.cpp reads it as a positive, sourced number).
+  RS_CHECK(net_.h2d_bw_bytes_per_s > 0, "a cluster without a host-to-device bandwidth");
   const std::string& gpu = c.system.gpu.name;
   if (!cal.gemm_peak_eff.contains(gpu)) {
     warnings_.push_back("no GEMM calibration for GPU '" + gpu + "' in " + cal.file +
                         ": priced at gemm.default_peak_efficiency " + std::to_string(cal.gemm_peak_eff_default) +
                         " (an assumption); add a measured entry to gemm.peak_efficiency");
   }
-}
-
-Prediction Predictor::predict(const Layout& l) const {
-  std::vector<LayoutIssue> issues = check_layout(l, graph_, cluster_);
-  if (!issues.empty()) {
-    Prediction p;
-    p.issues = std::move(issues);
-    return p;
-  }
-  const StepModel sm(table_, cluster_, cal_, net_, l);
-  Prediction p = run(sm, sm.class_costs());
-  add_memory_issues(p);
-  return p;
 }
 
 void Predictor::add_memory_issues(Prediction& p) const {
@@ -516,8 +503,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   // Backward wall time of one layer of each class (recompute + backward + the
   // exposed communication that falls in them): the schedule gradient buckets
   // are released on.
-  constexpr size_t kMaxClasses = 16;
-  double bwd_wall[kMaxClasses] = {};
+  std::vector<double> bwd_wall(table_.classes.size(), 0.0);
   for (size_t ci = 0; ci < table_.classes.size(); ++ci) {
     const LayerClass& lc = table_.classes[ci];
     const ClassCost& k = costs[ci];
@@ -563,7 +549,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);
     const double comm_layer = ep_layer + fsdp_layer + tp_layer + cp_layer + off_layer;
     const double busy = bt.fwd_s + rec + bt.bwd_s;
-    if (ci < kMaxClasses) bwd_wall[ci] = rec + bt.bwd_s + (busy > 0 ? comm_layer * (rec + bt.bwd_s) / busy : 0.0);
+    bwd_wall[ci] = rec + bt.bwd_s + (busy > 0 ? comm_layer * (rec + bt.bwd_s) / busy : 0.0);
     ep += n * ep_layer;
     fsdp += n * fsdp_layer;
     tpc += n * tp_layer;
@@ -607,7 +593,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
                      2.0 * (pp - 1.0) * send_recv_s(net_, sm.pp_send_cross(), sm.pp_send_bytes());
   }
 
-  bd.grad_sync_s = exposed_grad_sync(table_, net_, cal_, l, s, bwd_wall, std::min(kMaxClasses, table_.classes.size()));
+  bd.grad_sync_s = exposed_grad_sync(table_, net_, cal_, l, s, bwd_wall);
 
   // Optimizer. Device update: Adam reads p, g, m, v and writes p, m, v (fp32); Muon
   // reads p, g, momentum and writes p, momentum. States on host stream over the link.
@@ -654,8 +640,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   // Gather the shards of each matrix to its owner and send the result back.
   double opt_comm = 0.0;
   for (const StepModel::MuonCall& c : sm.muon_calls()) opt_comm += 2.0 * all_to_all_s(net_, c.group, c.bytes);
-  const double link = net_.h2d_bw_bytes_per_s > 0 ? net_.h2d_bw_bytes_per_s : 1e12;
-  const double host_s = (h2d + (1.0 - cal_.host_link_duplex) * h2d) / link;  // same bytes back (d2h)
+  const double host_s = (h2d + (1.0 - cal_.host_link_duplex) * h2d) / net_.h2d_bw_bytes_per_s;  // same bytes back (d2h)
   bd.optimizer_compute_s = opt_compute;
   bd.optimizer_comm_s = opt_comm;
   bd.optimizer_host_s = std::max(0.0, host_s - opt_compute);
@@ -692,15 +677,18 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   return p;
 }
 
-StepPrice Predictor::price(const Layout& l) const {
+StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
   StepPrice out;
   out.prediction.issues = check_layout(l, graph_, cluster_);
+  const bool full = detail == PriceDetail::kFull;
+  if (!full && !out.prediction.issues.empty()) return out;
   const StepModel sm(table_, cluster_, cal_, net_, l);
   const std::vector<ClassCost> costs = sm.class_costs();
   if (out.prediction.issues.empty()) {
     out.prediction = run(sm, costs);
     add_memory_issues(out.prediction);
   }
+  if (!full) return out;
   const models::Recompute rc = l.recompute;
   for (size_t i = 0; i < table_.layer_class.size(); ++i) {
     const size_t ci = static_cast<size_t>(table_.layer_class[i]);
@@ -721,9 +709,19 @@ StepPrice Predictor::price(const Layout& l) const {
     out.layers.push_back(t);
   }
   out.ops.resize(graph_.ops.size());
-  const auto fill = [&](const std::vector<OpEntry>& ops, size_t first, int32_t layer, const ClassCost* k) {
+  // Every layer of a class runs the same ops: price them once per class.
+  const auto times = [&](const std::vector<OpEntry>& ops) {
+    std::vector<OpTime> t;
+    t.reserve(ops.size());
+    for (const OpEntry& e : ops) t.push_back(price_op(e, sm.ctx()));
+    return t;
+  };
+  std::vector<std::vector<OpTime>> class_times;
+  for (const LayerClass& lc : table_.classes) class_times.push_back(times(lc.ops));
+  const auto fill = [&](const std::vector<OpEntry>& ops, const std::vector<OpTime>& op_times, size_t first,
+                        int32_t layer, const ClassCost* k) {
     for (size_t j = 0; j < ops.size(); ++j) {
-      const OpTime t = price_op(ops[j], sm.ctx());
+      const OpTime& t = op_times[j];
       OpTiming& o = out.ops[first + j];
       o.graph_index = first + j;
       o.layer = layer;
@@ -735,12 +733,12 @@ StepPrice Predictor::price(const Layout& l) const {
       if (k && ops[j].kind == OpKind::kCombine) o.comm_s = k->ep_combine_s;
     }
   };
-  fill(table_.pre, 0, -1, nullptr);
+  fill(table_.pre, times(table_.pre), 0, -1, nullptr);
   for (size_t i = 0; i < table_.layer_class.size(); ++i) {
     const size_t ci = static_cast<size_t>(table_.layer_class[i]);
-    fill(table_.classes[ci].ops, graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
+    fill(table_.classes[ci].ops, class_times[ci], graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
   }
-  fill(table_.head, graph_.head_begin, -1, nullptr);
+  fill(table_.head, times(table_.head), graph_.head_begin, -1, nullptr);
   std::vector<LayerCollectives> per_class;
   for (size_t ci = 0; ci < table_.classes.size(); ++ci) per_class.push_back(sm.collectives(table_.classes[ci], costs[ci]));
   for (int32_t ci : table_.layer_class) out.collectives.push_back(per_class[static_cast<size_t>(ci)]);

@@ -153,14 +153,18 @@ class Predictor {
  public:
   Predictor(const models::LayerGraph& g, const topologies::Cluster& c, const Calibration& cal = default_calibration());
 
-  Prediction predict(const Layout& l) const;
+  // How much of the step price() returns: the prediction alone (predict(); what
+  // a ranking needs, ~microseconds) or everything the step graph schedules.
+  enum class PriceDetail { kPrediction, kFull };
+
+  Prediction predict(const Layout& l) const { return price(l, PriceDetail::kPrediction).prediction; }
   // Fast path for sweeps: no issue strings; `reason` set when invalid.
   Prediction predict_fast(const Layout& l, Reason* reason) const;
 
   // The prediction, per-layer and per-op timings and every collective, from one
-  // pricing of the layout. Timings and collectives are filled for invalid layouts
-  // too (prediction.issues says why they cannot run).
-  StepPrice price(const Layout& l) const;
+  // pricing of the layout. With kFull, timings and collectives are filled for
+  // invalid layouts too (prediction.issues says why they cannot run).
+  StepPrice price(const Layout& l, PriceDetail detail = PriceDetail::kFull) const;
   std::vector<LayerTiming> layer_timings(const Layout& l) const { return price(l).layers; }
   std::vector<OpTiming> op_timings(const Layout& l) const { return price(l).ops; }
 

@@ -279,7 +279,7 @@ nlohmann::json size_result_json(const SizeResult& r) {
                 {"headroom_bytes", c.headroom_bytes},
                 {"memory_bytes", mem},
                 {"drop_fraction", c.prediction.drop_fraction},
-                {"ep_transport", c.layout.ep > 1 ? to_string(c.layout.ep_transport) : "none"},
+                {"ep_transport", c.layout.ep > 1 ? transport_name(c.layout.ep_transport) : "none"},
                 {"training_flops", c.training_flops},
                 {"forecast_loss", c.forecast_loss}});
     } else {

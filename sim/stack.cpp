@@ -88,9 +88,8 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
   f.expert_parallel = flag(sup, "expert_parallel", f.expert_parallel);
   f.cp_kinds = choices<CpKind>(sup, "cp_kinds", {{"ring", CpKind::kRing}, {"all_gather_kv", CpKind::kAllGatherKv}},
                                f.cp_kinds);
-  f.ep_transports = choices<EpTransport>(sup, "ep_transports",
-                                         {{"pooled", EpTransport::kPooled}, {"ragged", EpTransport::kRagged}},
-                                         f.ep_transports);
+  f.ep_transports = choices<Transport>(sup, "ep_transports", {{"pooled", Transport::pooled}, {"ragged", Transport::ragged}},
+                                       f.ep_transports);
   f.optimizer_offload = flag(sup, "optimizer_offload", f.optimizer_offload);
   f.residual_offload = flag(sup, "residual_offload", f.residual_offload);
   f.recompute = choices<models::Recompute>(sup, "recompute",
@@ -136,7 +135,7 @@ std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
   if (l.tp > 1 && !f.tensor_parallel) no("tensor parallelism");
   if (l.ep > 1 && !f.expert_parallel) no("expert parallelism");
   if (l.cp > 1 && !has(f.cp_kinds, l.cp_kind)) no(l.cp_kind == CpKind::kRing ? "ring context parallelism" : "all-gather-KV context parallelism");
-  if (l.ep > 1 && !has(f.ep_transports, l.ep_transport)) no(std::string("the ") + to_string(l.ep_transport) + " EP transport");
+  if (l.ep > 1 && !has(f.ep_transports, l.ep_transport)) no(std::string("the ") + transport_name(l.ep_transport) + " EP transport");
   if (l.optimizer_state == StatePlacement::kHost && !f.optimizer_offload) no("optimizer state on host");
   if (l.offload_residual && !f.residual_offload) no("residual carry offload");
   if (!has(f.recompute, l.recompute)) {

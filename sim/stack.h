@@ -33,7 +33,7 @@ struct StackSupport {
   bool tensor_parallel = true;
   bool expert_parallel = true;
   std::vector<CpKind> cp_kinds{CpKind::kRing, CpKind::kAllGatherKv};  // empty = no context parallel
-  std::vector<EpTransport> ep_transports{EpTransport::kPooled, EpTransport::kRagged};
+  std::vector<Transport> ep_transports{Transport::pooled, Transport::ragged};
   bool optimizer_offload = true;
   bool residual_offload = true;
   std::vector<models::Recompute> recompute{models::Recompute::kNone, models::Recompute::kSelective,

@@ -61,6 +61,7 @@
 
 #include "sim/des.h"
 #include "sim/layout.h"
+#include "sim/pipeline_schedule.h"
 #include "sim/predict.h"
 
 namespace rackstep::sim {
@@ -99,23 +100,6 @@ struct StepGraph {
   std::vector<TaskId> step_end;   // last task of each step
   double checkpoint_bytes = 0;    // whole-model bytes of one save (when any step saves)
 };
-
-// One entry of a pipeline stage's compute order: a pass of micro-batch `mb`
-// through the stage's model chunk `chunk` (0..v-1 interleaved; 0 and 1 for
-// DualPipeV's V). kBackward computes input and weight gradients; zero-bubble
-// schedules split it into kInputGrad (B) and a later kWeightGrad (W).
-enum class PipelinePass { kForward, kBackward, kInputGrad, kWeightGrad };
-struct PipelineSlot {
-  PipelinePass pass;
-  int64_t chunk, mb;
-};
-// The order stage `stage` of `pp` runs its passes in, for `micro_batches`
-// micro-batches (`virtual_stages` model chunks per stage when interleaved).
-std::vector<PipelineSlot> pipeline_order(PpSchedule s, int64_t pp, int64_t virtual_stages, int64_t micro_batches,
-                                         int64_t stage);
-// The model chunk (0 .. chunks-1, in layer order) that stage `stage`'s chunk
-// `chunk` holds: c*pp + stage, or for DualPipeV's V stage / 2pp-1-stage.
-int64_t pipeline_model_chunk(PpSchedule s, int64_t pp, int64_t stage, int64_t chunk);
 
 // Throws UserError for an invalid layout (with the predictor's reasons) or a
 // pipeline schedule that cannot run with these micro-batches / layers.

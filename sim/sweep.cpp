@@ -152,8 +152,8 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
   for (int64_t mb = 1; mb <= per_rank; mb *= 2) mbs.push_back(mb);
   std::vector<PpSchedule> schedules{PpSchedule::k1F1B};
   if (o.pp > 1) schedules = {PpSchedule::k1F1B, PpSchedule::kInterleaved1F1B, PpSchedule::kZeroBubble, PpSchedule::kDualPipeV};
-  std::vector<EpTransport> transports{EpTransport::kRagged};
-  if (o.ep > 1) transports.push_back(EpTransport::kPooled);
+  std::vector<Transport> transports{Transport::ragged};
+  if (o.ep > 1) transports.push_back(Transport::pooled);
   struct Policy {
     models::Recompute r;
     bool offload;
@@ -191,7 +191,7 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
     for (PpSchedule s : schedules) {
       for (const Policy& pol : policies) {
         for (StatePlacement place : {StatePlacement::kDevice, StatePlacement::kHost}) {
-          for (EpTransport tr : transports) {
+          for (Transport tr : transports) {
             for (int64_t zero : zero_stages) {
               Layout l = base;
               l.zero_stage = zero;

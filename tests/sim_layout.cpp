@@ -51,7 +51,7 @@ TEST_CASE("layouts survive a JSON round trip", "[layout]") {
   l.schedule = PpSchedule::kInterleaved1F1B;
   l.cp = 2;
   l.cp_kind = CpKind::kAllGatherKv;
-  l.ep_transport = EpTransport::kPooled;
+  l.ep_transport = Transport::pooled;
   l.sender_cf = 1.3;
   const Layout back = parse_layout(layout_to_json(l), "roundtrip");
   CHECK(layout_to_json(back) == layout_to_json(l));
@@ -123,4 +123,26 @@ TEST_CASE("invalid layouts are rejected with the right reason", "[layout]") {
   CHECK(first_issue(l, g, c, &r));
   CHECK(r == Reason::kGpuProduct);
   CHECK_FALSE(first_issue(base, g, c, &r));
+}
+
+TEST_CASE("a layout's EP transport is the dispatch library's, pooled or ragged, with its defaults", "[layout]") {
+  // One enum and one set of defaults for layouts and the dispatch library.
+  const Layout plain;
+  const DispatchConfig dispatch;
+  CHECK(plain.sender_cf == dispatch.sender_cf);
+  CHECK(plain.receiver_cf == dispatch.receiver_cf);
+  CHECK(plain.waves == dispatch.waves);
+  CHECK(plain.ragged_chunks == dispatch.ragged_chunks);
+  nlohmann::json j = layout_to_json(hero_layout());
+  j.erase("sender_cf");
+  j.erase("waves");
+  const Layout read = parse_layout(j, "defaults.json");
+  CHECK(read.sender_cf == kDefaultSenderCf);
+  CHECK(read.waves == kDefaultWaves);
+  CHECK(read.ep_transport == Transport::ragged);
+  Layout capacity = hero_layout();
+  capacity.ep_transport = Transport::capacity;
+  CHECK(has_reason(check_layout(capacity, hero_graph(), racks(11)), Reason::kWaves));
+  j["ep_transport"] = "capacity";
+  CHECK_THROWS_AS(parse_layout(j, "capacity.json"), UserError);
 }

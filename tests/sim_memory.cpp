@@ -87,7 +87,7 @@ TEST_CASE("state placement and sharding move memory", "[memory]") {
   CHECK_FALSE(mem(e).fits_device);
   // Pooled waves add sender pools.
   Layout p = hero_layout();
-  p.ep_transport = EpTransport::kPooled;
+  p.ep_transport = Transport::pooled;
   CHECK(mem(p).ep_buffers > host.ep_buffers);
 }
 

@@ -111,3 +111,18 @@ TEST_CASE("the step graph's context-parallel and pipeline sends are the ones pri
   check_call(sg.engine, "L0.mb0.c0.fwd.cp_ring", price.collectives[0].cp);
   check_call(sg.engine, "mb0.c0.fwd.send", price.step_collectives.pp_send);
 }
+
+TEST_CASE("the step graph's tensor-parallel passes are the ones price() priced", "[step_graph][price]") {
+  Case c = load("marin-535b-a23b.json", "gb200-11-racks.json", "hero-ragged.json");
+  c.layout.tp = 2;  // sequence parallel in pairs; the hero's EP / FSDP halved to keep data a multiple
+  c.layout.data = 352;
+  c.layout.fsdp = 32;
+  c.layout.ep = 32;
+  c.layout.micro_batch_seqs = 32;
+  const Predictor p(c.graph, c.cluster);
+  const StepPrice price = p.price(c.layout);
+  REQUIRE(price.prediction.valid);
+  const StepGraph sg = build_step_graph(p, c.layout, private_links());
+  check_call(sg.engine, "L0.mb0.fwd.tp", price.collectives[0].tp);
+  check_call(sg.engine, "L0.mb0.fwd.allgather", price.collectives[0].fsdp_gather);
+}
