@@ -21,6 +21,14 @@ double sourced(JsonReader& parent, const std::string& key, NumberRange range = {
   return x;
 }
 
+bool sourced_flag(JsonReader& parent, const std::string& key) {
+  JsonReader v = parent.object(key);
+  const bool x = v.boolean("value");
+  v.string("source");
+  v.finish();
+  return x;
+}
+
 double shape_factor(double x, double half) { return x / (x + half); }
 
 }  // namespace
@@ -42,6 +50,18 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.gemm_half_dim = sourced(gemm, "half_dim", nonneg);
   // Optional, so calibration files written before FP8 GEMMs existed still read.
   if (gemm.has("fp8_relative_efficiency")) c.fp8_gemm_relative_eff = sourced(gemm, "fp8_relative_efficiency", frac);
+  if (gemm.has("fp8_measured_gpus")) {
+    JsonReader v = gemm.object("fp8_measured_gpus");
+    const nlohmann::json& names = v.raw().at("value");
+    if (!names.is_array()) throw UserError(file, "/gemm/fp8_measured_gpus/value", "a list of GPU names", names.dump());
+    for (const auto& n : names) {
+      if (!n.is_string()) throw UserError(file, "/gemm/fp8_measured_gpus/value", "a GPU name", n.dump());
+      c.fp8_gemm_measured_gpus.push_back(n.get<std::string>());
+    }
+    v.ignore("value");
+    v.string("source");
+    v.finish();
+  }
   gemm.finish();
 
   JsonReader gg = r.object("grouped_gemm");
@@ -94,6 +114,14 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.ep_ragged_sync_s = sourced(col, "ep_ragged_sync_s", nonneg);
   c.ep_wave_overlap_eff = sourced(col, "ep_wave_overlap_efficiency", {.min = 0, .max = 1});
   c.fsdp_prefetch_overlap = sourced(col, "fsdp_prefetch_overlap", {.min = 0, .max = 1});
+  // Optional, so calibration files written before them still read (default: Marin's, per layer, no re-gather).
+  if (col.has("fsdp_gather_per_module")) c.fsdp_gather_per_module = sourced_flag(col, "fsdp_gather_per_module");
+  if (col.has("fsdp_prefetch_bucket_params")) {
+    c.fsdp_prefetch_bucket_params = sourced(col, "fsdp_prefetch_bucket_params", {.min = 0});
+  }
+  if (col.has("fsdp_regather_for_recompute")) {
+    c.fsdp_regather_for_recompute = sourced_flag(col, "fsdp_regather_for_recompute");
+  }
   c.grad_sync_bucket_layers = static_cast<int64_t>(sourced(col, "grad_sync_bucket_layers", {.min = 0, .max = 1e6}));
   c.tp_overlap = sourced(col, "tp_overlap", {.min = 0, .max = 1});
   c.cp_ring_overlap = sourced(col, "cp_ring_overlap", {.min = 0, .max = 1});

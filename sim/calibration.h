@@ -40,6 +40,7 @@ struct Calibration {
   double gemm_half_dim = 128;
   // FP8 GEMMs: efficiency relative to the BF16 curve, at the FP8 peak.
   double fp8_gemm_relative_eff = 0.83;
+  std::vector<std::string> fp8_gemm_measured_gpus;  // GPUs fp8_gemm_relative_eff was measured on (others: a warning)
   // Grouped expert GEMM: one measured anchor (the six-GEMM expert MLP of the
   // hero); the grouped factor (anchor eff / dense eff at the anchor shape) is
   // derived at load time and applied to every other grouped shape.
@@ -79,6 +80,18 @@ struct Calibration {
   double ep_ragged_sync_s = 20e-6;                // ragged: size exchange before each call
   double ep_wave_overlap_eff = 0.5;               // pooled waves: achieved share of ideal overlap
   double fsdp_prefetch_overlap = 1.0;             // share of the previous layer's compute usable
+  // ZeRO-3 gather granularity: one all-gather per layer (FSDP wrapping a block, a
+  // JAX scan) or one per parameter-holding module (DeepSpeed's per-submodule fetch),
+  // each call paying the ring's latency.
+  bool fsdp_gather_per_module = false;
+  // ZeRO-3 with full recompute: the recompute forward gathers the layer again (the
+  // trainer releases a module's weights after each forward), so the backward
+  // gathers a third time instead of reusing the recompute's gather.
+  bool fsdp_regather_for_recompute = false;
+  // Parameters the trainer prefetches ahead of the running module (0 = no limit): a
+  // module larger than this is fetched when it is reached, so only this share of
+  // its gather can hide behind the previous module's compute.
+  double fsdp_prefetch_bucket_params = 0;
   // Cross-replica gradient buckets: layers per bucket, released as the backward
   // reaches them (0 = one bucket after the whole backward). sim/predict.cpp derives
   // the exposed share from the schedule.

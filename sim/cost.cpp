@@ -13,6 +13,15 @@ namespace {
 using models::OpClass;
 using models::OpKind;
 
+// Of an op's saved activations, the elements that are GEMM inputs (what FP8 GEMMs
+// keep as FP8 casts): a linear saves its input; a fused SwiGLU (gemm_count 3)
+// saves x and h, the inputs of w1|w3 and of w2, beside the bf16 h1, h3 that its
+// activation backward reads.
+double saved_gemm_input_elems(const OpEntry& e) {
+  const double inputs = e.gemm_count == 3 ? e.gemm_k + e.gemm_n : e.gemm_k;
+  return std::min(e.saved_elems, e.rows_per_token * inputs);
+}
+
 OpEntry make_entry(const models::Op& op, size_t index) {
   OpEntry e;
   e.kind = op.kind;
@@ -114,6 +123,8 @@ OpTable build_op_table(const models::LayerGraph& g) {
       if (op.op_class == OpClass::kGemm || op.op_class == OpClass::kGroupedGemm || op.op_class == OpClass::kAttention) {
         c.saved_gemm_elems_per_token += entry.saved_elems;
       }
+      if (op.op_class == OpClass::kGemm) c.saved_dense_gemm_elems_per_token += saved_gemm_input_elems(entry);
+      if (op.op_class == OpClass::kGroupedGemm) c.saved_grouped_gemm_elems_per_token += saved_gemm_input_elems(entry);
       c.max_op_saved_elems = std::max(c.max_op_saved_elems, entry.saved_elems);
       add_layer_params(op, c);
       c.ops.push_back(std::move(entry));

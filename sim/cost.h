@@ -61,6 +61,8 @@ struct LayerClass {
   std::vector<Matrix> muon_matrices;
   double saved_elems_per_token = 0; // sum of saved activations (no recompute)
   double saved_gemm_elems_per_token = 0;  // saved by GEMM/attention ops (selective recompute keeps these)
+  double saved_dense_gemm_elems_per_token = 0;    // of those, the dense GEMMs' saved inputs (FP8 under Fp8Gemms::kLinear)
+  double saved_grouped_gemm_elems_per_token = 0;  // and the expert grouped GEMMs' (FP8 under kLinear or kExperts)
   double max_op_saved_elems = 0;
 };
 

@@ -231,6 +231,8 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.optimizer_state = r.choice("optimizer_state", {"device", "host"}, "device") == "host" ? StatePlacement::kHost
                                                                                           : StatePlacement::kDevice;
   l.master_dtype = r.choice("master_dtype", {"fp32", "bf16"}, "fp32") == "fp32" ? MasterDtype::kFp32 : MasterDtype::kBf16;
+  const std::string grad = r.choice("grad_dtype", {"master", "fp32", "bf16"}, "master");
+  l.grad_dtype = grad == "fp32" ? GradDtype::kFp32 : grad == "bf16" ? GradDtype::kBf16 : GradDtype::kAsMaster;
   l.ep_transport = parse_transport(r.choice("ep_transport", {"pooled", "ragged"}, "ragged"));
   l.sender_cf = r.number("sender_cf", kDefaultSenderCf, {.min_exclusive = 0, .max = 16});
   l.receiver_cf = r.number("receiver_cf", kDefaultReceiverCf, {.min_exclusive = 0, .max = 16});
@@ -275,6 +277,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   j["offload_residual"] = l.offload_residual;
   j["optimizer_state"] = l.optimizer_state == StatePlacement::kHost ? "host" : "device";
   j["master_dtype"] = l.master_dtype == MasterDtype::kFp32 ? "fp32" : "bf16";
+  if (l.grad_dtype != GradDtype::kAsMaster) j["grad_dtype"] = l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16";
   j["ep_transport"] = transport_name(l.ep_transport);
   j["sender_cf"] = l.sender_cf;
   j["receiver_cf"] = l.receiver_cf;
@@ -302,6 +305,7 @@ std::string describe(const Layout& l) {
   if (l.keep_gathered_weights) s << " | keep gathered";
   if (l.uneven_stages) s << " | uneven stages";
   if (l.fp8 != Fp8Gemms::kNone) s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts");
+  if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << transport_name(l.ep_transport);
   return s.str();

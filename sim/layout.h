@@ -47,6 +47,9 @@ enum class PpSchedule { k1F1B, kInterleaved1F1B, kZeroBubble, kDualPipeV };
 enum class CpKind { kRing, kAllGatherKv };
 enum class StatePlacement { kDevice, kHost };
 enum class MasterDtype { kFp32, kBf16 };
+// Gradient buffers and their reduction: the master dtype's (the default), or set
+// apart (Megatron's grad_reduce_in_fp32 = False: bf16 buffers under an fp32 master).
+enum class GradDtype { kAsMaster, kFp32, kBf16 };
 // Which GEMMs run in FP8 (per-op precision; attention, norms and the LM head stay BF16).
 enum class Fp8Gemms { kNone, kExperts, kLinear };
 
@@ -68,6 +71,7 @@ struct Layout {
   bool offload_residual = false; // residual carry of each layer kept on host
   StatePlacement optimizer_state = StatePlacement::kDevice;
   MasterDtype master_dtype = MasterDtype::kFp32;
+  GradDtype grad_dtype = GradDtype::kAsMaster;  // gradient buffers and their reduction
   // EP transport (spec/marin-architecture.md, EP dispatch; sim/dispatch.h): fixed-capacity
   // pooled waves with sender and receiver capacity factors, or ragged with a receiver gate.
   Transport ep_transport = Transport::ragged;

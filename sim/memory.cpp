@@ -20,6 +20,18 @@ double in_flight_micro_batches(const Layout& l, double m) {
   return std::min(m, p);
 }
 
+// Saved GEMM inputs held as FP8 casts (1 byte, not bf16's 2): with FP8 GEMMs,
+// Transformer Engine saves the FP8 copy of each input that the weight gradient
+// reads (te.Linear / GroupedLinear save the quantized input), not the bf16 one.
+double fp8_saved_elems(const LayerClass& c, const Layout& l) {
+  switch (l.fp8) {
+    case Fp8Gemms::kNone: return 0.0;
+    case Fp8Gemms::kExperts: return c.saved_grouped_gemm_elems_per_token;
+    case Fp8Gemms::kLinear: return c.saved_dense_gemm_elems_per_token + c.saved_grouped_gemm_elems_per_token;
+  }
+  return 0.0;
+}
+
 double muon_expert_params(const LayerClass& c) {
   double n = 0.0;
   for (const auto& mtx : c.muon_matrices) {
@@ -53,7 +65,7 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.stage_scale = t.layers > 0 ? s.layers_per_stage * pp / static_cast<double>(t.layers) : 1.0;
   s.in_flight = in_flight_micro_batches(l, s.micro_batches);
   s.master_bytes = l.master_dtype == MasterDtype::kFp32 ? 4.0 : 2.0;
-  s.grad_bytes = s.master_bytes;
+  s.grad_bytes = l.grad_dtype == GradDtype::kAsMaster ? s.master_bytes : l.grad_dtype == GradDtype::kFp32 ? 4.0 : 2.0;
   for (const auto& lc : t.classes) {
     const double share = static_cast<double>(lc.count) / pp * s.stage_scale;
     s.dense_stage_params += lc.dense_params * share;
@@ -113,11 +125,13 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
                         (l.fsdp > 1 ? dense_layer * s.grad_bytes : 0.0);
   }
 
-  // Activations of one layer for one micro-batch (bf16), by class, worst class.
+  // Activations of one layer for one micro-batch (bf16 elements; an FP8 one counts
+  // half), by class, worst class.
   double saved_layer = 0.0, saved_gemm_layer = 0.0;
   for (const auto& lc : t.classes) {
-    saved_layer = std::max(saved_layer, lc.saved_elems_per_token);
-    saved_gemm_layer = std::max(saved_gemm_layer, lc.saved_gemm_elems_per_token);
+    const double fp8_half = 0.5 * fp8_saved_elems(lc, l);
+    saved_layer = std::max(saved_layer, lc.saved_elems_per_token - fp8_half);
+    saved_gemm_layer = std::max(saved_gemm_layer, lc.saved_gemm_elems_per_token - fp8_half);
   }
   // Sequence parallelism splits activations over tp; the routed rows are per GPU.
   const double tok = s.tokens_mb / tp;

@@ -5,8 +5,10 @@
 //                      master dtype (fp32 = 4 B); a replicated embedding is whole.
 //                      Sharded at every ZeRO stage >= 1; a bf16 master under ZeRO 0-2
 //                      is the replicated bf16 weights themselves
-//   gradients          same sharding (ZeRO 2, 3), master dtype; ZeRO 0-1 and kept
-//                      gathered weights: the stage's whole unsharded gradients
+//   gradients          same sharding (ZeRO 2, 3), at Layout::grad_dtype (the master
+//                      dtype unless set: Megatron's grad_reduce_in_fp32 = False keeps
+//                      bf16 buffers); ZeRO 0-1 and kept gathered weights: the
+//                      stage's whole unsharded gradients
 //   optimizer states   Adam m, v (8 B/param), Muon momentum (4 B/param); on host
 //                      when optimizer_state = host
 //   working weights    bf16 copies: ZeRO-3, two gathered layers (current + prefetch) and

@@ -242,7 +242,7 @@ class StepModel {
     // kept) and reduce-scatters its gradient per micro-batch; ZeRO 0-2 do neither.
     const bool zero3 = l_.zero_stage >= 3;
     if (l_.fsdp > 1 && zero3) {
-      k.fsdp_gather_s = all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
+      k.fsdp_gather_s = dense_gather_s(lc);
       if (s_.gathers_per_layer) k.grad_rs_s = reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     }
     if (s_.expert_zero > 1.0 && zero3) {
@@ -274,6 +274,18 @@ class StepModel {
       k.carry_xfer_s = s_.tokens_mb / tp * static_cast<double>(t_.d_model) * 2.0 / net_.h2d_bw_bytes_per_s;
     }
     return k;
+  }
+
+  // One pass of ZeRO-3 gathers of a layer's dense weights (bf16): one call per layer,
+  // or one per parameter-holding module, each at its own bytes and ring latency.
+  double dense_gather_s(const LayerClass& lc) const {
+    const double tp = static_cast<double>(l_.tp);
+    if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
+    double t = 0.0;
+    for (const OpEntry& e : lc.ops) {
+      if (e.param_elems > 0 && e.cls != OpClass::kGroupedGemm) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
+    }
+    return t;
   }
 
   // KV traffic of one attention op in the forward pass.
@@ -483,7 +495,6 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   const double pp = static_cast<double>(l.pp);
   const bool full = l.recompute == models::Recompute::kFull;
   const bool selective = l.recompute == models::Recompute::kSelective;
-  const double ovl_fsdp = cal_.fsdp_prefetch_overlap;
 
   // One micro-batch on the most loaded stage.
   double f = 0, r = 0, b = 0;                      // compute
@@ -511,9 +522,24 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
     // Kept gathered weights: one gather per step, in the first micro-batch's forward
     // (spread over the step's micro-batches here).
+    // A prefetch bounded to fsdp_prefetch_bucket_params hides that share of the
+    // layer's largest module gather at most.
+    double ovl_fsdp = cal_.fsdp_prefetch_overlap;
+    if (cal_.fsdp_prefetch_bucket_params > 0) {
+      double largest = 0.0;
+      for (const OpEntry& e : lc.ops) {
+        if (e.cls != OpClass::kGroupedGemm) largest = std::max(largest, e.param_elems / static_cast<double>(l.tp));
+      }
+      if (largest > 0) ovl_fsdp *= std::min(1.0, cal_.fsdp_prefetch_bucket_params / largest);
+    }
+    // A trainer that releases weights after every forward gathers again for the
+    // recompute and once more for the backward (cal.fsdp_regather_for_recompute).
+    const bool regather = cal_.fsdp_regather_for_recompute && full;
+    const double bwd_gathers =
+        regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.bwd_s)
+                 : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec));
     const double fsdp_layer =
-        s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) +
-                                  std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec)) +
+        s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
                                   std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
                             : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
     const double tp_ovl = l.tp_comm_overlap >= 0 ? l.tp_comm_overlap : cal_.tp_overlap;
@@ -638,6 +664,12 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   p.hfu = hw_flops / (p.step_time_s * gpu.peak_bf16_flops_per_s);
   p.memory = estimate_memory(table_, cluster_, l, cal_, s);
   p.warnings = warnings_;
+  const auto& measured = cal_.fp8_gemm_measured_gpus;
+  if (l.fp8 != Fp8Gemms::kNone && std::find(measured.begin(), measured.end(), gpu.name) == measured.end()) {
+    p.warnings.push_back("FP8 GEMMs on '" + gpu.name + "' priced at gemm.fp8_relative_efficiency " +
+                         std::to_string(cal_.fp8_gemm_relative_eff) + " of " + cal_.file +
+                         ", measured on another GPU (an assumption here); add this GPU to gemm.fp8_measured_gpus with a measurement");
+  }
   if (std::string_view(p.drop_source) == "fallback") {
     p.warnings.push_back("sim/drops cannot price these EP dispatch settings: drop fraction " +
                          std::to_string(p.drop_fraction) + " from the drop model's fit target (sim/drop_calibration.json /fit/target_drop)");

@@ -42,6 +42,7 @@ struct StackSupport {
   bool replicate_embedding = true;
   bool coordinated_gc = true;
   bool fp8_gemms = true;         // FP8 GEMMs (Layout::fp8)
+  bool bf16_gradients = true;    // bf16 gradient buffers under an fp32 master (Layout::grad_dtype)
 };
 
 struct Stack {

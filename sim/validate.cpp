@@ -187,9 +187,16 @@ std::vector<ValidationRun> load_validation_set(const std::string& dir) {
       v.role = j.string("role");
       if (v.role != "fitted" && v.role != "validation") j.fail("role", "\"fitted\" or \"validation\"", v.role);
       v.citation = citation + "; " + j.string("source");
+      JsonReader check = j.object("verified");
+      const std::string status = check.string("status");
+      if (status != "verified" && status != "unverified") check.fail("status", "\"verified\" or \"unverified\"", status);
+      v.verified = status == "verified";
+      v.verification = check.string("how");
+      check.finish();
       v.model_path = src(j.string("model"));
       v.cluster_path = src(j.string("cluster"));
       v.domains = j.integer("domains", 0, {.min = 0});
+      v.gpus_per_domain = j.integer("gpus_per_domain", 0, {.min = 0});
       v.stack = j.string("stack");
       if (j.has("layout_file")) {
         v.layout_json = load_json_file(src(j.string("layout_file")));
@@ -218,7 +225,9 @@ void run_validation(std::vector<ValidationRun>& runs, const std::string& calibra
   for (ValidationRun& v : runs) {
     try {
       const auto g = models::build_layer_graph(models::load_model(v.model_path));
-      const auto c = topologies::load_cluster(v.cluster_path, v.domains);
+      const auto c = v.gpus_per_domain > 0
+                         ? topologies::make_cluster(topologies::load_system(v.cluster_path), v.domains, v.gpus_per_domain)
+                         : topologies::load_cluster(v.cluster_path, v.domains);
       const Layout l = parse_layout(v.layout_json, v.file + " run " + v.id);
       const Stack stack = load_stack(stack_path(v.stack));
       const Prediction p = Predictor(g, c, stack_calibration(stack, base)).predict(l);
@@ -245,11 +254,13 @@ void run_validation(std::vector<ValidationRun>& runs, const std::string& calibra
   }
 }
 
-ValidationSummary summarize(const std::vector<ValidationRun>& runs, const std::string& role) {
+ValidationSummary summarize(const std::vector<ValidationRun>& runs, const std::string& role, SourceCheck check) {
   ValidationSummary s;
   std::vector<double> errs;
   for (const ValidationRun& v : runs) {
     if (v.role != role) continue;
+    if (check == SourceCheck::kVerified && !v.verified) continue;
+    if (check == SourceCheck::kUnverified && v.verified) continue;
     ++s.runs;
     if (v.ok && v.verdict_right()) ++s.verdicts_right;
     if (!v.ok || v.measured_step_time_s <= 0) continue;

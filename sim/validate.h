@@ -35,7 +35,10 @@ std::vector<ValidationRow> validate_calibration(const Calibration& cal);
 // The public validation set (tests/validation/*.json): published measured training
 // runs, each with its citation, model, cluster, layout, training stack and
 // measurement, marked "fitted" (used to set a calibration value) or "validation"
-// (never fitted). `rackstep validate` prints the two groups separately.
+// (never fitted). `rackstep validate` prints the two groups separately. Each row
+// also says whether its figures were checked against the published source
+// ("verified", with where) or are still as typed ("unverified"); the goal is
+// judged on the verified validation rows.
 //
 //   std::vector<ValidationRun> runs = load_validation_set();   // tests/validation/*.json
 //   run_validation(runs);                                        // fills the predictions
@@ -47,8 +50,11 @@ struct ValidationRun {
   std::string role;              // "fitted" or "validation"
   std::string file;              // the set file it came from
   std::string citation;          // where the measurement was published
+  bool verified = false;         // figures checked against the source (verification says where)
+  std::string verification;      // how they were checked, or why they could not be
   std::string model_path, cluster_path, stack, layout_desc;
   int64_t domains = 0;
+  int64_t gpus_per_domain = 0;   // 0 = the whole domain (a run on part of one node sets it)
   nlohmann::json layout_json;    // sim/layout.h JSON
   // Measured (0 / absent = not published).
   double measured_step_time_s = 0;
@@ -65,6 +71,9 @@ struct ValidationRun {
   bool verdict_right() const { return fits == measured_ran; }
 };
 
+// Which rows a summary counts: all, or only those whose source was (not) checked.
+enum class SourceCheck { kAny, kVerified, kUnverified };
+
 struct ValidationSummary {
   int runs = 0, with_step = 0;
   double median_abs_step_error = 0, max_abs_step_error = 0;
@@ -74,6 +83,7 @@ struct ValidationSummary {
 std::string default_validation_dir();   // <source dir>/tests/validation
 std::vector<ValidationRun> load_validation_set(const std::string& dir = default_validation_dir());
 void run_validation(std::vector<ValidationRun>& runs, const std::string& calibration_path = "");
-ValidationSummary summarize(const std::vector<ValidationRun>& runs, const std::string& role);
+ValidationSummary summarize(const std::vector<ValidationRun>& runs, const std::string& role,
+                            SourceCheck check = SourceCheck::kAny);
 
 }  // namespace rackstep::sim

@@ -90,3 +90,25 @@ TEST_CASE("state placement and sharding move memory", "[memory]") {
   p.ep_transport = Transport::pooled;
   CHECK(mem(p).ep_buffers > host.ep_buffers);
 }
+
+TEST_CASE("bf16 gradient buffers under an fp32 master halve the gradients only", "[memory]") {
+  // Megatron's grad_reduce_in_fp32 = False: ZeRO-1 (distributed optimizer) keeps the
+  // stage's whole gradients in bf16 while the fp32 master stays sharded.
+  Layout l = hero_layout();
+  l.zero_stage = 1;
+  const MemoryBreakdown fp32 = mem(l);
+  l.grad_dtype = GradDtype::kBf16;
+  const MemoryBreakdown bf16 = mem(l);
+  CHECK(bf16.gradients == Approx(fp32.gradients / 2));
+  CHECK(bf16.master_weights == Approx(fp32.master_weights));
+  CHECK(bf16.optimizer_states == Approx(fp32.optimizer_states));
+  // Unset, the gradients follow the master dtype; set to fp32 they stay fp32 under a bf16 master.
+  l.grad_dtype = GradDtype::kAsMaster;
+  l.master_dtype = MasterDtype::kBf16;
+  const double as_master = mem(l).gradients;
+  l.grad_dtype = GradDtype::kFp32;
+  CHECK(mem(l).gradients == Approx(2 * as_master));
+  // The layout JSON round-trips the field, and leaves it out when unset.
+  CHECK(parse_layout(layout_to_json(l), "t").grad_dtype == GradDtype::kFp32);
+  CHECK_FALSE(layout_to_json(hero_layout()).contains("grad_dtype"));
+}
