@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "sim/predict.h"
 
 using namespace rackstep;

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "models/source_dir.h"
+#include "sim/base/source_dir.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
 
