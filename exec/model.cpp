@@ -9,6 +9,7 @@
 
 #include "exec/kernels.h"
 #include "sim/base/check.h"
+#include "sim/base/value_error.h"
 
 namespace rackstep::exec {
 
@@ -333,8 +334,8 @@ void Model::set_dispatch(const DispatchOptions& d) {
   if (d.enabled) {
     sim::validate(d.config, d.ep);
     if (N_ % d.ep != 0) {
-      throw UserError("dispatch: expected --ep to divide the batch's " + std::to_string(N_) + " tokens, found " +
-                      std::to_string(d.ep));
+      throw ValueError("dispatch", "ep", "a divisor of the batch's " + std::to_string(N_) + " tokens",
+                       std::to_string(d.ep));
     }
     if (!moe_.empty() && (d.config.n_experts != moe_[0].E || d.config.top_k != moe_[0].k)) {
       throw UserError("dispatch: expected the model's experts and top_k in the dispatch config");

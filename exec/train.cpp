@@ -20,6 +20,7 @@
 #include "sim/base/file_io.h"
 #include "exec/train_layout.h"
 #include "sim/base/json_io.h"
+#include "sim/base/value_error.h"
 
 namespace rackstep::exec {
 
@@ -109,8 +110,8 @@ std::string Trainer::latest_checkpoint(const std::string& dir) {
 Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)) {
   comm_ = comm;
   set_threads(o_.threads);
-  if (o_.model_path.empty()) throw UserError("train: expected --model <model JSON>, found none");
-  if (o_.data_dir.empty()) throw UserError("train: expected --data <dataset dir>, found none");
+  if (o_.model_path.empty()) throw ValueError("train", "model_path", "a model JSON", "none");
+  if (o_.data_dir.empty()) throw ValueError("train", "data_dir", "a dataset directory", "none");
   graph_ = models::build_layer_graph(models::load_model(o_.model_path));
   const auto& m = graph_.model;
   int64_t seq = o_.seq > 0 ? o_.seq : m.seq_len;
@@ -123,7 +124,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
     placement_only_ = l.placement_only;
   }
   if (o_.dispatch.enabled) o_.dispatch.config = with_model_experts(o_.dispatch.config, graph_);
-  if (batch < 1) throw UserError(o_.model_path, "/recipe/batch_seqs", "a batch (or --batch)", "none");
+  if (batch < 1) throw UserError(o_.model_path, "/recipe/batch_seqs", "a batch (or one given for this run)", "none");
   global_batch_ = batch;
   const auto [first_seq, end_seq] = sequence_slice(batch, world(), comm_ ? comm_->rank() : 0);
   check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
@@ -135,15 +136,17 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   const int64_t ep = o_.dispatch.enabled ? o_.dispatch.ep : 1;
   if (distributed() && ep > 1) {
     if (world() % ep != 0) {
-      throw UserError("train: expected --ep to divide the " + std::to_string(world()) + " processes, found " +
-                      std::to_string(ep));
+      throw ValueError("train", "ep", "a divisor of the " + std::to_string(world()) + " processes",
+                       std::to_string(ep));
     }
     experts_ = std::make_unique<MpiExperts>(comm_->split(comm_->rank() / static_cast<int>(ep)), o_.dispatch.config,
                                             o_.verify_dispatch);
     model_->set_expert_backend(experts_.get());
   } else {
     if (o_.verify_dispatch) {
-      throw UserError("train: --verify-dispatch checks expert parallelism across processes (mpirun and --ep > 1)");
+      throw ValueError("train", "verify_dispatch",
+                       "expert parallelism across processes to check (several processes and ep > 1)",
+                       std::to_string(world()) + " process(es) with ep " + std::to_string(ep));
     }
     model_->set_dispatch(o_.dispatch);
   }
@@ -163,7 +166,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   if (info.eval_tokens > seq) eval_ = std::make_unique<TokenLoader>(o_.data_dir, Split::kEval, seq, o_.seed);
 
   total_steps_ = o_.steps > 0 ? o_.steps : models::recipe_steps(graph_);
-  if (total_steps_ < 1) throw UserError("train: expected --steps >= 1, found " + std::to_string(total_steps_));
+  if (total_steps_ < 1) throw ValueError("train", "steps", "at least 1", std::to_string(total_steps_));
   OptimizerConfig cfg = default_optimizer_config(total_steps_, m.d_model, batch * seq);
   if (m.recipe.adam_lr > 0) {
     cfg.adam_lr = m.recipe.adam_lr;
@@ -191,7 +194,9 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
     }
   }
   if (o_.resume) {
-    if (o_.out_dir.empty()) throw UserError("train: --resume needs --out <run dir> holding the checkpoints");
+    if (o_.out_dir.empty()) {
+      throw ValueError("train", "out_dir", "a run directory holding the checkpoints to resume from", "none");
+    }
     std::vector<std::string> notes;
     const std::string latest =
         newest_valid_checkpoint(o_.out_dir, [&notes](const std::string& line) { notes.push_back(line); });
@@ -201,7 +206,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   } else if (!o_.out_dir.empty()) {
     const std::string existing = latest_checkpoint(o_.out_dir);
     if (!existing.empty()) {
-      throw UserError(o_.out_dir, "", "an empty run directory (or --resume)", "checkpoint " + existing);
+      throw UserError(o_.out_dir, "", "an empty run directory (or resume from it)", "checkpoint " + existing);
     }
   }
   started_at_ = opt_state_.step;
@@ -216,8 +221,13 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   }
   if (!o_.out_dir.empty() && is_root()) write_run_json();
   if (!o_.routing_trace.empty() || !o_.routing_trace_eval.empty()) {
-    if (distributed()) throw UserError("train: --routing-trace records one process (not under mpirun)");
-    if (o_.routing_trace_every < 1) throw UserError("train: --routing-trace-every: expected >= 1");
+    if (distributed()) {  // a trace records one process's routing
+      throw ValueError("train", o_.routing_trace.empty() ? "routing_trace_eval" : "routing_trace",
+                       "a run in one process", std::to_string(world()) + " processes");
+    }
+    if (o_.routing_trace_every < 1) {
+      throw ValueError("train", "routing_trace_every", "at least 1", std::to_string(o_.routing_trace_every));
+    }
     const int64_t max_tokens = int64_t(1) << 24;  // 16M tokens: 1 GiB for a 4-layer top-2 model
     if (!o_.routing_trace.empty())
       trace_train_ = std::make_unique<RoutingTraceRecorder>(graph_, seq, false, o_.routing_trace, max_tokens);
@@ -378,11 +388,11 @@ void Trainer::check_identity(const std::string& path, const std::string& saved_t
   }
   if (!layout_diffs.empty()) throw UserError(path, "", "a checkpoint of this layout", layout_diffs);
   if (!o_.allow_data_change) {
-    throw UserError(path, "", "a checkpoint of this dataset (or --allow-data-change to continue on other data)",
+    throw UserError(path, "", "a checkpoint of this dataset (unless this run allows a data change)",
                     data_diffs);
   }
   if (!is_root()) return;
-  std::fprintf(stderr, "rackstep: --allow-data-change: continuing on other data: %s\n", data_diffs.c_str());
+  std::fprintf(stderr, "rackstep: data change allowed: continuing on other data: %s\n", data_diffs.c_str());
   append_log({{"event", "data_change"},
               {"step", opt_state_.step},
               {"checkpoint", path},
@@ -494,7 +504,7 @@ double Trainer::evaluate() {
 }
 
 std::string Trainer::save_checkpoint() {
-  if (o_.out_dir.empty()) throw UserError("train: checkpoints need --out <run dir>");
+  if (o_.out_dir.empty()) throw ValueError("train", "out_dir", "a run directory for the checkpoints", "none");
   std::unique_ptr<OptimizerState> gathered;
   const OptimizerState* state = &opt_state_;
   if (distributed()) {

@@ -47,7 +47,7 @@ TrainLayout train_layout(const sim::Layout& l, const std::string& file, const mo
   if (batch_override == 0 && l.micro_batch_seqs > 0 && l.data * l.micro_batch_seqs != t.batch_seqs) {
     throw UserError(file, "/micro_batch_seqs",
                     "data x micro_batch_seqs = the batch of " + str(t.batch_seqs) +
-                        " sequences (rackstep train has no gradient accumulation; or pass --batch)",
+                        " sequences (rackstep train has no gradient accumulation; or give the run a batch of its own)",
                     str(l.micro_batch_seqs));
   }
   if (l.ep > 1) {

@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "exec/backend.h"
 #if defined(RACKSTEP_HAVE_CUDA)
@@ -57,6 +59,22 @@ void check_backend(const std::string& name) {
 #endif
 }
 
+// The library names TrainOptions' fields (and DispatchOptions::ep); this
+// command's user typed flags. ep is a flag's only without --layout: a layout
+// file sets it otherwise.
+std::vector<std::pair<std::string, std::string>> flags_of(const TrainArgs& a) {
+  std::vector<std::pair<std::string, std::string>> f = {{"model_path", "--model"},
+                                                        {"data_dir", "--data"},
+                                                        {"steps", "--steps"},
+                                                        {"out_dir", "--out"},
+                                                        {"verify_dispatch", "--verify-dispatch"},
+                                                        {"routing_trace", "--routing-trace"},
+                                                        {"routing_trace_eval", "--routing-trace-eval"},
+                                                        {"routing_trace_every", "--routing-trace-every"}};
+  if (a.o.layout_path.empty()) f.emplace_back("ep", "--ep");
+  return f;
+}
+
 int run_on(TrainArgs& a, const Comm& world) {
   check_backend(a.o.backend);
   if (!a.o.layout_path.empty() && a.dispatch != "none") {
@@ -76,14 +94,14 @@ int run_on(TrainArgs& a, const Comm& world) {
   if (a.o.profile && a.o.out_dir.empty()) throw UserError("train: --profile needs --out <run dir>");
   if (!a.reference_dump.empty()) {
     if (world.size() > 1) throw UserError("train: --reference-dump runs in one process (not under mpirun)");
-    write_reference_dump(a.o, a.reference_dump);
+    rackstep::cli::flag_names(flags_of(a), [&] { write_reference_dump(a.o, a.reference_dump); });
     if (!a.json) std::printf("reference dump written to %s\n", a.reference_dump.c_str());
     return 0;
   }
   TrainOutput out;
   out.json = a.json;
   out.progress = !a.json && rackstep::cli::stdout_is_terminal();
-  return run_training(a.o, out, &world);
+  return rackstep::cli::flag_names(flags_of(a), [&] { return run_training(a.o, out, &world); });
 }
 
 // Under mpirun a rank's error cannot just return: the other ranks may wait in a

@@ -3,6 +3,7 @@
 # scenario makes the goodput model refuse is told about the step time, the
 # token budget or the checkpoint interval, never about `rackstep goodput`'s
 # --step-time-s, which they did not pass; `rackstep goodput` still names its flag.
+# Likewise `rackstep train --layout` names the layout's ep, `train --ep` the flag.
 set -u
 bin=${1:?usage: library_errors.sh path/to/rackstep}
 fail=0
@@ -48,5 +49,19 @@ expect "size: token budget of too many steps" 2 "goodput: tokens: expected at mo
 # The same refusal from `rackstep goodput` names the flag its user typed.
 gp=(--tokens-per-step 1 --tokens 1e13 --gpus 8 --params 1e9 --runs 10)
 expect "goodput: --tokens" 2 "goodput: --tokens: expected at most 1e12 steps' worth" "" "$bin" goodput --step-time-s 1 "${gp[@]}"
+
+# `rackstep train --layout`: the EP size comes from the layout file, so a batch
+# of 63 tokens (one sequence of 63) that EP 2 cannot split names ep, not the
+# --ep this user did not pass. The same error from --ep names the flag.
+# (Refused before any data is read.)
+cat >"$tmp/odd-ep.json" <<'JSON'
+{"name": "odd-tokens-ep2", "data": 2, "ep": 2, "seq_len": 63, "ep_transport": "pooled"}
+JSON
+train=(train --model models/zoo/tiny-moe.json --data "$tmp/no-data" --threads 1)
+expect "train --layout: ep from the file" 2 "dispatch: ep: expected a divisor of the batch's 63 tokens, found 2" "--ep" \
+  "$bin" "${train[@]}" --batch 1 --layout "$tmp/odd-ep.json"
+expect "train --ep: the flag" 2 "dispatch: --ep: expected a divisor of the batch's 63 tokens, found 2" "" \
+  "$bin" "${train[@]}" --seq 63 --batch 1 --dispatch pooled --ep 2
+expect "train --steps 0: the flag" 2 "--steps" "" "$bin" "${train[@]}" --steps 0
 
 exit $fail

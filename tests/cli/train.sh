@@ -122,7 +122,7 @@ printf 'garbage' | dd of="$tmp/run/ckpt-00000004.rsck" bs=1 seek=100 conv=notrun
 cp "$tmp/run/ckpt-00000004.rsck" "$tmp/ckpt.corrupt"
 bad "corrupt checkpoint" "ckpt-00000004.rsck" $common --steps 4 --out "$tmp/run" --resume
 check "corrupt checkpoint left alone" "cmp -s \"$tmp/run/ckpt-00000004.rsck\" \"$tmp/ckpt.corrupt\""
-bad "fresh run into a used directory" "--resume" $common --steps 4 --out "$tmp/run"
+bad "fresh run into a used directory" "resume from it" $common --steps 4 --out "$tmp/run"
 sed 's/"layers": 4/"layers": 2/' $model >"$tmp/other.json"
 bad "another model's checkpoint" "run.json" --model "$tmp/other.json" --data "$tmp/data" --batch 2 --seq 64 --steps 4 --out "$tmp/run2" --resume
 bad "hero layout in one process" "/data" $common --steps 1 --layout sim/layouts/hero-pooled.json

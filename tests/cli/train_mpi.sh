@@ -124,7 +124,7 @@ check "batch not divisible by ranks fails" "[ $? -ne 0 ]"
 check "batch error names the split" "grep -q 'split evenly over 4 processes' '$tmp/bad.err'"
 mpi 4 "$bin" train $common --dispatch pooled --ep 3 >"$tmp/bad.out" 2>"$tmp/bad.err"
 check "--ep not dividing the ranks fails" "[ $? -ne 0 ]"
-check "ep error is one clear line" "grep -q 'expected --ep to divide the 4 processes\|EP size' '$tmp/bad.err'"
+check "ep error is one clear line" "grep -q -- '--ep: expected a divisor of the 4 processes\|EP size' '$tmp/bad.err'"
 
 # Router losses under data parallelism (aux-loss balancing with a softmax router
 # and an applied router z-loss): each rank adds its share of the global batch's,
