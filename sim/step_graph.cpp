@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "sim/base/check.h"
+#include "sim/base/value_error.h"
 #include "sim/goodput.h"
 #include "sim/memory.h"
 
@@ -144,6 +146,13 @@ Costs gather_costs(const Predictor& p, const Layout& l, const StepPrice& price, 
   return c;
 }
 
+// A factor as a user wrote it: "0.5", "inf", not std::to_string's "0.500000".
+std::string factor(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 std::string num(const char* prefix, int64_t v) {
   std::string s(prefix);  // appended, not operator+: GCC 12 warns (-Wrestrict) on the temporary
   s += std::to_string(v);
@@ -209,12 +218,13 @@ class Builder {
     }
     for (int64_t f : o_.failed_nics) {
       if (f < 0 || f >= static_cast<int64_t>(ranks_.size())) {
-        throw UserError("timeline: --failed-nic " + std::to_string(f) + ": expected a rank in 0.." +
-                        std::to_string(ranks_.size() - 1));
+        throw ValueError("timeline", "failed_nics", "a rank in 0.." + std::to_string(ranks_.size() - 1),
+                         std::to_string(f));
       }
       if (n_ < 2 || !(nic_bw_ > 0) || !(nvlink_bw_ > 0)) {
-        throw UserError("timeline: --failed-nic needs at least 2 explicit ranks per stage (--ranks-per-stage) "
-                        "and a cluster with NICs and NVLink");
+        throw ValueError("timeline", "failed_nics",
+                         "a step of at least 2 explicit ranks per stage on a cluster with NICs and NVLink",
+                         n_ < 2 ? std::to_string(n_) + " explicit rank per stage" : "a cluster without NICs or NVLink");
       }
       const int64_t s = f / n_, r = f % n_;
       ranks_[static_cast<size_t>(f)].nic_via = s * n_ + (r + 1) % n_;
@@ -794,19 +804,25 @@ StepGraph build_step_graph(const Predictor& p, const Layout& l, const StepGraphO
     for (const auto& i : sg.prediction.issues) why += (why.empty() ? "" : "; ") + i.detail;
     throw UserError("timeline: layout '" + l.name + "' is invalid: " + why);
   }
-  if (o.steps < 1 || o.ranks_per_stage < 1) {
-    throw UserError("timeline: expected --steps >= 1 and --ranks-per-stage >= 1");
+  if (o.steps < 1) throw ValueError("timeline", "steps", "at least 1", std::to_string(o.steps));
+  if (o.ranks_per_stage < 1) {
+    throw ValueError("timeline", "ranks_per_stage", "at least 1", std::to_string(o.ranks_per_stage));
   }
-  if (!(o.fabric_oversubscription >= 1.0) || o.checkpoint_every < 0) {
-    throw UserError("timeline: expected --fabric-oversubscription >= 1 and --checkpoint-every >= 0");
+  if (!(o.fabric_oversubscription >= 1.0)) {
+    throw ValueError("timeline", "fabric_oversubscription", "at least 1", factor(o.fabric_oversubscription));
+  }
+  if (o.checkpoint_every < 0) {
+    throw ValueError("timeline", "checkpoint_every", "0 (none) or more", std::to_string(o.checkpoint_every));
   }
   for (double f : o.expert_load) {
-    if (!(f > 0) || !std::isfinite(f)) throw UserError("timeline: --expert-load factors must be finite and > 0");
+    if (!(f > 0) || !std::isfinite(f)) {
+      throw ValueError("timeline", "expert_load", "factors finite and > 0", factor(f));
+    }
   }
   const int64_t per_stage = l.gpus() / l.pp;
   if (per_stage % o.ranks_per_stage != 0) {
-    throw UserError("timeline: --ranks-per-stage " + std::to_string(o.ranks_per_stage) +
-                    " must divide the " + std::to_string(per_stage) + " GPUs of a stage");
+    throw ValueError("timeline", "ranks_per_stage", "a divisor of the " + std::to_string(per_stage) + " GPUs of a stage",
+                     std::to_string(o.ranks_per_stage));
   }
   const Costs costs = gather_costs(p, l, price, o);
   const int64_t layers = static_cast<int64_t>(costs.layers.size());

@@ -108,5 +108,5 @@ TEST_CASE("bad step-graph options are user errors", "[step_graph][errors]") {
   StepGraphOptions bad;
   bad.ranks_per_stage = 7;
   c.layout.schedule = PpSchedule::kInterleaved1F1B;
-  CHECK_THROWS_WITH(build_step_graph(p, c.layout, bad), Contains("--ranks-per-stage"));
+  CHECK_THROWS_WITH(build_step_graph(p, c.layout, bad), Contains("ranks_per_stage"));
 }

@@ -29,6 +29,7 @@
 #include "models/layer_graph.h"
 #include "sim/calibration.h"
 #include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
 #include "sim/des.h"
 #include "sim/expert_load.h"
 #include "sim/predict.h"
@@ -143,6 +144,17 @@ double machine_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 8e9;
 }
 
+// The library names StepGraphOptions' fields; this command's user typed flags.
+StepGraph build_graph(const Predictor& pred, const Layout& l, const StepGraphOptions& o) {
+  return rackstep::cli::flag_names({{"steps", "--steps"},
+                                    {"ranks_per_stage", "--ranks-per-stage"},
+                                    {"fabric_oversubscription", "--fabric-oversubscription"},
+                                    {"checkpoint_every", "--checkpoint-every"},
+                                    {"expert_load", "--expert-load"},
+                                    {"failed_nics", "--failed-nic"}},
+                                   [&] { return build_step_graph(pred, l, o); });
+}
+
 // Refuses a graph that would not fit before building it: the symmetric graph
 // of one step (cheap) times the explicit ranks and steps.
 void check_memory(const Predictor& pred, const Layout& l, const TimelineArgs& a) {
@@ -150,7 +162,7 @@ void check_memory(const Predictor& pred, const Layout& l, const TimelineArgs& a)
   one.steps = 1;
   one.ranks_per_stage = 1;
   one.failed_nics.clear();
-  const double tasks = static_cast<double>(build_step_graph(pred, l, one).engine.num_tasks()) *
+  const double tasks = static_cast<double>(build_graph(pred, l, one).engine.num_tasks()) *
                        static_cast<double>(a.graph.ranks_per_stage) * static_cast<double>(a.graph.steps);
   const double per_task = kRunBytesPerTask + (a.out.empty() ? 0.0 : kTraceBytesPerTask);
   const double need = tasks * per_task;
@@ -404,7 +416,7 @@ int run_timeline(TimelineArgs a) {
     a.graph.expert_load = parse_list("--expert-load", a.expert_load);
   }
   check_memory(pred, l, a);
-  StepGraph sg = build_step_graph(pred, l, a.graph);
+  StepGraph sg = build_graph(pred, l, a.graph);
   WhatIf w;
   const RunOptions what_if = what_if_run(sg, a, c, w);
   w.any_graph = !a.graph.failed_nics.empty() || !a.graph.expert_load.empty();
@@ -432,7 +444,7 @@ int run_timeline(TimelineArgs a) {
       StepGraphOptions plain = a.graph;
       plain.failed_nics.clear();
       plain.expert_load.clear();
-      base = simulate(build_step_graph(pred, l, plain).engine, RunOptions{});
+      base = simulate(build_graph(pred, l, plain).engine, RunOptions{});
     } else {
       base = simulate(sg.engine, RunOptions{});
     }
