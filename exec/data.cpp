@@ -357,7 +357,7 @@ BuildSummary build_dataset(const BuildOptions& o) {
     eval_docs.push_back(train_docs.back());
     train_docs.pop_back();
   }
-  if (train_docs.empty()) throw UserError("--from: expected at least one training document, found none");
+  if (train_docs.empty()) throw ValueError("data", "from", "at least one training document", "none");
 
   Tokenizer tok = Tokenizer::bytes();
   if (o.tokenizer == "bpe") {

@@ -18,6 +18,7 @@
 #include "exec/optim.h"
 #include "exec/train.h"
 #include "sim/base/check.h"
+#include "sim/base/value_error.h"
 #include "models/model.h"
 
 namespace rackstep::exec {
@@ -247,10 +248,12 @@ class CpuOpBackend final : public OpBackend {
 std::unique_ptr<OpBackend> make_op_backend(const std::string& name, int threads) {
   if (name == "cpu") return std::make_unique<CpuOpBackend>(threads);
   if (name == "cuda") {
-    throw UserError("calibrate: --backend cuda: not built into this command yet (the op backend, "
-                    "exec/cuda/microbench.h, plugs in with the CUDA engine); use --backend cpu");
+    throw ValueError("calibrate", "backend",
+                     "cpu (the cuda op backend, exec/cuda/microbench.h, is not built into this command yet: it "
+                     "plugs in with the CUDA engine)",
+                     "cuda");
   }
-  throw UserError("calibrate: --backend " + name + ": expected cpu or cuda");
+  throw ValueError("calibrate", "backend", "cpu or cuda", name);
 }
 
 MicrobenchPlan make_plan(const std::vector<std::string>& model_paths, double budget_s) {

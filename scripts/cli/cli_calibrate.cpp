@@ -36,6 +36,7 @@
 #include "models/model.h"
 #include "sim/calibration.h"
 #include "scripts/cli/command.h"
+#include "scripts/cli/flags.h"
 #include "sim/fit.h"
 
 namespace rackstep::exec {
@@ -137,7 +138,8 @@ int run_calibrate(const CalibrateArgs& a) {
     // here yet: referencing it links cuBLAS into the command, and every rackstep
     // process, training included, then maps it at start (measured: +150 MiB
     // VmHWM per process). It plugs in with the CUDA engine's `--backend` hook.
-    std::unique_ptr<OpBackend> backend = make_op_backend(a.backend, a.threads);
+    std::unique_ptr<OpBackend> backend =
+        rackstep::cli::flag_names({{"backend", "--backend"}}, [&] { return make_op_backend(a.backend, a.threads); });
     if (backend->threads() > 1 && (!std::getenv("OPENBLAS_THREAD_TIMEOUT") || !std::getenv("OMP_WAIT_POLICY"))) {
       // Spinning idle threads burn CPU time the de-loading counts as work.
       std::fprintf(stderr, "calibrate: note: set OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=4 so idle threads "
