@@ -10,6 +10,7 @@
 #include "exec/kernels.h"
 #include "exec/watchdog.h"
 #include "sim/base/check.h"
+#include "sim/base/value_error.h"
 
 #ifdef RACKSTEP_HAVE_MPI
 #include <mpi.h>
@@ -256,8 +257,10 @@ void Comm::abort(int code) const { std::exit(code); }
 std::pair<int64_t, int64_t> sequence_slice(int64_t batch, int world, int rank) {
   RS_CHECK(world >= 1 && rank >= 0 && rank < world, "rank outside its world");
   if (batch % world != 0) {
-    throw UserError("train: expected the batch of " + std::to_string(batch) + " sequences to split evenly over " +
-                    std::to_string(world) + " processes (--batch a multiple of the rank count)");
+    throw ValueError("train", "batch",
+                     "sequences to split evenly over " + std::to_string(world) + " processes (a multiple of " +
+                         std::to_string(world) + ")",
+                     std::to_string(batch));
   }
   const int64_t per = batch / world;
   return {rank * per, (rank + 1) * per};

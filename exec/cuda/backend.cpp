@@ -164,7 +164,7 @@ OpResult CudaBackend::forward(const OpCall& c) {
   const models::ModelConfig& m = *c.model;
   if (const std::string why = unsupported(op); !why.empty()) {
     throw UserError(m.source_file + ": the CUDA backend cannot run op " + op.name + " yet: " + why +
-                    "; use --backend cpu");
+                    "; run it on the cpu backend");
   }
   const cudaStream_t s = stream_;
   const int N = static_cast<int>(c.N), B = static_cast<int>(c.B), T = static_cast<int>(c.T);

@@ -60,8 +60,8 @@ void check_backend(const std::string& name) {
 }
 
 // The library names TrainOptions' fields (and DispatchOptions::ep); this
-// command's user typed flags. ep is a flag's only without --layout: a layout
-// file sets it otherwise.
+// command's user typed flags. ep is a flag's only without --layout (a layout
+// file sets it otherwise), batch only with --batch (else the recipe's or the layout's).
 std::vector<std::pair<std::string, std::string>> flags_of(const TrainArgs& a) {
   std::vector<std::pair<std::string, std::string>> f = {{"model_path", "--model"},
                                                         {"data_dir", "--data"},
@@ -72,6 +72,7 @@ std::vector<std::pair<std::string, std::string>> flags_of(const TrainArgs& a) {
                                                         {"routing_trace_eval", "--routing-trace-eval"},
                                                         {"routing_trace_every", "--routing-trace-every"}};
   if (a.o.layout_path.empty()) f.emplace_back("ep", "--ep");
+  if (a.o.batch > 0) f.emplace_back("batch", "--batch");
   return f;
 }
 
