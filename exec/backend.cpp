@@ -1,8 +1,12 @@
 // The backend registry (exec/backend.h).
 #include "exec/backend.h"
 
+#include <dlfcn.h>
+
+#include <filesystem>
 #include <map>
 #include <mutex>
+#include <system_error>
 
 #include "exec/cpu/backend.h"
 #include "sim/base/check.h"
@@ -65,6 +69,28 @@ std::vector<std::string> available_backends() {
   for (const auto& [name, make] : r.factories)
     if (make()) names.push_back(name);
   return names;
+}
+
+std::string load_backend_plugin(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> loaded;  // name -> "" or the first failure
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = loaded.find(name); it != loaded.end()) return it->second;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string file = (ec ? std::filesystem::path(".") : exe.parent_path()) / ("librackstep_" + name + ".so");
+  std::string& why = loaded[name];
+  void* lib = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* e = dlerror();
+    return why = e ? e : ("cannot open " + file);
+  }
+  using RegisterFn = void (*)();
+  const std::string symbol = "rackstep_" + name + "_plugin_register";
+  auto reg = reinterpret_cast<RegisterFn>(dlsym(lib, symbol.c_str()));
+  if (!reg) return why = file + ": no symbol " + symbol;
+  reg();
+  return why = "";
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {

@@ -201,5 +201,9 @@ void register_backend(const std::string& name, BackendFactory make);
 std::unique_ptr<Backend> make_backend(const std::string& name);
 // Names whose factory gives a backend on this machine, "cpu" first.
 std::vector<std::string> available_backends();
+// Opens the plugin of backend `name` (lib<plugin_stem>.so next to the running
+// binary, e.g. librackstep_cuda.so) and lets it register itself; "" on success,
+// else why not (no such file, dlopen's or dlsym's message). Idempotent.
+std::string load_backend_plugin(const std::string& name);
 
 }  // namespace rackstep::exec

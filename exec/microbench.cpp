@@ -9,10 +9,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 
+#include "exec/backend.h"
 #include "exec/kernels.h"
 #include "exec/model.h"
 #include "exec/optim.h"
@@ -245,15 +248,36 @@ class CpuOpBackend final : public OpBackend {
 
 }  // namespace
 
+namespace {
+std::mutex op_backends_mu;
+std::map<std::string, std::function<std::unique_ptr<OpBackend>()>>& op_backends() {
+  static std::map<std::string, std::function<std::unique_ptr<OpBackend>()>> m;
+  return m;
+}
+}  // namespace
+
+void register_op_backend(const std::string& name, std::function<std::unique_ptr<OpBackend>()> make) {
+  std::lock_guard<std::mutex> lock(op_backends_mu);
+  op_backends()[name] = std::move(make);
+}
+
 std::unique_ptr<OpBackend> make_op_backend(const std::string& name, int threads) {
   if (name == "cpu") return std::make_unique<CpuOpBackend>(threads);
-  if (name == "cuda") {
+  if (name != "cuda") throw ValueError("calibrate", "backend", "cpu or cuda", name);
+  // The CUDA op backend lives in the CUDA plugin (exec/cuda/plugin/plugin.cpp).
+  if (const std::string why = load_backend_plugin(name); !why.empty()) {
     throw ValueError("calibrate", "backend",
-                     "cpu (the cuda op backend, exec/cuda/microbench.h, is not built into this command yet: it "
-                     "plugs in with the CUDA engine)",
-                     "cuda");
+                     "cpu, or cuda with the CUDA backend plugin (librackstep_cuda.so, built where nvcc was found)",
+                     "cuda without it: " + why);
   }
-  throw ValueError("calibrate", "backend", "cpu or cuda", name);
+  std::function<std::unique_ptr<OpBackend>()> make;
+  {
+    std::lock_guard<std::mutex> lock(op_backends_mu);
+    if (auto it = op_backends().find(name); it != op_backends().end()) make = it->second;
+  }
+  std::unique_ptr<OpBackend> b = make ? make() : nullptr;
+  if (!b) throw ValueError("calibrate", "backend", "cpu, or cuda on a machine with a CUDA device", "cuda without a device");
+  return b;
 }
 
 MicrobenchPlan make_plan(const std::vector<std::string>& model_paths, double budget_s) {

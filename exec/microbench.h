@@ -82,6 +82,9 @@ class OpBackend {
 // (this one throws UserError for it: the CUDA library is linked only into the
 // command). threads = 0 keeps the OpenMP default.
 std::unique_ptr<OpBackend> make_op_backend(const std::string& name, int threads);
+// A plugin (exec/backend.h, load_backend_plugin) registers its op backend
+// here; its factory returns nullptr where the machine lacks the device.
+void register_op_backend(const std::string& name, std::function<std::unique_ptr<OpBackend>()> make);
 
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;

@@ -134,10 +134,8 @@ int run_calibrate(const CalibrateArgs& a) {
                       m.contains("format") ? m["format"].dump() : "no format");
     }
   } else {
-    // The CUDA op backend (exec/cuda/microbench.h) is built but not called from
-    // here yet: referencing it links cuBLAS into the command, and every rackstep
-    // process, training included, then maps it at start (measured: +150 MiB
-    // VmHWM per process). It plugs in with the CUDA engine's `--backend` hook.
+    // "cuda": the op backend of the CUDA plugin (exec/cuda/microbench.h), opened
+    // only here, so no other rackstep process maps cuBLAS.
     std::unique_ptr<OpBackend> backend =
         rackstep::cli::flag_names({{"backend", "--backend"}}, [&] { return make_op_backend(a.backend, a.threads); });
     if (backend->threads() > 1 && (!std::getenv("OPENBLAS_THREAD_TIMEOUT") || !std::getenv("OMP_WAIT_POLICY"))) {

@@ -20,9 +20,6 @@
 #include <vector>
 
 #include "exec/backend.h"
-#if defined(RACKSTEP_HAVE_CUDA)
-#include "exec/cuda/backend.h"
-#endif
 #include "exec/dist.h"
 #include "exec/train.h"
 #include "exec/watchdog.h"
@@ -43,20 +40,19 @@ struct TrainArgs {
   double collective_timeout_s = 600;  // exec/watchdog.h; 0 = off
 };
 
-// --backend: "cpu" is built in; "cuda" where this binary links the CUDA
-// backend (exec/cuda/backend.h) and the machine has a device.
+// --backend: "cpu" is built in; "cuda" is the plugin librackstep_cuda.so next
+// to this binary (exec/cuda/plugin/plugin.cpp), built where nvcc was found,
+// and needs a device.
 void check_backend(const std::string& name) {
   if (name == "cpu") return;
   if (name != "cuda") throw UserError("train --backend: expected cpu or cuda, found '" + name + "'");
-#if defined(RACKSTEP_HAVE_CUDA)
-  cuda::register_cuda_backend();
+  if (const std::string why = load_backend_plugin("cuda"); !why.empty()) {
+    throw UserError("train --backend cuda: expected the CUDA backend plugin (librackstep_cuda.so, built where nvcc "
+                    "was found when CMake configured), found none: " + why);
+  }
   for (const std::string& n : available_backends())
     if (n == "cuda") return;
   throw UserError("train --backend cuda: expected a CUDA device on this machine, found none");
-#else
-  throw UserError("train --backend cuda: expected a rackstep built with the CUDA backend, found one built without "
-                  "(nvcc was not found when CMake configured it)");
-#endif
 }
 
 // The library names TrainOptions' fields (and DispatchOptions::ep); this
