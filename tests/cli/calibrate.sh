@@ -19,7 +19,7 @@ if [ $rc -eq 0 ]; then  # a GPU: GEMMs and bandwidth measured on it, profiles no
 else
   check "--backend cuda without a GPU exits 2" "[ $rc -eq 2 ]"
   check "--backend cuda says why in one line" \
-    "grep -qE 'not built|expected a CUDA device' $tmp/cuda.err && [ \$(wc -l < $tmp/cuda.err) -eq 1 ]"
+    "grep -qE 'CUDA backend plugin|CUDA device' $tmp/cuda.err && [ \$(wc -l < $tmp/cuda.err) -eq 1 ]"
 fi
 
 "$bin" calibrate --backend cpu --out "$tmp/cal" --threads 1 --budget-s 2 --no-collectives --json \
