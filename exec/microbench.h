@@ -82,6 +82,12 @@ class OpBackend {
 // (this one throws UserError for it: the CUDA library is linked only into the
 // command). threads = 0 keeps the OpenMP default.
 std::unique_ptr<OpBackend> make_op_backend(const std::string& name, int threads);
+// The batch an op backend's profile() runs: `tokens` (batch * seq + 1) uniform
+// random ids of the model's vocabulary, `doc` (batch * seq) document ids of
+// packed documents of 64..512 tokens, as training sequences have. Seeded:
+// every backend profiles the same batch.
+void make_profile_batch(const models::LayerGraph& graph, int64_t batch, int64_t seq, std::vector<int32_t>& tokens,
+                        std::vector<int32_t>& doc);
 // A plugin (exec/backend.h, load_backend_plugin) registers its op backend
 // here; its factory returns nullptr where the machine lacks the device.
 void register_op_backend(const std::string& name, std::function<std::unique_ptr<OpBackend>()> make);

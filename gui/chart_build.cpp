@@ -44,16 +44,6 @@ QChart* new_chart(const std::string& title) {
   return c;
 }
 
-// [lo, hi] widened by `frac` of the span each side (a unit span when flat).
-std::pair<double, double> padded(double lo, double hi, double frac) {
-  if (!(hi > lo)) {
-    const double d = std::max(std::fabs(lo) * 0.05, 0.5);
-    return {lo - d, hi + d};
-  }
-  const double d = (hi - lo) * frac;
-  return {lo - d, hi + d};
-}
-
 QValueAxis* value_axis(QChart* c, const std::string& title, double lo, double hi, Qt::Alignment where) {
   auto* a = new QValueAxis;
   a->setTitleText(qs(title));

@@ -9,6 +9,15 @@
 
 namespace rackstep::gui {
 
+std::pair<double, double> padded(double lo, double hi, double frac) {
+  if (!(hi > lo)) {
+    const double d = std::max(std::fabs(lo) * 0.05, 0.5);
+    return {lo - d, hi + d};
+  }
+  const double d = (hi - lo) * frac;
+  return {lo - d, hi + d};
+}
+
 HistogramBins histogram_bins(const HistogramSpec& spec) {
   if (spec.samples.empty()) throw UserError(spec.title, "", "at least one sample", "none");
   for (double x : spec.samples) {

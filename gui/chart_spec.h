@@ -12,6 +12,7 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rackstep::gui {
@@ -76,6 +77,10 @@ struct HistogramBins {
 // Monte Carlo gives), 5 to 60. Throws rackstep::UserError for no samples or a
 // sample that is not finite.
 HistogramBins histogram_bins(const HistogramSpec& spec);
+
+// An axis range: [lo, hi] widened by `frac` of the span each side (a unit
+// span when flat), so points do not sit on the frame.
+std::pair<double, double> padded(double lo, double hi, double frac);
 
 // Several series against one x (EP drop fraction against context length,
 // one series per transport or capacity factor).

@@ -60,15 +60,6 @@ std::vector<double> ticks(double lo, double hi, int n = 6) {
   return t;
 }
 
-std::pair<double, double> padded(double lo, double hi, double frac) {
-  if (!(hi > lo)) {
-    const double d = std::max(std::fabs(lo) * 0.05, 0.5);
-    return {lo - d, hi + d};
-  }
-  const double d = (hi - lo) * frac;
-  return {lo - d, hi + d};
-}
-
 // A plot area with value axes; maps data to pixels and writes SVG elements.
 class Plot {
  public:

@@ -92,21 +92,8 @@ class CudaOpBackend final : public OpBackend {
     Model model(graph, batch, seq, make_cuda_backend());
     model.init_params(1);
     const int64_t N = batch * seq;
-    std::vector<int32_t> tokens(static_cast<size_t>(N + 1)), doc(static_cast<size_t>(N), 0);
-    std::mt19937 rng(7);
-    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(graph.model.vocab - 1));
-    for (auto& t : tokens) t = tok(rng);
-    std::uniform_int_distribution<int> doc_len(64, 512);
-    for (int64_t b = 0; b < batch; ++b) {
-      int32_t id = 0;
-      for (int64_t t = 0, left = doc_len(rng); t < seq; ++t, --left) {
-        if (left == 0) {
-          ++id;
-          left = doc_len(rng);
-        }
-        doc[static_cast<size_t>(b * seq + t)] = id;
-      }
-    }
+    std::vector<int32_t> tokens, doc;
+    make_profile_batch(graph, batch, seq, tokens, doc);
     const OptimizerConfig cfg = default_optimizer_config(1000, graph.model.d_model, N);
     Optimizer opt(cfg);
     OptimizerState state = init_optimizer_state(model.params());
