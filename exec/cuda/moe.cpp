@@ -13,6 +13,26 @@
 #include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
+namespace {
+
+// The experts' backward scratch (experts_scratch_floats(A, L, F), moe.h),
+// carved once for the per-expert loop and the grouped path alike.
+struct BackwardScratch {
+  float* dy_kept;  // (A, L) dy with dropped rows zeroed
+  float* dh;       // (A, F)
+  float* da1;      // (A, F)
+  float* da3;      // (A, F)
+};
+BackwardScratch carve_backward_scratch(float* scratch, int A, int L, int F) {
+  BackwardScratch b;
+  b.dy_kept = scratch;
+  b.dh = b.dy_kept + size_t(A) * L;
+  b.da1 = b.dh + size_t(A) * F;
+  b.da3 = b.da1 + size_t(A) * F;
+  return b;
+}
+
+}  // namespace
 
 void experts_forward(Gemm& gemm, float* ys, float* a1, float* a3, float* h, const float* xs,
                      const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
@@ -40,10 +60,8 @@ void experts_backward(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2
   const cudaStream_t stream = gemm.stream();
   RS_CHECK(host_offsets[0] == 0 && host_offsets[E] == A, "experts: offsets must cover the A rows");
   const size_t LF = size_t(L) * F;
-  float* dy_kept = scratch;              // (A, L)
-  float* dh = dy_kept + size_t(A) * L;   // (A, F)
-  float* da1 = dh + size_t(A) * F;       // (A, F)
-  float* da3 = da1 + size_t(A) * F;      // (A, F)
+  const BackwardScratch sc = carve_backward_scratch(scratch, A, L, F);
+  float *dy_kept = sc.dy_kept, *dh = sc.dh, *da1 = sc.da1, *da3 = sc.da3;
   if (keep && A > 0) {
     detail::zero_dropped_rows(dy_kept, dys, keep, A, L, stream);
   } else {
@@ -120,10 +138,8 @@ void experts_backward_grouped(Gemm& gemm, float* dxs, float* dw1, float* dw3, fl
   const cudaStream_t stream = gemm.stream();
   RS_CHECK(host_offsets[0] == 0 && host_offsets[E] == A, "experts: offsets must cover the A rows");
   const size_t LF = size_t(L) * F;
-  float* dy_kept = scratch;              // (A, L)
-  float* dh = dy_kept + size_t(A) * L;   // (A, F)
-  float* da1 = dh + size_t(A) * F;       // (A, F)
-  float* da3 = da1 + size_t(A) * F;      // (A, F)
+  const BackwardScratch sc = carve_backward_scratch(scratch, A, L, F);
+  float *dy_kept = sc.dy_kept, *dh = sc.dh, *da1 = sc.da1, *da3 = sc.da3;
   if (A == 0) return;
   if (keep) {
     detail::zero_dropped_rows(dy_kept, dys, keep, A, L, stream);

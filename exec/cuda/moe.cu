@@ -163,18 +163,21 @@ __global__ void fractions_from_counts_kernel(double* f, const int64_t* counts, i
   if (e < E) f[e] = static_cast<double>(counts[e]) / divisor;
 }
 
-// Per token: the row max (softmax) and S = Σ_e affinity.
-__global__ void router_affinity_rows_kernel(double* row_max, double* row_sum, const float* logits, int N, int E,
-                                            bool softmax) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= N) return;
-  const float* l = logits + size_t(t) * E;
+// One token's row of E logits: its max (softmax) and S = Σ_e affinity.
+__device__ void router_affinity_row(const float* l, int E, bool softmax, double* mx_out, double* S_out) {
   double mx = l[0];
   for (int e = 1; e < E; ++e) mx = fmax(mx, static_cast<double>(l[e]));
   double S = 0.0;
   for (int e = 0; e < E; ++e) S += router_affinity(l[e], mx, softmax);
-  row_max[t] = mx;
-  row_sum[t] = S;
+  *mx_out = mx;
+  *S_out = S;
+}
+
+__global__ void router_affinity_rows_kernel(double* row_max, double* row_sum, const float* logits, int N, int E,
+                                            bool softmax) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  router_affinity_row(logits + size_t(t) * E, E, softmax, &row_max[t], &row_sum[t]);
 }
 
 // P_e · N = Σ_t p_te, a thread per expert walking the tokens in order.
@@ -192,10 +195,8 @@ __global__ void aux_backward_kernel(float* dlogits, const float* logits, const d
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= N) return;
   const float* l = logits + size_t(t) * E;
-  double mx = l[0];
-  for (int e = 1; e < E; ++e) mx = fmax(mx, static_cast<double>(l[e]));
-  double S = 0.0;
-  for (int e = 0; e < E; ++e) S += router_affinity(l[e], mx, softmax);
+  double mx = 0.0, S = 0.0;
+  router_affinity_row(l, E, softmax, &mx, &S);
   double fp = 0.0;
   for (int e = 0; e < E; ++e) fp += f[e] * (router_affinity(l[e], mx, softmax) / S);
   float* d = dlogits + size_t(t) * E;
