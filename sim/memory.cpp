@@ -55,11 +55,22 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.tokens_mb = static_cast<double>(l.micro_batch_seqs) * seq / static_cast<double>(l.cp);
   s.routed_rows_mb = s.tokens_mb * static_cast<double>(t.top_k);
   const double tp = static_cast<double>(l.tp);
+  const double etp = static_cast<double>(l.expert_tp());
+  s.ep_tokens_mb = l.folded() ? s.tokens_mb * etp / tp : s.tokens_mb;
+  s.expert_rows_mb = s.ep_tokens_mb * static_cast<double>(t.top_k);
   s.local_experts = t.experts > 0 ? static_cast<double>(t.experts) / static_cast<double>(l.ep) : 1.0;
   s.dense_shard = static_cast<double>(l.fsdp) * tp;
   const double expert_split = static_cast<double>(std::max(l.ep, l.fsdp));
   s.expert_zero = expert_split / static_cast<double>(l.ep);
   s.expert_shard = expert_split * tp;
+  if (l.folded()) {
+    // The fsdp data ranks × their tp × cp GPUs hold one copy of the state; inside that
+    // block the experts are split ep × etp ways and ZeRO-sharded over what is left
+    // (Megatron's distributed optimizer shards expert state over the expert-DP group).
+    const double block = static_cast<double>(l.fsdp * l.tp * l.cp), mesh = static_cast<double>(l.ep) * etp;
+    s.expert_zero = std::max(1.0, block / mesh);
+    s.expert_shard = mesh * s.expert_zero;
+  }
   const double pp = static_cast<double>(l.pp);
   s.layers_per_stage = l.stage_layers(t.layers);
   s.stage_scale = t.layers > 0 ? s.layers_per_stage * pp / static_cast<double>(t.layers) : 1.0;
@@ -86,7 +97,7 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.muon_expert_local = muon_expert / s.expert_shard;
   s.adam_local = std::max(0.0, s.params_local - s.muon_dense_local - s.muon_expert_local);
   s.weights_whole_local = (s.dense_stage_params + s.edge_params) / tp + s.replicated_params +
-                          s.expert_stage_params / (static_cast<double>(l.ep) * tp);
+                          s.expert_stage_params / (static_cast<double>(l.ep) * etp);
   s.gathers_per_layer = l.zero_stage >= 3 && !l.keep_gathered_weights;
   s.grads_local = l.zero_stage >= 2 && !l.keep_gathered_weights ? s.params_local : s.weights_whole_local;
   (void)c;
@@ -115,7 +126,8 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   // one layer's unsharded gradient before its reduce-scatter.
   const double layers = std::max(1.0, s.layers_per_stage);
   const double dense_layer = s.dense_stage_params / layers / tp;
-  const double expert_layer_local = s.expert_stage_params / layers / (static_cast<double>(l.ep) * tp);
+  const double expert_mesh = static_cast<double>(l.ep * l.expert_tp());  // ep × etp
+  const double expert_layer_local = s.expert_stage_params / layers / expert_mesh;
   const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
   if (whole_weights) {
     m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
@@ -155,7 +167,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
 
   if (l.ep > 1 && t.experts > 0) {
     const double row_bytes = static_cast<double>(t.moe_width) * 2.0;
-    const double a = s.routed_rows_mb;
+    const double a = s.expert_rows_mb;
     const double per_direction = l.ep_transport == Transport::pooled ? (l.sender_cf + l.receiver_cf) * a * row_bytes
                                                                        : l.receiver_cf * a * row_bytes;
     m.ep_buffers = 2.0 * per_direction;  // dispatch and combine

@@ -63,7 +63,7 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
     bool ok;
   };
   thread_local std::vector<Entry> cache;
-  const int64_t tokens = static_cast<int64_t>(s.tokens_mb);
+  const int64_t tokens = static_cast<int64_t>(s.ep_tokens_mb);  // what each EP rank routes
   for (const Entry& e : cache) {
     if (e.experts == t.experts && e.k == t.top_k && e.ep == l.ep && e.tokens == tokens && e.seq == s.seq &&
         e.waves == l.waves && e.chunks == l.ragged_chunks && e.tr == l.ep_transport && e.scf == l.sender_cf &&
@@ -126,6 +126,14 @@ GradSyncGroups grad_sync_groups(const Network& net, const Layout& l, const Layou
   g.dense = group_of(net, l.data / dense_split * cp, tp * dense_split);
   g.expert = group_of(net, l.data / expert_split * cp, tp * expert_split);
   g.replicated = group_of(net, l.data * cp, tp);
+  if (l.folded()) {
+    // Expert-DP replicas of the folded mesh (layout.h): each GPU holds 1/(ep·etp) of a
+    // stage's experts (and 1/expert_zero of that under ZeRO-3); the replicas are the
+    // stage's GPUs at that stride.
+    const int64_t shard = whole ? l.ep * l.expert_tp() : static_cast<int64_t>(s.expert_shard);
+    g.expert_shard = static_cast<double>(shard);
+    g.expert = group_of(net, std::max<int64_t>(1, tp * cp * l.data / shard), shard);
+  }
   return g;
 }
 
@@ -201,6 +209,7 @@ class StepModel {
     ctx_.tokens = s_.tokens_mb;
     ctx_.seq = static_cast<double>(s_.seq);
     ctx_.tp = static_cast<double>(l.tp);
+    ctx_.etp = static_cast<double>(l.expert_tp());
     ctx_.local_experts = s_.local_experts;
     ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
     ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
@@ -211,12 +220,13 @@ class StepModel {
     drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
-    const double a = s_.routed_rows_mb;
+    const double a = s_.expert_rows_mb;
     ctx_.expert_rows = l.ep > 1 && l.ep_transport == Transport::pooled ? l.receiver_cf * a : a * (1.0 - drop_);
     const int64_t tp = l.tp, cp = l.cp;
     g_.fsdp = group_of(net, l.fsdp, tp * cp);
-    g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), tp * cp * l.ep);
-    g_.ep = group_of(net, l.ep, tp * cp);
+    // EP groups: `ep` ranks at the layout's stride (tp·cp over data ranks; etp when folded).
+    g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), l.ep_stride() * l.ep);
+    g_.ep = group_of(net, l.ep, l.ep_stride());
     g_.tp = group_of(net, tp, 1);
     g_.cp = group_of(net, cp, tp);
   }
@@ -246,7 +256,7 @@ class StepModel {
       if (s_.gathers_per_layer) k.grad_rs_s = reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     }
     if (s_.expert_zero > 1.0 && zero3) {
-      const double local = lc.expert_params / (static_cast<double>(l_.ep) * tp);
+      const double local = lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
       k.fsdp_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
       if (s_.gathers_per_layer) k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
     }
@@ -309,7 +319,7 @@ class StepModel {
       rs += reduce_scatter_traffic(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     }
     if (s_.expert_zero > 1.0) {
-      const double local = lc.expert_params / (static_cast<double>(l_.ep) * tp);
+      const double local = lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
       gather += all_gather_traffic(net_, g_.ezero, local * 2.0);
       rs += reduce_scatter_traffic(net_, g_.ezero, local * s_.grad_bytes);
     }
@@ -358,9 +368,13 @@ class StepModel {
 
   // EP all-to-all bytes per GPU of one call: pooled sends whole pools
   // (sender_cf · A rows), ragged the rows it has; bf16 rows of the expert input width.
+  // A = the rows the expert TP group computes (LayoutShape::expert_rows_mb): a folded
+  // etp 1 sends its sequence-parallel 1/tp share, as Megatron's alltoall dispatcher
+  // does; with etp > 1 Megatron sends 1/tp and all-gathers over etp, priced here (as
+  // before folding) as one all-to-all of the gathered rows.
   double ep_bytes() const {
     const bool pooled = l_.ep_transport == Transport::pooled;
-    const double rows = pooled ? l_.sender_cf * s_.routed_rows_mb : s_.routed_rows_mb;
+    const double rows = pooled ? l_.sender_cf * s_.expert_rows_mb : s_.expert_rows_mb;
     return rows * static_cast<double>(t_.moe_width) * 2.0;
   }
 
@@ -378,7 +392,7 @@ class StepModel {
     const int64_t tp = l_.tp, cp = l_.cp;
     if (s_.dense_shard > 1.0) out.push_back({group_of(net_, l_.fsdp * tp, cp), s_.muon_dense_local * 2.0});
     if (s_.expert_zero > 1.0) {
-      out.push_back({group_of(net_, static_cast<int64_t>(s_.expert_zero), tp * cp * l_.ep), s_.muon_expert_local * 2.0});
+      out.push_back({group_of(net_, static_cast<int64_t>(s_.expert_zero), l_.ep_stride() * l_.ep), s_.muon_expert_local * 2.0});
     }
     return out;
   }
