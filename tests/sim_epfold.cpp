@@ -11,6 +11,7 @@
 #include "sim/memory.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
+#include "sim/sweep.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
@@ -230,4 +231,32 @@ TEST_CASE("folding: an unfolded layout prices the same with etp written as tp", 
   CHECK(a.step_time_s == b.step_time_s);
   CHECK(a.memory.device_total == b.memory.device_total);
   CHECK(a.drop_fraction == b.drop_fraction);
+}
+
+TEST_CASE("folding: the sweep tries etp 1 only under a stack that folds", "[epfold][sweep]") {
+  // Qwen3-235B on 8 H100 nodes: big enough for TP 2 x data and EP across nodes, small enough to sweep quickly.
+  const Predictor p(qwen_h100().graph(), topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 8));
+  const Stack folds = load_stack(stack_path("megatron-bridge-2025"));
+  Stack no_folding = folds;
+  no_folding.supports.expert_folding = false;
+  SweepOptions opt;
+  opt.threads = 1;
+  opt.top = 50;
+  opt.stack = &folds;
+  const SweepResult with = sweep(p, opt);
+  opt.stack = &no_folding;
+  const SweepResult without = sweep(p, opt);
+  CHECK(with.enumerated > without.enumerated);
+  const auto any_folded = [](const SweepResult& r) {
+    for (const auto& e : r.top) {
+      if (e.layout.folded()) return true;
+    }
+    for (const auto& e : r.pareto) {
+      if (e.layout.folded()) return true;
+    }
+    return false;
+  };
+  CHECK_FALSE(any_folded(without));
+  INFO("valid with folding " << with.valid << ", without " << without.valid);
+  CHECK(with.valid > without.valid);  // some folded layouts run and fit
 }
