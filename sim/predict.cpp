@@ -196,6 +196,7 @@ struct ClassCost {
 namespace {
 struct Groups {
   Group fsdp, ezero, ep, tp, cp;
+  Group etp;  // expert tensor parallel (consecutive ranks), when a folded layout gathers over it
 };
 }  // namespace
 
@@ -227,6 +228,7 @@ class StepModel {
     // EP groups: `ep` ranks at the layout's stride (tp·cp over data ranks; etp when folded).
     g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), l.ep_stride() * l.ep);
     g_.ep = group_of(net, l.ep, l.ep_stride());
+    g_.etp = group_of(net, l.expert_tp(), 1);
     g_.tp = group_of(net, tp, 1);
     g_.cp = group_of(net, cp, tp);
   }
@@ -267,6 +269,10 @@ class StepModel {
       const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
       k.ep_dispatch_s = all_to_all_s(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
       k.ep_combine_s = all_to_all_s(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
+    }
+    if (lc.moe && etp_gathers()) {
+      k.ep_dispatch_s += all_gather_s(net_, g_.etp, etp_gathered_bytes());
+      k.ep_combine_s += reduce_scatter_s(net_, g_.etp, etp_gathered_bytes());
     }
     if (l_.tp > 1) {
       // Sequence parallel: AG before and RS after attention and MLP.
@@ -325,10 +331,19 @@ class StepModel {
     }
     c.fsdp_gather = comm_cost(k.fsdp_gather_s, gather);
     c.grad_reduce_scatter = comm_cost(k.grad_rs_s, rs);
-    if (lc.moe && l_.ep > 1) {
-      const double bytes = ep_bytes();
-      c.ep_dispatch = comm_cost(k.ep_dispatch_s, all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)));
-      c.ep_combine = comm_cost(k.ep_combine_s, all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep)));
+    if (lc.moe && (l_.ep > 1 || etp_gathers())) {
+      Traffic dispatch, combine;
+      if (l_.ep > 1) {
+        const double bytes = ep_bytes();
+        dispatch = all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep));
+        combine = all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep));
+      }
+      if (etp_gathers()) {
+        dispatch += all_gather_traffic(net_, g_.etp, etp_gathered_bytes());
+        combine += reduce_scatter_traffic(net_, g_.etp, etp_gathered_bytes());
+      }
+      c.ep_dispatch = comm_cost(k.ep_dispatch_s, dispatch);
+      c.ep_combine = comm_cost(k.ep_combine_s, combine);
     }
     if (l_.tp > 1) {
       const double act = s_.tokens_mb * static_cast<double>(t_.d_model) * 2.0;
@@ -368,15 +383,23 @@ class StepModel {
 
   // EP all-to-all bytes per GPU of one call: pooled sends whole pools
   // (sender_cf · A rows), ragged the rows it has; bf16 rows of the expert input width.
-  // A = the rows the expert TP group computes (LayoutShape::expert_rows_mb): a folded
-  // etp 1 sends its sequence-parallel 1/tp share, as Megatron's alltoall dispatcher
-  // does; with etp > 1 Megatron sends 1/tp and all-gathers over etp, priced here (as
-  // before folding) as one all-to-all of the gathered rows.
+  // A folded layout sends its sequence-parallel share (expert_rows_mb / etp: tokens_mb /
+  // tp × k), as Megatron's alltoall dispatcher does, and all-gathers the received rows
+  // over the expert TP group when etp > 1 (etp_gathered_bytes). An unfolded layout
+  // (etp = tp) is priced as before folding existed: one all-to-all of the rows the TP
+  // group computes (tokens_mb × k), no separate gather.
   double ep_bytes() const {
     const bool pooled = l_.ep_transport == Transport::pooled;
-    const double rows = pooled ? l_.sender_cf * s_.expert_rows_mb : s_.expert_rows_mb;
+    const double sent = etp_gathers() ? s_.expert_rows_mb / static_cast<double>(l_.expert_tp()) : s_.expert_rows_mb;
+    const double rows = pooled ? l_.sender_cf * sent : sent;
     return rows * static_cast<double>(t_.moe_width) * 2.0;
   }
+
+  // Folded with etp > 1: the rows each GPU's experts compute are gathered over the
+  // expert TP group after the all-to-all, and the combine reduce-scatters them back
+  // (Megatron-Core's MoEAlltoAllTokenDispatcher over its tp group = the expert TP group).
+  bool etp_gathers() const { return l_.folded() && l_.expert_tp() > 1; }
+  double etp_gathered_bytes() const { return s_.expert_rows_mb * static_cast<double>(t_.moe_width) * 2.0; }
 
   // One micro-batch of activations in bf16 across a stage boundary.
   double pp_send_bytes() const { return s_.tokens_mb * static_cast<double>(t_.d_model) * 2.0 / static_cast<double>(l_.tp); }

@@ -146,13 +146,15 @@ TEST_CASE("folding: the EP group spans TP ranks, and nodes when it outgrows one"
   REQUIRE(wide.ep_dispatch.nic_bytes > 0);
   CHECK(wide.ep_dispatch.nic_bytes / (wide.ep_dispatch.nic_bytes + wide.ep_dispatch.nvlink_bytes) ==
         Approx(24.0 / 31.0).epsilon(0.02));
-  // EP 4 x ETP 8 at stride 8: 4 ranks, one per node -- all off-node.
+  // EP 4 x ETP 8 at stride 8: 4 ranks, one per node -- the all-to-all is all off-node; NVLink
+  // carries only the gather over the 8 expert-TP GPUs of a node (7/8 of the gathered rows).
   Layout l = qwen_folded();
   l.ep = 4;
   l.etp = 8;
   const LayerCollectives strided = moe_layer(l);
-  CHECK(strided.ep_dispatch.nvlink_bytes == 0);
-  CHECK(strided.ep_dispatch.nic_bytes > 0);
+  const double gathered = layout_shape(p.table(), p.cluster(), l).expert_rows_mb * 4096 * 2.0;
+  CHECK(strided.ep_dispatch.nvlink_bytes == Approx(7.0 / 8.0 * gathered));
+  CHECK(strided.ep_dispatch.nic_bytes == Approx(3.0 / 4.0 * gathered / 8.0));
   // EP 4 x ETP 2 (x expert-DP 4): 4 ranks at stride 2 inside one node.
   l.ep = 4;
   l.etp = 2;
@@ -259,4 +261,25 @@ TEST_CASE("folding: the sweep tries etp 1 only under a stack that folds", "[epfo
   CHECK_FALSE(any_folded(without));
   INFO("valid with folding " << with.valid << ", without " << without.valid);
   CHECK(with.valid > without.valid);  // some folded layouts run and fit
+}
+
+TEST_CASE("folding: with etp > 1 each GPU sends its SP share, then gathers over the expert TP group", "[epfold]") {
+  const Predictor& p = qwen_h100();
+  Layout l = qwen_folded();
+  l.tp = 4;  // 4 KV heads
+  l.data = 8;
+  l.fsdp = 8;
+  l.ep = 16;
+  l.etp = 2;  // 16 x 2 = 32 = 4 x 8: folded (etp 2 != tp 4)
+  REQUIRE(check_layout(l, p.graph(), p.cluster()).empty());
+  const LayoutShape s = layout_shape(p.table(), p.cluster(), l);
+  CHECK(s.ep_tokens_mb == 4096.0 * 2 / 4);
+  const double gathered = s.expert_rows_mb * 4096 * 2.0;  // bf16 rows of d_model the pair's experts compute
+  const double sent = gathered / 2;                      // this GPU's 1/tp share of the micro-batch, x k
+  const LayerCollectives c = p.price(l).collectives.front();
+  // All-to-all over 16 ranks at stride 2 (4 per node, 4 nodes): 3/16 over NVLink, 12/16 over NICs;
+  // the expert-TP all-gather of 2 consecutive GPUs: half the gathered buffer over NVLink.
+  CHECK(c.ep_dispatch.nic_bytes == Approx(12.0 / 16.0 * sent));
+  CHECK(c.ep_dispatch.nvlink_bytes == Approx(3.0 / 16.0 * sent + 0.5 * gathered));
+  CHECK(c.ep_combine.nvlink_bytes == Approx(c.ep_dispatch.nvlink_bytes));
 }
