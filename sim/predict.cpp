@@ -415,7 +415,8 @@ class StepModel {
     const int64_t tp = l_.tp, cp = l_.cp;
     if (s_.dense_shard > 1.0) out.push_back({group_of(net_, l_.fsdp * tp, cp), s_.muon_dense_local * 2.0});
     if (s_.expert_zero > 1.0) {
-      out.push_back({group_of(net_, static_cast<int64_t>(s_.expert_zero), l_.ep_stride() * l_.ep), s_.muon_expert_local * 2.0});
+      const Group ezero = group_of(net_, static_cast<int64_t>(s_.expert_zero), l_.ep_stride() * l_.ep);
+      out.push_back({ezero, s_.muon_expert_local * 2.0});
     }
     return out;
   }

@@ -22,8 +22,9 @@ std::string src(const std::string& p) { return std::string(rackstep::source_dir(
 
 // Qwen3-235B-A22B (128 experts of width 1536, top-8) on 32 DGX-H100 nodes.
 const Predictor& qwen_h100() {
-  static const Predictor p(models::build_layer_graph(models::load_model(src("tests/validation/models/qwen3-235b-a22b.json"))),
-                           topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 32));
+  static const Predictor p(
+      models::build_layer_graph(models::load_model(src("tests/validation/models/qwen3-235b-a22b.json"))),
+      topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 32));
   return p;
 }
 
@@ -70,7 +71,8 @@ TEST_CASE("folding: ep x etp must tile the tp x cp x data GPUs of a stage", "[ep
   CHECK(l.expert_tp() == 2);
   const auto why = check_layout(l, p.graph(), p.cluster());
   REQUIRE(has_reason(why, Reason::kEpDivides));
-  CHECK(why.front().detail.find("ep×etp = 32×2 = 64 does not divide tp×cp×data = 2×1×16 = 32") != std::string::npos);
+  const std::string want = "ep×etp = 32×2 = 64 does not divide tp×cp×data = 2×1×16 = 32";
+  CHECK(why.front().detail.find(want) != std::string::npos);
 
   // An unfolded layout: etp = tp and ep dividing data, EP over data ranks as before.
   l.ep = 16;
@@ -121,7 +123,8 @@ TEST_CASE("folding: only stacks that say so run it", "[epfold]") {
   CHECK(stack_runs(l, load_stack(stack_path("megatron-lm"))));
   const auto mentions_folding = [](const std::vector<LayoutIssue>& v) {
     for (const auto& i : v) {
-      if (i.reason == Reason::kStack && i.detail.find("folded over tensor and data ranks") != std::string::npos) return true;
+      const bool folding = i.detail.find("folded over tensor and data ranks") != std::string::npos;
+      if (i.reason == Reason::kStack && folding) return true;
     }
     return false;
   };
