@@ -283,9 +283,104 @@ class StepModel {
     if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
     double t = 0.0;
     for (const OpEntry& e : lc.ops) {
-      if (e.param_elems > 0 && e.cls != OpClass::kGroupedGemm) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
+      if (gathered_module(e)) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
     }
     return t;
+  }
+
+  // A module whose weights ZeRO-3 gathers: dense parameters at or above the
+  // persistence threshold (smaller ones stay whole on every GPU).
+  bool gathered_module(const OpEntry& e) const {
+    return e.param_elems > 0 && e.cls != OpClass::kGroupedGemm &&
+           e.param_elems / static_cast<double>(l_.tp) >= cal_.fsdp_persistence_threshold_params;
+  }
+
+  // DeepSpeed ZeRO-3's coordinator, module by module (stage3.py of the 2021 releases,
+  // PartitionedParameterCoordinator; cal.fsdp_max_live_params > 0):
+  //  - a module's pre-hook waits for its weights, then, while the gathered weights
+  //    are under fsdp_max_live_params, prefetches the next whole parameters; that
+  //    gather runs beside the module's compute (and the parameter-free ops after
+  //    it) and whatever it takes beyond them is exposed. A module fetched without a
+  //    prefetch waits for its whole gather.
+  //  - every gather first synchronises the device (partition_parameters.py
+  //    _allgather_param: torch.cuda.synchronize()), so the host's per-rank list
+  //    work (cal.fsdp_list_ops_per_rank ops per rank, each launch_overhead_s) runs
+  //    with the GPU idle: exposed in full, gathers and reduce-scatters alike.
+  //  - full recompute: the recompute forward gathers again; the backward re-uses a
+  //    module kept from it when fewer than fsdp_max_reuse_distance_params elements are
+  //    used in between (the layer's later modules), else gathers a third time.
+  //  - each module's gradient is reduce-scattered after its backward, beside the
+  //    next module's backward (the next gather's synchronisation waits for it).
+  struct Zero3Exposed {
+    double fwd_s = 0, recompute_s = 0, bwd_s = 0;
+  };
+  Zero3Exposed deepspeed_zero3_exposed(const LayerClass& lc) const {
+    const double tp = static_cast<double>(l_.tp);
+    const double host_s = cal_.fsdp_list_ops_per_rank * static_cast<double>(g_.fsdp.size) * cal_.launch_overhead_s;
+    // Modules in forward order; each one's window runs from its pre-hook to the next module's.
+    struct Module {
+      double params = 0, gather_s = 0, rs_s = 0;
+      double fwd_window_s = 0;        // its forward and the parameter-free ops after it
+      double own_bwd_s = 0, after_bwd_s = 0;  // its backward; that of the ops after it
+    };
+    std::vector<Module> mods;
+    double lead_fwd = 0.0, lead_bwd = 0.0;  // parameter-free ops before the first module
+    for (const OpEntry& e : lc.ops) {
+      const OpTime t = price_op(e, ctx_);
+      if (gathered_module(e)) {
+        Module m;
+        m.params = e.param_elems / tp;
+        m.gather_s = all_gather_s(net_, g_.fsdp, m.params * 2.0);
+        m.rs_s = reduce_scatter_s(net_, g_.fsdp, m.params * s_.grad_bytes);
+        m.fwd_window_s = t.fwd_s;
+        m.own_bwd_s = t.bwd_s;
+        mods.push_back(m);
+        continue;
+      }
+      if (mods.empty()) {
+        lead_fwd += t.fwd_s;
+        lead_bwd += t.bwd_s;
+        continue;
+      }
+      mods.back().fwd_window_s += t.fwd_s;
+      mods.back().after_bwd_s += t.bwd_s;
+    }
+    Zero3Exposed z;
+    if (mods.empty()) return z;
+    const size_t n = mods.size();
+    // The next layer's lead ops run in the last module's forward window.
+    mods.back().fwd_window_s += lead_fwd;
+    // The backward runs the ops between module j-1 and j after module j: they are in
+    // j's window (the first module's holds the lead ops and the previous layer's tail).
+    std::vector<double> bwd_window(n, 0.0);
+    for (size_t j = 0; j < n; ++j) {
+      bwd_window[j] = mods[j].own_bwd_s + (j > 0 ? mods[j - 1].after_bwd_s : mods[n - 1].after_bwd_s + lead_bwd);
+    }
+    const double cap = cal_.fsdp_max_live_params;
+    const auto can_prefetch = [&](size_t j) { return mods[j].params < cap; };
+    // Forward (and the recompute forward): module j gathered beside module j-1's window.
+    for (size_t j = 0; j < n; ++j) {
+      const size_t prev = (j + n - 1) % n;
+      const double g = mods[j].gather_s;
+      z.fwd_s += host_s + (can_prefetch(prev) ? std::max(0.0, g - mods[prev].fwd_window_s) : g);
+    }
+    // Backward, modules in reverse: module j gathered beside module j+1's backward,
+    // which also carries module j+1's reduce-scatter; module j kept from the
+    // recompute when the layer's later modules hold fewer than the reuse distance.
+    const bool full = l_.recompute == models::Recompute::kFull;
+    double later = 0.0;  // parameters of the layer's modules after j
+    for (size_t jj = n; jj-- > 0;) {
+      const size_t next = (jj + 1) % n;
+      const bool kept = full && later < cal_.fsdp_max_reuse_distance_params;
+      const double g = kept ? 0.0 : mods[jj].gather_s;
+      const double busy = g + mods[next].rs_s;
+      const double window = bwd_window[next];
+      z.bwd_s += (kept ? 0.0 : host_s) + host_s +
+                 (can_prefetch(next) ? std::max(0.0, busy - window) : g + std::max(0.0, mods[next].rs_s - window));
+      later += mods[jj].params;
+    }
+    z.recompute_s = full ? z.fwd_s : 0.0;
+    return z;
   }
 
   // KV traffic of one attention op in the forward pass.
@@ -534,12 +629,17 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     }
     // A trainer that releases weights after every forward gathers again for the
     // recompute and once more for the backward (cal.fsdp_regather_for_recompute).
+    const bool deepspeed = cal_.fsdp_max_live_params > 0 && s.gathers_per_layer && l.fsdp > 1 &&
+                           l.zero_stage >= 3 && (table_.experts == 0 || s.expert_zero <= 1.0);
     const bool regather = cal_.fsdp_regather_for_recompute && full;
     const double bwd_gathers =
         regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.bwd_s)
                  : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec));
+    StepModel::Zero3Exposed z3;
+    if (deepspeed) z3 = sm.deepspeed_zero3_exposed(lc);
     const double fsdp_layer =
-        s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
+        deepspeed ? z3.fwd_s + z3.recompute_s + z3.bwd_s
+        : s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
                                   std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
                             : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
     const double tp_ovl = l.tp_comm_overlap >= 0 ? l.tp_comm_overlap : cal_.tp_overlap;
