@@ -14,6 +14,7 @@
 #include "sim/base/source_dir.h"
 #include "sim/collectives.h"
 #include "sim/predict.h"
+#include "sim/stack.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
@@ -125,4 +126,26 @@ TEST_CASE("DeepSpeed's ZeRO-3 working set: a module and its prefetch, two gradie
   // The staging copies are the list collectives' (a stack without them holds less).
   ds.fsdp_list_ops_per_rank = 0.0;
   CHECK(run("530b", 80, 4, ds).memory.working_weights < wds);
+}
+
+TEST_CASE("parameters under the persistence threshold are never gathered", "[zero3][stack]") {
+  // The DeepSpeed stacks carry DeepSpeed's default threshold; Marin's gathers everything.
+  CHECK(stack_calibration(load_stack(stack_path("megatron-deepspeed-2021"))).fsdp_persistence_threshold_params == 1e5);
+  CHECK(stack_calibration(load_stack(stack_path("deepspeed"))).fsdp_persistence_threshold_params == 1e5);
+  CHECK(stack_calibration(load_stack(stack_path("marin-july-2026"))).fsdp_persistence_threshold_params == 0.0);
+  // GPT-175B's block: two LayerNorms (12288 elements each) and q, k, v, o, MLP. Per
+  // module, the norms' gathers go when they stay whole: exactly two ring calls of
+  // 12288 bf16 elements less per pass (the pass count is the same either way).
+  Calibration per_module = default_calibration();
+  per_module.fsdp_gather_per_module = true;
+  per_module.fsdp_prefetch_overlap = 0.0;  // every gather exposed
+  Calibration persistent = per_module;
+  persistent.fsdp_persistence_threshold_params = 1e5;
+  const double all = run("175b", 16, 1, per_module).breakdown.fsdp_comm_s;
+  const double fewer = run("175b", 16, 1, persistent).breakdown.fsdp_comm_s;
+  const auto c = dgx(16);
+  const Network net = make_network(c, per_module);
+  const double norm_call = all_gather_s(net, group_of(net, 128, 1), 12288.0 * 2.0);
+  // forward and backward gathers (no re-gather set): 2 passes x 2 norms x 96 layers.
+  CHECK(all - fewer == Approx(2.0 * 2.0 * 96.0 * norm_call).epsilon(1e-6));
 }
