@@ -179,6 +179,7 @@ struct ClassCost {
   BlockTime compute;
   double ep_dispatch_s = 0, ep_combine_s = 0;   // one call each
   double fsdp_gather_s = 0, grad_rs_s = 0;
+  double fsdp_bwd_gather_s = 0;                 // the backward's re-gather (modules kept from the recompute left out)
   double tp_pass_s = 0;                          // TP collectives of one pass
   double cp_pass_s = 0;                          // CP KV traffic of one forward pass
   double attention_fwd_s = 0, attention_bwd_s = 0;
@@ -243,11 +244,13 @@ class StepModel {
     const bool zero3 = l_.zero_stage >= 3;
     if (l_.fsdp > 1 && zero3) {
       k.fsdp_gather_s = dense_gather_s(lc);
-      if (s_.gathers_per_layer) k.grad_rs_s = reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+      k.fsdp_bwd_gather_s = k.fsdp_gather_s - kept_from_recompute_s(lc);
+      if (s_.gathers_per_layer) k.grad_rs_s = dense_reduce_scatter_s(lc);
     }
     if (s_.expert_zero > 1.0 && zero3) {
       const double local = lc.expert_params / (static_cast<double>(l_.ep) * tp);
       k.fsdp_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
+      k.fsdp_bwd_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
       if (s_.gathers_per_layer) k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
     }
     if (lc.moe && l_.ep > 1) {
@@ -286,6 +289,40 @@ class StepModel {
       if (gathered_module(e)) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
     }
     return t;
+  }
+
+  // One pass of ZeRO-3 reduce-scatters of a layer's dense gradients: one call per
+  // layer, or, with per-module gathers, one per parameter-holding op, persistent ones
+  // included (DeepSpeed hooks every parameter's gradient and _reduce_scatter_gradients
+  // issues one torch.distributed.reduce_scatter per parameter: stage3.py
+  // create_reduce_and_remove_grad_hooks, partition_parameters.py).
+  double dense_reduce_scatter_s(const LayerClass& lc) const {
+    const double tp = static_cast<double>(l_.tp);
+    if (!cal_.fsdp_gather_per_module) return reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+    double t = 0.0;
+    for (const OpEntry& e : lc.ops) {
+      if (e.param_elems > 0 && e.cls != OpClass::kGroupedGemm) {
+        t += reduce_scatter_s(net_, g_.fsdp, e.param_elems / tp * s_.grad_bytes);
+      }
+    }
+    return t;
+  }
+
+  // Gathers the backward skips under full recompute with a re-gathering trainer: the
+  // layer's last modules, used again by the backward within
+  // fsdp_max_reuse_distance_params gathered elements of the recompute, stay gathered
+  // (DeepSpeed's release_sub_module / _keep_for_later).
+  double kept_from_recompute_s(const LayerClass& lc) const {
+    if (cal_.fsdp_max_reuse_distance_params <= 0 || !cal_.fsdp_gather_per_module) return 0.0;
+    const double tp = static_cast<double>(l_.tp);
+    double later = 0.0, kept = 0.0;  // elements of the modules after this one
+    for (auto it = lc.ops.rbegin(); it != lc.ops.rend(); ++it) {
+      if (!gathered_module(*it)) continue;
+      if (later >= cal_.fsdp_max_reuse_distance_params) break;
+      kept += all_gather_s(net_, g_.fsdp, it->param_elems / tp * 2.0);
+      later += it->param_elems / tp;
+    }
+    return kept;
   }
 
   // A module whose weights ZeRO-3 gathers: dense parameters at or above the
@@ -633,7 +670,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
                            l.zero_stage >= 3 && (table_.experts == 0 || s.expert_zero <= 1.0);
     const bool regather = cal_.fsdp_regather_for_recompute && full;
     const double bwd_gathers =
-        regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.bwd_s)
+        regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_bwd_gather_s - ovl_fsdp * bt.bwd_s)
                  : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec));
     StepModel::Zero3Exposed z3;
     if (deepspeed) z3 = sm.deepspeed_zero3_exposed(lc);

@@ -149,3 +149,38 @@ TEST_CASE("parameters under the persistence threshold are never gathered", "[zer
   // forward and backward gathers (no re-gather set): 2 passes x 2 norms x 96 layers.
   CHECK(all - fewer == Approx(2.0 * 2.0 * 96.0 * norm_call).epsilon(1e-6));
 }
+
+TEST_CASE("per-module ZeRO-3 reduce-scatters one call per parameter-holding op; the recompute's last module is kept",
+          "[zero3][stack]") {
+  const auto c = dgx(16);
+  const Network net = make_network(c, default_calibration());
+  const Group all = group_of(net, 128, 1);
+  const double latency = ring_pass_latency_s(net, all);
+  const auto rs_of_layer = [&](const Calibration& cal) {
+    const StepPrice sp = Predictor(gpt("175b"), c, cal).price(zero3(128, 1), Predictor::PriceDetail::kFull);
+    REQUIRE(!sp.layers.empty());
+    return sp.layers[0].grad_reduce_scatter_s;
+  };
+  // GPT-175B's block holds parameters in 7 ops (2 norms, q, k, v, o, MLP): per module,
+  // 7 reduce-scatters of the same total bytes instead of 1, so 6 more ring latencies.
+  Calibration per_layer = default_calibration();
+  Calibration per_module = per_layer;
+  per_module.fsdp_gather_per_module = true;
+  CHECK(rs_of_layer(per_module) - rs_of_layer(per_layer) == Approx(6.0 * latency).epsilon(1e-6));
+
+  // Re-gathering for the backward skips the MLP (the last module, used again at once);
+  // o is not kept (the MLP's 1.2e9 elements lie between its two uses, over 1e9).
+  Calibration regather = per_module;
+  regather.fsdp_regather_for_recompute = true;
+  regather.fsdp_prefetch_overlap = 0.0;  // every gather exposed
+  Calibration kept = regather;
+  kept.fsdp_max_reuse_distance_params = 1e9;
+  const double mlp = 3.0 * 12288.0 * 32768.0;
+  const auto comm = [&](const Calibration& cal) {
+    const Prediction p = Predictor(gpt("175b"), c, cal).predict(zero3(128, 1));
+    REQUIRE(p.valid);
+    return p.breakdown.fsdp_comm_s;
+  };
+  CHECK(comm(regather) - comm(kept) == Approx(96.0 * all_gather_s(net, all, mlp * 2.0)).epsilon(1e-6));
+  CHECK(stack_calibration(load_stack(stack_path("megatron-deepspeed-2021"))).fsdp_max_reuse_distance_params == 1e9);
+}
