@@ -177,7 +177,8 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
   if (whole_weights) {
     m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
-  } else if (cal.fsdp_max_live_params > 0 && l.fsdp > 1 && (t.experts == 0 || s.expert_zero <= 1.0)) {
+  } else if (cal.fsdp_max_live_params > 0 && cal.grad_reduce_bucket_params > 0 && l.fsdp > 1 &&
+             (t.experts == 0 || s.expert_zero <= 1.0)) {
     m.working_weights = deepspeed_zero3_working_elems(t, l, cal) * 2.0;
   } else {
     m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +

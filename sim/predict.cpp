@@ -332,91 +332,48 @@ class StepModel {
            e.param_elems / static_cast<double>(l_.tp) >= cal_.fsdp_persistence_threshold_params;
   }
 
-  // DeepSpeed ZeRO-3's coordinator, module by module (stage3.py of the 2021 releases,
-  // PartitionedParameterCoordinator; cal.fsdp_max_live_params > 0):
-  //  - a module's pre-hook waits for its weights, then, while the gathered weights
-  //    are under fsdp_max_live_params, prefetches the next whole parameters; that
-  //    gather runs beside the module's compute (and the parameter-free ops after
-  //    it) and whatever it takes beyond them is exposed. A module fetched without a
-  //    prefetch waits for its whole gather.
-  //  - every gather first synchronises the device (partition_parameters.py
-  //    _allgather_param: torch.cuda.synchronize()), so the host's per-rank list
-  //    work (cal.fsdp_list_ops_per_rank ops per rank, each launch_overhead_s) runs
-  //    with the GPU idle: exposed in full, gathers and reduce-scatters alike.
-  //  - full recompute: the recompute forward gathers again; the backward re-uses a
-  //    module kept from it when fewer than fsdp_max_reuse_distance_params elements are
-  //    used in between (the layer's later modules), else gathers a third time.
-  //  - each module's gradient is reduce-scattered after its backward, beside the
-  //    next module's backward (the next gather's synchronisation waits for it).
+  // DeepSpeed ZeRO-3's coordinator, module by module (stage3.py and
+  // partition_parameters.py of v0.3.13-0.3.16, 2021; cal.fsdp_max_live_params > 0):
+  //  - no gather overlaps compute: every _allgather_param first calls
+  //    torch.cuda.synchronize(), so the "async" prefetch is not (DeepSpeed PR #1188,
+  //    June 2021, which made fetch_sub_module synchronous for that reason), and the
+  //    default stream's kernels wait for the gathers (the profile in issue #1069);
+  //  - the host's per-rank list work (cal.fsdp_list_ops_per_rank ops per rank, each
+  //    launch_overhead_s) runs after that synchronisation with the GPU idle: exposed,
+  //    for gathers and reduce-scatters alike;
+  //  - full recompute: the recompute forward gathers again; the backward re-uses the
+  //    modules kept from it (kept_from_recompute_s);
+  //  - one reduce-scatter per parameter-holding op, beside the next module's backward
+  //    on the reduction stream (overlap_comm); the next gather's synchronisation waits
+  //    for it, so what it takes beyond that backward is exposed.
   struct Zero3Exposed {
     double fwd_s = 0, recompute_s = 0, bwd_s = 0;
   };
   Zero3Exposed deepspeed_zero3_exposed(const LayerClass& lc) const {
     const double tp = static_cast<double>(l_.tp);
     const double host_s = cal_.fsdp_list_ops_per_rank * static_cast<double>(g_.fsdp.size) * cal_.launch_overhead_s;
-    // Modules in forward order; each one's window runs from its pre-hook to the next module's.
-    struct Module {
-      double params = 0, gather_s = 0, rs_s = 0;
-      double fwd_window_s = 0;        // its forward and the parameter-free ops after it
-      double own_bwd_s = 0, after_bwd_s = 0;  // its backward; that of the ops after it
-    };
-    std::vector<Module> mods;
-    double lead_fwd = 0.0, lead_bwd = 0.0;  // parameter-free ops before the first module
-    for (const OpEntry& e : lc.ops) {
-      const OpTime t = price_op(e, ctx_);
-      if (gathered_module(e)) {
-        Module m;
-        m.params = e.param_elems / tp;
-        m.gather_s = all_gather_s(net_, g_.fsdp, m.params * 2.0);
-        m.rs_s = reduce_scatter_s(net_, g_.fsdp, m.params * s_.grad_bytes);
-        m.fwd_window_s = t.fwd_s;
-        m.own_bwd_s = t.bwd_s;
-        mods.push_back(m);
-        continue;
-      }
-      if (mods.empty()) {
-        lead_fwd += t.fwd_s;
-        lead_bwd += t.bwd_s;
-        continue;
-      }
-      mods.back().fwd_window_s += t.fwd_s;
-      mods.back().after_bwd_s += t.bwd_s;
-    }
     Zero3Exposed z;
-    if (mods.empty()) return z;
-    const size_t n = mods.size();
-    // The next layer's lead ops run in the last module's forward window.
-    mods.back().fwd_window_s += lead_fwd;
-    // The backward runs the ops between module j-1 and j after module j: they are in
-    // j's window (the first module's holds the lead ops and the previous layer's tail).
-    std::vector<double> bwd_window(n, 0.0);
-    for (size_t j = 0; j < n; ++j) {
-      bwd_window[j] = mods[j].own_bwd_s + (j > 0 ? mods[j - 1].after_bwd_s : mods[n - 1].after_bwd_s + lead_bwd);
+    double bwd_s = 0.0;  // backward compute of the ops after the last reduce-scatter's op
+    double later = 0.0;  // gathered elements of the layer's modules after this one
+    for (auto it = lc.ops.rbegin(); it != lc.ops.rend(); ++it) {
+      const OpEntry& e = *it;
+      const OpTime t = price_op(e, ctx_);
+      if (e.param_elems <= 0 || e.cls == OpClass::kGroupedGemm) {
+        bwd_s += t.bwd_s;
+        continue;
+      }
+      const double elems = e.param_elems / tp;
+      const double rs = reduce_scatter_s(net_, g_.fsdp, elems * s_.grad_bytes) + host_s;
+      z.bwd_s += std::max(0.0, rs - bwd_s);
+      bwd_s = t.bwd_s;
+      if (!gathered_module(e)) continue;
+      const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s;
+      z.fwd_s += gather;
+      const bool kept = l_.recompute == models::Recompute::kFull && later < cal_.fsdp_max_reuse_distance_params;
+      if (!kept) z.bwd_s += gather;
+      later += elems;
     }
-    const double cap = cal_.fsdp_max_live_params;
-    const auto can_prefetch = [&](size_t j) { return mods[j].params < cap; };
-    // Forward (and the recompute forward): module j gathered beside module j-1's window.
-    for (size_t j = 0; j < n; ++j) {
-      const size_t prev = (j + n - 1) % n;
-      const double g = mods[j].gather_s;
-      z.fwd_s += host_s + (can_prefetch(prev) ? std::max(0.0, g - mods[prev].fwd_window_s) : g);
-    }
-    // Backward, modules in reverse: module j gathered beside module j+1's backward,
-    // which also carries module j+1's reduce-scatter; module j kept from the
-    // recompute when the layer's later modules hold fewer than the reuse distance.
-    const bool full = l_.recompute == models::Recompute::kFull;
-    double later = 0.0;  // parameters of the layer's modules after j
-    for (size_t jj = n; jj-- > 0;) {
-      const size_t next = (jj + 1) % n;
-      const bool kept = full && later < cal_.fsdp_max_reuse_distance_params;
-      const double g = kept ? 0.0 : mods[jj].gather_s;
-      const double busy = g + mods[next].rs_s;
-      const double window = bwd_window[next];
-      z.bwd_s += (kept ? 0.0 : host_s) + host_s +
-                 (can_prefetch(next) ? std::max(0.0, busy - window) : g + std::max(0.0, mods[next].rs_s - window));
-      later += mods[jj].params;
-    }
-    z.recompute_s = full ? z.fwd_s : 0.0;
+    z.recompute_s = l_.recompute == models::Recompute::kFull ? z.fwd_s : 0.0;
     return z;
   }
 
