@@ -5,8 +5,8 @@
 //  - the coordinator's prefetch under stage3_max_live_parameters, the host's
 //    per-rank list work of every gather and reduce-scatter (partition_parameters.py
 //    of DeepSpeed v0.3.13), and the gathered-weight / gradient working set.
-// No shipped stack turns these on yet (the 2021 ZeRO-3 rows need a term they do not
-// explain, see the commit that added them): each is checked on its own here.
+// The DeepSpeed stacks time ZeRO-3 with all of them; the working set waits for
+// grad_reduce_bucket_params, which no stack sets yet. Each is checked on its own here.
 #include <catch2/catch.hpp>
 
 #include <string>
