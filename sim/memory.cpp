@@ -40,6 +40,64 @@ double muon_expert_params(const LayerClass& c) {
   return n;
 }
 
+// DeepSpeed ZeRO-3's peak of gathered weights and unreduced gradients in one layer
+// (elements, each in the 2-byte working dtype), under the coordinator's rules
+// (stage3.py of the 2021 releases; cal.fsdp_max_live_params > 0):
+//  - a module holds its own weights and, when they are under fsdp_max_live_params,
+//    the next whole parameters it prefetches (at least fsdp_prefetch_bucket_params);
+//    the tensor-list all-gather stages the prefetched parameter once more (PyTorch's
+//    flat output, copied out per rank) while it is in flight;
+//  - gradients wait in a bucket until the next one would pass grad_reduce_bucket_params;
+//    the bucket reduced before stays live until the next reduction (overlap_comm
+//    partitions it then), and the tensor-list reduce-scatter stages its largest
+//    parameter's gradient once more.
+// Walked through the backward of two layers (the bucket carries over), and the
+// recompute forward that starts each layer, whichever holds more.
+double deepspeed_zero3_working_elems(const OpTable& t, const Layout& l, const Calibration& cal) {
+  const double tp = static_cast<double>(l.tp);
+  const bool staged = cal.fsdp_list_ops_per_rank > 0;
+  double peak = 0.0;
+  for (const LayerClass& lc : t.classes) {
+    std::vector<double> p;  // gathered modules, forward order
+    for (const OpEntry& e : lc.ops) {
+      const double elems = e.param_elems / tp;
+      if (e.param_elems > 0 && e.cls != models::OpClass::kGroupedGemm && elems >= cal.fsdp_persistence_threshold_params) {
+        p.push_back(elems);
+      }
+    }
+    if (p.empty()) continue;
+    const size_t n = p.size();
+    // Weights live at module j (step +1 forward, -1 backward): its own, plus the
+    // prefetch and its staging copy while under the live cap.
+    const auto weights = [&](size_t j, int step) {
+      if (p[j] >= cal.fsdp_max_live_params) return p[j];
+      double fetched = 0.0, largest = 0.0;
+      for (size_t i = 1; i < n && fetched < cal.fsdp_prefetch_bucket_params; ++i) {
+        const double q = p[(j + n + static_cast<size_t>(step) * i) % n];
+        fetched += q;
+        largest = std::max(largest, q);
+      }
+      if (cal.fsdp_prefetch_bucket_params <= 0) fetched = largest = 0.0;
+      return p[j] + fetched + (staged ? largest : 0.0);
+    };
+    double bucket = 0.0, bucket_largest = 0.0, previous = 0.0, rs_staging = 0.0;
+    for (int layer = 0; layer < 2; ++layer) {
+      for (size_t jj = n; jj-- > 0;) {
+        if (bucket + p[jj] > cal.grad_reduce_bucket_params) {
+          previous = bucket;  // reduced now, freed at the next reduction
+          rs_staging = staged ? bucket_largest : 0.0;
+          bucket = bucket_largest = 0.0;
+        }
+        bucket += p[jj];
+        bucket_largest = std::max(bucket_largest, p[jj]);
+        peak = std::max(peak, weights(jj, -1) + bucket + previous + rs_staging);
+      }
+      for (size_t j = 0; j < n; ++j) peak = std::max(peak, weights(j, +1) + bucket + previous + rs_staging);
+    }
+  }
+  return peak;
+}
+
 }  // namespace
 
 LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const Layout& l) {
@@ -131,6 +189,9 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
   if (whole_weights) {
     m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
+  } else if (cal.fsdp_max_live_params > 0 && cal.grad_reduce_bucket_params > 0 && l.fsdp > 1 &&
+             (t.experts == 0 || s.expert_zero <= 1.0)) {
+    m.working_weights = deepspeed_zero3_working_elems(t, l, cal) * 2.0;
   } else {
     m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
                         (s.expert_zero > 1.0 || l.master_dtype == MasterDtype::kFp32 ? expert_layer_local * 2.0 : 0.0) +

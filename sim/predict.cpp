@@ -187,6 +187,7 @@ struct ClassCost {
   BlockTime compute;
   double ep_dispatch_s = 0, ep_combine_s = 0;   // one call each
   double fsdp_gather_s = 0, grad_rs_s = 0;
+  double fsdp_bwd_gather_s = 0;                 // the backward's re-gather (modules kept from the recompute left out)
   double tp_pass_s = 0;                          // TP collectives of one pass
   double cp_pass_s = 0;                          // CP KV traffic of one forward pass
   double attention_fwd_s = 0, attention_bwd_s = 0;
@@ -255,11 +256,13 @@ class StepModel {
     const bool zero3 = l_.zero_stage >= 3;
     if (l_.fsdp > 1 && zero3) {
       k.fsdp_gather_s = dense_gather_s(lc);
-      if (s_.gathers_per_layer) k.grad_rs_s = reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+      k.fsdp_bwd_gather_s = k.fsdp_gather_s - kept_from_recompute_s(lc);
+      if (s_.gathers_per_layer) k.grad_rs_s = dense_reduce_scatter_s(lc);
     }
     if (s_.expert_zero > 1.0 && zero3) {
       const double local = lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
       k.fsdp_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
+      k.fsdp_bwd_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
       if (s_.gathers_per_layer) k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
     }
     if (lc.moe && l_.ep > 1) {
@@ -299,9 +302,95 @@ class StepModel {
     if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
     double t = 0.0;
     for (const OpEntry& e : lc.ops) {
-      if (e.param_elems > 0 && e.cls != OpClass::kGroupedGemm) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
+      if (gathered_module(e)) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
     }
     return t;
+  }
+
+  // One pass of ZeRO-3 reduce-scatters of a layer's dense gradients: one call per
+  // layer, or, with per-module gathers, one per parameter-holding op, persistent ones
+  // included (DeepSpeed hooks every parameter's gradient and _reduce_scatter_gradients
+  // issues one torch.distributed.reduce_scatter per parameter: stage3.py
+  // create_reduce_and_remove_grad_hooks, partition_parameters.py).
+  double dense_reduce_scatter_s(const LayerClass& lc) const {
+    const double tp = static_cast<double>(l_.tp);
+    if (!cal_.fsdp_gather_per_module) return reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+    double t = 0.0;
+    for (const OpEntry& e : lc.ops) {
+      if (e.param_elems > 0 && e.cls != OpClass::kGroupedGemm) {
+        t += reduce_scatter_s(net_, g_.fsdp, e.param_elems / tp * s_.grad_bytes);
+      }
+    }
+    return t;
+  }
+
+  // Gathers the backward skips under full recompute with a re-gathering trainer: the
+  // layer's last modules, used again by the backward within
+  // fsdp_max_reuse_distance_params gathered elements of the recompute, stay gathered
+  // (DeepSpeed's release_sub_module / _keep_for_later).
+  double kept_from_recompute_s(const LayerClass& lc) const {
+    if (cal_.fsdp_max_reuse_distance_params <= 0 || !cal_.fsdp_gather_per_module) return 0.0;
+    const double tp = static_cast<double>(l_.tp);
+    double later = 0.0, kept = 0.0;  // elements of the modules after this one
+    for (auto it = lc.ops.rbegin(); it != lc.ops.rend(); ++it) {
+      if (!gathered_module(*it)) continue;
+      if (later >= cal_.fsdp_max_reuse_distance_params) break;
+      kept += all_gather_s(net_, g_.fsdp, it->param_elems / tp * 2.0);
+      later += it->param_elems / tp;
+    }
+    return kept;
+  }
+
+  // A module whose weights ZeRO-3 gathers: dense parameters at or above the
+  // persistence threshold (smaller ones stay whole on every GPU).
+  bool gathered_module(const OpEntry& e) const {
+    return e.param_elems > 0 && e.cls != OpClass::kGroupedGemm &&
+           e.param_elems / static_cast<double>(l_.tp) >= cal_.fsdp_persistence_threshold_params;
+  }
+
+  // DeepSpeed ZeRO-3's coordinator, module by module (stage3.py and
+  // partition_parameters.py of v0.3.13-0.3.16, 2021; cal.fsdp_max_live_params > 0):
+  //  - no gather overlaps compute: every _allgather_param first calls
+  //    torch.cuda.synchronize(), so the "async" prefetch is not (DeepSpeed PR #1188,
+  //    June 2021, which made fetch_sub_module synchronous for that reason), and the
+  //    default stream's kernels wait for the gathers (the profile in issue #1069);
+  //  - the host's per-rank list work (cal.fsdp_list_ops_per_rank ops per rank, each
+  //    launch_overhead_s) runs after that synchronisation with the GPU idle: exposed,
+  //    for gathers and reduce-scatters alike;
+  //  - full recompute: the recompute forward gathers again; the backward re-uses the
+  //    modules kept from it (kept_from_recompute_s);
+  //  - one reduce-scatter per parameter-holding op, beside the next module's backward
+  //    on the reduction stream (overlap_comm); the next gather's synchronisation waits
+  //    for it, so what it takes beyond that backward is exposed.
+  struct Zero3Exposed {
+    double fwd_s = 0, recompute_s = 0, bwd_s = 0;
+  };
+  Zero3Exposed deepspeed_zero3_exposed(const LayerClass& lc) const {
+    const double tp = static_cast<double>(l_.tp);
+    const double host_s = cal_.fsdp_list_ops_per_rank * static_cast<double>(g_.fsdp.size) * cal_.launch_overhead_s;
+    Zero3Exposed z;
+    double bwd_s = 0.0;  // backward compute of the ops after the last reduce-scatter's op
+    double later = 0.0;  // gathered elements of the layer's modules after this one
+    for (auto it = lc.ops.rbegin(); it != lc.ops.rend(); ++it) {
+      const OpEntry& e = *it;
+      const OpTime t = price_op(e, ctx_);
+      if (e.param_elems <= 0 || e.cls == OpClass::kGroupedGemm) {
+        bwd_s += t.bwd_s;
+        continue;
+      }
+      const double elems = e.param_elems / tp;
+      const double rs = reduce_scatter_s(net_, g_.fsdp, elems * s_.grad_bytes) + host_s;
+      z.bwd_s += std::max(0.0, rs - bwd_s);
+      bwd_s = t.bwd_s;
+      if (!gathered_module(e)) continue;
+      const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s;
+      z.fwd_s += gather;
+      const bool kept = l_.recompute == models::Recompute::kFull && later < cal_.fsdp_max_reuse_distance_params;
+      if (!kept) z.bwd_s += gather;
+      later += elems;
+    }
+    z.recompute_s = l_.recompute == models::Recompute::kFull ? z.fwd_s : 0.0;
+    return z;
   }
 
   // KV traffic of one attention op in the forward pass.
@@ -572,12 +661,17 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     }
     // A trainer that releases weights after every forward gathers again for the
     // recompute and once more for the backward (cal.fsdp_regather_for_recompute).
+    const bool deepspeed = cal_.fsdp_max_live_params > 0 && s.gathers_per_layer && l.fsdp > 1 &&
+                           l.zero_stage >= 3 && (table_.experts == 0 || s.expert_zero <= 1.0);
     const bool regather = cal_.fsdp_regather_for_recompute && full;
     const double bwd_gathers =
-        regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.bwd_s)
+        regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_bwd_gather_s - ovl_fsdp * bt.bwd_s)
                  : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec));
+    StepModel::Zero3Exposed z3;
+    if (deepspeed) z3 = sm.deepspeed_zero3_exposed(lc);
     const double fsdp_layer =
-        s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
+        deepspeed ? z3.fwd_s + z3.recompute_s + z3.bwd_s
+        : s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
                                   std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
                             : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
     const double tp_ovl = l.tp_comm_overlap >= 0 ? l.tp_comm_overlap : cal_.tp_overlap;
