@@ -267,8 +267,9 @@ class StepModel {
       const double bytes = ep_bytes();
       const double fixed = cal_.ep_a2a_latency_s + (pooled ? 0.0 : cal_.ep_ragged_sync_s);
       const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
-      k.ep_dispatch_s = all_to_all_s(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
-      k.ep_combine_s = all_to_all_s(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
+      const A2aTiers tiers = ep_tiers(bytes);
+      k.ep_dispatch_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
+      k.ep_combine_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
     }
     if (lc.moe && etp_gathers()) {
       k.ep_dispatch_s += all_gather_s(net_, g_.etp, etp_gathered_bytes());
@@ -335,8 +336,13 @@ class StepModel {
       Traffic dispatch, combine;
       if (l_.ep > 1) {
         const double bytes = ep_bytes();
-        dispatch = all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep));
-        combine = all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep));
+        if (l_.ep_dispatcher == EpDispatcher::kFlex) {
+          dispatch = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_dispatch_eff(cal_, l_.ep));
+          combine = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_combine_eff(cal_, l_.ep));
+        } else {
+          dispatch = all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep));
+          combine = all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep));
+        }
       }
       if (etp_gathers()) {
         dispatch += all_gather_traffic(net_, g_.etp, etp_gathered_bytes());
@@ -393,6 +399,17 @@ class StepModel {
     const double sent = etp_gathers() ? s_.expert_rows_mb / static_cast<double>(l_.expert_tp()) : s_.expert_rows_mb;
     const double rows = pooled ? l_.sender_cf * sent : sent;
     return rows * static_cast<double>(t_.moe_width) * 2.0;
+  }
+
+  // Per-tier bytes of one EP all-to-all call of `bytes` (ep_bytes): spread evenly
+  // over the peers by the all-to-all dispatcher, de-duplicated per destination GPU
+  // and domain by the flex one (sim/collectives.h flex_dispatch_tiers; its rows are
+  // the tokens before the top_k expansion). The combine returns the same rows.
+  A2aTiers ep_tiers(double bytes) const {
+    if (l_.ep_dispatcher != EpDispatcher::kFlex) return even_a2a_tiers(g_.ep, bytes);
+    const double row_bytes = static_cast<double>(t_.moe_width) * 2.0;
+    const double tokens = bytes / row_bytes / static_cast<double>(std::max<int64_t>(1, t_.top_k));
+    return flex_dispatch_tiers(g_.ep, tokens, t_.experts, t_.top_k, row_bytes);
   }
 
   // Folded with etp > 1: the rows each GPU's experts compute are gathered over the
@@ -471,6 +488,29 @@ double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double
   const double w = static_cast<double>(l.waves);
   const double ovl = cal.ep_wave_overlap_eff * std::min(1.0, expert_s / comm_s);
   return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));
+}
+
+// Exposed EP time of one layer under Megatron-Core's merged 1F1B EP overlap
+// (Layout::ep_a2a_overlap; Megatron-Core docs, MoE "EP A2A overlap": the forward of one
+// micro-batch and the backward of another run as one merged step, each one's dispatch
+// and combine on a communication stream behind the other's compute). In a merged step
+// the forward's all-to-alls hide behind the backward's compute and the backward's
+// (with a full-recompute replay) behind the forward's, up to that compute. Steps
+// without a partner are the first stage's warm-up forwards and the matching cool-down
+// backwards (Megatron's interleaved schedule: 2(p-1) + (v-1)p warm-up chunks of m·v;
+// 1F1B: p-1 of m; no pipeline: the first forward of the m), exposed whole.
+double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double pass_s, double fwd_s, double bwd_s,
+                              bool full) {
+  if (pass_s <= 0) return 0.0;
+  const double comm_f = pass_s, comm_b = pass_s * (full ? 2.0 : 1.0);
+  const double merged = std::max(0.0, comm_f - bwd_s) + std::max(0.0, comm_b - fwd_s);
+  const double p = static_cast<double>(l.pp);
+  const bool interleaved = l.pp > 1 && l.schedule == PpSchedule::kInterleaved1F1B;
+  const double v = interleaved ? static_cast<double>(l.pp_virtual) : 1.0;
+  const double chunks = std::max(1.0, micro_batches * v);
+  const double warmup = std::min(chunks, l.pp <= 1 ? 1.0 : interleaved ? 2.0 * (p - 1.0) + (v - 1.0) * p : p - 1.0);
+  const double merged_share = (chunks - warmup) / chunks;
+  return merged_share * merged + (1.0 - merged_share) * (comm_f + comm_b);
 }
 
 double pipeline_bubble(const Layout& l, double f, double b) {
@@ -555,8 +595,10 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     hw_flops += n * (bt.fwd_flops + bt.bwd_flops + rec_flops);
     // EP: forward, the full-recompute replay, and backward (grads of combine and dispatch).
     const double pass = k.ep_dispatch_s + k.ep_combine_s;
-    const double ep_layer = ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
-                            ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
+    const double ep_layer = l.ep_a2a_overlap
+                                ? ep_exposed_merged_1f1b(l, s.micro_batches, pass, bt.fwd_s, bt.bwd_s + rec, full)
+                                : ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
+                                      ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
     // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
     // Kept gathered weights: one gather per step, in the first micro-batch's forward
     // (spread over the step's micro-batches here).
