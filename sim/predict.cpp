@@ -491,26 +491,43 @@ double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double
 }
 
 // Exposed EP time of one layer under Megatron-Core's merged 1F1B EP overlap
-// (Layout::ep_a2a_overlap; Megatron-Core docs, MoE "EP A2A overlap": the forward of one
-// micro-batch and the backward of another run as one merged step, each one's dispatch
-// and combine on a communication stream behind the other's compute). In a merged step
-// the forward's all-to-alls hide behind the backward's compute and the backward's
-// (with a full-recompute replay) behind the forward's, up to that compute. Steps
-// without a partner are the first stage's warm-up forwards and the matching cool-down
-// backwards (Megatron's interleaved schedule: 2(p-1) + (v-1)p warm-up chunks of m·v;
-// 1F1B: p-1 of m; no pipeline: the first forward of the m), exposed whole.
-double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double pass_s, double fwd_s, double bwd_s,
-                              bool full) {
+// (Layout::ep_a2a_overlap). The forward of one micro-batch and the backward of another
+// run as one merged step, layer by layer, all-to-alls on a communication stream
+// (Megatron-Core models/common/model_chunk_schedule_plan.py,
+// TransformerLayerSchedulePlan.run), in four phases, each exposed only by what its
+// all-to-all outlasts the compute beside it:
+//   backward combine      beside the forward's attention block (all but the experts)
+//   forward dispatch      beside the backward's expert data-gradient GEMMs
+//   backward dispatch     beside the expert weight-gradient and the forward's expert GEMMs
+//   forward combine       beside the backward's attention block
+// The expert GEMMs' backward is taken as twice their forward (data and weight
+// gradients), as ep_exposed does. Steps without a partner are the first stage's
+// warm-up forwards and the matching cool-down backwards (Megatron's interleaved
+// schedule: 2(p-1) + (v-1)p warm-up chunks of m·v; 1F1B: p-1 of m; no pipeline: the
+// first forward of the m), exposed whole, as is a full-recompute replay's.
+//
+// The all-to-all's kernels hold comm_sms of the GPU's sms SMs while they run, so the
+// compute beside them runs at (sms - comm_sms) / sms of its speed until the call ends.
+double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double dispatch_s, double combine_s,
+                              const BlockTime& bt, bool full, double sms, double comm_sms) {
+  const double pass_s = dispatch_s + combine_s;
   if (pass_s <= 0) return 0.0;
-  const double comm_f = pass_s, comm_b = pass_s * (full ? 2.0 : 1.0);
-  const double merged = std::max(0.0, comm_f - bwd_s) + std::max(0.0, comm_b - fwd_s);
+  const double slow = sms > comm_sms && comm_sms > 0 ? sms / (sms - comm_sms) : 1.0;  // compute stretch
+  // One phase: the call (comm_s) beside compute_s; what the pair takes beyond compute_s.
+  const auto phase = [slow](double comm_s, double compute_s) {
+    return compute_s * slow <= comm_s ? comm_s - compute_s : comm_s * (1.0 - 1.0 / slow);
+  };
+  const double expert_f = bt.expert_fwd_s;
+  const double attn_f = std::max(0.0, bt.fwd_s - expert_f), attn_b = std::max(0.0, bt.bwd_s - 2.0 * expert_f);
+  const double merged = phase(combine_s, attn_f) + phase(dispatch_s, expert_f) + phase(dispatch_s, 2.0 * expert_f) +
+                        phase(combine_s, attn_b);
   const double p = static_cast<double>(l.pp);
   const bool interleaved = l.pp > 1 && l.schedule == PpSchedule::kInterleaved1F1B;
   const double v = interleaved ? static_cast<double>(l.pp_virtual) : 1.0;
   const double chunks = std::max(1.0, micro_batches * v);
   const double warmup = std::min(chunks, l.pp <= 1 ? 1.0 : interleaved ? 2.0 * (p - 1.0) + (v - 1.0) * p : p - 1.0);
   const double merged_share = (chunks - warmup) / chunks;
-  return merged_share * merged + (1.0 - merged_share) * (comm_f + comm_b);
+  return merged_share * merged + (1.0 - merged_share) * 2.0 * pass_s + (full ? pass_s : 0.0);
 }
 
 double pipeline_bubble(const Layout& l, double f, double b) {
@@ -596,7 +613,10 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     // EP: forward, the full-recompute replay, and backward (grads of combine and dispatch).
     const double pass = k.ep_dispatch_s + k.ep_combine_s;
     const double ep_layer = l.ep_a2a_overlap
-                                ? ep_exposed_merged_1f1b(l, s.micro_batches, pass, bt.fwd_s, bt.bwd_s + rec, full)
+                                ? ep_exposed_merged_1f1b(l, s.micro_batches, k.ep_dispatch_s, k.ep_combine_s, bt, full,
+                                                         static_cast<double>(cluster_.system.gpu.sms),
+                                                         l.ep_dispatcher == EpDispatcher::kFlex ? cal_.ep_flex_sms
+                                                                                                : cal_.ep_all_to_all_sms)
                                 : ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
                                       ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
     // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
