@@ -503,8 +503,9 @@ double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double
 // The expert GEMMs' backward is taken as twice their forward (data and weight
 // gradients), as ep_exposed does. Steps without a partner are the first stage's
 // warm-up forwards and the matching cool-down backwards (Megatron's interleaved
-// schedule: 2(p-1) + (v-1)p warm-up chunks of m·v; 1F1B: p-1 of m; no pipeline: the
-// first forward of the m), exposed whole, as is a full-recompute replay's.
+// schedule: 2(p-1) + (v-1)p warm-up chunks of m·v, plus the one extra warm-up forward
+// pipeline_parallel/schedules.py adds when this overlap is on; 1F1B: p-1 (+1) of m; no
+// pipeline: the first forward of the m), exposed whole, as is a full-recompute replay's.
 //
 // The all-to-all's kernels hold comm_sms of the GPU's sms SMs while they run, so the
 // compute beside them runs at (sms - comm_sms) / sms of its speed until the call ends.
@@ -525,7 +526,8 @@ double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double disp
   const bool interleaved = l.pp > 1 && l.schedule == PpSchedule::kInterleaved1F1B;
   const double v = interleaved ? static_cast<double>(l.pp_virtual) : 1.0;
   const double chunks = std::max(1.0, micro_batches * v);
-  const double warmup = std::min(chunks, l.pp <= 1 ? 1.0 : interleaved ? 2.0 * (p - 1.0) + (v - 1.0) * p : p - 1.0);
+  const double warmup =
+      std::min(chunks, l.pp <= 1 ? 1.0 : (interleaved ? 2.0 * (p - 1.0) + (v - 1.0) * p : p - 1.0) + 1.0);
   const double merged_share = (chunks - warmup) / chunks;
   return merged_share * merged + (1.0 - merged_share) * 2.0 * pass_s + (full ? pass_s : 0.0);
 }

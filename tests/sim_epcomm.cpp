@@ -162,7 +162,7 @@ TEST_CASE("epcomm: merged-1F1B overlap hides what the compute beside it covers, 
 
   SECTION("warm-up chunks have no partner: fewer micro-batches leave more exposed") {
     Layout few = overlapped, few_exposed = exposed;
-    few.tokens_per_step = few_exposed.tokens_per_step = 256 * 4096;  // 16 micro-batches, 38 of 64 chunks warm-up
+    few.tokens_per_step = few_exposed.tokens_per_step = 256 * 4096;  // 16 micro-batches, 39 of 64 chunks warm-up
     const Prediction fo = p.predict(few), fe = p.predict(few_exposed);
     CHECK(fo.breakdown.ep_comm_s / fe.breakdown.ep_comm_s > o.breakdown.ep_comm_s / e.breakdown.ep_comm_s);
   }
