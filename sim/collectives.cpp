@@ -146,7 +146,9 @@ double all_to_all_tiers_s(const Network& net, const Group& g, const A2aTiers& b,
   const double t_intra = b.nvlink_bytes / (net.link_bw_bytes_per_s * link_eff);
   double t_inter = b.nic_bytes / net.nic_a2a_bw_bytes_per_s;
   // Peers outside my scalable unit: the unit's NICs share the spine above them.
-  if (b.spine_bytes > 0) t_inter = std::max(t_inter, b.spine_bytes / (net.nic_a2a_bw_bytes_per_s * net.spine_bw_fraction));
+  if (b.spine_bytes > 0) {
+    t_inter = std::max(t_inter, b.spine_bytes / (net.nic_a2a_bw_bytes_per_s * net.spine_bw_fraction));
+  }
   const double alpha = g.domains > 1 ? net.inter_alpha_s : net.intra_alpha_s;
   return alpha + std::max(t_intra, t_inter);
 }

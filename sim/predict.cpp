@@ -614,11 +614,10 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     hw_flops += n * (bt.fwd_flops + bt.bwd_flops + rec_flops);
     // EP: forward, the full-recompute replay, and backward (grads of combine and dispatch).
     const double pass = k.ep_dispatch_s + k.ep_combine_s;
+    const double ep_sms = l.ep_dispatcher == EpDispatcher::kFlex ? cal_.ep_flex_sms : cal_.ep_all_to_all_sms;
     const double ep_layer = l.ep_a2a_overlap
                                 ? ep_exposed_merged_1f1b(l, s.micro_batches, k.ep_dispatch_s, k.ep_combine_s, bt, full,
-                                                         static_cast<double>(cluster_.system.gpu.sms),
-                                                         l.ep_dispatcher == EpDispatcher::kFlex ? cal_.ep_flex_sms
-                                                                                                : cal_.ep_all_to_all_sms)
+                                                         static_cast<double>(cluster_.system.gpu.sms), ep_sms)
                                 : ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
                                       ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
     // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
