@@ -389,6 +389,9 @@ class StepModel {
 
   // EP all-to-all bytes per GPU of one call: pooled sends whole pools
   // (sender_cf · A rows), ragged the rows it has; bf16 rows of the expert input width.
+  // bf16 under FP8 recipes too: Megatron-Core's dispatchers move the bf16 hidden states
+  // and Transformer Engine quantizes after the all-to-all (fused_a2a.py hybrid_ep_dispatch
+  // passes scaling_factor None); FP8 dispatch is DeepEP's option, not these recipes'.
   // A folded layout sends its sequence-parallel share (expert_rows_mb / etp: tokens_mb /
   // tp × k), as Megatron's alltoall dispatcher does, and all-gathers the received rows
   // over the expert TP group when etp > 1 (etp_gathered_bytes). An unfolded layout
