@@ -263,6 +263,9 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.fp8 = fp8 == "linear" ? Fp8Gemms::kLinear : fp8 == "experts" ? Fp8Gemms::kExperts : Fp8Gemms::kNone;
   l.tp_comm_overlap = r.number("tp_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
+  l.ep_dispatcher = r.choice("ep_dispatcher", {"all_to_all", "flex"}, "all_to_all") == "flex" ? EpDispatcher::kFlex
+                                                                                          : EpDispatcher::kAllToAll;
+  l.ep_a2a_overlap = r.boolean("ep_a2a_overlap", false);
   r.finish();
   // The one folding rule that needs no model: the expert mesh must tile a stage's GPUs.
   const int64_t stage_gpus = l.tp * l.cp * l.data, expert_mesh = l.ep * l.expert_tp();
@@ -319,6 +322,8 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.fp8 != Fp8Gemms::kNone) j["fp8"] = l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts";
   if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
+  if (l.ep_dispatcher == EpDispatcher::kFlex) j["ep_dispatcher"] = "flex";
+  if (l.ep_a2a_overlap) j["ep_a2a_overlap"] = true;
   return j;
 }
 
@@ -337,6 +342,8 @@ std::string describe(const Layout& l) {
   if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << transport_name(l.ep_transport);
+  if (l.ep > 1 && l.ep_dispatcher == EpDispatcher::kFlex) s << " flex";
+  if (l.ep > 1 && l.ep_a2a_overlap) s << " +a2a overlap";
   return s.str();
 }
 

@@ -64,6 +64,14 @@ enum class MasterDtype { kFp32, kBf16 };
 enum class GradDtype { kAsMaster, kFp32, kBf16 };
 // Which GEMMs run in FP8 (per-op precision; attention, norms and the LM head stay BF16).
 enum class Fp8Gemms { kNone, kExperts, kLinear };
+// How the EP all-to-all moves a token (sim/collectives.h, EP dispatch bytes):
+//   all_to_all  one row per (token, expert): Megatron-Core's MoEAlltoAllTokenDispatcher
+//               permutes each token into top_k rows before the all-to-all; Marin's
+//               ragged and pooled transports send the routed rows the same way.
+//   flex        one row per (token, destination GPU), and across domains one per
+//               (token, destination domain) forwarded over NVLink there: DeepEP /
+//               HybridEP behind Megatron-Core's MoEFlexTokenDispatcher.
+enum class EpDispatcher { kAllToAll, kFlex };
 
 struct Layout {
   std::string name;
@@ -100,6 +108,11 @@ struct Layout {
   Fp8Gemms fp8 = Fp8Gemms::kNone;  // linear: every block GEMM (experts included); experts: grouped GEMMs only
   double tp_comm_overlap = -1;   // share of TP collectives hidden (this run's setting); < 0 = the stack's
   double ep_comm_overlap = -1;   // share of ragged EP all-to-all hidden; < 0 = none (exposed)
+  EpDispatcher ep_dispatcher = EpDispatcher::kAllToAll;  // what the EP all-to-all sends (above)
+  // Megatron-Core's EP overlap (--overlap-moe-expert-parallel-comm; Megatron-Bridge
+  // moe_a2a_overlap): in the 1F1B steady state one micro-batch's forward runs merged
+  // with another's backward, each one's EP all-to-all hidden behind the other's compute.
+  bool ep_a2a_overlap = false;
 
   int64_t gpus() const { return data * tp * cp * pp; }
   // The expert mesh of one stage (see etp above).

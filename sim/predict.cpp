@@ -270,8 +270,9 @@ class StepModel {
       const double bytes = ep_bytes();
       const double fixed = cal_.ep_a2a_latency_s + (pooled ? 0.0 : cal_.ep_ragged_sync_s);
       const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
-      k.ep_dispatch_s = all_to_all_s(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
-      k.ep_combine_s = all_to_all_s(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
+      const A2aTiers tiers = ep_tiers(bytes);
+      k.ep_dispatch_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
+      k.ep_combine_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
     }
     if (lc.moe && etp_gathers()) {
       k.ep_dispatch_s += all_gather_s(net_, g_.etp, etp_gathered_bytes());
@@ -424,8 +425,13 @@ class StepModel {
       Traffic dispatch, combine;
       if (l_.ep > 1) {
         const double bytes = ep_bytes();
-        dispatch = all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep));
-        combine = all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep));
+        if (l_.ep_dispatcher == EpDispatcher::kFlex) {
+          dispatch = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_dispatch_eff(cal_, l_.ep));
+          combine = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_combine_eff(cal_, l_.ep));
+        } else {
+          dispatch = all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep));
+          combine = all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep));
+        }
       }
       if (etp_gathers()) {
         dispatch += all_gather_traffic(net_, g_.etp, etp_gathered_bytes());
@@ -472,6 +478,9 @@ class StepModel {
 
   // EP all-to-all bytes per GPU of one call: pooled sends whole pools
   // (sender_cf · A rows), ragged the rows it has; bf16 rows of the expert input width.
+  // bf16 under FP8 recipes too: Megatron-Core's dispatchers move the bf16 hidden states
+  // and Transformer Engine quantizes after the all-to-all (fused_a2a.py hybrid_ep_dispatch
+  // passes scaling_factor None); FP8 dispatch is DeepEP's option, not these recipes'.
   // A folded layout sends its sequence-parallel share (expert_rows_mb / etp: tokens_mb /
   // tp × k), as Megatron's alltoall dispatcher does, and all-gathers the received rows
   // over the expert TP group when etp > 1 (etp_gathered_bytes). An unfolded layout
@@ -482,6 +491,17 @@ class StepModel {
     const double sent = etp_gathers() ? s_.expert_rows_mb / static_cast<double>(l_.expert_tp()) : s_.expert_rows_mb;
     const double rows = pooled ? l_.sender_cf * sent : sent;
     return rows * static_cast<double>(t_.moe_width) * 2.0;
+  }
+
+  // Per-tier bytes of one EP all-to-all call of `bytes` (ep_bytes): spread evenly
+  // over the peers by the all-to-all dispatcher, de-duplicated per destination GPU
+  // and domain by the flex one (sim/collectives.h flex_dispatch_tiers; its rows are
+  // the tokens before the top_k expansion). The combine returns the same rows.
+  A2aTiers ep_tiers(double bytes) const {
+    if (l_.ep_dispatcher != EpDispatcher::kFlex) return even_a2a_tiers(g_.ep, bytes);
+    const double row_bytes = static_cast<double>(t_.moe_width) * 2.0;
+    const double tokens = bytes / row_bytes / static_cast<double>(std::max<int64_t>(1, t_.top_k));
+    return flex_dispatch_tiers(g_.ep, tokens, t_.experts, t_.top_k, row_bytes);
   }
 
   // Folded with etp > 1: the rows each GPU's experts compute are gathered over the
@@ -560,6 +580,48 @@ double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double
   const double w = static_cast<double>(l.waves);
   const double ovl = cal.ep_wave_overlap_eff * std::min(1.0, expert_s / comm_s);
   return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));
+}
+
+// Exposed EP time of one layer under Megatron-Core's merged 1F1B EP overlap
+// (Layout::ep_a2a_overlap). The forward of one micro-batch and the backward of another
+// run as one merged step, layer by layer, all-to-alls on a communication stream
+// (Megatron-Core models/common/model_chunk_schedule_plan.py,
+// TransformerLayerSchedulePlan.run), in four phases, each exposed only by what its
+// all-to-all outlasts the compute beside it:
+//   backward combine      beside the forward's attention block (all but the experts)
+//   forward dispatch      beside the backward's expert data-gradient GEMMs
+//   backward dispatch     beside the expert weight-gradient and the forward's expert GEMMs
+//   forward combine       beside the backward's attention block
+// The expert GEMMs' backward is taken as twice their forward (data and weight
+// gradients), as ep_exposed does. Steps without a partner are the first stage's
+// warm-up forwards and the matching cool-down backwards (Megatron's interleaved
+// schedule: 2(p-1) + (v-1)p warm-up chunks of m·v, plus the one extra warm-up forward
+// pipeline_parallel/schedules.py adds when this overlap is on; 1F1B: p-1 (+1) of m; no
+// pipeline: the first forward of the m), exposed whole, as is a full-recompute replay's.
+//
+// The all-to-all's kernels hold comm_sms of the GPU's sms SMs while they run, so the
+// compute beside them runs at (sms - comm_sms) / sms of its speed until the call ends.
+double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double dispatch_s, double combine_s,
+                              const BlockTime& bt, bool full, double sms, double comm_sms) {
+  const double pass_s = dispatch_s + combine_s;
+  if (pass_s <= 0) return 0.0;
+  const double slow = sms > comm_sms && comm_sms > 0 ? sms / (sms - comm_sms) : 1.0;  // compute stretch
+  // One phase: the call (comm_s) beside compute_s; what the pair takes beyond compute_s.
+  const auto phase = [slow](double comm_s, double compute_s) {
+    return compute_s * slow <= comm_s ? comm_s - compute_s : comm_s * (1.0 - 1.0 / slow);
+  };
+  const double expert_f = bt.expert_fwd_s;
+  const double attn_f = std::max(0.0, bt.fwd_s - expert_f), attn_b = std::max(0.0, bt.bwd_s - 2.0 * expert_f);
+  const double merged = phase(combine_s, attn_f) + phase(dispatch_s, expert_f) + phase(dispatch_s, 2.0 * expert_f) +
+                        phase(combine_s, attn_b);
+  const double p = static_cast<double>(l.pp);
+  const bool interleaved = l.pp > 1 && l.schedule == PpSchedule::kInterleaved1F1B;
+  const double v = interleaved ? static_cast<double>(l.pp_virtual) : 1.0;
+  const double chunks = std::max(1.0, micro_batches * v);
+  const double warmup =
+      std::min(chunks, l.pp <= 1 ? 1.0 : (interleaved ? 2.0 * (p - 1.0) + (v - 1.0) * p : p - 1.0) + 1.0);
+  const double merged_share = (chunks - warmup) / chunks;
+  return merged_share * merged + (1.0 - merged_share) * 2.0 * pass_s + (full ? pass_s : 0.0);
 }
 
 double pipeline_bubble(const Layout& l, double f, double b) {
@@ -644,8 +706,12 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     hw_flops += n * (bt.fwd_flops + bt.bwd_flops + rec_flops);
     // EP: forward, the full-recompute replay, and backward (grads of combine and dispatch).
     const double pass = k.ep_dispatch_s + k.ep_combine_s;
-    const double ep_layer = ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
-                            ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
+    const double ep_sms = l.ep_dispatcher == EpDispatcher::kFlex ? cal_.ep_flex_sms : cal_.ep_all_to_all_sms;
+    const double ep_layer = l.ep_a2a_overlap
+                                ? ep_exposed_merged_1f1b(l, s.micro_batches, k.ep_dispatch_s, k.ep_combine_s, bt, full,
+                                                         static_cast<double>(cluster_.system.gpu.sms), ep_sms)
+                                : ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
+                                      ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
     // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
     // Kept gathered weights: one gather per step, in the first micro-batch's forward
     // (spread over the step's micro-batches here).
