@@ -149,4 +149,13 @@ TEST_CASE("The Megatron-Bridge stack reads its host issue costs per host CPU, an
   Stack bad = s;
   bad.calibration_overrides["host"]["calls_per_op"]["linaer"] = {{"value", 2}, {"source", "typo"}};
   CHECK_THROWS_AS(stack_calibration(bad), UserError);
+  // Every host CPU needs a figure: a map without its default is refused, naming the path.
+  Stack no_default = s;
+  no_default.calibration_overrides["host"]["op_issue_s"] = {{"GB200", {{"value", 3.7e-5}, {"source", "[M]"}}}};
+  try {
+    (void)stack_calibration(no_default);
+    FAIL("an op_issue_s map without a default was accepted");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("op_issue_s") != std::string::npos);
+  }
 }
