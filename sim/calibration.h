@@ -116,7 +116,7 @@ struct Calibration {
   std::map<std::string, double> op_issue_s_by_gpu; // GPU name -> the same on that system's host CPU
   double moe_host_syncs_per_layer = 0;             // device-to-host syncs per MoE layer forward
   bool grouped_gemm_launch_per_expert = false;     // one GEMM launch per local expert and matrix
-  std::map<std::string, double> host_calls_per_op; // op kind (models::to_string) -> framework calls per forward; default 1
+  std::map<std::string, double, std::less<>> host_calls_per_op; // op kind (models::to_string) -> framework calls per forward; default 1
   double host_calls_per_local_expert = 0;          // expert_mlp: further calls per local expert (split, buffers)
 
   // Memory overheads.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <utility>
 
 #include "sim/base/check.h"
@@ -202,7 +203,7 @@ double op_kernel_launches(const OpEntry& e, const PriceContext& ctx) {
 double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;
   if (ctx.op_issue_s <= 0) return 0.0;
-  const auto it = cal.host_calls_per_op.find(models::to_string(e.kind));
+  const auto it = cal.host_calls_per_op.find(std::string_view(models::to_string(e.kind)));  // no allocation per op
   double calls = it != cal.host_calls_per_op.end() ? it->second : 1.0;
   if (e.cls == OpClass::kGroupedGemm) calls += cal.host_calls_per_local_expert * ctx.local_experts;
   return calls * ctx.op_issue_s + op_kernel_launches(e, ctx) * cal.launch_overhead_s;
