@@ -128,6 +128,19 @@ struct Calibration {
   double gc_interval_steps = 260;                 // automatic collection, per process
   double coordinated_gc_interval_steps = 100;     // coordinated: all ranks collect every N steps
   int64_t gpus_per_host_process = 4;
+  // Host issue of an eager trainer (PyTorch + Transformer Engine): each framework op
+  // costs the host op_issue_s (Python, dispatcher, module code) and each kernel it
+  // launches launch_overhead_s. The host normally runs ahead of the device and hides
+  // this; a device-to-host sync inside an MoE layer (the dropless dispatcher reads the
+  // tokens per expert) drains that lead, so each pass of such a layer takes
+  // max(device, host) (sim/predict.cpp). 0 = a compiled step (Marin's JAX: one
+  // executable per step), whose host never paces the device.
+  double op_issue_s = 0;                           // host time of one framework call (GPUs not in the map)
+  std::map<std::string, double> op_issue_s_by_gpu; // GPU name -> the same on that system's host CPU
+  double moe_host_syncs_per_layer = 0;             // device-to-host syncs per MoE layer forward
+  bool grouped_gemm_launch_per_expert = false;     // one GEMM launch per local expert and matrix
+  std::map<std::string, double, std::less<>> host_calls_per_op; // op kind (models::to_string) -> framework calls per forward; default 1
+  double host_calls_per_local_expert = 0;          // expert_mlp: further calls per local expert (split, buffers)
 
   // Memory overheads.
   double allocator_fragmentation = 0.05;          // of live bytes
@@ -155,6 +168,8 @@ double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, dou
 double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double rows_per_expert,
                                double k, double n);
 double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, double rows_per_expert, double k, double n);
+// Host time of one framework call of an eager trainer on this GPU's system (0: a compiled step).
+double host_op_issue_s(const Calibration& c, const topologies::GpuSpec& gpu);
 // EP dispatch / combine efficiency vs NVLink measured bandwidth, interpolated in log(ep).
 double ep_dispatch_eff(const Calibration& c, int64_t ep);
 double ep_combine_eff(const Calibration& c, int64_t ep);

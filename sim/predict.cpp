@@ -15,7 +15,7 @@ namespace rackstep::sim {
 double StepBreakdown::total() const {
   return compute_fwd_s + compute_recompute_s + compute_bwd_s + ep_comm_s + fsdp_comm_s + tp_comm_s + cp_comm_s +
          offload_s + pp_bubble_s + grad_sync_s + optimizer_compute_s + optimizer_comm_s + optimizer_host_s +
-         host_stall_s;
+         host_stall_s + host_issue_s;
 }
 
 std::vector<std::pair<std::string, double>> StepBreakdown::lines() const {
@@ -32,7 +32,8 @@ std::vector<std::pair<std::string, double>> StepBreakdown::lines() const {
           {"optimizer_compute", optimizer_compute_s},
           {"optimizer_comm", optimizer_comm_s},
           {"optimizer_host", optimizer_host_s},
-          {"host_stall", host_stall_s}};
+          {"host_stall", host_stall_s},
+          {"host_issue", host_issue_s}};
 }
 
 namespace {
@@ -219,6 +220,7 @@ class StepModel {
     ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
+    ctx_.op_issue_s = host_op_issue_s(cal, gpu);
     drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
@@ -624,6 +626,13 @@ double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double disp
   return merged_share * merged + (1.0 - merged_share) * 2.0 * pass_s + (full ? pass_s : 0.0);
 }
 
+// Device time the host's kernel issue adds to one pass, `gpu_s` of device work issued
+// in `host_s`. Between device-to-host syncs the host cannot run ahead of the device:
+// a pass of a layer with a sync takes max(device, host) (the layer's segments between
+// syncs split both alike). Without syncs the host queues ahead across the whole pass
+// and only paces it when slower than all of it (summed over the pass by the caller).
+double host_issue_wait(double host_s, double gpu_s) { return std::max(0.0, host_s - gpu_s); }
+
 double pipeline_bubble(const Layout& l, double f, double b) {
   if (l.pp <= 1) return 0.0;
   const double p = static_cast<double>(l.pp);
@@ -689,6 +698,9 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   double f = 0, r = 0, b = 0;                      // compute
   double ep = 0, fsdp = 0, tpc = 0, cpc = 0, off = 0;  // exposed communication
   double hw_flops = 0;
+  // Host issue (eager trainers): the wait behind MoE syncs, and the sync-free work's
+  // host and device time per pass (a host slower than a whole pass paces it).
+  double host_wait = 0, free_host_f = 0, free_host_b = 0, free_gpu_f = 0, free_gpu_b = 0;
   // Backward wall time of one layer of each class (recompute + backward + the
   // exposed communication that falls in them): the schedule gradient buckets
   // are released on.
@@ -748,6 +760,18 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     const double comm_layer = ep_layer + fsdp_layer + tp_layer + cp_layer + off_layer;
     const double busy = bt.fwd_s + rec + bt.bwd_s;
     bwd_wall[ci] = rec + bt.bwd_s + (busy > 0 ? comm_layer * (rec + bt.bwd_s) / busy : 0.0);
+    // The device's time per pass of this layer, its exposed communication included.
+    const double gpu_f = bt.fwd_s + (busy > 0 ? comm_layer * bt.fwd_s / busy : 0.0);
+    const double gpu_b = bwd_wall[ci];
+    const double host_b = bt.bwd_host_s + (full ? bt.fwd_host_s : 0.0);
+    if (lc.moe && cal_.moe_host_syncs_per_layer > 0) {
+      host_wait += n * (host_issue_wait(bt.fwd_host_s, gpu_f) + host_issue_wait(host_b, gpu_b));
+    } else {
+      free_host_f += n * bt.fwd_host_s;
+      free_host_b += n * host_b;
+      free_gpu_f += n * gpu_f;
+      free_gpu_b += n * gpu_b;
+    }
     ep += n * ep_layer;
     fsdp += n * fsdp_layer;
     tpc += n * tp_layer;
@@ -768,6 +792,8 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     hw_flops += pre.fwd_flops + pre.bwd_flops + head.fwd_flops + head.bwd_flops;
   }
 
+  host_wait += host_issue_wait(free_host_f, free_gpu_f) + host_issue_wait(free_host_b, free_gpu_b);
+
   const double m = s.micro_batches;
   Prediction p;
   p.valid = true;
@@ -784,8 +810,9 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   bd.tp_comm_s = m * tpc;
   bd.cp_comm_s = m * cpc;
   bd.offload_s = m * off;
-  const double mb_fwd = f + (ep + fsdp + tpc + cpc + off) * 0.5;
-  const double mb_bwd = r + b + (ep + fsdp + tpc + cpc + off) * 0.5;
+  bd.host_issue_s = m * host_wait;
+  const double mb_fwd = f + (ep + fsdp + tpc + cpc + off + host_wait) * 0.5;
+  const double mb_bwd = r + b + (ep + fsdp + tpc + cpc + off + host_wait) * 0.5;
   if (l.pp > 1) {
     bd.pp_bubble_s = pipeline_bubble(l, mb_fwd, mb_bwd) +
                      2.0 * (pp - 1.0) * send_recv_s(net_, sm.pp_send_cross(), sm.pp_send_bytes());
