@@ -190,6 +190,13 @@ class Backend {
   virtual bool uses_host_memory() const = 0;
   // Wait for queued work (a profiler timestamp, a host read).
   virtual void synchronize() = 0;
+  // Arithmetic of the heavy ops: "fp32" (every backend; the parity mode) or
+  // "bf16" (GEMM operands rounded to bf16, fp32 accumulation and outputs, fp32
+  // master weights, gradients and optimizer: exec/cuda). "" when this backend
+  // now computes so, else what it supports instead.
+  virtual std::string set_precision(const std::string& precision) {
+    return precision == "fp32" ? "" : "the " + name() + " backend computes in fp32 only";
+  }
   // The optimizer in this backend's memory over arenas of `layout`, or nullptr
   // (the host runs exec::Optimizer on the host arenas). The backend outlives it.
   virtual std::unique_ptr<BackendOptimizer> make_optimizer(const OptimizerConfig& /*config*/,

@@ -131,6 +131,9 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
   // UserError for what this backend cannot run
   model_ = std::make_unique<Model>(graph_, end_seq - first_seq, seq, make_backend(o_.backend));
+  if (const std::string why = model_->backend().set_precision(o_.precision); !why.empty()) {
+    throw ValueError("train", "precision", why, o_.precision);
+  }
   if (distributed()) {  // router losses: each rank's share of the global batch's
     model_->set_router_loss_share(global_batch_ * seq, [this](int64_t* counts, int n) { comm_->allreduce_sum(counts, n); });
   }

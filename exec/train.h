@@ -69,6 +69,7 @@ struct TrainOptions {
   std::string data_dir;
   std::string out_dir;          // "" = no run directory: no log, checkpoints or profile
   std::string backend = "cpu";  // where the ops run: a name of exec/backend.h's registry ("cpu", "cuda")
+  std::string precision = "fp32";  // the heavy ops' arithmetic (Backend::set_precision): fp32, or bf16 on cuda
   int64_t steps = 0;            // schedule length; 0 = the model recipe's steps
   int64_t stop_after = 0;       // end this invocation after this many steps (schedule unchanged); 0 = at `steps`
   int64_t batch = 0;            // sequences per step; 0 = the recipe's batch_seqs

@@ -129,6 +129,7 @@ bad "hero layout in one process" "/data" $common --steps 1 --layout sim/layouts/
 sed 's/"data": 4/"data": 4, "tp": 2/' "$tmp/ep4.json" >"$tmp/tp2.json"
 bad "tensor-parallel layout" "/tp" $common --steps 1 --layout "$tmp/tp2.json"
 bad "layout and flags" "--layout" $common --steps 1 --layout "$tmp/ep4.json" --dispatch pooled --ep 4
+bad "bf16 on the cpu backend" "--precision" $common --steps 1 --precision bf16
 printf 'RSTOKSH\0' >"$tmp/data/train-00000.bin"
 bad "corrupt shard" "train-00000.bin" $common --steps 1
 
