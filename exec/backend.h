@@ -193,9 +193,9 @@ class Backend {
   // Arithmetic of the heavy ops: "fp32" (every backend; the parity mode) or
   // "bf16" (GEMM operands rounded to bf16, fp32 accumulation and outputs, fp32
   // master weights, gradients and optimizer: exec/cuda). "" when this backend
-  // now computes so, else what it supports instead.
+  // now computes so, else the precisions it has, in words ("fp32, the cpu backend's only precision").
   virtual std::string set_precision(const std::string& precision) {
-    return precision == "fp32" ? "" : "the " + name() + " backend computes in fp32 only";
+    return precision == "fp32" ? "" : "fp32, the " + name() + " backend's only precision";
   }
   // The optimizer in this backend's memory over arenas of `layout`, or nullptr
   // (the host runs exec::Optimizer on the host arenas). The backend outlives it.

@@ -167,6 +167,7 @@ def junit(path):
         return {"parse_error": str(e)}
 def cases(path, word):
     # The test cases of a junit file whose name holds `word`: passed / failed / skipped, seconds.
+    if not os.path.exists(path): return {"not_run": "no " + os.path.basename(path) + " (skipped without a device, or not built)"}
     try:
         root = ET.parse(path).getroot()
         r = []

@@ -97,7 +97,7 @@ class CudaBackend final : public Backend {
   // bf16: every GEMM of the op set rounds its operands to bf16 (exec/cuda/gemm.h);
   // the optimizer's Newton–Schulz keeps its own fp32 GEMMs.
   std::string set_precision(const std::string& precision) override {
-    if (precision != "fp32" && precision != "bf16") return "the cuda backend computes in fp32 or bf16";
+    if (precision != "fp32" && precision != "bf16") return "fp32 or bf16 (the cuda backend's precisions)";
     gemm_.set_bf16_operands(precision == "bf16");
     return "";
   }

@@ -118,7 +118,7 @@ int run(TrainArgs& a) {
 }
 
 rackstep::cli::Registration reg{
-    "train", "Train a model on a token-shard dataset (fp32; CPU: OpenBLAS + OpenMP, or --backend cuda)",
+    "train", "Train a model on a token-shard dataset (CPU: fp32 on OpenBLAS + OpenMP; or --backend cuda, fp32 or bf16)",
     [](CLI::App& app) {
       auto a = std::make_shared<TrainArgs>();
       app.add_option("--model", a->o.model_path, "model JSON (models/zoo/*.json)")->required();
