@@ -132,6 +132,7 @@ bad "tensor-parallel layout" "/tp" $common --steps 1 --layout "$tmp/tp2.json"
 sed 's/"ep": 4/"ep": 2, "etp": 2/' "$tmp/ep4.json" >"$tmp/etp2.json"
 bad "folded expert layout" "/etp" $common --steps 1 --layout "$tmp/etp2.json"
 bad "layout and flags" "--layout" $common --steps 1 --layout "$tmp/ep4.json" --dispatch pooled --ep 4
+bad "bf16 on the cpu backend" "--precision" $common --steps 1 --precision bf16
 printf 'RSTOKSH\0' >"$tmp/data/train-00000.bin"
 bad "corrupt shard" "train-00000.bin" $common --steps 1
 
