@@ -161,25 +161,6 @@ double model_flops_per_token(const OpTable& t, int64_t seq) {
   return 3.0 * (t.marin_nonattention_flops_per_token + attn);
 }
 
-namespace {
-
-double mem_eff(const Calibration& cal, OpClass c) {
-  switch (c) {
-    case OpClass::kNorm: return cal.mem_eff_norm;
-    case OpClass::kRouting: return cal.mem_eff_routing;
-    case OpClass::kLoss: return cal.mem_eff_loss;
-    case OpClass::kLookup: return cal.mem_eff_lookup;
-    default: return cal.mem_eff_elementwise;
-  }
-}
-
-// Mean keys per query with causal masking and the window (the FLOPs a flash kernel does).
-double exact_span(int64_t window, double seq) {
-  return models::mean_attention_span(static_cast<int64_t>(seq), window, models::FlopConvention::kExact);
-}
-
-}  // namespace
-
 // FP8 quantization (Transformer Engine's quantizers, transformer_engine/common/recipe
 // and the cast / cast-transpose kernels). A GEMM's BF16 operand is read and written as
 // FP8 row-wise for the GEMM that reads it and column-wise for the weight-gradient GEMM,
@@ -246,6 +227,25 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
 double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r) {
   return r == Fp8Recipe::kMxfp8 || r == Fp8Recipe::kBlockwise ? cal.fp8_block_scaled_relative_eff : 1.0;
 }
+
+namespace {
+
+double mem_eff(const Calibration& cal, OpClass c) {
+  switch (c) {
+    case OpClass::kNorm: return cal.mem_eff_norm;
+    case OpClass::kRouting: return cal.mem_eff_routing;
+    case OpClass::kLoss: return cal.mem_eff_loss;
+    case OpClass::kLookup: return cal.mem_eff_lookup;
+    default: return cal.mem_eff_elementwise;
+  }
+}
+
+// Mean keys per query with causal masking and the window (the FLOPs a flash kernel does).
+double exact_span(int64_t window, double seq) {
+  return models::mean_attention_span(static_cast<int64_t>(seq), window, models::FlopConvention::kExact);
+}
+
+}  // namespace
 
 OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;

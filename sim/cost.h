@@ -101,15 +101,16 @@ struct PriceContext {
   double peak_flops_per_s = 0;
   double hbm_bw_bytes_per_s = 0;
   double gemm_peak_eff = 0.7;       // gemm_peak_efficiency(cal, gpu), looked up once
+  // Dense FP8 GEMMs: efficiency over the BF16 curve on this GPU (fp8_dense_relative_efficiency,
+  // looked up once; the grouped GEMMs keep cal.fp8_gemm_relative_eff), and the scaling
+  // recipe, whose quantization passes each FP8 GEMM's operands cost (fp8_quantize).
+  double fp8_dense_rel_eff = 0.83;
+  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;
+
   // FP8 GEMMs (Layout::fp8): the FP8 peak, for block GEMMs (not the LM head) and/or
-  // the expert grouped GEMMs; 0 = BF16. Efficiency there: the BF16 curve × cal.fp8_gemm_relative_eff.
+  // the expert grouped GEMMs; 0 = BF16. Efficiency there: the BF16 curve × fp8_dense_rel_eff (dense) or cal.fp8_gemm_relative_eff (grouped).
   double fp8_peak_flops_per_s = 0;
   bool fp8_linear = false, fp8_experts = false;
-  // Dense FP8 GEMMs: efficiency over the BF16 curve on this GPU (fp8_dense_relative_efficiency,
-  // looked up once); the grouped GEMMs keep cal.fp8_gemm_relative_eff.
-  double fp8_dense_rel_eff = 0.83;
-  // The scaling recipe: the quantization passes each FP8 GEMM's inputs cost (fp8_quantize).
-  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;
 };
 
 // The memory-bound passes that turn one FP8 GEMM op's BF16 inputs into FP8 for one

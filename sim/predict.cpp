@@ -205,11 +205,11 @@ class StepModel {
     ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
     ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
     ctx_.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+    ctx_.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
+    ctx_.fp8_recipe = l.fp8_recipe;
     ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
-    ctx_.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
-    ctx_.fp8_recipe = l.fp8_recipe;
     drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
