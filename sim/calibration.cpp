@@ -129,6 +129,17 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (col.has("fsdp_prefetch_bucket_params")) {
     c.fsdp_prefetch_bucket_params = sourced(col, "fsdp_prefetch_bucket_params", {.min = 0});
   }
+  // DeepSpeed's coordinator, bucketed reductions, list collectives and NCCL's ring latency model: optional.
+  for (const auto& [key, field] : {std::pair{"fsdp_max_live_params", &c.fsdp_max_live_params},
+                                   std::pair{"fsdp_persistence_threshold_params", &c.fsdp_persistence_threshold_params},
+                                   std::pair{"fsdp_max_reuse_distance_params", &c.fsdp_max_reuse_distance_params},
+                                   std::pair{"grad_reduce_bucket_params", &c.grad_reduce_bucket_params},
+                                   std::pair{"fsdp_list_ops_per_rank", &c.fsdp_list_ops_per_rank},
+                                   std::pair{"ring_base_latency_s", &c.ring_base_latency_s},
+                                   std::pair{"ring_intra_hop_latency_s", &c.ring_intra_hop_latency_s},
+                                   std::pair{"ring_inter_hop_latency_s", &c.ring_inter_hop_latency_s}}) {
+    if (col.has(key)) *field = sourced(col, key, {.min = 0});
+  }
   if (col.has("fsdp_regather_for_recompute")) {
     c.fsdp_regather_for_recompute = sourced_flag(col, "fsdp_regather_for_recompute");
   }

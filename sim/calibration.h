@@ -99,6 +99,27 @@ struct Calibration {
   // module larger than this is fetched when it is reached, so only this share of
   // its gather can hide behind the previous module's compute.
   double fsdp_prefetch_bucket_params = 0;
+  // DeepSpeed ZeRO-3's parameter coordinator (stage3.py, PartitionedParameterCoordinator),
+  // read from the stack; 0 = not that coordinator. A module prefetches the next
+  // whole parameters (at least fsdp_prefetch_bucket_params elements) only while the
+  // gathered parameters are under fsdp_max_live_params; parameters under
+  // fsdp_persistence_threshold_params stay whole on every GPU and are never gathered.
+  double fsdp_max_live_params = 0;
+  double fsdp_persistence_threshold_params = 0;
+  // A module used again within this many gathered elements stays gathered (stage3_max_reuse_distance).
+  double fsdp_max_reuse_distance_params = 0;
+  // Gradients reduce-scattered in buckets of this many elements (reduce_bucket_size); 0 = per layer.
+  double grad_reduce_bucket_params = 0;
+  // Collectives over tensor lists (one view per rank: DeepSpeed 0.3's all_gather and
+  // reduce_scatter through torch.distributed): host ops per rank per call, each
+  // launch_overhead_s, with the GPU idle (the gather synchronises the device first).
+  double fsdp_list_ops_per_rank = 0;
+  // Ring latency from NCCL's tuning model (src/graph/tuning.cc, Simple protocol):
+  // base + (ranks-1 - (domains-1))·intra hop + (domains-1)·inter hop per ring pass,
+  // in place of inter_domain_step_latency_s. All three 0 = not used.
+  double ring_base_latency_s = 0;
+  double ring_intra_hop_latency_s = 0;
+  double ring_inter_hop_latency_s = 0;
   // Cross-replica gradient buckets: layers per bucket, released as the backward
   // reaches them (0 = one bucket after the whole backward). sim/predict.cpp derives
   // the exposed share from the schedule.

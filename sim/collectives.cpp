@@ -45,13 +45,25 @@ double ring_beta_s(int64_t n, double bw, double full_bytes) {
 // rings across domains on 1/inner of it, the domain rings on all of it, pipelined.
 double hierarchical_pass_s(const Network& net, const Group& g, double full_bytes) {
   const int64_t inner = g.per_domain();
-  const double alpha = ring_alpha_s(g.domains, net.inter_step_alpha_s) + ring_alpha_s(inner, net.intra_alpha_s);
+  const double alpha = ring_pass_latency_s(net, g);
   const double inter = ring_beta_s(g.domains, inter_bw(net, g), full_bytes / static_cast<double>(inner));
   const double intra = ring_beta_s(inner, net.intra_bw_bytes_per_s, full_bytes);
   return alpha + std::max(inter, intra);
 }
 
 }  // namespace
+
+double ring_pass_latency_s(const Network& net, const Group& g) {
+  if (g.size <= 1) return 0.0;
+  if (!net.nccl_ring_latency()) {
+    return ring_alpha_s(g.domains, net.inter_step_alpha_s) + ring_alpha_s(g.per_domain(), net.intra_alpha_s);
+  }
+  // NCCL's ring is flat: nRanks-1 steps, nNodes-1 of them across the network
+  // (src/graph/tuning.cc: latency = baseLat + (nsteps - nInterSteps)·intraLat + nInterSteps·interLat).
+  const double steps = static_cast<double>(g.size - 1);
+  const double inter_steps = static_cast<double>(g.domains - 1);
+  return net.ring_base_s + (steps - inter_steps) * net.ring_intra_hop_s + inter_steps * net.ring_inter_hop_s;
+}
 
 Network make_network(const topologies::Cluster& c, const Calibration& cal) {
   const auto& s = c.system;
@@ -71,6 +83,9 @@ Network make_network(const topologies::Cluster& c, const Calibration& cal) {
   n.inter_nics_per_domain = cal.inter_domain_nics;
   n.domains_per_unit = s.scale_out.domains_per_unit;
   n.spine_bw_fraction = 1.0 / std::max(1.0, s.scale_out.spine_oversubscription);
+  n.ring_base_s = cal.ring_base_latency_s;
+  n.ring_intra_hop_s = cal.ring_intra_hop_latency_s;
+  n.ring_inter_hop_s = cal.ring_inter_hop_latency_s;
   return n;
 }
 

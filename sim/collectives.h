@@ -55,6 +55,10 @@ struct Network {
   double h2d_bw_bytes_per_s = 0;
   int64_t domains_per_unit = 0;        // scalable unit (0 = one unit)
   double spine_bw_fraction = 1.0;      // 1 / spine oversubscription
+  // NCCL's tuning-model ring latency (calibration ring_*_latency_s; all 0 = the
+  // alpha-per-step model above): base + intra hops + inter hops per ring pass.
+  double ring_base_s = 0, ring_intra_hop_s = 0, ring_inter_hop_s = 0;
+  bool nccl_ring_latency() const { return ring_base_s + ring_intra_hop_s + ring_inter_hop_s > 0; }
 };
 
 Network make_network(const topologies::Cluster& c, const Calibration& cal);
@@ -77,6 +81,9 @@ double all_reduce_s(const Network& net, const Group& g, double full_bytes);
 // link_eff scales the NVLink tier (EP kernels reach less than raw link rate).
 double all_to_all_s(const Network& net, const Group& g, double bytes_per_rank, double link_eff = 1.0);
 double send_recv_s(const Network& net, bool cross_domain, double bytes);
+// Latency of one ring pass (all-gather or reduce-scatter) over the group: NCCL's
+// tuning model when the network carries it, else the alpha of each tier's ring.
+double ring_pass_latency_s(const Network& net, const Group& g);
 // Bandwidth per GPU of this group's rings across domains (NIC cap included).
 double inter_bw(const Network& net, const Group& g);
 // Scalable units that `domains` consecutive domains span.

@@ -278,7 +278,7 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
     }
     case OpClass::kGroupedGemm: {
       const double rows = ctx.expert_rows;
-      const double n = std::max(1.0, e.gemm_n / ctx.tp);
+      const double n = std::max(1.0, e.gemm_n / (ctx.etp > 0 ? ctx.etp : ctx.tp));
       const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
       double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows / ctx.local_experts, e.gemm_k, n);
       const bool fp8 = (ctx.fp8_experts || ctx.fp8_linear) && ctx.fp8_peak_flops_per_s > 0;

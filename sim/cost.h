@@ -96,6 +96,7 @@ struct PriceContext {
   double tokens = 0;                // tokens per micro-batch on this GPU (after CP split)
   double seq = 0;                   // full sequence (attention span)
   double tp = 1;
+  double etp = 0;                   // expert tensor parallel (Layout::expert_tp); 0 = tp
   double expert_rows = 0;           // routed rows computed on this GPU (padding included)
   double local_experts = 1;
   double peak_flops_per_s = 0;

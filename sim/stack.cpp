@@ -86,6 +86,7 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
   f.uneven_stages = flag(sup, "uneven_stages", f.uneven_stages);
   f.tensor_parallel = flag(sup, "tensor_parallel", f.tensor_parallel);
   f.expert_parallel = flag(sup, "expert_parallel", f.expert_parallel);
+  f.expert_folding = flag(sup, "expert_folding", f.expert_folding);
   f.cp_kinds = choices<CpKind>(sup, "cp_kinds", {{"ring", CpKind::kRing}, {"all_gather_kv", CpKind::kAllGatherKv}},
                                f.cp_kinds);
   f.ep_transports = choices<Transport>(sup, "ep_transports", {{"pooled", Transport::pooled}, {"ragged", Transport::ragged}},
@@ -134,6 +135,10 @@ std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
   if (l.uneven_stages && !f.uneven_stages) no("uneven pipeline stages");
   if (l.tp > 1 && !f.tensor_parallel) no("tensor parallelism");
   if (l.ep > 1 && !f.expert_parallel) no("expert parallelism");
+  if (l.folded() && !f.expert_folding) {
+    no("expert parallelism folded over tensor and data ranks (ep " + std::to_string(l.ep) + ", etp " +
+       std::to_string(l.expert_tp()) + ", tp " + std::to_string(l.tp) + ", data " + std::to_string(l.data) + ")");
+  }
   if (l.cp > 1 && !has(f.cp_kinds, l.cp_kind)) no(l.cp_kind == CpKind::kRing ? "ring context parallelism" : "all-gather-KV context parallelism");
   if (l.ep > 1 && !has(f.ep_transports, l.ep_transport)) no(std::string("the ") + transport_name(l.ep_transport) + " EP transport");
   if (l.optimizer_state == StatePlacement::kHost && !f.optimizer_offload) no("optimizer state on host");

@@ -32,6 +32,9 @@ struct StackSupport {
   bool uneven_stages = true;
   bool tensor_parallel = true;
   bool expert_parallel = true;
+  // EP over tensor × data ranks with its own expert TP (Layout::folded): only a
+  // stack whose file says so (Megatron-Core's MoE parallel folding).
+  bool expert_folding = false;
   std::vector<CpKind> cp_kinds{CpKind::kRing, CpKind::kAllGatherKv};  // empty = no context parallel
   std::vector<Transport> ep_transports{Transport::pooled, Transport::ragged};
   bool optimizer_offload = true;
