@@ -63,6 +63,16 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     v.string("source");
     v.finish();
   }
+  if (gemm.has("fp8_dense_relative_efficiency")) {
+    JsonReader per_gpu = gemm.object("fp8_dense_relative_efficiency");
+    for (auto it = per_gpu.raw().begin(); it != per_gpu.raw().end(); ++it) {
+      c.fp8_dense_relative_eff[it.key()] = sourced(per_gpu, it.key(), {.min_exclusive = 0, .max = 1.5});
+    }
+    per_gpu.finish();
+  }
+  if (gemm.has("fp8_block_scaled_relative_efficiency")) {
+    c.fp8_block_scaled_relative_eff = sourced(gemm, "fp8_block_scaled_relative_efficiency", frac);
+  }
   gemm.finish();
 
   JsonReader gg = r.object("grouped_gemm");
@@ -209,6 +219,12 @@ const Calibration& default_calibration() {
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
   const auto it = c.gemm_peak_eff.find(gpu.name);
   return it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+}
+
+double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured) {
+  const auto it = c.fp8_dense_relative_eff.find(gpu.name);
+  if (measured) *measured = it != c.fp8_dense_relative_eff.end();
+  return it != c.fp8_dense_relative_eff.end() ? it->second : c.fp8_gemm_relative_eff;
 }
 
 double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k) {

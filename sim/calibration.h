@@ -41,6 +41,13 @@ struct Calibration {
   // FP8 GEMMs: efficiency relative to the BF16 curve, at the FP8 peak.
   double fp8_gemm_relative_eff = 0.83;
   std::vector<std::string> fp8_gemm_measured_gpus;  // GPUs fp8_gemm_relative_eff was measured on (others: a warning)
+  // Dense FP8 GEMMs: per GPU name, the FP8 efficiency (of the FP8 peak) over the BF16
+  // one (of the BF16 peak), both measured on that GPU; a GPU without an entry takes
+  // fp8_gemm_relative_eff (under a warning, sim/predict.cpp). Grouped GEMMs keep
+  // fp8_gemm_relative_eff (its measurement is a grouped GEMM's).
+  std::map<std::string, double> fp8_dense_relative_eff;
+  // Block-scaled FP8 GEMM kernels (MXFP8, blockwise) over per-tensor FP8 ones, same shapes.
+  double fp8_block_scaled_relative_eff = 1.0;
   // Grouped expert GEMM: one measured anchor (the six-GEMM expert MLP of the
   // hero); the grouped factor (anchor eff / dense eff at the anchor shape) is
   // derived at load time and applied to every other grouped shape.
@@ -162,6 +169,9 @@ const Calibration& default_calibration();
 
 // Efficiencies, 0..1 of the GPU's dense BF16 peak.
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);  // at 8192^3
+// Dense FP8 GEMM efficiency relative to the BF16 curve on this GPU (its measured entry,
+// else gemm.fp8_relative_efficiency); `measured` says which.
+double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured = nullptr);
 // The shape curve from a known peak efficiency (no name lookup: the fast path).
 double gemm_efficiency_at(const Calibration& c, double peak_eff, double m, double n, double k);
 double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k);

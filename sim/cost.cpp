@@ -162,6 +162,73 @@ double model_flops_per_token(const OpTable& t, int64_t seq) {
   return 3.0 * (t.marin_nonattention_flops_per_token + attn);
 }
 
+// FP8 quantization (Transformer Engine's quantizers, transformer_engine/common/recipe
+// and the cast / cast-transpose kernels). A GEMM's BF16 operand is read and written as
+// FP8 row-wise for the GEMM that reads it and column-wise for the weight-gradient GEMM,
+// which contracts over the other dimension. Per-tensor FP8 on a GPU whose FP8 GEMMs
+// take only the TN layout (Hopper) writes that second copy as a transpose; Blackwell
+// reads one copy in either layout (TE's is_non_tn_fp8_gemm_supported, sm_100+), while
+// block scales (MXFP8, blockwise) differ by direction and always need both. Per element:
+//   delayed:   one pass (scale from the amax history): read 2 B, write 1 B (+ 1 B TN-only)
+//   current:   an amax pass (read 2 B), then the cast: read 2 B, write 1 B (+ 1 B TN-only)
+//   mxfp8:     one pass: read 2 B, write 1 + 1 B and an E8M0 scale per 32 elements each
+//   blockwise: one pass: read 2 B, write 1 + 1 B and an fp32 scale per 128 elements each
+// Checked against TE's GEMM profiling guide (docs/examples/gemm_profiling, benchmark_gemm.py,
+// hidden 4096 / intermediate 16384 / 15,872 tokens, every GEMM input quantized per call):
+// autocast minus pre-quantized time on a B300 is 2.335 ms per layer for FP8 current
+// scaling and 1.823 ms for MXFP8, over 2.48e9 quantized elements at 8 TB/s x 0.7 =
+// 5.3 and 4.1 B per element; on an H200 NVL, 3.50 ms = 4.7 B per element (current).
+double fp8_quantize_bytes_per_elem(Fp8Recipe r, bool tn_only) {
+  const double transposed = tn_only ? 1.0 : 0.0;
+  switch (r) {
+    case Fp8Recipe::kCurrent: return 2.0 + 2.0 + 1.0 + transposed;
+    case Fp8Recipe::kMxfp8: return 2.0 + 2.0 + 2.0 * 1.0 / 32.0;
+    case Fp8Recipe::kBlockwise: return 2.0 + 2.0 + 2.0 * 4.0 / 128.0;
+    case Fp8Recipe::kDelayed: return 2.0 + 1.0 + transposed;
+  }
+  return 4.0;
+}
+
+Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
+  Fp8QuantizeTime q;
+  if (ctx.fp8_peak_flops_per_s <= 0) return q;
+  double rows = 0;
+  if (e.cls == OpClass::kGemm) {
+    if (!ctx.fp8_linear || e.kind == models::OpKind::kLmHead) return q;
+    rows = ctx.tokens * e.rows_per_token;
+  } else if (e.cls == OpClass::kGroupedGemm) {
+    if (!ctx.fp8_linear && !ctx.fp8_experts) return q;
+    rows = ctx.expert_rows;
+  } else {
+    return q;
+  }
+  // Operands per row, by the op's matrices (k in, n out): one linear reads x (k) and gets
+  // dy (n); two chained matrices (k -> n -> k) read x and h, get dy of each; a gated MLP
+  // (w1|w3 fused, then w2) reads x and h, gets dy (k) and d[h1|h3] (2n). Under tensor
+  // parallelism each GPU quantizes 1/tp of every operand: its sequence shard of the
+  // replicated-width ones (TE quantizes before the sequence-parallel all-gather and
+  // gathers FP8) and its own columns of the split ones.
+  const double k = e.gemm_k / ctx.tp, n = std::max(1.0, e.gemm_n / ctx.tp);
+  const double fwd_elems = e.gemm_count == 1 ? k : k + n;
+  const double bwd_elems = e.gemm_count == 1 ? n : e.gemm_count == 3 ? k + 2.0 * n : k + n;
+  // FP4 tensor cores mark a Blackwell-class GPU in the topology: FP8 GEMMs in any layout.
+  const bool tn_only = !(ctx.gpu != nullptr && ctx.gpu->peak_fp4_flops_per_s > 0);
+  const double per_elem = fp8_quantize_bytes_per_elem(ctx.fp8_recipe, tn_only);
+  const double passes = ctx.fp8_recipe == Fp8Recipe::kCurrent ? 2.0 : 1.0;  // kernels per quantized tensor
+  const double tensors_fwd = e.gemm_count == 1 ? 1.0 : 2.0;
+  const double tensors_bwd = e.gemm_count == 1 ? 1.0 : 2.0;
+  const double bw = ctx.hbm_bw_bytes_per_s * ctx.cal->mem_eff_elementwise;
+  q.fwd_bytes = rows * fwd_elems * per_elem;
+  q.bwd_bytes = rows * bwd_elems * per_elem;
+  q.fwd_s = q.fwd_bytes / bw + tensors_fwd * passes * ctx.cal->launch_overhead_s;
+  q.bwd_s = q.bwd_bytes / bw + tensors_bwd * passes * ctx.cal->launch_overhead_s;
+  return q;
+}
+
+double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r) {
+  return r == Fp8Recipe::kMxfp8 || r == Fp8Recipe::kBlockwise ? cal.fp8_block_scaled_relative_eff : 1.0;
+}
+
 namespace {
 
 double mem_eff(const Calibration& cal, OpClass c) {
@@ -234,14 +301,17 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       // FP8 for the block's linear layers; the LM head stays in BF16 (as Transformer Engine recipes keep it).
       const bool fp8 = ctx.fp8_linear && ctx.fp8_peak_flops_per_s > 0 && e.kind != models::OpKind::kLmHead;
       const double peak = fp8 ? ctx.fp8_peak_flops_per_s : peak_bf16;
-      if (fp8) eff *= cal.fp8_gemm_relative_eff;
-      const double bytes = (e.in_elems + e.out_elems) * ctx.tokens * 2.0 + e.param_elems * 2.0 / ctx.tp;
+      if (fp8) eff *= ctx.fp8_dense_rel_eff * fp8_block_scaled_factor(cal, ctx.fp8_recipe);
+      // An FP8 GEMM reads its operands as FP8 (1 B: the quantized copies) and writes BF16.
+      const double operand_bytes = fp8 ? 1.0 : 2.0;
+      const double bytes = (e.in_elems * operand_bytes + e.out_elems * 2.0) * ctx.tokens + e.param_elems * operand_bytes / ctx.tp;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       const double kernels = e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
+      const Fp8QuantizeTime q = fp8_quantize(e, ctx);
       t.fwd_flops = flops + e.ew_flops_per_token * tokens;
       t.bwd_flops = 2.0 * t.fwd_flops;
-      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch;
-      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s;
+      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s;
       return t;
     }
     case OpClass::kGroupedGemm: {
@@ -252,15 +322,18 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const bool fp8 = (ctx.fp8_experts || ctx.fp8_linear) && ctx.fp8_peak_flops_per_s > 0;
       const double peak = fp8 ? ctx.fp8_peak_flops_per_s : peak_bf16;
       if (fp8) eff *= cal.fp8_gemm_relative_eff;
-      const double bytes = rows * (2.0 * e.gemm_k + 3.0 * n) * 2.0 + ctx.local_experts * e.gemm_count * e.gemm_k * n * 2.0;
+      const double operand_bytes = fp8 ? 1.0 : 2.0;  // FP8 operands (as for dense GEMMs)
+      const double bytes = rows * (2.0 * e.gemm_k * operand_bytes + 3.0 * n * 2.0) +
+                           ctx.local_experts * e.gemm_count * e.gemm_k * n * operand_bytes;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       // One grouped launch per matrix, plus the SwiGLU elementwise kernel.
       const double kernels = e.gemm_count + 1.0;
       const double ew = e.ew_flops_per_token / e.rows_per_token * rows;
+      const Fp8QuantizeTime q = fp8_quantize(e, ctx);
       t.fwd_flops = flops + ew;
       t.bwd_flops = 2.0 * t.fwd_flops;
-      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch;
-      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s;
+      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s;
       return t;
     }
     case OpClass::kAttention: {

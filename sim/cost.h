@@ -24,6 +24,7 @@
 
 #include "models/layer_graph.h"
 #include "sim/calibration.h"
+#include "sim/layout.h"
 #include "topologies/topology.h"
 
 namespace rackstep::sim {
@@ -101,12 +102,35 @@ struct PriceContext {
   double peak_flops_per_s = 0;
   double hbm_bw_bytes_per_s = 0;
   double gemm_peak_eff = 0.7;       // gemm_peak_efficiency(cal, gpu), looked up once
+  // Dense FP8 GEMMs: efficiency over the BF16 curve on this GPU (fp8_dense_relative_efficiency,
+  // looked up once; the grouped GEMMs keep cal.fp8_gemm_relative_eff), and the scaling
+  // recipe, whose quantization passes each FP8 GEMM's operands cost (fp8_quantize).
+  double fp8_dense_rel_eff = 0.83;
+  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;
+
   // FP8 GEMMs (Layout::fp8): the FP8 peak, for block GEMMs (not the LM head) and/or
-  // the expert grouped GEMMs; 0 = BF16. Efficiency there: the BF16 curve × cal.fp8_gemm_relative_eff.
+  // the expert grouped GEMMs; 0 = BF16. Efficiency there: the BF16 curve × fp8_dense_rel_eff (dense) or cal.fp8_gemm_relative_eff (grouped).
   double fp8_peak_flops_per_s = 0;
   bool fp8_linear = false, fp8_experts = false;
   double op_issue_s = 0;            // host_op_issue_s(cal, gpu): an eager trainer's host time per framework call
 };
+
+// The memory-bound passes that turn one FP8 GEMM op's BF16 inputs into FP8 for one
+// micro-batch on this GPU (forward: the activations each matrix reads; backward: the
+// output gradients, for dgrad and wgrad), priced at HBM bandwidth. 0 when the op is
+// not an FP8 GEMM under ctx. Weights are cast once per step and reused across its
+// micro-batches (Transformer Engine's is_first_microbatch weight cache): not charged.
+struct Fp8QuantizeTime {
+  double fwd_s = 0, bwd_s = 0;
+  double fwd_bytes = 0, bwd_bytes = 0;
+};
+Fp8QuantizeTime fp8_quantize(const OpEntry& op, const PriceContext& ctx);
+// HBM bytes per quantized element of a recipe (BF16 read, FP8 written, scales);
+// `tn_only`: the GPU's FP8 GEMMs take only the TN layout (a transposed copy is written).
+double fp8_quantize_bytes_per_elem(Fp8Recipe r, bool tn_only);
+// Block-scaled FP8 GEMM kernels (mxfp8, blockwise) against per-tensor FP8 ones:
+// cal.fp8_block_scaled_relative_eff, 1 for the per-tensor recipes.
+double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r);
 
 struct OpTime {
   double fwd_s = 0, bwd_s = 0;

@@ -261,6 +261,11 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.uneven_stages = r.boolean("uneven_stages", false);
   const std::string fp8 = r.choice("fp8", {"none", "experts", "linear"}, "none");
   l.fp8 = fp8 == "linear" ? Fp8Gemms::kLinear : fp8 == "experts" ? Fp8Gemms::kExperts : Fp8Gemms::kNone;
+  const std::string recipe = r.choice("fp8_recipe", {"delayed", "current", "mxfp8", "blockwise"}, "delayed");
+  l.fp8_recipe = recipe == "current"   ? Fp8Recipe::kCurrent
+                 : recipe == "mxfp8"   ? Fp8Recipe::kMxfp8
+                 : recipe == "blockwise" ? Fp8Recipe::kBlockwise
+                                         : Fp8Recipe::kDelayed;
   l.tp_comm_overlap = r.number("tp_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_dispatcher = r.choice("ep_dispatcher", {"all_to_all", "flex"}, "all_to_all") == "flex" ? EpDispatcher::kFlex
@@ -278,6 +283,16 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
                         std::to_string(expert_mesh));
   }
   return l;
+}
+
+const char* fp8_recipe_name(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::kCurrent: return "current";
+    case Fp8Recipe::kMxfp8: return "mxfp8";
+    case Fp8Recipe::kBlockwise: return "blockwise";
+    case Fp8Recipe::kDelayed: return "delayed";
+  }
+  return "delayed";
 }
 
 double Layout::stage_layers(int64_t layers) const {
@@ -320,6 +335,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.keep_gathered_weights) j["keep_gathered_weights"] = true;
   if (l.uneven_stages) j["uneven_stages"] = true;
   if (l.fp8 != Fp8Gemms::kNone) j["fp8"] = l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts";
+  if (l.fp8 != Fp8Gemms::kNone) j["fp8_recipe"] = fp8_recipe_name(l.fp8_recipe);
   if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   if (l.ep_dispatcher == EpDispatcher::kFlex) j["ep_dispatcher"] = "flex";
@@ -338,7 +354,9 @@ std::string describe(const Layout& l) {
   if (l.fsdp > 1 && l.zero_stage != 3) s << " | zero " << l.zero_stage;
   if (l.keep_gathered_weights) s << " | keep gathered";
   if (l.uneven_stages) s << " | uneven stages";
-  if (l.fp8 != Fp8Gemms::kNone) s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts");
+  if (l.fp8 != Fp8Gemms::kNone) {
+    s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts") << " " << fp8_recipe_name(l.fp8_recipe);
+  }
   if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << transport_name(l.ep_transport);

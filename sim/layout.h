@@ -72,6 +72,15 @@ enum class Fp8Gemms { kNone, kExperts, kLinear };
 //               (token, destination domain) forwarded over NVLink there: DeepEP /
 //               HybridEP behind Megatron-Core's MoEFlexTokenDispatcher.
 enum class EpDispatcher { kAllToAll, kFlex };
+// How FP8 GEMM inputs are scaled (Transformer Engine recipes): each sets the memory-bound
+// quantization passes before the GEMMs (sim/cost.cpp, fp8_quantize). Delayed is the
+// default: Megatron-LM's --fp8-recipe and Transformer Engine's fp8_autocast default.
+//   delayed:   per-tensor scale from the amax history of earlier steps; one cast pass
+//   current:   per-tensor scale from this tensor's amax (FP8-CS): an amax pass, then the cast
+//   mxfp8:     1x32 block scales (Blackwell MXFP8): one pass, rowwise + columnwise copies
+//   blockwise: 1x128 / 128x128 block scales (DeepSeek-V3 style): one pass, both copies
+enum class Fp8Recipe { kDelayed, kCurrent, kMxfp8, kBlockwise };
+const char* fp8_recipe_name(Fp8Recipe r);
 
 struct Layout {
   std::string name;
@@ -106,6 +115,7 @@ struct Layout {
   bool keep_gathered_weights = false;  // ZeRO-3: gather once per step, not per micro-batch
   bool uneven_stages = false;    // pp need not divide the layers: the first stages take one more
   Fp8Gemms fp8 = Fp8Gemms::kNone;  // linear: every block GEMM (experts included); experts: grouped GEMMs only
+  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // scaling of the FP8 GEMM inputs (read only with fp8)
   double tp_comm_overlap = -1;   // share of TP collectives hidden (this run's setting); < 0 = the stack's
   double ep_comm_overlap = -1;   // share of ragged EP all-to-all hidden; < 0 = none (exposed)
   EpDispatcher ep_dispatcher = EpDispatcher::kAllToAll;  // what the EP all-to-all sends (above)

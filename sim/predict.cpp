@@ -217,6 +217,8 @@ class StepModel {
     ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
     ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
     ctx_.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+    ctx_.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
+    ctx_.fp8_recipe = l.fp8_recipe;
     ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
@@ -889,9 +891,19 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   p.hfu = hw_flops / (p.step_time_s * gpu.peak_bf16_flops_per_s);
   p.memory = estimate_memory(table_, cluster_, l, cal_, s);
   p.warnings = warnings_;
+  // FP8 without a measurement on this GPU: dense GEMMs (fp8 linear) want a
+  // gemm.fp8_dense_relative_efficiency entry, grouped ones (any fp8 on an MoE) fp8_measured_gpus.
   const auto& measured = cal_.fp8_gemm_measured_gpus;
-  if (l.fp8 != Fp8Gemms::kNone && std::find(measured.begin(), measured.end(), gpu.name) == measured.end()) {
-    p.warnings.push_back("FP8 GEMMs on '" + gpu.name + "' priced at gemm.fp8_relative_efficiency " +
+  bool dense_measured = false;
+  fp8_dense_relative_efficiency(cal_, gpu, &dense_measured);
+  const bool grouped_unmeasured = table_.experts > 0 && std::find(measured.begin(), measured.end(), gpu.name) == measured.end();
+  if (l.fp8 == Fp8Gemms::kLinear && !dense_measured) {
+    p.warnings.push_back("dense FP8 GEMMs on '" + gpu.name + "' priced at gemm.fp8_relative_efficiency " +
+                         std::to_string(cal_.fp8_gemm_relative_eff) + " of " + cal_.file +
+                         ", measured on another GPU (an assumption here); add this GPU to gemm.fp8_dense_relative_efficiency with a measurement");
+  }
+  if (l.fp8 != Fp8Gemms::kNone && grouped_unmeasured) {
+    p.warnings.push_back("FP8 grouped GEMMs on '" + gpu.name + "' priced at gemm.fp8_relative_efficiency " +
                          std::to_string(cal_.fp8_gemm_relative_eff) + " of " + cal_.file +
                          ", measured on another GPU (an assumption here); add this GPU to gemm.fp8_measured_gpus with a measurement");
   }

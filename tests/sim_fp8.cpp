@@ -1,0 +1,141 @@
+// FP8 recipes as mechanisms (issue 13): the quantization passes each recipe adds in
+// front of the FP8 GEMMs (sim/cost.cpp fp8_quantize), the per-GPU dense FP8 GEMM
+// efficiency, block-scaled kernels, and the layout's fp8_recipe field.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "sim/base/check.h"
+#include "sim/base/source_dir.h"
+#include "sim/cost.h"
+#include "sim/predict.h"
+
+using namespace rackstep;
+using namespace rackstep::sim;
+
+namespace {
+
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
+
+// The fused SwiGLU MLP of a block (gemm_count 3) and the LM head of a model's op table.
+const OpEntry& find_op(const OpTable& t, models::OpKind kind) {
+  for (const auto& c : t.classes) {
+    for (const auto& e : c.ops) {
+      if (e.kind == kind) return e;
+    }
+  }
+  for (const auto& e : t.head) {
+    if (e.kind == kind) return e;
+  }
+  RS_CHECK(false, "the model has this op kind");
+  return t.head.front();
+}
+
+PriceContext fp8_context(const topologies::GpuSpec& gpu, const Calibration& cal, Fp8Recipe recipe) {
+  PriceContext ctx;
+  ctx.gpu = &gpu;
+  ctx.cal = &cal;
+  ctx.tokens = 16384;
+  ctx.seq = 8192;
+  ctx.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
+  ctx.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
+  ctx.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+  ctx.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
+  ctx.fp8_linear = true;
+  ctx.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
+  ctx.fp8_recipe = recipe;
+  return ctx;
+}
+
+}  // namespace
+
+TEST_CASE("FP8 recipes: bytes per quantized element follow the passes each recipe makes", "[fp8]") {
+  // Per-tensor current scaling reads the tensor twice (amax, then the cast).
+  CHECK(fp8_quantize_bytes_per_elem(Fp8Recipe::kCurrent, false) == Approx(5.0));
+  CHECK(fp8_quantize_bytes_per_elem(Fp8Recipe::kDelayed, false) == Approx(3.0));
+  // A TN-only GPU (Hopper) needs a transposed copy of per-tensor FP8 operands...
+  CHECK(fp8_quantize_bytes_per_elem(Fp8Recipe::kCurrent, true) == Approx(6.0));
+  CHECK(fp8_quantize_bytes_per_elem(Fp8Recipe::kDelayed, true) == Approx(4.0));
+  // ...block-scaled formats always write both directions, whatever the GPU.
+  CHECK(fp8_quantize_bytes_per_elem(Fp8Recipe::kMxfp8, true) == fp8_quantize_bytes_per_elem(Fp8Recipe::kMxfp8, false));
+  CHECK(fp8_quantize_bytes_per_elem(Fp8Recipe::kMxfp8, false) == Approx(4.0 + 2.0 / 32.0));
+  CHECK(fp8_quantize_bytes_per_elem(Fp8Recipe::kBlockwise, false) == Approx(4.0 + 8.0 / 128.0));
+}
+
+TEST_CASE("FP8 quantization is priced on the GEMM operands of FP8 GEMMs only", "[fp8]") {
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const auto sys = topologies::load_system(src("topologies/zoo/gb200-nvl72.json"));
+  const Calibration& cal = default_calibration();
+  const PriceContext ctx = fp8_context(sys.gpu, cal, Fp8Recipe::kCurrent);
+
+  // The gated MLP reads x (k) and h (n) forward, gets dy (k) and d[h1|h3] (2n) backward.
+  const OpEntry& mlp = find_op(t, models::OpKind::kSharedMlp);
+  REQUIRE(mlp.gemm_count == 3);
+  const Fp8QuantizeTime q = fp8_quantize(mlp, ctx);
+  const double per_elem = fp8_quantize_bytes_per_elem(Fp8Recipe::kCurrent, false);  // GB200: any layout
+  CHECK(q.fwd_bytes == Approx(ctx.tokens * (mlp.gemm_k + mlp.gemm_n) * per_elem));
+  CHECK(q.bwd_bytes == Approx(ctx.tokens * (mlp.gemm_k + 2.0 * mlp.gemm_n) * per_elem));
+  CHECK(q.fwd_s > q.fwd_bytes / ctx.hbm_bw_bytes_per_s);  // at a fraction of HBM bandwidth, plus launches
+
+  // The LM head stays BF16; attention has no FP8 operands; BF16 layouts pay nothing.
+  CHECK(fp8_quantize(find_op(t, models::OpKind::kLmHead), ctx).fwd_s == 0.0);
+  CHECK(fp8_quantize(find_op(t, models::OpKind::kAttention), ctx).bwd_s == 0.0);
+  PriceContext bf16 = ctx;
+  bf16.fp8_linear = false;
+  CHECK(fp8_quantize(mlp, bf16).fwd_s == 0.0);
+
+  // The op's price carries the passes on top of the GEMM: with block-scaled kernels as
+  // fast as per-tensor ones, current scaling and MXFP8 differ by their passes alone.
+  Calibration same_kernels = cal;
+  same_kernels.fp8_block_scaled_relative_eff = 1.0;
+  const PriceContext cur = fp8_context(sys.gpu, same_kernels, Fp8Recipe::kCurrent);
+  const PriceContext mx = fp8_context(sys.gpu, same_kernels, Fp8Recipe::kMxfp8);
+  CHECK(fp8_quantize(mlp, mx).fwd_bytes < fp8_quantize(mlp, cur).fwd_bytes);
+  CHECK(price_op(mlp, cur).fwd_s - price_op(mlp, mx).fwd_s ==
+        Approx(fp8_quantize(mlp, cur).fwd_s - fp8_quantize(mlp, mx).fwd_s));
+  CHECK(price_op(mlp, cur).bwd_s - price_op(mlp, mx).bwd_s ==
+        Approx(fp8_quantize(mlp, cur).bwd_s - fp8_quantize(mlp, mx).bwd_s));
+}
+
+TEST_CASE("Dense FP8 GEMM efficiency is per GPU where measured, else the one value under a warning", "[fp8]") {
+  const Calibration& cal = default_calibration();
+  topologies::GpuSpec gb200;
+  gb200.name = "GB200";
+  bool measured = false;
+  const double e = fp8_dense_relative_efficiency(cal, gb200, &measured);
+  CHECK(measured);
+  CHECK(e == Approx(cal.fp8_dense_relative_eff.at("GB200")));
+  topologies::GpuSpec other;
+  other.name = "a GPU without an FP8 measurement";
+  CHECK(fp8_dense_relative_efficiency(cal, other, &measured) == Approx(cal.fp8_gemm_relative_eff));
+  CHECK_FALSE(measured);
+  // Block-scaled kernels run below per-tensor ones; per-tensor recipes are the reference.
+  CHECK(fp8_block_scaled_factor(cal, Fp8Recipe::kMxfp8) < 1.0);
+  CHECK(fp8_block_scaled_factor(cal, Fp8Recipe::kCurrent) == 1.0);
+}
+
+TEST_CASE("A layout's fp8_recipe reads, writes back and orders step times", "[fp8][layout]") {
+  nlohmann::json j = {{"tp", 8}, {"zero_stage", 0}, {"tokens_per_step", 65536}, {"recompute", "none"}, {"fp8", "linear"}};
+  CHECK(parse_layout(j, "test").fp8_recipe == Fp8Recipe::kDelayed);  // the stated default
+  j["fp8_recipe"] = "current";
+  const Layout current = parse_layout(j, "test");
+  CHECK(current.fp8_recipe == Fp8Recipe::kCurrent);
+  CHECK(layout_to_json(current).at("fp8_recipe") == "current");
+  CHECK(parse_layout(layout_to_json(current), "test").fp8_recipe == Fp8Recipe::kCurrent);
+  j["fp8_recipe"] = "tensorwise";
+  CHECK_THROWS_AS(parse_layout(j, "test"), UserError);
+
+  // On an H100 (TN-only FP8 GEMMs) current scaling's extra amax pass makes the step slower
+  // than delayed scaling; both are slower than the bare FP8 GEMMs would be.
+  const auto g = models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-70b.json")));
+  const auto c = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1);
+  const Predictor p(g, c, default_calibration());
+  Layout delayed = current;
+  delayed.fp8_recipe = Fp8Recipe::kDelayed;
+  Layout bf16 = current;
+  bf16.fp8 = Fp8Gemms::kNone;
+  const double t_current = p.predict(current).step_time_s;
+  const double t_delayed = p.predict(delayed).step_time_s;
+  CHECK(t_current > t_delayed);
+  CHECK(t_delayed < p.predict(bf16).step_time_s);  // FP8 still pays off at 70B
+}
