@@ -114,6 +114,10 @@ struct Calibration {
   // (optional memory.activation_bytes_factor; 1 on GPUs). The CPU engine keeps
   // every activation and its gradient in fp32: `rackstep calibrate` measures it.
   double activation_bytes_factor = 1.0;
+  // Whether the MoE combine keeps the k expert outputs for the routing-weight
+  // gradient (1: it weights them there, exec/kernels.h moe_combine_backward) or
+  // not (0: the trainer weights rows inside the expert activation, Megatron-Core).
+  double combine_saves_expert_outputs = 1.0;
 
   std::string file;                               // where it was read from
 };

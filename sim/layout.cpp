@@ -198,6 +198,14 @@ const char* recompute_name(models::Recompute r) {
   return "?";
 }
 
+std::vector<std::string> recompute_module_names(uint32_t modules) {
+  std::vector<std::string> names;
+  for (const auto m : models::kAllRecomputeModules) {
+    if (modules & models::recompute_module_bit(m)) names.push_back(models::to_string(m));
+  }
+  return names;
+}
+
 PpSchedule parse_schedule(const std::string& s) {
   if (s == "interleaved_1f1b") return PpSchedule::kInterleaved1F1B;
   if (s == "zero_bubble") return PpSchedule::kZeroBubble;
@@ -227,6 +235,19 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.tokens_per_step = r.integer("tokens_per_step", 0, {.min = 0});
   l.seq_len = r.integer("seq_len", 0, {.min = 0});
   l.recompute = parse_recompute(r.choice("recompute", {"none", "selective", "full"}, "full"));
+  if (r.has("recompute_modules")) {
+    std::vector<std::string> names;
+    for (const auto m : models::kAllRecomputeModules) names.push_back(models::to_string(m));
+    for (const std::string& name : r.string_list("recompute_modules", {})) {
+      const auto it = std::find(names.begin(), names.end(), name);
+      if (it == names.end()) r.fail("recompute_modules", "Megatron-Core module names (core_attn, mla_up_proj, layernorm, mlp, moe_act, moe, shared_experts)", name);
+      l.recompute_modules |= models::recompute_module_bit(models::kAllRecomputeModules[it - names.begin()]);
+    }
+    if (l.recompute_modules != 0 && l.recompute != models::Recompute::kSelective) {
+      r.fail("recompute_modules", "recompute \"selective\" (the modules are what selective recompute replays, as Megatron-Core's recompute_granularity)",
+             std::string("recompute \"") + recompute_name(l.recompute) + "\"");
+    }
+  }
   l.offload_residual = r.boolean("offload_residual", false);
   l.optimizer_state = r.choice("optimizer_state", {"device", "host"}, "device") == "host" ? StatePlacement::kHost
                                                                                           : StatePlacement::kDevice;
@@ -274,6 +295,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.tokens_per_step > 0) j["tokens_per_step"] = l.tokens_per_step;
   if (l.seq_len > 0) j["seq_len"] = l.seq_len;
   j["recompute"] = recompute_name(l.recompute);
+  if (l.recompute_modules != 0) j["recompute_modules"] = recompute_module_names(l.recompute_modules);
   j["offload_residual"] = l.offload_residual;
   j["optimizer_state"] = l.optimizer_state == StatePlacement::kHost ? "host" : "device";
   j["master_dtype"] = l.master_dtype == MasterDtype::kFp32 ? "fp32" : "bf16";
@@ -300,6 +322,11 @@ std::string describe(const Layout& l) {
   s << "data " << l.data << " fsdp " << l.fsdp << " ep " << l.ep << " tp " << l.tp << " pp " << l.pp;
   if (l.pp > 1) s << " (" << to_string(l.schedule) << (l.pp_virtual > 1 ? " v" + std::to_string(l.pp_virtual) : "") << ")";
   s << " cp " << l.cp << " | mb " << l.micro_batch_seqs << " | recompute " << recompute_name(l.recompute);
+  if (l.recompute_modules != 0) {
+    const std::vector<std::string> names = recompute_module_names(l.recompute_modules);
+    for (size_t i = 0; i < names.size(); ++i) s << (i == 0 ? " (" : ", ") << names[i];
+    s << ")";
+  }
   if (l.offload_residual) s << " +offload";
   if (l.fsdp > 1 && l.zero_stage != 3) s << " | zero " << l.zero_stage;
   if (l.keep_gathered_weights) s << " | keep gathered";

@@ -68,6 +68,10 @@ struct Layout {
   int64_t tokens_per_step = 0;   // 0 = the model recipe's batch
   int64_t seq_len = 0;           // 0 = the model's sequence length (long-context runs override)
   models::Recompute recompute = models::Recompute::kFull;
+  // With recompute "selective": Megatron-Core's recompute_modules, the block parts
+  // recomputed instead of saved (bits of models::recompute_module_bit; 0 = the
+  // selective rule of Korthikanti et al.: every op but the GEMMs and attention).
+  uint32_t recompute_modules = 0;
   bool offload_residual = false; // residual carry of each layer kept on host
   StatePlacement optimizer_state = StatePlacement::kDevice;
   MasterDtype master_dtype = MasterDtype::kFp32;

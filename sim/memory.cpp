@@ -7,6 +7,8 @@ namespace rackstep::sim {
 
 namespace {
 
+using models::OpClass;
+
 // Micro-batches whose activations are live on the first stage (see header).
 double in_flight_micro_batches(const Layout& l, double m) {
   if (l.pp <= 1) return 1.0;
@@ -30,6 +32,69 @@ double fp8_saved_elems(const LayerClass& c, const Layout& l) {
     case Fp8Gemms::kLinear: return c.saved_dense_gemm_elems_per_token + c.saved_grouped_gemm_elems_per_token;
   }
   return 0.0;
+}
+
+bool fp8_saved(const OpEntry& e, const Layout& l) {
+  if (e.cls == OpClass::kGemm) return l.fp8 == Fp8Gemms::kLinear;
+  if (e.cls == OpClass::kGroupedGemm) return l.fp8 != Fp8Gemms::kNone;
+  return false;
+}
+
+bool recomputes(const Layout& l, const OpEntry& e, models::RecomputeModule m) {
+  return l.recompute == models::Recompute::kSelective && (l.recompute_modules & models::recompute_module_bit(m)) &&
+         (e.recompute_modules & models::recompute_module_bit(m));
+}
+
+// Activations one layer of class c keeps per token for its backward (bf16
+// elements; an FP8 cast counts half) when nothing is recomputed or only the
+// layout's recompute_modules are (Megatron-Core, megatron/core/transformer/):
+//   moe, mlp, shared_experts  normal checkpoints: only the module's input is kept
+//   core_attn                 the attention kernel keeps q, k, v, not its output
+//   mla_up_proj               multi_latent_attention.py: q, k, v are freed after the
+//                             attention forward (discard_output_and_register_recompute);
+//                             the up-projection's inputs (q and kv latents, RoPE key) are kept
+//   moe_act                   experts.py: the activation's output (fc2's input) is discarded
+//   layernorm                 the pre-norm outputs the next GEMMs save are discarded
+// and the combine keeps the k expert outputs only where the trainer weights them
+// there (cal.combine_saves_expert_outputs).
+double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double d_model) {
+  using models::RecomputeModule;
+  double kept = 0.0;
+  double mla_inputs = 0.0;  // the up-projection checkpoint's inputs
+  bool moe_checkpoint = false;
+  bool mla_up = false;      // the layer has MLA up-projections and the layout recomputes them
+  for (const OpEntry& e : c.ops) mla_up = mla_up || recomputes(l, e, RecomputeModule::kMlaUpProj);
+  for (const OpEntry& e : c.ops) {
+    const double fp8_share = fp8_saved(e, l) ? 0.5 : 1.0;
+    double saved = e.saved_elems - (fp8_saved(e, l) ? 0.5 * saved_gemm_input_elems(e) : 0.0);
+    if (e.kind == models::OpKind::kCombine) saved *= cal.combine_saves_expert_outputs;
+    if (recomputes(l, e, RecomputeModule::kMlaUpProj)) {
+      if (e.kind == models::OpKind::kRmsNorm) mla_inputs += e.in_elems;
+      saved = 0.0;
+    }
+    if (e.kind == models::OpKind::kAttention) {
+      const double qkv = e.heads * e.qk_head_dim + e.kv_heads * (e.qk_head_dim + e.head_dim);
+      const bool up = mla_up;
+      if (up) {
+        mla_inputs += e.qk_head_dim - e.head_dim;  // the RoPE key
+        saved -= qkv;
+      }
+      if (recomputes(l, e, RecomputeModule::kCoreAttn)) saved = up ? 0.0 : qkv;
+    }
+    if (recomputes(l, e, RecomputeModule::kMoe)) {
+      moe_checkpoint = true;
+      saved = 0.0;
+    } else if (recomputes(l, e, RecomputeModule::kMlp) || recomputes(l, e, RecomputeModule::kSharedExperts)) {
+      saved = e.gemm_k;  // the checkpoint's input x
+    }
+    if (recomputes(l, e, RecomputeModule::kMoeAct)) saved -= e.rows_per_token * e.gemm_n * fp8_share;
+    if (e.saves_norm_output && l.recompute == models::Recompute::kSelective &&
+        (l.recompute_modules & models::recompute_module_bit(RecomputeModule::kLayernorm)) && !fp8_saved(e, l)) {
+      saved -= std::min(saved, e.gemm_k);
+    }
+    kept += std::max(0.0, saved);
+  }
+  return kept + mla_inputs + (moe_checkpoint ? d_model : 0.0);
 }
 
 double muon_expert_params(const LayerClass& c) {
@@ -127,11 +192,12 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
 
   // Activations of one layer for one micro-batch (bf16 elements; an FP8 one counts
   // half), by class, worst class.
-  double saved_layer = 0.0, saved_gemm_layer = 0.0;
+  double saved_layer = 0.0, saved_gemm_layer = 0.0, kept_layer = 0.0;
   for (const auto& lc : t.classes) {
     const double fp8_half = 0.5 * fp8_saved_elems(lc, l);
     saved_layer = std::max(saved_layer, lc.saved_elems_per_token - fp8_half);
     saved_gemm_layer = std::max(saved_gemm_layer, lc.saved_gemm_elems_per_token - fp8_half);
+    kept_layer = std::max(kept_layer, kept_saved_elems(lc, l, cal, static_cast<double>(t.d_model)));
   }
   // Sequence parallelism splits activations over tp; the routed rows are per GPU.
   const double tok = s.tokens_mb / tp;
@@ -140,8 +206,10 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const double carry_bytes = static_cast<double>(t.d_model) * tok * act_bytes;
   const double live_layers = s.layers_per_stage * s.in_flight;
   switch (l.recompute) {
-    case models::Recompute::kNone: m.activations = live_layers * layer_bytes; break;
-    case models::Recompute::kSelective: m.activations = live_layers * saved_gemm_layer * tok * act_bytes; break;
+    case models::Recompute::kNone: m.activations = live_layers * kept_layer * tok * act_bytes; break;
+    case models::Recompute::kSelective:
+      m.activations = live_layers * (l.recompute_modules != 0 ? kept_layer : saved_gemm_layer) * tok * act_bytes;
+      break;
     case models::Recompute::kFull:
       m.activations = layer_bytes + (l.offload_residual ? 2.0 * carry_bytes : live_layers * carry_bytes);
       if (l.offload_residual) m.host_activations = live_layers * carry_bytes;

@@ -43,6 +43,8 @@ struct StackSupport {
   bool coordinated_gc = true;
   bool fp8_gemms = true;         // FP8 GEMMs (Layout::fp8)
   bool bf16_gradients = true;    // bf16 gradient buffers under an fp32 master (Layout::grad_dtype)
+  // Module-level recompute (Layout::recompute_modules): Megatron-Core's; none unless the stack names them.
+  std::vector<models::RecomputeModule> recompute_modules{};
 };
 
 struct Stack {
