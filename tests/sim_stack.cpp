@@ -162,7 +162,8 @@ TEST_CASE("device memory is the driver-visible bytes, not marketed GB", "[stack]
   CHECK(h100.gpu.hbm_bytes == 81559.0 * 1024 * 1024);
   CHECK(h100.gpu.hbm_bytes > 80e9);
   for (const char* f : {"topologies/zoo/gb200-nvl72.json", "topologies/zoo/hgx-h200.json",
-                        "topologies/zoo/dgx-a100-80gb.json"}) {
+                        "topologies/zoo/dgx-a100-80gb.json", "topologies/zoo/dgx-b200.json",
+                        "topologies/zoo/gb300-nvl72.json"}) {
     const auto s = topologies::load_system(src(f));
     CHECK(s.gpu.hbm_bytes <= s.gpu.hbm_physical_bytes);
     CHECK(s.gpu.hbm_bytes > 0.95 * s.gpu.hbm_physical_bytes);
