@@ -165,11 +165,18 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   // A bf16 master with whole weights on every GPU is those weights (no separate copy).
   const bool whole_weights = l.zero_stage < 3 || l.keep_gathered_weights;
   const bool bf16_master = l.master_dtype == MasterDtype::kBf16;
+  // Context-parallel ranks hold the same parameters: a trainer whose sharded
+  // optimizer spans them (cal.zero_shards_over_cp) splits the ZeRO-1/2 states
+  // over data x cp, not only over the fsdp ranks.
+  const double cp_split = cal.zero_shards_over_cp > 0 && l.cp > 1 && l.fsdp == l.data && l.fsdp > 1 &&
+                                  (l.zero_stage == 1 || l.zero_stage == 2)
+                              ? static_cast<double>(l.cp)
+                              : 1.0;
   m.master_weights = whole_weights && bf16_master && l.zero_stage < 3 ? s.weights_whole_local * 2.0
-                                                                       : s.params_local * s.master_bytes;
-  m.gradients = s.grads_local * s.grad_bytes;
+                                                                       : s.params_local * s.master_bytes / cp_split;
+  m.gradients = s.grads_local * s.grad_bytes / (l.zero_stage == 2 ? cp_split : 1.0);
   const double muon_local = s.muon_dense_local + s.muon_expert_local;
-  const double states = s.adam_local * 8.0 + muon_local * 4.0;  // fp32 m, v / momentum
+  const double states = (s.adam_local * 8.0 + muon_local * 4.0) / cp_split;  // fp32 m, v / momentum
   if (l.optimizer_state == StatePlacement::kHost) {
     m.host_optimizer = states;
   } else {

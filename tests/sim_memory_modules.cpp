@@ -158,3 +158,18 @@ TEST_CASE("only a stack that has module recompute runs it", "[stack][recompute_m
   CHECK_FALSE(refuses_modules(bridge()));
   CHECK(refuses_modules(load_stack(stack_path("marin-july-2026"))));
 }
+
+TEST_CASE("Megatron-Core's distributed optimizer shards over data x context-parallel ranks", "[memory]") {
+  // megatron/core/optimizer/__init__.py builds it on intra_dp_cp_group: CP ranks
+  // hold the same parameters, so the fp32 master and Adam states split over them too.
+  Layout l = dsv3_layout();
+  const MemoryBreakdown cp1 = mem(l);
+  l.cp = 2;
+  const MemoryBreakdown cp2 = mem(l);
+  CHECK(cp2.master_weights == Approx(cp1.master_weights / 2));
+  CHECK(cp2.optimizer_states == Approx(cp1.optimizer_states / 2));
+  CHECK(cp2.gradients == Approx(cp1.gradients));  // ZeRO-1: whole bf16 gradient buffer
+  // A trainer that shards over the fsdp ranks only (the default calibration) does not.
+  CHECK(default_calibration().zero_shards_over_cp == 0.0);
+  CHECK(mem(l, default_calibration()).master_weights == Approx(mem(dsv3_layout(), default_calibration()).master_weights));
+}
