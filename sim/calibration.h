@@ -122,6 +122,10 @@ struct Calibration {
   // Megatron-Core's distributed optimizer uses the intra_dp_cp group) or over
   // the fsdp ranks only (0).
   double zero_shards_over_cp = 0.0;
+  // GPUs whose FP8 GEMMs take either operand layout (Transformer Engine's
+  // is_non_tn_fp8_gemm_supported: sm_100 and later), so an FP8 weight is one byte
+  // per element; elsewhere it also keeps an FP8 transpose (two bytes).
+  std::vector<std::string> fp8_non_tn_gpus;
 
   std::string file;                               // where it was read from
 };

@@ -266,6 +266,10 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.uneven_stages = r.boolean("uneven_stages", false);
   const std::string fp8 = r.choice("fp8", {"none", "experts", "linear"}, "none");
   l.fp8 = fp8 == "linear" ? Fp8Gemms::kLinear : fp8 == "experts" ? Fp8Gemms::kExperts : Fp8Gemms::kNone;
+  l.fp8_params = r.boolean("fp8_params", false);
+  if (l.fp8_params && l.fp8 == Fp8Gemms::kNone) {
+    r.fail("fp8_params", "fp8 \"linear\" or \"experts\" (FP8 weights are those of FP8 GEMMs)", "fp8 \"none\"");
+  }
   l.tp_comm_overlap = r.number("tp_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
   r.finish();
@@ -312,6 +316,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.keep_gathered_weights) j["keep_gathered_weights"] = true;
   if (l.uneven_stages) j["uneven_stages"] = true;
   if (l.fp8 != Fp8Gemms::kNone) j["fp8"] = l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts";
+  if (l.fp8_params) j["fp8_params"] = true;
   if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   return j;
@@ -332,6 +337,7 @@ std::string describe(const Layout& l) {
   if (l.keep_gathered_weights) s << " | keep gathered";
   if (l.uneven_stages) s << " | uneven stages";
   if (l.fp8 != Fp8Gemms::kNone) s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts");
+  if (l.fp8_params) s << " (fp8 params)";
   if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << transport_name(l.ep_transport);

@@ -72,6 +72,9 @@ struct Layout {
   // recomputed instead of saved (bits of models::recompute_module_bit; 0 = the
   // selective rule of Korthikanti et al.: every op but the GEMMs and attention).
   uint32_t recompute_modules = 0;
+  // With FP8 GEMMs: their weights kept as FP8 tensors, not bf16 (Megatron-Core's
+  // fp8_param_gather, Transformer Engine's fp8_model_init).
+  bool fp8_params = false;
   bool offload_residual = false; // residual carry of each layer kept on host
   StatePlacement optimizer_state = StatePlacement::kDevice;
   MasterDtype master_dtype = MasterDtype::kFp32;

@@ -97,6 +97,22 @@ double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration&
   return kept + mla_inputs + (moe_checkpoint ? d_model : 0.0);
 }
 
+// Bytes the FP8 GEMM weights of the stage save when kept as FP8 tensors
+// (Layout::fp8_params) instead of bf16: one byte per element where the GPU runs
+// FP8 GEMMs in any operand layout (cal.fp8_non_tn_gpus), none elsewhere (the FP8
+// data plus its FP8 transpose are two bytes). The FP8 GEMMs' weights are the
+// block parameters (fp8 linear; norms and router, a negligible share, counted
+// with them) and the routed experts (linear or experts).
+double fp8_weight_savings(const OpTable& t, const topologies::Cluster& c, const Layout& l, const Calibration& cal,
+                          const LayoutShape& s) {
+  const auto& gpus = cal.fp8_non_tn_gpus;
+  if (std::find(gpus.begin(), gpus.end(), c.system.gpu.name) == gpus.end()) return 0.0;
+  const double tp = static_cast<double>(l.tp);
+  const double dense = l.fp8 == Fp8Gemms::kLinear ? s.dense_stage_params / tp : 0.0;
+  const double experts = t.experts > 0 ? s.expert_stage_params / (static_cast<double>(l.ep) * tp) : 0.0;
+  return (dense + experts) * 1.0;  // 2 bytes -> 1 byte per element
+}
+
 double muon_expert_params(const LayerClass& c) {
   double n = 0.0;
   for (const auto& mtx : c.muon_matrices) {
@@ -191,6 +207,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
   if (whole_weights) {
     m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
+    if (m.working_weights > 0 && l.fp8_params) m.working_weights -= fp8_weight_savings(t, c, l, cal, s);
   } else {
     m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
                         (s.expert_zero > 1.0 || l.master_dtype == MasterDtype::kFp32 ? expert_layer_local * 2.0 : 0.0) +

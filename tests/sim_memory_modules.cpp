@@ -173,3 +173,31 @@ TEST_CASE("Megatron-Core's distributed optimizer shards over data x context-para
   CHECK(default_calibration().zero_shards_over_cp == 0.0);
   CHECK(mem(l, default_calibration()).master_weights == Approx(mem(dsv3_layout(), default_calibration()).master_weights));
 }
+
+TEST_CASE("FP8 parameters: one byte per FP8 GEMM weight where FP8 GEMMs take any layout", "[memory][fp8_params]") {
+  // Transformer Engine keeps an FP8 transpose of an FP8 weight only where FP8 GEMMs
+  // need the TN layout (Hopper): on Blackwell (GB200) the FP8 weights are 1 byte.
+  Layout l = dsv3_layout();
+  l.fp8 = Fp8Gemms::kLinear;
+  const MemoryBreakdown bf16 = mem(l);
+  l.fp8_params = true;
+  const MemoryBreakdown fp8 = mem(l);
+  const Predictor& p = dsv3();
+  const LayoutShape s = layout_shape(p.table(), p.cluster(), l);
+  // Every block parameter (attention, dense and shared MLPs, router, norms) and the local experts.
+  CHECK(bf16.working_weights - fp8.working_weights == Approx(s.dense_stage_params + s.expert_stage_params / 64.0));
+  CHECK(fp8.master_weights == Approx(bf16.master_weights));
+  CHECK(fp8.gradients == Approx(bf16.gradients));
+  // Not on a GPU the calibration does not list (H100: data + transpose, 2 bytes).
+  Calibration hopper = p.calibration();
+  hopper.fp8_non_tn_gpus = {"H100-SXM"};
+  CHECK(mem(l, hopper).working_weights == Approx(bf16.working_weights));
+  // The layout says it only with FP8 GEMMs; JSON round-trips it.
+  nlohmann::json j = layout_to_json(l);
+  CHECK(j.at("fp8_params") == true);
+  CHECK(parse_layout(j, "t.json").fp8_params);
+  j["fp8"] = "none";
+  CHECK_THROWS_AS(parse_layout(j, "t.json"), UserError);
+  CHECK(stack_runs(l, bridge()));
+  CHECK_FALSE(stack_runs(l, load_stack(stack_path("marin-july-2026"))));
+}
