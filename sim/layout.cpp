@@ -267,6 +267,10 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   const std::string fp8 = r.choice("fp8", {"none", "experts", "linear"}, "none");
   l.fp8 = fp8 == "linear" ? Fp8Gemms::kLinear : fp8 == "experts" ? Fp8Gemms::kExperts : Fp8Gemms::kNone;
   l.fp8_params = r.boolean("fp8_params", false);
+  l.edges_in_pipeline_split = r.boolean("edges_in_pipeline_split", false);
+  if (l.edges_in_pipeline_split && l.pp < 2) {
+    r.fail("edges_in_pipeline_split", "pp of 2 or more (the split of layers over pipeline stages)", "pp " + std::to_string(l.pp));
+  }
   if (l.fp8_params && l.fp8 == Fp8Gemms::kNone) {
     r.fail("fp8_params", "fp8 \"linear\" or \"experts\" (FP8 weights are those of FP8 GEMMs)", "fp8 \"none\"");
   }
@@ -317,6 +321,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.uneven_stages) j["uneven_stages"] = true;
   if (l.fp8 != Fp8Gemms::kNone) j["fp8"] = l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts";
   if (l.fp8_params) j["fp8_params"] = true;
+  if (l.edges_in_pipeline_split) j["edges_in_pipeline_split"] = true;
   if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   return j;
@@ -336,6 +341,7 @@ std::string describe(const Layout& l) {
   if (l.fsdp > 1 && l.zero_stage != 3) s << " | zero " << l.zero_stage;
   if (l.keep_gathered_weights) s << " | keep gathered";
   if (l.uneven_stages) s << " | uneven stages";
+  if (l.edges_in_pipeline_split) s << " (embedding, loss as layers)";
   if (l.fp8 != Fp8Gemms::kNone) s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts");
   if (l.fp8_params) s << " (fp8 params)";
   if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");

@@ -75,6 +75,11 @@ struct Layout {
   // With FP8 GEMMs: their weights kept as FP8 tensors, not bf16 (Megatron-Core's
   // fp8_param_gather, Transformer Engine's fp8_model_init).
   bool fp8_params = false;
+  // The embedding and the loss each take a layer's slot when the pipeline splits
+  // layers (Megatron-Core account_for_embedding_in_pipeline_split and
+  // account_for_loss_in_pipeline_split): a middle stage holds the most layers,
+  // the first and last one layer fewer beside the embedding and the head.
+  bool edges_in_pipeline_split = false;
   bool offload_residual = false; // residual carry of each layer kept on host
   StatePlacement optimizer_state = StatePlacement::kDevice;
   MasterDtype master_dtype = MasterDtype::kFp32;

@@ -22,6 +22,38 @@ double in_flight_micro_batches(const Layout& l, double m) {
   return std::min(m, p);
 }
 
+// Layers per virtual pipeline chunk when the embedding and the loss take a layer's
+// slot each: (layers + 2) over pp x v chunks (Megatron-Core's
+// account_for_embedding/loss_in_pipeline_split; it asserts the division is exact).
+double split_chunk_layers(const Layout& l, int64_t layers) {
+  const double chunks = static_cast<double>(l.pp * l.pp_virtual);
+  return std::ceil((static_cast<double>(layers) + 2.0) / chunks);
+}
+
+// In-flight micro-batches (in units of a middle stage's layers) of the heaviest
+// rank when the first chunk holds the embedding and one layer fewer. Megatron-Core's
+// interleaved schedule (pipeline_parallel/schedules.py) runs rank r's warm-up of
+// 2 (pp - r - 1) + (v - 1) pp chunk forwards, in groups of pp micro-batches per
+// chunk, so at its peak rank r holds warm-up + 1 chunks: rank 0 keeps 2 pp - 1 of
+// them on its (c - 1)-layer first chunk, rank 1 is the first rank with full chunks.
+// 1F1B (v = 1): rank r holds pp - r micro-batches.
+double edge_split_in_flight(const Layout& l, int64_t layers, double m) {
+  const double p = static_cast<double>(l.pp), v = static_cast<double>(l.pp_virtual);
+  const double c = split_chunk_layers(l, layers);
+  const double stage = v * c;
+  double live = 0.0;  // layer x micro-batch activations of the heaviest rank
+  if (l.schedule == PpSchedule::kInterleaved1F1B && l.pp_virtual > 1) {
+    const double rank0 = c * (v * p + p - 1.0) - (2.0 * p - 1.0);
+    const double rank1 = c * (v * p + p - 3.0);
+    live = std::max(rank0, rank1);
+  } else if (l.schedule == PpSchedule::k1F1B) {
+    live = std::max(p * (c - 1.0), (p - 1.0) * c);
+  } else {
+    return in_flight_micro_batches(l, m);
+  }
+  return std::min(m, live / stage);
+}
+
 // Saved GEMM inputs held as FP8 casts (1 byte, not bf16's 2): with FP8 GEMMs,
 // Transformer Engine saves the FP8 copy of each input that the weight gradient
 // reads (te.Linear / GroupedLinear save the quantized input), not the bf16 one.
@@ -143,8 +175,12 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.expert_shard = expert_split * tp;
   const double pp = static_cast<double>(l.pp);
   s.layers_per_stage = l.stage_layers(t.layers);
+  if (l.edges_in_pipeline_split && l.pp > 1) {
+    s.layers_per_stage = static_cast<double>(l.pp_virtual) * split_chunk_layers(l, t.layers);
+  }
   s.stage_scale = t.layers > 0 ? s.layers_per_stage * pp / static_cast<double>(t.layers) : 1.0;
-  s.in_flight = in_flight_micro_batches(l, s.micro_batches);
+  s.in_flight = l.edges_in_pipeline_split && l.pp > 1 ? edge_split_in_flight(l, t.layers, s.micro_batches)
+                                                     : in_flight_micro_batches(l, s.micro_batches);
   s.master_bytes = l.master_dtype == MasterDtype::kFp32 ? 4.0 : 2.0;
   s.grad_bytes = l.grad_dtype == GradDtype::kAsMaster ? s.master_bytes : l.grad_dtype == GradDtype::kFp32 ? 4.0 : 2.0;
   for (const auto& lc : t.classes) {
@@ -156,6 +192,12 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   const bool replicate = l.replicate_embedding;
   const double emb_sharded = replicate ? 0.0 : t.embedding_params;
   s.edge_params = l.pp > 1 ? std::max(emb_sharded, t.head_params) : emb_sharded + t.head_params;
+  if (l.edges_in_pipeline_split && l.pp > 1) {
+    // The edge stages hold one layer fewer than a middle stage: the heaviest stage
+    // carries the edge only by what it outweighs a layer (parameters before sharding).
+    const double layer_params = (s.dense_stage_params + s.expert_stage_params) / std::max(1.0, s.layers_per_stage);
+    s.edge_params = std::max(0.0, s.edge_params - layer_params);
+  }
   s.replicated_params = replicate ? t.embedding_params : 0.0;
   double muon_expert = 0.0;
   for (const auto& lc : t.classes) {

@@ -103,6 +103,7 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
   f.fp8_gemms = flag(sup, "fp8_gemms", f.fp8_gemms);
   f.bf16_gradients = flag(sup, "bf16_gradients", f.bf16_gradients);
   f.fp8_params = flag(sup, "fp8_params", f.fp8_params);
+  f.edges_in_pipeline_split = flag(sup, "edges_in_pipeline_split", f.edges_in_pipeline_split);
   {
     std::vector<std::pair<std::string, models::RecomputeModule>> names;
     for (const auto m : models::kAllRecomputeModules) names.emplace_back(models::to_string(m), m);
@@ -158,6 +159,7 @@ std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
   if (l.coordinated_gc && !f.coordinated_gc) no("coordinated GC");
   if (l.fp8 != Fp8Gemms::kNone && !f.fp8_gemms) no("FP8 GEMMs");
   if (l.fp8_params && !f.fp8_params) no("FP8 parameters");
+  if (l.edges_in_pipeline_split && !f.edges_in_pipeline_split) no("a pipeline split that counts the embedding and loss as layers");
   if (l.grad_dtype == GradDtype::kBf16 && l.master_dtype == MasterDtype::kFp32 && !f.bf16_gradients) {
     no("bf16 gradient buffers under an fp32 master");
   }

@@ -46,6 +46,7 @@ struct StackSupport {
   // Module-level recompute (Layout::recompute_modules): Megatron-Core's; none unless the stack names them.
   std::vector<models::RecomputeModule> recompute_modules{};
   bool fp8_params = false;       // FP8 GEMM weights kept as FP8 (Layout::fp8_params)
+  bool edges_in_pipeline_split = false;  // Layout::edges_in_pipeline_split
 };
 
 struct Stack {

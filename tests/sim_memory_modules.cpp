@@ -201,3 +201,32 @@ TEST_CASE("FP8 parameters: one byte per FP8 GEMM weight where FP8 GEMMs take any
   CHECK(stack_runs(l, bridge()));
   CHECK_FALSE(stack_runs(l, load_stack(stack_path("marin-july-2026"))));
 }
+
+TEST_CASE("embedding and loss as pipeline layers: the heaviest rank and its in-flight layers", "[memory][pipeline]") {
+  // DeepSeek-V3's 61 layers + embedding + loss = 63 slots over pp 4 x v 4 chunks:
+  // 4 layers a chunk, the first chunk 3 + the embedding. Megatron-Core's interleaved
+  // warm-up: rank 0 peaks at 2(4-1) + 3x4 + 1 = 19 chunks, 7 of them on its 3-layer
+  // chunk: 7x3 + 12x4 = 69 layer micro-batches; rank 1 at 17 chunks x 4 = 68. Without
+  // the split rule: 16 layers x (4 + 3/4) = 76.
+  Layout l = dsv3_layout();
+  const MemoryBreakdown plain = mem(l);
+  l.edges_in_pipeline_split = true;
+  const MemoryBreakdown split = mem(l);
+  const Predictor& p = dsv3();
+  const LayoutShape s = layout_shape(p.table(), p.cluster(), l);
+  CHECK(s.layers_per_stage == 16.0);
+  CHECK(s.in_flight * s.layers_per_stage == Approx(69.0));
+  CHECK(split.activations / plain.activations == Approx(69.0 / 76.0));
+  CHECK(s.edge_params == 0.0);  // a middle stage (16 MoE layers) outweighs the embedding stage
+  // 1F1B (v = 1): 16 layers a stage; rank 0 holds 4 x 15, rank 1 3 x 16.
+  l.pp_virtual = 1;
+  l.schedule = PpSchedule::k1F1B;
+  const LayoutShape s1 = layout_shape(p.table(), p.cluster(), l);
+  CHECK(s1.in_flight * s1.layers_per_stage == Approx(60.0));
+  // It needs a pipeline; only a stack that splits this way runs it.
+  nlohmann::json j = layout_to_json(l);
+  CHECK(j.at("edges_in_pipeline_split") == true);
+  j["pp"] = 1;
+  CHECK_THROWS_AS(parse_layout(j, "t.json"), UserError);
+  CHECK(stack_runs(l, bridge()));
+}
