@@ -18,12 +18,18 @@
 // Memory: every pointer in an OpCall is in the backend's memory (host memory
 // for the CPU, device memory for CUDA). The driver allocates every buffer with
 // allocate(), moves batches in and results out with copy_to_backend() /
-// copy_to_host(), and keeps the parameter and gradient arenas on the host
-// (the optimizer, checkpoints and MPI run there): for a backend whose memory
-// is not the host's (uses_host_memory() false) it copies the parameters in at
-// every forward and the gradients out at the end of every backward, and the
-// routing state (expert ids, offsets, drops, QB histogram and bias) across
-// where it decides on the host.
+// copy_to_host(), and the routing state (expert ids, offsets, drops, QB
+// histogram and bias) across where it decides on the host. For a backend
+// whose memory is not the host's (uses_host_memory() false) the parameter and
+// gradient arenas live in its memory and the host arenas are copies the driver
+// keeps coherent lazily (exec/model.h): parameters go in only after the host
+// changed them, gradients come out only when the host reads them.
+//
+// Residency: a backend that can run the optimizer in its own memory returns
+// one from make_optimizer() (exec/cuda: Adam, AdamH, Muon, MuonH on the GPU);
+// the trainer then steps the resident arenas and the host sees parameters and
+// optimizer state only for checkpoints, dumps and logs. nullptr (the default)
+// = the optimizer runs on the host arenas (the CPU backend: they are its own).
 //
 // Bindings per OpKind (in[], out[], saved[] widths are per token; N = B*T rows):
 //   kEmbedding     tokens -> out0 (d);                        w0 table (V, d) [, w1 positions (P, d), read at pos]
@@ -69,6 +75,8 @@
 #include <string>
 #include <vector>
 
+#include "exec/arena.h"
+#include "exec/optim.h"
 #include "models/layer_graph.h"
 
 namespace rackstep::exec {
@@ -141,6 +149,27 @@ struct OpCall {
   bool training = true;              // kRouter: add this step's logits to routing->hist
 };
 
+// The optimizer of exec/optim.h in a backend's memory, over arenas of one
+// layout (the parameters' and gradients', exec/arena.h) that the backend holds.
+// Same update, same schedule, same state as exec::Optimizer: the host
+// OptimizerState is its checkpoint form (load_state after init or a resume,
+// save_state before a checkpoint).
+//
+//   auto opt = backend.make_optimizer(config, params.layout_ptr());   // nullptr: host optimizer
+//   opt->load_state(state);                                           // moments, ||W0||, step
+//   GroupNorms n = opt->grad_norms(model.backend_grads());
+//   opt->step(model.backend_params(), model.backend_grads(), state.step++);
+class BackendOptimizer {
+ public:
+  virtual ~BackendOptimizer() = default;
+  virtual void load_state(const OptimizerState& host) = 0;  // the step count stays the caller's
+  virtual void save_state(OptimizerState& host) = 0;        // moments and ||W0|| into host's arenas
+  // Frobenius norm per optimizer group of a gradient arena in backend memory.
+  virtual GroupNorms grad_norms(const float* grads) = 0;
+  // Update number `step` (0-based, the schedule's) of every tensor, in place.
+  virtual void step(float* params, const float* grads, int64_t step) = 0;
+};
+
 // Scalars an op's forward returns to the driver's loss bookkeeping.
 struct OpResult {
   double ce = 0, z_loss = 0;  // kCrossEntropy
@@ -161,6 +190,19 @@ class Backend {
   virtual bool uses_host_memory() const = 0;
   // Wait for queued work (a profiler timestamp, a host read).
   virtual void synchronize() = 0;
+  // Arithmetic of the heavy ops: "fp32" (every backend; the parity mode) or
+  // "bf16" (GEMM operands rounded to bf16, fp32 accumulation and outputs, fp32
+  // master weights, gradients and optimizer: exec/cuda). "" when this backend
+  // now computes so, else the precisions it has, in words ("fp32, the cpu backend's only precision").
+  virtual std::string set_precision(const std::string& precision) {
+    return precision == "fp32" ? "" : "fp32, the " + name() + " backend's only precision";
+  }
+  // The optimizer in this backend's memory over arenas of `layout`, or nullptr
+  // (the host runs exec::Optimizer on the host arenas). The backend outlives it.
+  virtual std::unique_ptr<BackendOptimizer> make_optimizer(const OptimizerConfig& /*config*/,
+                                                           std::shared_ptr<const ArenaLayout> /*layout*/) {
+    return nullptr;
+  }
 
   // --- the op set -----------------------------------------------------------
   virtual OpResult forward(const OpCall& c) = 0;

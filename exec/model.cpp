@@ -298,6 +298,7 @@ void Model::init_params(uint64_t seed) {
       }
     }
   }
+  if (!backend_->uses_host_memory()) params_fresh_ = Fresh::kHost;  // every tensor written: the host is newer
   for (MoeState& s : moe_) {
     std::fill(s.bias.begin(), s.bias.end(), 0.0f);
     std::fill(s.hist.begin(), s.hist.end(), 0);
@@ -308,18 +309,65 @@ void Model::init_params(uint64_t seed) {
 }
 
 void Model::zero_grads() {
-  grads_.zero();
-  if (!backend_->uses_host_memory()) backend_->fill_zero(grad_dev_, grads_.total_floats());
+  if (backend_->uses_host_memory()) {
+    grads_.zero();
+    return;
+  }
+  backend_->fill_zero(grad_dev_, grads_.total_floats());
+  grads_fresh_ = Fresh::kBackend;
 }
 
-void Model::push_params() {
-  if (backend_->uses_host_memory()) return;
-  backend_->copy_to_backend(param_dev_, params_.data(), params_.bytes());
+// --- the arenas' two copies (a backend outside host memory) ------------------------
+
+void Model::host_current(Arena& host, const float* dev, Fresh& fresh) const {
+  if (fresh != Fresh::kBackend) return;
+  backend_->copy_to_host(host.data(), dev, host.bytes());
+  arena_copy_bytes_ += host.bytes();
+  fresh = Fresh::kBoth;
 }
 
-void Model::pull_grads() {
-  if (backend_->uses_host_memory()) return;
-  backend_->copy_to_host(grads_.data(), grad_dev_, grads_.bytes());
+void Model::backend_current(const Arena& host, float* dev, Fresh& fresh) {
+  if (fresh != Fresh::kHost) return;
+  backend_->copy_to_backend(dev, host.data(), host.bytes());
+  arena_copy_bytes_ += host.bytes();
+  fresh = Fresh::kBoth;
+}
+
+Arena& Model::params() {
+  if (backend_->uses_host_memory()) return params_;
+  host_current(params_, param_dev_, params_fresh_);
+  params_fresh_ = Fresh::kHost;
+  return params_;
+}
+
+const Arena& Model::params() const {
+  host_current(params_, param_dev_, params_fresh_);
+  return params_;
+}
+
+Arena& Model::grads() {
+  if (backend_->uses_host_memory()) return grads_;
+  host_current(grads_, grad_dev_, grads_fresh_);
+  grads_fresh_ = Fresh::kHost;
+  return grads_;
+}
+
+const Arena& Model::grads() const {
+  host_current(grads_, grad_dev_, grads_fresh_);
+  return grads_;
+}
+
+float* Model::backend_params() {
+  if (backend_->uses_host_memory()) return params_.data();
+  backend_current(params_, param_dev_, params_fresh_);
+  params_fresh_ = Fresh::kBackend;
+  return param_dev_;
+}
+
+const float* Model::backend_grads() {
+  if (backend_->uses_host_memory()) return grads_.data();
+  backend_current(grads_, grad_dev_, grads_fresh_);
+  return grad_dev_;
 }
 
 template <typename T>
@@ -551,7 +599,7 @@ LossResult Model::forward(const int32_t* inputs, const int32_t* targets, const i
 
 void Model::load_batch(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids) {
   const size_t bytes = static_cast<size_t>(N_) * sizeof(int32_t);
-  push_params();
+  if (!backend_->uses_host_memory()) backend_current(params_, param_dev_, params_fresh_);
   backend_->copy_to_backend(tokens_, inputs, bytes);
   backend_->copy_to_backend(targets_, targets, bytes);
   has_doc_ = doc_ids != nullptr;
@@ -655,6 +703,8 @@ void Model::forward_op(size_t i) {
 // --- backward ----------------------------------------------------------------------
 
 void Model::backward() {
+  const bool host_memory = backend_->uses_host_memory();
+  if (!host_memory) backend_current(grads_, grad_dev_, grads_fresh_);  // "+=" onto what the host holds
   for (size_t i = graph_.ops.size(); i-- > 0;) {
     if (!timer_) {
       backward_op(i);
@@ -665,7 +715,7 @@ void Model::backward() {
     backend_->synchronize();
     timer_(i, 1, t0, std::chrono::steady_clock::now());
   }
-  pull_grads();
+  if (!host_memory) grads_fresh_ = Fresh::kBackend;
 }
 
 void Model::backward_op(size_t i) {
@@ -737,7 +787,6 @@ std::string Model::find_nonfinite_backward() {
     if (culprit.empty() && !op_grads_finite(i)) culprit = graph_.ops[i].name + " (backward)";
     if (!culprit.empty() && !experts_) break;
   }
-  pull_grads();
   return culprit;
 }
 

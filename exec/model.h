@@ -39,10 +39,15 @@
 // rope_fraction of each (hd + rope_dim) q/k head, as the layer graph prices it;
 // attention runs at the q/k head dim with v zero-padded.
 //
-// A backend whose memory is not the host's (exec/backend.h) gets the
-// parameters copied in at every forward and the gradients copied out at the
-// end of every backward: the optimizer, checkpoints and MPI read the host
-// arenas.
+// A backend whose memory is not the host's (exec/backend.h) holds the
+// parameter and gradient arenas; the host arenas are copies kept coherent
+// lazily. params() / grads() on a non-const Model return the host copy
+// current and mark it as the one the caller may change (the next forward or
+// backward copies it in); through a const Model they only read. A forward
+// copies the parameters in only when the host changed them (init, a
+// checkpoint load, a host optimizer step); a backward leaves the gradients in
+// the backend. An optimizer in the backend's memory (Backend::make_optimizer)
+// works on backend_params() / backend_grads() and no copy happens per step.
 //
 // Data parallelism splits the global batch's means into per-rank shares that
 // add up, losses and gradients alike: cross-entropy over the global target
@@ -138,10 +143,21 @@ class Model {
   int64_t seq() const { return T_; }
   int64_t tokens() const { return N_; }
 
-  Arena& params() { return params_; }
-  const Arena& params() const { return params_; }
-  Arena& grads() { return grads_; }
-  const Arena& grads() const { return grads_; }
+  // The host arenas, current on return (one copy out of the backend at most).
+  // Non-const: the caller may write them, so the backend's copy is refreshed
+  // before its next use.
+  Arena& params();
+  const Arena& params() const;
+  Arena& grads();
+  const Arena& grads() const;
+  // The arenas in the backend's memory (the host's for a host-memory backend),
+  // current on return, for an optimizer that runs there: after writing
+  // through backend_params() the host copy is stale until params() reads it.
+  float* backend_params();    // (params().total_floats())
+  const float* backend_grads();  // (grads().total_floats())
+  // Bytes copied between host and backend arenas so far (parameters in,
+  // gradients and parameters out): what residency saves, for tests and reports.
+  size_t arena_copy_bytes() const { return arena_copy_bytes_; }
   size_t activation_bytes() const { return 2 * act_floats_ * sizeof(float); }  // values + gradients
 
   // Normal(0, init_std_scale / sqrt(d)) for every matrix (embedding and LM
@@ -274,8 +290,10 @@ class Model {
   void decide_drops(MoeState& m, const float* weights);  // weights: (N, k) in backend memory
   double aux_loss(MoeState& m, size_t i);                  // op i: the layer's kTopK
   ExpertLayer expert_layer(const OpPlan& p);  // the kExpertMlp op's layer for the expert backend
-  void push_params();  // host arenas -> a backend's own memory
-  void pull_grads();
+  // Which copy of an arena holds its latest values (a host-memory backend has one copy: kBoth).
+  enum class Fresh : uint8_t { kBoth, kHost, kBackend };
+  void host_current(Arena& host, const float* dev, Fresh& fresh) const;  // copy out if the backend is newer
+  void backend_current(const Arena& host, float* dev, Fresh& fresh);      // copy in if the host is newer
   template <typename T>
   const T* host_view(const T* p, int64_t n, std::vector<T>& copy) const;
 
@@ -285,7 +303,10 @@ class Model {
   models::LayerGraph graph_;
   int64_t B_ = 0, T_ = 0, N_ = 0;
   std::unique_ptr<Backend> backend_;
-  Arena params_, grads_;
+  // Host arenas; for a backend outside host memory, copies that const readers refresh.
+  mutable Arena params_, grads_;
+  mutable Fresh params_fresh_ = Fresh::kBoth, grads_fresh_ = Fresh::kBoth;
+  mutable size_t arena_copy_bytes_ = 0;
   std::vector<Slot> slots_;
   std::vector<OpPlan> plan_;
   std::vector<MoeState> moe_;

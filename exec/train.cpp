@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <utility>
 
 #include "exec/backend.h"
 #include "exec/dump.h"
@@ -130,6 +131,9 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
   // UserError for what this backend cannot run
   model_ = std::make_unique<Model>(graph_, end_seq - first_seq, seq, make_backend(o_.backend));
+  if (const std::string why = model_->backend().set_precision(o_.precision); !why.empty()) {
+    throw ValueError("train", "precision", why, o_.precision);
+  }
   if (distributed()) {  // router losses: each rank's share of the global batch's
     model_->set_router_loss_share(global_batch_ * seq, [this](int64_t* counts, int n) { comm_->allreduce_sum(counts, n); });
   }
@@ -208,6 +212,10 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
     if (!existing.empty()) {
       throw UserError(o_.out_dir, "", "an empty run directory (or resume from it)", "checkpoint " + existing);
     }
+  }
+  if (!distributed()) {  // the backend's own optimizer, where it has one, from the state just set up or resumed
+    backend_opt_ = model_->backend().make_optimizer(cfg, std::as_const(*model_).params().layout_ptr());
+    if (backend_opt_) backend_opt_->load_state(opt_state_);
   }
   started_at_ = opt_state_.step;
   peak_flops_ = measure_sgemm_flops_per_s(1024, 0.2);  // exec/kernels.h: best of timed sgemms
@@ -292,6 +300,24 @@ void Trainer::reduce_and_step(GroupNorms& norms, int64_t step_no) {
   comm_->allgatherv(shard_params_.data(), model_->params().data(), counts);
 }
 
+void Trainer::check_and_step(GroupNorms& gn, int64_t step_no, Clock::time_point& t_opt) {
+  gn = backend_opt_ ? backend_opt_->grad_norms(model_->backend_grads()) : group_norms(model_->grads());
+  for (int g = 0; g < 4; ++g) {
+    if (std::isfinite(gn.by_group[g])) continue;
+    const std::string op = model_->find_nonfinite_backward();
+    throw NonFiniteError("train: step " + std::to_string(step_no) + ": " + to_string(static_cast<OptGroup>(g)) +
+                         " gradient norm is not finite; first op with a non-finite gradient: " +
+                         (op.empty() ? "none found" : op));
+  }
+  t_opt = Clock::now();
+  if (!backend_opt_) {
+    optimizer_->step(model_->params(), model_->grads(), opt_state_);
+    return;
+  }
+  // Resident: parameters, gradients and moments stay in the backend's memory.
+  backend_opt_->step(model_->backend_params(), model_->backend_grads(), opt_state_.step);
+  ++opt_state_.step;
+}
 
 void Trainer::write_run_json() const {
   std::error_code ec;
@@ -449,16 +475,7 @@ StepLog Trainer::step() {
   if (distributed()) {
     reduce_and_step(gn, step_no);  // checks the norms itself
   } else {
-    gn = group_norms(model_->grads());
-    for (int g = 0; g < 4; ++g) {
-      if (std::isfinite(gn.by_group[g])) continue;
-      const std::string op = model_->find_nonfinite_backward();
-      throw NonFiniteError("train: step " + std::to_string(step_no) + ": " + to_string(static_cast<OptGroup>(g)) +
-                           " gradient norm is not finite; first op with a non-finite gradient: " +
-                           (op.empty() ? "none found" : op));
-    }
-    t_opt = Clock::now();
-    optimizer_->step(model_->params(), model_->grads(), opt_state_);
+    check_and_step(gn, step_no, t_opt);
   }
   model_->update_balancing();
   const auto t1 = Clock::now();
@@ -517,6 +534,7 @@ std::string Trainer::save_checkpoint() {
     if (gathered) gathered->step = opt_state_.step;
     state = gathered.get();
   }
+  if (backend_opt_) backend_opt_->save_state(opt_state_);
   CheckpointMeta meta;
   meta.step = opt_state_.step;
   meta.rng_state = to_bytes(&o_.seed, sizeof o_.seed);
@@ -525,7 +543,7 @@ std::string Trainer::save_checkpoint() {
   meta.qb_state = to_bytes(qb.data(), qb.size() * sizeof(float));
   meta.identity = identity_.dump();
   const std::string path = (fs::path(o_.out_dir) / checkpoint_name(opt_state_.step)).string();
-  if (is_root()) exec::save_checkpoint(path, model_->params(), *state, meta);
+  if (is_root()) exec::save_checkpoint(path, std::as_const(*model_).params(), *state, meta);  // reads: stays resident
   if (comm_) comm_->barrier();  // the file exists for every rank once this returns
   return path;
 }

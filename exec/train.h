@@ -69,6 +69,7 @@ struct TrainOptions {
   std::string data_dir;
   std::string out_dir;          // "" = no run directory: no log, checkpoints or profile
   std::string backend = "cpu";  // where the ops run: a name of exec/backend.h's registry ("cpu", "cuda")
+  std::string precision = "fp32";  // the heavy ops' arithmetic (Backend::set_precision): fp32, or bf16 on cuda
   int64_t steps = 0;            // schedule length; 0 = the model recipe's steps
   int64_t stop_after = 0;       // end this invocation after this many steps (schedule unchanged); 0 = at `steps`
   int64_t batch = 0;            // sequences per step; 0 = the recipe's batch_seqs
@@ -166,6 +167,8 @@ class Trainer {
   static int64_t target_count(const Batch& b);
   void setup_shards();
   void reduce_and_step(GroupNorms& norms, int64_t step_no);  // DP: reduce-scatter, owner step, all-gather
+  // One process: the group norms (NonFiniteError naming the op when one is not finite), then the update.
+  void check_and_step(GroupNorms& norms, int64_t step_no, std::chrono::steady_clock::time_point& t_opt);
 
   const Comm* comm_ = nullptr;
   int64_t global_batch_ = 0;
@@ -179,7 +182,10 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<TokenLoader> train_, eval_;
   std::unique_ptr<Optimizer> optimizer_;
-  OptimizerState opt_state_;
+  OptimizerState opt_state_;   // with backend_opt_: its checkpoint form, current after save_checkpoint
+  // The optimizer in the backend's memory (exec/backend.h), one process only;
+  // nullptr = optimizer_ on the host arenas. Declared after model_: it goes first.
+  std::unique_ptr<BackendOptimizer> backend_opt_;
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<RoutingTraceRecorder> trace_train_, trace_eval_;
   int64_t total_steps_ = 0;

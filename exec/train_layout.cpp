@@ -24,6 +24,8 @@ TrainLayout train_layout(const sim::Layout& l, const std::string& file, const mo
   must_be_one("/cp", l.cp, "rackstep train has no context parallelism");
   must_be_one("/pp", l.pp, "rackstep train has no pipeline parallelism");
   must_be_one("/pp_virtual", l.pp_virtual, "rackstep train has no pipeline parallelism");
+  // A folded expert mesh (sim/layout.h) needs expert tensor parallelism; with tp = 1 that is etp > 1.
+  must_be_one("/etp", l.expert_tp(), "rackstep train has no expert tensor parallelism: its EP groups are data ranks");
   if (l.master_dtype != sim::MasterDtype::kFp32) {
     throw UserError(file, "/master_dtype", "\"fp32\" (the CPU engine trains in fp32)", "\"bf16\"");
   }

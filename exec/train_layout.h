@@ -6,7 +6,8 @@
 // batch is split into as virtual GPUs), ep with its transport and capacity
 // settings (the EP dispatch: experts and top-k always come from the model's
 // layer graph), the batch (tokens_per_step / seq_len / micro_batch_seqs) and
-// master_dtype. What it cannot run (tensor, context or pipeline parallelism, a
+// master_dtype. What it cannot run (tensor, context or pipeline parallelism,
+// expert tensor parallelism and so MoE parallel folding (etp, sim/layout.h), a
 // bf16 master copy, gradient accumulation) is a UserError naming the field.
 // Fields that only place memory (fsdp, recompute, offloads, optimizer-state
 // placement, an embedding replica) leave the math unchanged; they are listed

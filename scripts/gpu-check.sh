@@ -2,12 +2,17 @@
 # The GPU check, in one call on the GPU machine (issue 11). Builds what it
 # needs for the device at hand, then runs, each step under its own time limit
 # and none able to stop the others:
-#   1. test_cuda: every CUDA kernel against the CPU kernel (fp32 ≤ 1e-4 relative, bf16 within bf16 rounding);
+#   1. test_cuda: every CUDA kernel against the CPU kernel (fp32 ≤ 1e-4 relative, bf16 within bf16 rounding),
+#      the resident optimizer ([resident]: three steps on the device vs the CPU's, no arena copy per step)
+#      and the bf16 mode ([bf16]: the cast bit for bit, GEMMs of rounded operands, tiny-moe vs fp32);
 #   2. the backend parity harness on the CUDA backend (test_parity_cuda: tests/exec_parity.cpp, when it exists);
 #   3. `rackstep train --backend cuda` on tiny-moe against the CPU backend's loss curve
-#      (same seed, data and steps; the per-step relative difference of the loss);
-#   4. forward + backward of the medium zoo MoE (marin-ladder-d768, 1.6 B total) on the GPU,
-#      per step and per op kind (bench/cuda/model_step.cpp; the host optimizer is left out);
+#      (same seed, data and steps; the per-step relative difference of the loss; the GPU run is
+#      resident: parameters, gradients and optimizer on the device), and `--precision bf16`
+#      against that fp32 GPU curve;
+#   4. a training step (forward, backward, resident optimizer) of the medium zoo MoE
+#      (marin-ladder-d768, 1.6 B total) on the GPU, per step and per op kind, fp32 then bf16
+#      (bench/cuda/model_step.cpp; arena bytes copied per step: 0 when resident);
 #   5. the kernel timings (bench/cuda/kernels_timing.cpp) against the ceilings measured there;
 #   6. `rackstep calibrate --backend cuda` when calibrate takes --backend.
 # and prints one JSON report, also written to $OUT/gpu-check.json (with up to 7 logs beside it).
@@ -120,6 +125,9 @@ backend_flag="--backend cuda"
 if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
   json_step tiny_cpu 150 "$rs" train $tiny --threads "$jobs" --out "$out/tiny_cpu" --json
   json_step tiny_cuda 120 "$rs" train $tiny $backend_flag --threads "$jobs" --out "$out/tiny_cuda" --json
+  # The bf16 mode (the cpu backend refuses it: a dry run records the refusal).
+  json_step tiny_cuda_bf16 120 "$rs" train $tiny $backend_flag --precision bf16 --threads "$jobs" \
+    --out "$out/tiny_cuda_bf16" --json
 else
   printf 'tiny_cuda\tskipped\t0\n' >>"$steps_file"
 fi
@@ -127,6 +135,8 @@ fi
 if [ "$have_gpu" = 1 ] && [ -x "$build/bench/cuda_model_step" ]; then
   json_step medium_cuda 150 "$build/bench/cuda_model_step" --model models/zoo/marin-ladder-d768.json \
     --batch 2 --seq 1024 --steps 3
+  json_step medium_cuda_bf16 120 "$build/bench/cuda_model_step" --model models/zoo/marin-ladder-d768.json \
+    --batch 2 --seq 1024 --steps 2 --precision bf16
 fi
 
 # 5. Kernel timings.
@@ -155,6 +165,20 @@ def junit(path):
         return r
     except Exception as e:
         return {"parse_error": str(e)}
+def cases(path, word):
+    # The test cases of a junit file whose name holds `word`: passed / failed / skipped, seconds.
+    if not os.path.exists(path): return {"not_run": "no " + os.path.basename(path) + " (skipped without a device, or not built)"}
+    try:
+        root = ET.parse(path).getroot()
+        r = []
+        for c in root.iter("testcase"):
+            if word not in (c.get("name") or ""): continue
+            failed = c.find("failure") is not None or c.find("error") is not None
+            r.append({"name": c.get("name"), "status": "failed" if failed else
+                      ("skipped" if c.find("skipped") is not None else "passed"), "s": float(c.get("time", 0))})
+        return r
+    except Exception as e:
+        return {"parse_error": str(e)}
 def losses(path):
     try: return [s["loss"] for s in json.load(open(path))["steps"]]
     except Exception as e: return None
@@ -171,12 +195,18 @@ report = {
     "steps": steps,
     "test_cuda": junit(os.path.join(out, "test_cuda.xml")),
 }
+report["resident"] = cases(os.path.join(out, "test_cuda.xml"), "resident")
+report["bf16"] = cases(os.path.join(out, "test_cuda.xml"), "bf16")
 if os.path.exists(os.path.join(out, "parity.xml")):
     report["parity"] = junit(os.path.join(out, "parity.xml"))
 cpu, gpu = losses(os.path.join(out, "tiny_cpu.json")), losses(os.path.join(out, "tiny_cuda.json"))
 if cpu and gpu and len(cpu) == len(gpu):
     rel = [abs(g - c) / abs(c) for c, g in zip(cpu, gpu)]
     report["tiny_moe_loss"] = {"cpu": cpu, "cuda": gpu, "max_rel_diff": max(rel), "last_rel_diff": rel[-1]}
+b16 = losses(os.path.join(out, "tiny_cuda_bf16.json"))
+if gpu and b16 and len(gpu) == len(b16):
+    rel = [abs(b - g) / abs(g) for g, b in zip(gpu, b16)]
+    report["tiny_moe_bf16_loss"] = {"cuda_fp32": gpu, "cuda_bf16": b16, "max_rel_diff": max(rel)}
 try:
     s = json.load(open(os.path.join(out, "tiny_cuda.json")))["steps"][-1]
     # mfu here is against the CPU's sgemm rate (exec/train.cpp): the medium step below has the GPU's.
@@ -187,6 +217,12 @@ try:
     j = json.load(open(os.path.join(out, "medium_cuda.json")))
     j["ops"] = j.get("ops", [])[:12]  # the largest op kinds
     report["medium_moe_step"] = j
+except Exception:
+    pass
+try:
+    j = json.load(open(os.path.join(out, "medium_cuda_bf16.json")))
+    j["ops"] = j.get("ops", [])[:12]
+    report["medium_moe_step_bf16"] = j
 except Exception:
     pass
 try: report["timing"] = json.load(open(os.path.join(out, "timing.json")))
@@ -210,7 +246,12 @@ report["targets"] = {
     "attention_fwd_vs_bf16_ceiling": target(at(t, "attention", "vs_measured_bf16_ceiling"), 0.50),
     "memory_bound_vs_copy_min": target(min(mem) if mem else None, 0.70),
     "tiny_moe_loss_max_rel_diff": target(at(report, "tiny_moe_loss", "max_rel_diff"), 1e-4, higher=False),
-    "medium_moe_mfu_bf16": target(at(report, "medium_moe_step", "mfu_bf16"), 0.40),
+    "medium_moe_mfu_bf16": target(at(report, "medium_moe_step_bf16", "mfu_bf16"), 0.40),
+    # bf16 mode within bf16 tolerance of fp32 over the tiny run (the loss, per step).
+    "tiny_moe_bf16_vs_fp32_max_rel_diff": target(at(report, "tiny_moe_bf16_loss", "max_rel_diff"), 2e-2, higher=False),
+    # Residency: no parameter / gradient arena crosses the bus in a timed step.
+    "medium_arena_copy_bytes_per_step": target(at(report, "medium_moe_step", "arena_copy_bytes_per_step"), 0,
+                                               higher=False),
 }
 if not have_gpu: report["note"] = "no GPU here: the GPU steps report skipped (exit 77) or did not run"
 json.dump(report, open(os.path.join(out, "gpu-check.json"), "w"), indent=2)
@@ -219,7 +260,7 @@ PY
 if [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ]; then
   mkdir -p "$OUT"
   cp "$out/gpu-check.json" "$OUT/"
-  for f in test_cuda.log parity.log tiny_cuda.log medium_cuda.log timing.log calibrate.log build_rest.log; do
+  for f in test_cuda.log parity.log tiny_cuda.log medium_cuda.log timing.log build_rest.log tiny_cuda_bf16.log; do
     [ -s "$out/$f" ] && cp "$out/$f" "$OUT/"
   done
 fi

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/layer_graph.h"
 #include "sim/base/json_io.h"
 
 namespace rackstep::sim {
@@ -113,11 +114,24 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.ep_a2a_latency_s = sourced(col, "ep_a2a_latency_s", nonneg);
   c.ep_ragged_sync_s = sourced(col, "ep_ragged_sync_s", nonneg);
   c.ep_wave_overlap_eff = sourced(col, "ep_wave_overlap_efficiency", {.min = 0, .max = 1});
+  c.ep_all_to_all_sms = sourced(col, "ep_all_to_all_sms", nonneg);
+  c.ep_flex_sms = sourced(col, "ep_flex_sms", nonneg);
   c.fsdp_prefetch_overlap = sourced(col, "fsdp_prefetch_overlap", {.min = 0, .max = 1});
   // Optional, so calibration files written before them still read (default: Marin's, per layer, no re-gather).
   if (col.has("fsdp_gather_per_module")) c.fsdp_gather_per_module = sourced_flag(col, "fsdp_gather_per_module");
   if (col.has("fsdp_prefetch_bucket_params")) {
     c.fsdp_prefetch_bucket_params = sourced(col, "fsdp_prefetch_bucket_params", {.min = 0});
+  }
+  // DeepSpeed's coordinator, bucketed reductions, list collectives and NCCL's ring latency model: optional.
+  for (const auto& [key, field] : {std::pair{"fsdp_max_live_params", &c.fsdp_max_live_params},
+                                   std::pair{"fsdp_persistence_threshold_params", &c.fsdp_persistence_threshold_params},
+                                   std::pair{"fsdp_max_reuse_distance_params", &c.fsdp_max_reuse_distance_params},
+                                   std::pair{"grad_reduce_bucket_params", &c.grad_reduce_bucket_params},
+                                   std::pair{"fsdp_list_ops_per_rank", &c.fsdp_list_ops_per_rank},
+                                   std::pair{"ring_base_latency_s", &c.ring_base_latency_s},
+                                   std::pair{"ring_intra_hop_latency_s", &c.ring_intra_hop_latency_s},
+                                   std::pair{"ring_inter_hop_latency_s", &c.ring_inter_hop_latency_s}}) {
+    if (col.has(key)) *field = sourced(col, key, {.min = 0});
   }
   if (col.has("fsdp_regather_for_recompute")) {
     c.fsdp_regather_for_recompute = sourced_flag(col, "fsdp_regather_for_recompute");
@@ -133,6 +147,35 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.gc_interval_steps = sourced(host, "gc_interval_steps", pos);
   c.coordinated_gc_interval_steps = sourced(host, "coordinated_gc_interval_steps", pos);
   c.gpus_per_host_process = static_cast<int64_t>(sourced(host, "gpus_per_host_process", {.min = 1}));
+  // Optional (eager trainers' stacks set them): host issue cost and the syncs that expose it.
+  if (host.has("op_issue_s")) {
+    // {"default": {value, source}, "<GPU name>": {value, source}, ...}: the host CPU differs by system.
+    JsonReader issue = host.object("op_issue_s");
+    const NumberRange per_call{.min = 0, .max = 1e-2};
+    c.op_issue_s = sourced(issue, "default", per_call);
+    for (auto it = issue.raw().begin(); it != issue.raw().end(); ++it) {
+      if (it.key() != "default") c.op_issue_s_by_gpu[it.key()] = sourced(issue, it.key(), per_call);
+    }
+    issue.finish();
+  }
+  if (host.has("calls_per_local_expert")) {
+    c.host_calls_per_local_expert = sourced(host, "calls_per_local_expert", {.min = 0, .max = 1e3});
+  }
+  if (host.has("moe_syncs_per_layer")) c.moe_host_syncs_per_layer = sourced(host, "moe_syncs_per_layer", {.min = 0, .max = 1e3});
+  if (host.has("grouped_gemm_launch_per_expert")) {
+    c.grouped_gemm_launch_per_expert = sourced_flag(host, "grouped_gemm_launch_per_expert");
+  }
+  if (host.has("calls_per_op")) {
+    JsonReader calls = host.object("calls_per_op");
+    for (auto it = calls.raw().begin(); it != calls.raw().end(); ++it) {
+      const auto& kinds = models::kAllOpKinds;
+      const bool known = std::any_of(std::begin(kinds), std::end(kinds),
+                                     [&](models::OpKind k) { return it.key() == models::to_string(k); });
+      if (!known) throw UserError(file, "/host/calls_per_op/" + it.key(), "an op kind (rmsnorm, linear, attention, topk, ...)", it.key());
+      c.host_calls_per_op[it.key()] = sourced(calls, it.key(), {.min = 0, .max = 1e4});
+    }
+    calls.finish();
+  }
   host.finish();
 
   JsonReader m = r.object("memory");
@@ -200,6 +243,11 @@ double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& 
 
 double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, double rows_per_expert, double k, double n) {
   return c.grouped_factor * gemm_efficiency_at(c, peak_eff, rows_per_expert, n, k);
+}
+
+double host_op_issue_s(const Calibration& c, const topologies::GpuSpec& gpu) {
+  const auto it = c.op_issue_s_by_gpu.find(gpu.name);
+  return it != c.op_issue_s_by_gpu.end() ? it->second : c.op_issue_s;
 }
 
 namespace {

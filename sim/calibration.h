@@ -79,6 +79,8 @@ struct Calibration {
   double ep_a2a_latency_s = 30e-6;                // per all-to-all call
   double ep_ragged_sync_s = 20e-6;                // ragged: size exchange before each call
   double ep_wave_overlap_eff = 0.5;               // pooled waves: achieved share of ideal overlap
+  // SMs an EP all-to-all's kernels hold while compute runs beside it (merged-1F1B overlap).
+  double ep_all_to_all_sms = 32, ep_flex_sms = 32;
   double fsdp_prefetch_overlap = 1.0;             // share of the previous layer's compute usable
   // ZeRO-3 gather granularity: one all-gather per layer (FSDP wrapping a block, a
   // JAX scan) or one per parameter-holding module (DeepSpeed's per-submodule fetch),
@@ -92,6 +94,27 @@ struct Calibration {
   // module larger than this is fetched when it is reached, so only this share of
   // its gather can hide behind the previous module's compute.
   double fsdp_prefetch_bucket_params = 0;
+  // DeepSpeed ZeRO-3's parameter coordinator (stage3.py, PartitionedParameterCoordinator),
+  // read from the stack; 0 = not that coordinator. A module prefetches the next
+  // whole parameters (at least fsdp_prefetch_bucket_params elements) only while the
+  // gathered parameters are under fsdp_max_live_params; parameters under
+  // fsdp_persistence_threshold_params stay whole on every GPU and are never gathered.
+  double fsdp_max_live_params = 0;
+  double fsdp_persistence_threshold_params = 0;
+  // A module used again within this many gathered elements stays gathered (stage3_max_reuse_distance).
+  double fsdp_max_reuse_distance_params = 0;
+  // Gradients reduce-scattered in buckets of this many elements (reduce_bucket_size); 0 = per layer.
+  double grad_reduce_bucket_params = 0;
+  // Collectives over tensor lists (one view per rank: DeepSpeed 0.3's all_gather and
+  // reduce_scatter through torch.distributed): host ops per rank per call, each
+  // launch_overhead_s, with the GPU idle (the gather synchronises the device first).
+  double fsdp_list_ops_per_rank = 0;
+  // Ring latency from NCCL's tuning model (src/graph/tuning.cc, Simple protocol):
+  // base + (ranks-1 - (domains-1))·intra hop + (domains-1)·inter hop per ring pass,
+  // in place of inter_domain_step_latency_s. All three 0 = not used.
+  double ring_base_latency_s = 0;
+  double ring_intra_hop_latency_s = 0;
+  double ring_inter_hop_latency_s = 0;
   // Cross-replica gradient buckets: layers per bucket, released as the backward
   // reaches them (0 = one bucket after the whole backward). sim/predict.cpp derives
   // the exposed share from the schedule.
@@ -105,6 +128,19 @@ struct Calibration {
   double gc_interval_steps = 260;                 // automatic collection, per process
   double coordinated_gc_interval_steps = 100;     // coordinated: all ranks collect every N steps
   int64_t gpus_per_host_process = 4;
+  // Host issue of an eager trainer (PyTorch + Transformer Engine): each framework op
+  // costs the host op_issue_s (Python, dispatcher, module code) and each kernel it
+  // launches launch_overhead_s. The host normally runs ahead of the device and hides
+  // this; a device-to-host sync inside an MoE layer (the dropless dispatcher reads the
+  // tokens per expert) drains that lead, so each pass of such a layer takes
+  // max(device, host) (sim/predict.cpp). 0 = a compiled step (Marin's JAX: one
+  // executable per step), whose host never paces the device.
+  double op_issue_s = 0;                           // host time of one framework call (GPUs not in the map)
+  std::map<std::string, double> op_issue_s_by_gpu; // GPU name -> the same on that system's host CPU
+  double moe_host_syncs_per_layer = 0;             // device-to-host syncs per MoE layer forward
+  bool grouped_gemm_launch_per_expert = false;     // one GEMM launch per local expert and matrix
+  std::map<std::string, double, std::less<>> host_calls_per_op; // op kind (models::to_string) -> framework calls per forward; default 1
+  double host_calls_per_local_expert = 0;          // expert_mlp: further calls per local expert (split, buffers)
 
   // Memory overheads.
   double allocator_fragmentation = 0.05;          // of live bytes
@@ -144,6 +180,8 @@ double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, dou
 double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double rows_per_expert,
                                double k, double n);
 double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, double rows_per_expert, double k, double n);
+// Host time of one framework call of an eager trainer on this GPU's system (0: a compiled step).
+double host_op_issue_s(const Calibration& c, const topologies::GpuSpec& gpu);
 // EP dispatch / combine efficiency vs NVLink measured bandwidth, interpolated in log(ep).
 double ep_dispatch_eff(const Calibration& c, int64_t ep);
 double ep_combine_eff(const Calibration& c, int64_t ep);

@@ -45,13 +45,25 @@ double ring_beta_s(int64_t n, double bw, double full_bytes) {
 // rings across domains on 1/inner of it, the domain rings on all of it, pipelined.
 double hierarchical_pass_s(const Network& net, const Group& g, double full_bytes) {
   const int64_t inner = g.per_domain();
-  const double alpha = ring_alpha_s(g.domains, net.inter_step_alpha_s) + ring_alpha_s(inner, net.intra_alpha_s);
+  const double alpha = ring_pass_latency_s(net, g);
   const double inter = ring_beta_s(g.domains, inter_bw(net, g), full_bytes / static_cast<double>(inner));
   const double intra = ring_beta_s(inner, net.intra_bw_bytes_per_s, full_bytes);
   return alpha + std::max(inter, intra);
 }
 
 }  // namespace
+
+double ring_pass_latency_s(const Network& net, const Group& g) {
+  if (g.size <= 1) return 0.0;
+  if (!net.nccl_ring_latency()) {
+    return ring_alpha_s(g.domains, net.inter_step_alpha_s) + ring_alpha_s(g.per_domain(), net.intra_alpha_s);
+  }
+  // NCCL's ring is flat: nRanks-1 steps, nNodes-1 of them across the network
+  // (src/graph/tuning.cc: latency = baseLat + (nsteps - nInterSteps)·intraLat + nInterSteps·interLat).
+  const double steps = static_cast<double>(g.size - 1);
+  const double inter_steps = static_cast<double>(g.domains - 1);
+  return net.ring_base_s + (steps - inter_steps) * net.ring_intra_hop_s + inter_steps * net.ring_inter_hop_s;
+}
 
 Network make_network(const topologies::Cluster& c, const Calibration& cal) {
   const auto& s = c.system;
@@ -71,6 +83,9 @@ Network make_network(const topologies::Cluster& c, const Calibration& cal) {
   n.inter_nics_per_domain = cal.inter_domain_nics;
   n.domains_per_unit = s.scale_out.domains_per_unit;
   n.spine_bw_fraction = 1.0 / std::max(1.0, s.scale_out.spine_oversubscription);
+  n.ring_base_s = cal.ring_base_latency_s;
+  n.ring_intra_hop_s = cal.ring_intra_hop_latency_s;
+  n.ring_inter_hop_s = cal.ring_inter_hop_latency_s;
   return n;
 }
 
@@ -119,20 +134,73 @@ double all_reduce_s(const Network& net, const Group& g, double full_bytes) {
 
 double all_to_all_s(const Network& net, const Group& g, double bytes_per_rank, double link_eff) {
   if (g.size <= 1 || bytes_per_rank <= 0) return 0.0;
+  return all_to_all_tiers_s(net, g, even_a2a_tiers(g, bytes_per_rank), link_eff);
+}
+
+namespace {
+// GPUs of the group in my scalable unit (the rest are reached over the spine).
+double unit_ranks(const Group& g) {
+  return static_cast<double>(g.per_domain()) *
+         std::ceil(static_cast<double>(g.domains) / static_cast<double>(std::max<int64_t>(1, g.units)));
+}
+}  // namespace
+
+A2aTiers even_a2a_tiers(const Group& g, double bytes_per_rank) {
+  A2aTiers b;
+  if (g.size <= 1 || bytes_per_rank <= 0) return b;
   const double n = static_cast<double>(g.size);
   const double inner = static_cast<double>(g.per_domain());
-  const double local_share = (inner - 1.0) / n;  // to peers in my domain: NVLink
-  const double remote_share = (n - inner) / n;   // leaves the domain over my NIC
-  const double t_intra = local_share * bytes_per_rank / (net.link_bw_bytes_per_s * link_eff);
-  double t_inter = remote_share * bytes_per_rank / net.nic_a2a_bw_bytes_per_s;
-  if (g.units > 1) {
-    // Peers outside my scalable unit: the unit's NICs share the spine above them.
-    const double unit_ranks = inner * std::ceil(static_cast<double>(g.domains) / static_cast<double>(g.units));
-    const double cross_share = std::max(0.0, n - unit_ranks) / n;
-    t_inter = std::max(t_inter, cross_share * bytes_per_rank / (net.nic_a2a_bw_bytes_per_s * net.spine_bw_fraction));
+  b.nvlink_bytes = (inner - 1.0) / n * bytes_per_rank;  // to peers in my domain
+  b.nic_bytes = (n - inner) / n * bytes_per_rank;       // leaves the domain over my NIC
+  if (g.units > 1) b.spine_bytes = std::max(0.0, n - unit_ranks(g)) / n * bytes_per_rank;
+  return b;
+}
+
+double all_to_all_tiers_s(const Network& net, const Group& g, const A2aTiers& b, double link_eff) {
+  if (g.size <= 1 || b.nvlink_bytes + b.nic_bytes <= 0) return 0.0;
+  const double t_intra = b.nvlink_bytes / (net.link_bw_bytes_per_s * link_eff);
+  double t_inter = b.nic_bytes / net.nic_a2a_bw_bytes_per_s;
+  // Peers outside my scalable unit: the unit's NICs share the spine above them.
+  if (b.spine_bytes > 0) {
+    t_inter = std::max(t_inter, b.spine_bytes / (net.nic_a2a_bw_bytes_per_s * net.spine_bw_fraction));
   }
   const double alpha = g.domains > 1 ? net.inter_alpha_s : net.intra_alpha_s;
   return alpha + std::max(t_intra, t_inter);
+}
+
+namespace {
+// P(none of a token's top_k experts, drawn without replacement from `experts`, is
+// among `held` of them) = C(experts - held, k) / C(experts, k).
+double miss_probability(double experts, double held, double k) {
+  double p = 1.0;
+  for (double i = 0; i < k; ++i) {
+    const double left = experts - held - i;
+    if (left <= 0) return 0.0;
+    p *= left / (experts - i);
+  }
+  return p;
+}
+}  // namespace
+
+A2aTiers flex_dispatch_tiers(const Group& g, double tokens, int64_t experts, int64_t top_k, double row_bytes) {
+  A2aTiers b;
+  if (g.size <= 1 || tokens <= 0 || experts <= 0 || top_k <= 0) return b;
+  const double n = static_cast<double>(g.size);
+  const double inner = static_cast<double>(g.per_domain());
+  const double domains = static_cast<double>(g.domains);
+  const double e = static_cast<double>(experts), k = static_cast<double>(std::min(top_k, experts));
+  const double per_gpu = e / n;
+  const double hit_gpu = 1.0 - miss_probability(e, per_gpu, k);             // a given GPU gets the token
+  const double hit_domain = 1.0 - miss_probability(e, per_gpu * inner, k);  // a given domain does
+  // NVLink: to the hit peers of my domain, and forwarding what other domains sent
+  // me to the hit peers of mine (by symmetry as many rows as I send out).
+  b.nvlink_bytes = tokens * domains * (inner - 1.0) * hit_gpu * row_bytes;
+  b.nic_bytes = tokens * (domains - 1.0) * hit_domain * row_bytes;
+  if (g.units > 1) {
+    const double unit_domains = unit_ranks(g) / inner;
+    b.spine_bytes = tokens * std::max(0.0, domains - unit_domains) * hit_domain * row_bytes;
+  }
+  return b;
 }
 
 double send_recv_s(const Network& net, bool cross_domain, double bytes) {
@@ -197,16 +265,19 @@ Traffic all_reduce_traffic(const Network& net, const Group& g, double full_bytes
 Traffic all_to_all_traffic(const Network& net, const Group& g, double bytes_per_rank, double link_eff) {
   Traffic t;
   if (g.size <= 1 || bytes_per_rank <= 0) return t;
-  const double n = static_cast<double>(g.size);
-  const double inner = static_cast<double>(g.per_domain());
-  t.nvlink_bytes = (inner - 1.0) / n * bytes_per_rank;
-  t.nic_bytes = (n - inner) / n * bytes_per_rank;
-  if (g.units > 1) {
-    // Peers outside my scalable unit (as all_to_all_s).
-    const double unit_ranks = inner * std::ceil(static_cast<double>(g.domains) / static_cast<double>(g.units));
-    t.spine_bytes = std::max(0.0, n - unit_ranks) / n * bytes_per_rank;
-  }
+  t = all_to_all_tiers_traffic(net, g, even_a2a_tiers(g, bytes_per_rank), link_eff);
   t.bw_s = all_to_all_s(net, g, bytes_per_rank, link_eff) - all_to_all_s(net, g, kOneByte, link_eff);
+  return t;
+}
+
+Traffic all_to_all_tiers_traffic(const Network& net, const Group& g, const A2aTiers& b, double link_eff) {
+  Traffic t;
+  if (g.size <= 1 || b.nvlink_bytes + b.nic_bytes <= 0) return t;
+  t.nvlink_bytes = b.nvlink_bytes;
+  t.nic_bytes = b.nic_bytes;
+  t.spine_bytes = b.spine_bytes;
+  // The bandwidth part: the call's time less its latency (the time of no bytes).
+  t.bw_s = all_to_all_tiers_s(net, g, b, link_eff) - (g.domains > 1 ? net.inter_alpha_s : net.intra_alpha_s);
   return t;
 }
 

@@ -55,6 +55,10 @@ struct Network {
   double h2d_bw_bytes_per_s = 0;
   int64_t domains_per_unit = 0;        // scalable unit (0 = one unit)
   double spine_bw_fraction = 1.0;      // 1 / spine oversubscription
+  // NCCL's tuning-model ring latency (calibration ring_*_latency_s; all 0 = the
+  // alpha-per-step model above): base + intra hops + inter hops per ring pass.
+  double ring_base_s = 0, ring_intra_hop_s = 0, ring_inter_hop_s = 0;
+  bool nccl_ring_latency() const { return ring_base_s + ring_intra_hop_s + ring_inter_hop_s > 0; }
 };
 
 Network make_network(const topologies::Cluster& c, const Calibration& cal);
@@ -76,7 +80,27 @@ double all_reduce_s(const Network& net, const Group& g, double full_bytes);
 // bytes_per_rank: what each rank sends in total (spread evenly over the group).
 // link_eff scales the NVLink tier (EP kernels reach less than raw link rate).
 double all_to_all_s(const Network& net, const Group& g, double bytes_per_rank, double link_eff = 1.0);
+// An all-to-all whose per-GPU bytes on each tier the caller gives (a dispatcher that
+// does not spread its rows evenly over the peers): NVLink and the NIC stream
+// concurrently, the spine share runs at the spine's rate. all_to_all_s is this with
+// the even split of even_a2a_tiers.
+struct A2aTiers {
+  double nvlink_bytes = 0, nic_bytes = 0, spine_bytes = 0;  // per GPU, one call
+};
+A2aTiers even_a2a_tiers(const Group& g, double bytes_per_rank);
+double all_to_all_tiers_s(const Network& net, const Group& g, const A2aTiers& b, double link_eff = 1.0);
+// EP dispatch (or combine) of `tokens` rows per GPU, each routed to top_k of `experts`
+// experts spread evenly over the group, `row_bytes` a row, as DeepEP / HybridEP move
+// them (Layout's flex dispatcher): one copy per destination GPU holding any of the
+// token's experts (DeepEP get_dispatch_layout's is_token_in_rank), and across
+// domains one copy per destination domain over the NIC, forwarded there over
+// NVLink (its num_tokens_per_rdma_rank; DeepSeek-V3 report §3.2.2: a token reaches a
+// node once and fans out over NVLink). Experts drawn uniformly (balanced routing).
+A2aTiers flex_dispatch_tiers(const Group& g, double tokens, int64_t experts, int64_t top_k, double row_bytes);
 double send_recv_s(const Network& net, bool cross_domain, double bytes);
+// Latency of one ring pass (all-gather or reduce-scatter) over the group: NCCL's
+// tuning model when the network carries it, else the alpha of each tier's ring.
+double ring_pass_latency_s(const Network& net, const Group& g);
 // Bandwidth per GPU of this group's rings across domains (NIC cap included).
 double inter_bw(const Network& net, const Group& g);
 // Scalable units that `domains` consecutive domains span.
@@ -105,6 +129,7 @@ Traffic all_gather_traffic(const Network& net, const Group& g, double full_bytes
 Traffic reduce_scatter_traffic(const Network& net, const Group& g, double full_bytes);
 Traffic all_reduce_traffic(const Network& net, const Group& g, double full_bytes);
 Traffic all_to_all_traffic(const Network& net, const Group& g, double bytes_per_rank, double link_eff = 1.0);
+Traffic all_to_all_tiers_traffic(const Network& net, const Group& g, const A2aTiers& b, double link_eff = 1.0);
 Traffic send_recv_traffic(const Network& net, bool cross_domain, double bytes);
 
 // One call as the event engine runs it: a fixed latency, then the per-GPU bytes

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <utility>
 
 #include "sim/base/check.h"
@@ -173,7 +174,44 @@ double exact_span(int64_t window, double seq) {
 
 }  // namespace
 
+namespace {
+
+// The device time of an op (the roofline below).
+OpTime price_op_device(const OpEntry& e, const PriceContext& ctx);
+
+// Kernels an op launches (the GPU-side launch count of price_op), with the grouped
+// expert GEMMs as one launch per local expert and matrix where the trainer loops over
+// experts (Transformer Engine's GroupedLinear runs one cuBLAS GEMM per expert).
+double op_kernel_launches(const OpEntry& e, const PriceContext& ctx) {
+  switch (e.cls) {
+    case OpClass::kGemm: return e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
+    case OpClass::kGroupedGemm:
+      return e.gemm_count * (ctx.cal->grouped_gemm_launch_per_expert ? ctx.local_experts : 1.0) + 1.0;
+    default: return 1.0;
+  }
+}
+
+}  // namespace
+
+double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
+  const Calibration& cal = *ctx.cal;
+  if (ctx.op_issue_s <= 0) return 0.0;
+  const auto it = cal.host_calls_per_op.find(std::string_view(models::to_string(e.kind)));  // no allocation per op
+  double calls = it != cal.host_calls_per_op.end() ? it->second : 1.0;
+  if (e.cls == OpClass::kGroupedGemm) calls += cal.host_calls_per_local_expert * ctx.local_experts;
+  return calls * ctx.op_issue_s + op_kernel_launches(e, ctx) * cal.launch_overhead_s;
+}
+
 OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
+  OpTime t = price_op_device(e, ctx);
+  t.fwd_host_s = op_host_issue_s(e, ctx);
+  t.bwd_host_s = 2.0 * t.fwd_host_s;
+  return t;
+}
+
+namespace {
+
+OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;
   const double peak_bf16 = ctx.peak_flops_per_s;
   const double bw = ctx.hbm_bw_bytes_per_s;
@@ -201,7 +239,7 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
     }
     case OpClass::kGroupedGemm: {
       const double rows = ctx.expert_rows;
-      const double n = std::max(1.0, e.gemm_n / ctx.tp);
+      const double n = std::max(1.0, e.gemm_n / (ctx.etp > 0 ? ctx.etp : ctx.tp));
       const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
       double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows / ctx.local_experts, e.gemm_k, n);
       const bool fp8 = (ctx.fp8_experts || ctx.fp8_linear) && ctx.fp8_peak_flops_per_s > 0;
@@ -245,6 +283,8 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
   }
 }
 
+}  // namespace
+
 // A linear saves its input; a fused SwiGLU (gemm_count 3) saves x and h, the
 // inputs of w1|w3 and of w2, beside the bf16 h1, h3 that its activation
 // backward reads.
@@ -261,6 +301,8 @@ BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx) {
     b.bwd_s += t.bwd_s;
     b.fwd_flops += t.fwd_flops;
     b.bwd_flops += t.bwd_flops;
+    b.fwd_host_s += t.fwd_host_s;
+    b.bwd_host_s += t.bwd_host_s;
     if (e.cls == OpClass::kGroupedGemm) b.expert_fwd_s += t.fwd_s;
     const bool kept = e.cls == OpClass::kGemm || e.cls == OpClass::kGroupedGemm || e.cls == OpClass::kAttention;
     if (!kept) {

@@ -97,6 +97,7 @@ struct PriceContext {
   double tokens = 0;                // tokens per micro-batch on this GPU (after CP split)
   double seq = 0;                   // full sequence (attention span)
   double tp = 1;
+  double etp = 0;                   // expert tensor parallel (Layout::expert_tp); 0 = tp
   double expert_rows = 0;           // routed rows computed on this GPU (padding included)
   double local_experts = 1;
   double peak_flops_per_s = 0;
@@ -106,12 +107,22 @@ struct PriceContext {
   // the expert grouped GEMMs; 0 = BF16. Efficiency there: the BF16 curve × cal.fp8_gemm_relative_eff.
   double fp8_peak_flops_per_s = 0;
   bool fp8_linear = false, fp8_experts = false;
+  double op_issue_s = 0;            // host_op_issue_s(cal, gpu): an eager trainer's host time per framework call
 };
 
 struct OpTime {
   double fwd_s = 0, bwd_s = 0;
   double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU
+  // Host time to issue the op's framework calls and kernel launches (eager trainers,
+  // cal.op_issue_s > 0; 0 for a compiled step). Backward: twice the forward's (autograd
+  // issues the input and the weight gradient of each op).
+  double fwd_host_s = 0, bwd_host_s = 0;
 };
+
+// Host issue time of one forward of an op: framework calls x ctx.op_issue_s plus
+// kernel launches x cal.launch_overhead_s (grouped GEMMs one launch per local expert
+// and matrix where cal.grouped_gemm_launch_per_expert); 0 when ctx.op_issue_s is 0.
+double op_host_issue_s(const OpEntry& op, const PriceContext& ctx);
 
 OpTime price_op(const OpEntry& op, const PriceContext& ctx);
 
@@ -121,6 +132,7 @@ struct BlockTime {
   double fwd_s = 0, bwd_s = 0, recompute_selective_s = 0;
   double fwd_flops = 0, bwd_flops = 0, recompute_selective_flops = 0;
   double expert_fwd_s = 0;          // the grouped expert GEMMs (waves overlap these)
+  double fwd_host_s = 0, bwd_host_s = 0;  // host issue time (OpTime)
 };
 BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx);
 // Of an op's saved activations, the elements that are GEMM inputs (what FP8 GEMMs

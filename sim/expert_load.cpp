@@ -59,6 +59,8 @@ ExpertLoad expert_load_for_layout(const models::ModelConfig& model, const Layout
   s.dispatch.ragged_chunks = static_cast<int>(layout.ragged_chunks);
   s.ep = layout.ep;
   s.tokens_per_gpu = layout.micro_batch_seqs * model.seq_len / std::max<int64_t>(1, layout.cp);
+  // A folded EP rank routes its sequence-parallel share, gathered over the expert TP group (LayoutShape::ep_tokens_mb).
+  if (layout.folded()) s.tokens_per_gpu = s.tokens_per_gpu * layout.expert_tp() / std::max<int64_t>(1, layout.tp);
   s.context = model.seq_len;
   const std::vector<RoutingModel> models = calibration_models(load_drop_calibration());
   RS_CHECK(!models.empty(), "a drop calibration holds at least one routing model");

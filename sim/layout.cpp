@@ -83,8 +83,23 @@ void visit_rules(const Layout& l, const models::LayerGraph& g, const topologies:
     if (!add(Reason::kEpExperts, "ep " + str(l.ep) + " does not divide " + str(m.moe.experts) + " experts"))
       return;
   }
-  if (l.data > 0 && l.data % l.ep != 0) {
-    if (!add(Reason::kEpDivides, "ep " + str(l.ep) + " does not divide data " + str(l.data))) return;
+  if (l.etp < 0) {
+    if (!add(Reason::kEpDivides, "etp " + str(l.etp) + " (>= 1, or 0 for tp)")) return;
+  }
+  const int64_t etp = l.expert_tp();
+  if (m.moe.experts == 0 && etp != l.tp) {
+    if (!add(Reason::kEpDense, "etp " + str(etp) + " on a model without routed experts")) return;
+  }
+  if (l.folded() && m.moe.experts > 0 && etp > 1 && m.moe.expert_width > 0 && m.moe.expert_width % etp != 0) {
+    if (!add(Reason::kEpExperts, "etp " + str(etp) + " does not divide the expert width " + str(m.moe.expert_width)))
+      return;
+  }
+  // MoE parallel folding (layout.h): the expert mesh ep × etp × expert_dp regroups a stage's tp × cp × data GPUs.
+  if (etp > 0 && (l.tp * l.cp * l.data) % (l.ep * etp) != 0) {
+    if (!add(Reason::kEpDivides, "ep×etp = " + str(l.ep) + "×" + str(etp) + " = " + str(l.ep * etp) +
+                                     " does not divide tp×cp×data = " + str(l.tp) + "×" + str(l.cp) + "×" +
+                                     str(l.data) + " = " + str(l.tp * l.cp * l.data) + " GPUs of a stage"))
+      return;
   }
   if (l.zero_stage < 0 || l.zero_stage > 3 || (l.zero_stage == 0 && l.fsdp > 1)) {
     if (!add(Reason::kZeroStage, "zero_stage " + str(l.zero_stage) + " with fsdp " + str(l.fsdp) +
@@ -225,6 +240,7 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.data = r.integer("data", 1, pos);
   l.fsdp = r.integer("fsdp", 1, pos);
   l.ep = r.integer("ep", 1, pos);
+  l.etp = r.integer("etp", 0, {.min = 0});
   l.tp = r.integer("tp", 1, pos);
   l.pp = r.integer("pp", 1, pos);
   l.pp_virtual = r.integer("pp_virtual", 1, pos);
@@ -276,7 +292,20 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   }
   l.tp_comm_overlap = r.number("tp_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
+  l.ep_dispatcher = r.choice("ep_dispatcher", {"all_to_all", "flex"}, "all_to_all") == "flex" ? EpDispatcher::kFlex
+                                                                                          : EpDispatcher::kAllToAll;
+  l.ep_a2a_overlap = r.boolean("ep_a2a_overlap", false);
   r.finish();
+  // The one folding rule that needs no model: the expert mesh must tile a stage's GPUs.
+  const int64_t stage_gpus = l.tp * l.cp * l.data, expert_mesh = l.ep * l.expert_tp();
+  if (stage_gpus % expert_mesh != 0) {
+    throw UserError(file, "/ep",
+                    "ep × etp dividing tp × cp × data = " + std::to_string(l.tp) + " × " + std::to_string(l.cp) +
+                        " × " + std::to_string(l.data) + " = " + std::to_string(stage_gpus) +
+                        " (expert parallelism folds over the GPUs of a stage; etp 0 = tp)",
+                    "ep × etp = " + std::to_string(l.ep) + " × " + std::to_string(l.expert_tp()) + " = " +
+                        std::to_string(expert_mesh));
+  }
   return l;
 }
 
@@ -293,6 +322,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   j["data"] = l.data;
   j["fsdp"] = l.fsdp;
   j["ep"] = l.ep;
+  if (l.etp > 0) j["etp"] = l.etp;  // written only when set: 0 reads back as tp
   j["tp"] = l.tp;
   j["pp"] = l.pp;
   j["pp_virtual"] = l.pp_virtual;
@@ -324,12 +354,16 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.edges_in_pipeline_split) j["edges_in_pipeline_split"] = true;
   if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
+  if (l.ep_dispatcher == EpDispatcher::kFlex) j["ep_dispatcher"] = "flex";
+  if (l.ep_a2a_overlap) j["ep_a2a_overlap"] = true;
   return j;
 }
 
 std::string describe(const Layout& l) {
   std::ostringstream s;
-  s << "data " << l.data << " fsdp " << l.fsdp << " ep " << l.ep << " tp " << l.tp << " pp " << l.pp;
+  s << "data " << l.data << " fsdp " << l.fsdp << " ep " << l.ep;
+  if (l.folded()) s << " (folded, etp " << l.expert_tp() << ")";
+  s << " tp " << l.tp << " pp " << l.pp;
   if (l.pp > 1) s << " (" << to_string(l.schedule) << (l.pp_virtual > 1 ? " v" + std::to_string(l.pp_virtual) : "") << ")";
   s << " cp " << l.cp << " | mb " << l.micro_batch_seqs << " | recompute " << recompute_name(l.recompute);
   if (l.recompute_modules != 0) {
@@ -347,6 +381,8 @@ std::string describe(const Layout& l) {
   if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << transport_name(l.ep_transport);
+  if (l.ep > 1 && l.ep_dispatcher == EpDispatcher::kFlex) s << " flex";
+  if (l.ep > 1 && l.ep_a2a_overlap) s << " +a2a overlap";
   return s.str();
 }
 

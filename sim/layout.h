@@ -21,6 +21,17 @@
 //        are split over them (experts/ep per GPU) and replicated across the
 //        data/ep groups. When fsdp > ep, expert state is further sharded by
 //        fsdp/ep (ZeRO over the expert-data axis).
+//   etp  expert tensor parallel (Megatron-Core --expert-tensor-parallel-size; 0 =
+//        tp, Megatron's default: arguments.py sets it to the tensor-parallel size
+//        when unset). The expert layers regroup the same GPUs of a stage: the rule
+//        is ep × etp × expert_dp = tp × cp × data ("MoE parallel folding", Liu et
+//        al. 2025, arXiv:2504.14960; parallel_state.py builds the expert mesh with
+//        RankGenerator order tp-ep-dp over the ranks of one stage). A *folded*
+//        layout (etp ≠ tp, or ep not dividing data) places its EP groups as
+//        Megatron does: `ep` ranks at stride etp over the stage's tp×cp×data ranks
+//        (Qwen3-235B on H100: tp 2, etp 1, ep 32 = 2 TP ranks × 16 data ranks,
+//        four 8-GPU nodes). An unfolded one keeps EP over data ranks (stride tp·cp),
+//        which is the same placement whenever cp = 1.
 //
 // The Marin hero (spec/marin-architecture.md, "How the hero was laid out"):
 //   {"data": 704, "fsdp": 64, "ep": 64, "recompute": "full", "offload_residual": true,
@@ -31,6 +42,7 @@
 //   nlohmann::json j = layout_to_json(l);
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -52,12 +64,21 @@ enum class MasterDtype { kFp32, kBf16 };
 enum class GradDtype { kAsMaster, kFp32, kBf16 };
 // Which GEMMs run in FP8 (per-op precision; attention, norms and the LM head stay BF16).
 enum class Fp8Gemms { kNone, kExperts, kLinear };
+// How the EP all-to-all moves a token (sim/collectives.h, EP dispatch bytes):
+//   all_to_all  one row per (token, expert): Megatron-Core's MoEAlltoAllTokenDispatcher
+//               permutes each token into top_k rows before the all-to-all; Marin's
+//               ragged and pooled transports send the routed rows the same way.
+//   flex        one row per (token, destination GPU), and across domains one per
+//               (token, destination domain) forwarded over NVLink there: DeepEP /
+//               HybridEP behind Megatron-Core's MoEFlexTokenDispatcher.
+enum class EpDispatcher { kAllToAll, kFlex };
 
 struct Layout {
   std::string name;
   int64_t data = 1;              // batch shards
   int64_t fsdp = 1;              // shard-group size (divides data)
-  int64_t ep = 1;                // expert-parallel group size (divides data)
+  int64_t ep = 1;                // expert-parallel group size (ep × etp divides tp × cp × data)
+  int64_t etp = 0;               // expert tensor parallel; 0 = tp (Megatron-Core's default)
   int64_t tp = 1;                // tensor parallel (inside an NVLink domain)
   int64_t pp = 1;                // pipeline stages
   int64_t pp_virtual = 1;        // virtual stages per GPU (interleaved schedules)
@@ -99,8 +120,20 @@ struct Layout {
   Fp8Gemms fp8 = Fp8Gemms::kNone;  // linear: every block GEMM (experts included); experts: grouped GEMMs only
   double tp_comm_overlap = -1;   // share of TP collectives hidden (this run's setting); < 0 = the stack's
   double ep_comm_overlap = -1;   // share of ragged EP all-to-all hidden; < 0 = none (exposed)
+  EpDispatcher ep_dispatcher = EpDispatcher::kAllToAll;  // what the EP all-to-all sends (above)
+  // Megatron-Core's EP overlap (--overlap-moe-expert-parallel-comm; Megatron-Bridge
+  // moe_a2a_overlap): in the 1F1B steady state one micro-batch's forward runs merged
+  // with another's backward, each one's EP all-to-all hidden behind the other's compute.
+  bool ep_a2a_overlap = false;
 
   int64_t gpus() const { return data * tp * cp * pp; }
+  // The expert mesh of one stage (see etp above).
+  int64_t expert_tp() const { return etp > 0 ? etp : tp; }
+  bool folded() const { return expert_tp() != tp || (ep > 0 && data % ep != 0); }
+  // Ranks of one expert's replicas: tp × cp × data / (ep × etp).
+  int64_t expert_dp() const { return std::max<int64_t>(1, tp * cp * data / std::max<int64_t>(1, ep * expert_tp())); }
+  // Distance between consecutive ranks of an EP group in the tp, cp, data rank order.
+  int64_t ep_stride() const { return folded() ? expert_tp() : tp * cp; }
   // The most loaded stage's layers: layers / pp, or its ceiling with uneven stages.
   double stage_layers(int64_t layers) const;
   int64_t seq(const models::ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
@@ -110,7 +143,7 @@ struct Layout {
 enum class Reason {
   kGpuProduct,        // data*tp*cp*pp != cluster GPUs
   kFsdpDivides,       // fsdp does not divide data
-  kEpDivides,         // ep does not divide data
+  kEpDivides,         // ep × etp does not divide tp × cp × data
   kEpExperts,         // ep does not divide the routed experts
   kEpDense,           // ep > 1 on a model without routed experts
   kPpLayers,          // pp*pp_virtual does not divide layers (unless uneven_stages)

@@ -141,7 +141,7 @@ double fp8_weight_savings(const OpTable& t, const topologies::Cluster& c, const 
   if (std::find(gpus.begin(), gpus.end(), c.system.gpu.name) == gpus.end()) return 0.0;
   const double tp = static_cast<double>(l.tp);
   const double dense = l.fp8 == Fp8Gemms::kLinear ? s.dense_stage_params / tp : 0.0;
-  const double experts = t.experts > 0 ? s.expert_stage_params / (static_cast<double>(l.ep) * tp) : 0.0;
+  const double experts = t.experts > 0 ? s.expert_stage_params / static_cast<double>(l.ep * l.expert_tp()) : 0.0;
   return (dense + experts) * 1.0;  // 2 bytes -> 1 byte per element
 }
 
@@ -151,6 +151,64 @@ double muon_expert_params(const LayerClass& c) {
     if (mtx.expert) n += mtx.m * mtx.n * mtx.count;
   }
   return n;
+}
+
+// DeepSpeed ZeRO-3's peak of gathered weights and unreduced gradients in one layer
+// (elements, each in the 2-byte working dtype), under the coordinator's rules
+// (stage3.py of the 2021 releases; cal.fsdp_max_live_params > 0):
+//  - a module holds its own weights and, when they are under fsdp_max_live_params,
+//    the next whole parameters it prefetches (at least fsdp_prefetch_bucket_params);
+//    the tensor-list all-gather stages the prefetched parameter once more (PyTorch's
+//    flat output, copied out per rank) while it is in flight;
+//  - gradients wait in a bucket until the next one would pass grad_reduce_bucket_params;
+//    the bucket reduced before stays live until the next reduction (overlap_comm
+//    partitions it then), and the tensor-list reduce-scatter stages its largest
+//    parameter's gradient once more.
+// Walked through the backward of two layers (the bucket carries over), and the
+// recompute forward that starts each layer, whichever holds more.
+double deepspeed_zero3_working_elems(const OpTable& t, const Layout& l, const Calibration& cal) {
+  const double tp = static_cast<double>(l.tp);
+  const bool staged = cal.fsdp_list_ops_per_rank > 0;
+  double peak = 0.0;
+  for (const LayerClass& lc : t.classes) {
+    std::vector<double> p;  // gathered modules, forward order
+    for (const OpEntry& e : lc.ops) {
+      const double elems = e.param_elems / tp;
+      if (e.param_elems > 0 && e.cls != models::OpClass::kGroupedGemm && elems >= cal.fsdp_persistence_threshold_params) {
+        p.push_back(elems);
+      }
+    }
+    if (p.empty()) continue;
+    const size_t n = p.size();
+    // Weights live at module j (step +1 forward, -1 backward): its own, plus the
+    // prefetch and its staging copy while under the live cap.
+    const auto weights = [&](size_t j, int step) {
+      if (p[j] >= cal.fsdp_max_live_params) return p[j];
+      double fetched = 0.0, largest = 0.0;
+      for (size_t i = 1; i < n && fetched < cal.fsdp_prefetch_bucket_params; ++i) {
+        const double q = p[(j + n + static_cast<size_t>(step) * i) % n];
+        fetched += q;
+        largest = std::max(largest, q);
+      }
+      if (cal.fsdp_prefetch_bucket_params <= 0) fetched = largest = 0.0;
+      return p[j] + fetched + (staged ? largest : 0.0);
+    };
+    double bucket = 0.0, bucket_largest = 0.0, previous = 0.0, rs_staging = 0.0;
+    for (int layer = 0; layer < 2; ++layer) {
+      for (size_t jj = n; jj-- > 0;) {
+        if (bucket + p[jj] > cal.grad_reduce_bucket_params) {
+          previous = bucket;  // reduced now, freed at the next reduction
+          rs_staging = staged ? bucket_largest : 0.0;
+          bucket = bucket_largest = 0.0;
+        }
+        bucket += p[jj];
+        bucket_largest = std::max(bucket_largest, p[jj]);
+        peak = std::max(peak, weights(jj, -1) + bucket + previous + rs_staging);
+      }
+      for (size_t j = 0; j < n; ++j) peak = std::max(peak, weights(j, +1) + bucket + previous + rs_staging);
+    }
+  }
+  return peak;
 }
 
 }  // namespace
@@ -168,11 +226,22 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.tokens_mb = static_cast<double>(l.micro_batch_seqs) * seq / static_cast<double>(l.cp);
   s.routed_rows_mb = s.tokens_mb * static_cast<double>(t.top_k);
   const double tp = static_cast<double>(l.tp);
+  const double etp = static_cast<double>(l.expert_tp());
+  s.ep_tokens_mb = l.folded() ? s.tokens_mb * etp / tp : s.tokens_mb;
+  s.expert_rows_mb = s.ep_tokens_mb * static_cast<double>(t.top_k);
   s.local_experts = t.experts > 0 ? static_cast<double>(t.experts) / static_cast<double>(l.ep) : 1.0;
   s.dense_shard = static_cast<double>(l.fsdp) * tp;
   const double expert_split = static_cast<double>(std::max(l.ep, l.fsdp));
   s.expert_zero = expert_split / static_cast<double>(l.ep);
   s.expert_shard = expert_split * tp;
+  if (l.folded()) {
+    // The fsdp data ranks × their tp × cp GPUs hold one copy of the state; inside that
+    // block the experts are split ep × etp ways and ZeRO-sharded over what is left
+    // (Megatron's distributed optimizer shards expert state over the expert-DP group).
+    const double block = static_cast<double>(l.fsdp * l.tp * l.cp), mesh = static_cast<double>(l.ep) * etp;
+    s.expert_zero = std::max(1.0, block / mesh);
+    s.expert_shard = mesh * s.expert_zero;
+  }
   const double pp = static_cast<double>(l.pp);
   s.layers_per_stage = l.stage_layers(t.layers);
   if (l.edges_in_pipeline_split && l.pp > 1) {
@@ -209,7 +278,7 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.muon_expert_local = muon_expert / s.expert_shard;
   s.adam_local = std::max(0.0, s.params_local - s.muon_dense_local - s.muon_expert_local);
   s.weights_whole_local = (s.dense_stage_params + s.edge_params) / tp + s.replicated_params +
-                          s.expert_stage_params / (static_cast<double>(l.ep) * tp);
+                          s.expert_stage_params / (static_cast<double>(l.ep) * etp);
   s.gathers_per_layer = l.zero_stage >= 3 && !l.keep_gathered_weights;
   s.grads_local = l.zero_stage >= 2 && !l.keep_gathered_weights ? s.params_local : s.weights_whole_local;
   (void)c;
@@ -245,11 +314,15 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   // one layer's unsharded gradient before its reduce-scatter.
   const double layers = std::max(1.0, s.layers_per_stage);
   const double dense_layer = s.dense_stage_params / layers / tp;
-  const double expert_layer_local = s.expert_stage_params / layers / (static_cast<double>(l.ep) * tp);
+  const double expert_mesh = static_cast<double>(l.ep * l.expert_tp());  // ep × etp
+  const double expert_layer_local = s.expert_stage_params / layers / expert_mesh;
   const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
   if (whole_weights) {
     m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
     if (m.working_weights > 0 && l.fp8_params) m.working_weights -= fp8_weight_savings(t, c, l, cal, s);
+  } else if (cal.fsdp_max_live_params > 0 && cal.grad_reduce_bucket_params > 0 && l.fsdp > 1 &&
+             (t.experts == 0 || s.expert_zero <= 1.0)) {
+    m.working_weights = deepspeed_zero3_working_elems(t, l, cal) * 2.0;
   } else {
     m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
                         (s.expert_zero > 1.0 || l.master_dtype == MasterDtype::kFp32 ? expert_layer_local * 2.0 : 0.0) +
@@ -289,7 +362,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
 
   if (l.ep > 1 && t.experts > 0) {
     const double row_bytes = static_cast<double>(t.moe_width) * 2.0;
-    const double a = s.routed_rows_mb;
+    const double a = s.expert_rows_mb;
     const double per_direction = l.ep_transport == Transport::pooled ? (l.sender_cf + l.receiver_cf) * a * row_bytes
                                                                        : l.receiver_cf * a * row_bytes;
     m.ep_buffers = 2.0 * per_direction;  // dispatch and combine

@@ -59,6 +59,12 @@ struct LayoutShape {
   double micro_batches = 1;          // per data rank per step
   double tokens_mb = 0;              // tokens per micro-batch on one GPU (after CP)
   double routed_rows_mb = 0;         // A = tokens_mb × k (expected, balanced)
+  // Tokens per micro-batch each EP rank dispatches, and the routed rows its experts
+  // compute (ep_tokens_mb × k): tokens_mb × etp / tp. Each TP rank holds 1/tp of the
+  // sequence (sequence parallel) and the expert TP group gathers etp of those shares,
+  // so an unfolded layout (etp = tp) keeps tokens_mb, a folded etp 1 sends its 1/tp.
+  double ep_tokens_mb = 0;
+  double expert_rows_mb = 0;
   double local_experts = 1;
   double dense_shard = 1;            // fsdp × tp
   double expert_shard = 1;           // max(ep, fsdp) × tp

@@ -15,7 +15,7 @@ namespace rackstep::sim {
 double StepBreakdown::total() const {
   return compute_fwd_s + compute_recompute_s + compute_bwd_s + ep_comm_s + fsdp_comm_s + tp_comm_s + cp_comm_s +
          offload_s + pp_bubble_s + grad_sync_s + optimizer_compute_s + optimizer_comm_s + optimizer_host_s +
-         host_stall_s;
+         host_stall_s + host_issue_s;
 }
 
 std::vector<std::pair<std::string, double>> StepBreakdown::lines() const {
@@ -32,7 +32,8 @@ std::vector<std::pair<std::string, double>> StepBreakdown::lines() const {
           {"optimizer_compute", optimizer_compute_s},
           {"optimizer_comm", optimizer_comm_s},
           {"optimizer_host", optimizer_host_s},
-          {"host_stall", host_stall_s}};
+          {"host_stall", host_stall_s},
+          {"host_issue", host_issue_s}};
 }
 
 namespace {
@@ -63,7 +64,7 @@ double drop_fraction_for(const OpTable& t, const Layout& l, const LayoutShape& s
     bool ok;
   };
   thread_local std::vector<Entry> cache;
-  const int64_t tokens = static_cast<int64_t>(s.tokens_mb);
+  const int64_t tokens = static_cast<int64_t>(s.ep_tokens_mb);  // what each EP rank routes
   for (const Entry& e : cache) {
     if (e.experts == t.experts && e.k == t.top_k && e.ep == l.ep && e.tokens == tokens && e.seq == s.seq &&
         e.waves == l.waves && e.chunks == l.ragged_chunks && e.tr == l.ep_transport && e.scf == l.sender_cf &&
@@ -126,6 +127,14 @@ GradSyncGroups grad_sync_groups(const Network& net, const Layout& l, const Layou
   g.dense = group_of(net, l.data / dense_split * cp, tp * dense_split);
   g.expert = group_of(net, l.data / expert_split * cp, tp * expert_split);
   g.replicated = group_of(net, l.data * cp, tp);
+  if (l.folded()) {
+    // Expert-DP replicas of the folded mesh (layout.h): each GPU holds 1/(ep·etp) of a
+    // stage's experts (and 1/expert_zero of that under ZeRO-3); the replicas are the
+    // stage's GPUs at that stride.
+    const int64_t shard = whole ? l.ep * l.expert_tp() : static_cast<int64_t>(s.expert_shard);
+    g.expert_shard = static_cast<double>(shard);
+    g.expert = group_of(net, std::max<int64_t>(1, tp * cp * l.data / shard), shard);
+  }
   return g;
 }
 
@@ -179,6 +188,7 @@ struct ClassCost {
   BlockTime compute;
   double ep_dispatch_s = 0, ep_combine_s = 0;   // one call each
   double fsdp_gather_s = 0, grad_rs_s = 0;
+  double fsdp_bwd_gather_s = 0;                 // the backward's re-gather (modules kept from the recompute left out)
   double tp_pass_s = 0;                          // TP collectives of one pass
   double cp_pass_s = 0;                          // CP KV traffic of one forward pass
   double attention_fwd_s = 0, attention_bwd_s = 0;
@@ -188,6 +198,7 @@ struct ClassCost {
 namespace {
 struct Groups {
   Group fsdp, ezero, ep, tp, cp;
+  Group etp;  // expert tensor parallel (consecutive ranks), when a folded layout gathers over it
 };
 }  // namespace
 
@@ -201,6 +212,7 @@ class StepModel {
     ctx_.tokens = s_.tokens_mb;
     ctx_.seq = static_cast<double>(s_.seq);
     ctx_.tp = static_cast<double>(l.tp);
+    ctx_.etp = static_cast<double>(l.expert_tp());
     ctx_.local_experts = s_.local_experts;
     ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
     ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
@@ -208,15 +220,18 @@ class StepModel {
     ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
+    ctx_.op_issue_s = host_op_issue_s(cal, gpu);
     drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
-    const double a = s_.routed_rows_mb;
+    const double a = s_.expert_rows_mb;
     ctx_.expert_rows = l.ep > 1 && l.ep_transport == Transport::pooled ? l.receiver_cf * a : a * (1.0 - drop_);
     const int64_t tp = l.tp, cp = l.cp;
     g_.fsdp = group_of(net, l.fsdp, tp * cp);
-    g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), tp * cp * l.ep);
-    g_.ep = group_of(net, l.ep, tp * cp);
+    // EP groups: `ep` ranks at the layout's stride (tp·cp over data ranks; etp when folded).
+    g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), l.ep_stride() * l.ep);
+    g_.ep = group_of(net, l.ep, l.ep_stride());
+    g_.etp = group_of(net, l.expert_tp(), 1);
     g_.tp = group_of(net, tp, 1);
     g_.cp = group_of(net, cp, tp);
   }
@@ -243,11 +258,13 @@ class StepModel {
     const bool zero3 = l_.zero_stage >= 3;
     if (l_.fsdp > 1 && zero3) {
       k.fsdp_gather_s = dense_gather_s(lc);
-      if (s_.gathers_per_layer) k.grad_rs_s = reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+      k.fsdp_bwd_gather_s = k.fsdp_gather_s - kept_from_recompute_s(lc);
+      if (s_.gathers_per_layer) k.grad_rs_s = dense_reduce_scatter_s(lc);
     }
     if (s_.expert_zero > 1.0 && zero3) {
-      const double local = lc.expert_params / (static_cast<double>(l_.ep) * tp);
+      const double local = lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
       k.fsdp_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
+      k.fsdp_bwd_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
       if (s_.gathers_per_layer) k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
     }
     if (lc.moe && l_.ep > 1) {
@@ -255,8 +272,13 @@ class StepModel {
       const double bytes = ep_bytes();
       const double fixed = cal_.ep_a2a_latency_s + (pooled ? 0.0 : cal_.ep_ragged_sync_s);
       const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
-      k.ep_dispatch_s = all_to_all_s(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
-      k.ep_combine_s = all_to_all_s(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
+      const A2aTiers tiers = ep_tiers(bytes);
+      k.ep_dispatch_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
+      k.ep_combine_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
+    }
+    if (lc.moe && etp_gathers()) {
+      k.ep_dispatch_s += all_gather_s(net_, g_.etp, etp_gathered_bytes());
+      k.ep_combine_s += reduce_scatter_s(net_, g_.etp, etp_gathered_bytes());
     }
     if (l_.tp > 1) {
       // Sequence parallel: AG before and RS after attention and MLP.
@@ -283,9 +305,95 @@ class StepModel {
     if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
     double t = 0.0;
     for (const OpEntry& e : lc.ops) {
-      if (e.param_elems > 0 && e.cls != OpClass::kGroupedGemm) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
+      if (gathered_module(e)) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
     }
     return t;
+  }
+
+  // One pass of ZeRO-3 reduce-scatters of a layer's dense gradients: one call per
+  // layer, or, with per-module gathers, one per parameter-holding op, persistent ones
+  // included (DeepSpeed hooks every parameter's gradient and _reduce_scatter_gradients
+  // issues one torch.distributed.reduce_scatter per parameter: stage3.py
+  // create_reduce_and_remove_grad_hooks, partition_parameters.py).
+  double dense_reduce_scatter_s(const LayerClass& lc) const {
+    const double tp = static_cast<double>(l_.tp);
+    if (!cal_.fsdp_gather_per_module) return reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
+    double t = 0.0;
+    for (const OpEntry& e : lc.ops) {
+      if (e.param_elems > 0 && e.cls != OpClass::kGroupedGemm) {
+        t += reduce_scatter_s(net_, g_.fsdp, e.param_elems / tp * s_.grad_bytes);
+      }
+    }
+    return t;
+  }
+
+  // Gathers the backward skips under full recompute with a re-gathering trainer: the
+  // layer's last modules, used again by the backward within
+  // fsdp_max_reuse_distance_params gathered elements of the recompute, stay gathered
+  // (DeepSpeed's release_sub_module / _keep_for_later).
+  double kept_from_recompute_s(const LayerClass& lc) const {
+    if (cal_.fsdp_max_reuse_distance_params <= 0 || !cal_.fsdp_gather_per_module) return 0.0;
+    const double tp = static_cast<double>(l_.tp);
+    double later = 0.0, kept = 0.0;  // elements of the modules after this one
+    for (auto it = lc.ops.rbegin(); it != lc.ops.rend(); ++it) {
+      if (!gathered_module(*it)) continue;
+      if (later >= cal_.fsdp_max_reuse_distance_params) break;
+      kept += all_gather_s(net_, g_.fsdp, it->param_elems / tp * 2.0);
+      later += it->param_elems / tp;
+    }
+    return kept;
+  }
+
+  // A module whose weights ZeRO-3 gathers: dense parameters at or above the
+  // persistence threshold (smaller ones stay whole on every GPU).
+  bool gathered_module(const OpEntry& e) const {
+    return e.param_elems > 0 && e.cls != OpClass::kGroupedGemm &&
+           e.param_elems / static_cast<double>(l_.tp) >= cal_.fsdp_persistence_threshold_params;
+  }
+
+  // DeepSpeed ZeRO-3's coordinator, module by module (stage3.py and
+  // partition_parameters.py of v0.3.13-0.3.16, 2021; cal.fsdp_max_live_params > 0):
+  //  - no gather overlaps compute: every _allgather_param first calls
+  //    torch.cuda.synchronize(), so the "async" prefetch is not (DeepSpeed PR #1188,
+  //    June 2021, which made fetch_sub_module synchronous for that reason), and the
+  //    default stream's kernels wait for the gathers (the profile in issue #1069);
+  //  - the host's per-rank list work (cal.fsdp_list_ops_per_rank ops per rank, each
+  //    launch_overhead_s) runs after that synchronisation with the GPU idle: exposed,
+  //    for gathers and reduce-scatters alike;
+  //  - full recompute: the recompute forward gathers again; the backward re-uses the
+  //    modules kept from it (kept_from_recompute_s);
+  //  - one reduce-scatter per parameter-holding op, beside the next module's backward
+  //    on the reduction stream (overlap_comm); the next gather's synchronisation waits
+  //    for it, so what it takes beyond that backward is exposed.
+  struct Zero3Exposed {
+    double fwd_s = 0, recompute_s = 0, bwd_s = 0;
+  };
+  Zero3Exposed deepspeed_zero3_exposed(const LayerClass& lc) const {
+    const double tp = static_cast<double>(l_.tp);
+    const double host_s = cal_.fsdp_list_ops_per_rank * static_cast<double>(g_.fsdp.size) * cal_.launch_overhead_s;
+    Zero3Exposed z;
+    double bwd_s = 0.0;  // backward compute of the ops after the last reduce-scatter's op
+    double later = 0.0;  // gathered elements of the layer's modules after this one
+    for (auto it = lc.ops.rbegin(); it != lc.ops.rend(); ++it) {
+      const OpEntry& e = *it;
+      const OpTime t = price_op(e, ctx_);
+      if (e.param_elems <= 0 || e.cls == OpClass::kGroupedGemm) {
+        bwd_s += t.bwd_s;
+        continue;
+      }
+      const double elems = e.param_elems / tp;
+      const double rs = reduce_scatter_s(net_, g_.fsdp, elems * s_.grad_bytes) + host_s;
+      z.bwd_s += std::max(0.0, rs - bwd_s);
+      bwd_s = t.bwd_s;
+      if (!gathered_module(e)) continue;
+      const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s;
+      z.fwd_s += gather;
+      const bool kept = l_.recompute == models::Recompute::kFull && later < cal_.fsdp_max_reuse_distance_params;
+      if (!kept) z.bwd_s += gather;
+      later += elems;
+    }
+    z.recompute_s = l_.recompute == models::Recompute::kFull ? z.fwd_s : 0.0;
+    return z;
   }
 
   // KV traffic of one attention op in the forward pass.
@@ -309,16 +417,30 @@ class StepModel {
       rs += reduce_scatter_traffic(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     }
     if (s_.expert_zero > 1.0) {
-      const double local = lc.expert_params / (static_cast<double>(l_.ep) * tp);
+      const double local = lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
       gather += all_gather_traffic(net_, g_.ezero, local * 2.0);
       rs += reduce_scatter_traffic(net_, g_.ezero, local * s_.grad_bytes);
     }
     c.fsdp_gather = comm_cost(k.fsdp_gather_s, gather);
     c.grad_reduce_scatter = comm_cost(k.grad_rs_s, rs);
-    if (lc.moe && l_.ep > 1) {
-      const double bytes = ep_bytes();
-      c.ep_dispatch = comm_cost(k.ep_dispatch_s, all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep)));
-      c.ep_combine = comm_cost(k.ep_combine_s, all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep)));
+    if (lc.moe && (l_.ep > 1 || etp_gathers())) {
+      Traffic dispatch, combine;
+      if (l_.ep > 1) {
+        const double bytes = ep_bytes();
+        if (l_.ep_dispatcher == EpDispatcher::kFlex) {
+          dispatch = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_dispatch_eff(cal_, l_.ep));
+          combine = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_combine_eff(cal_, l_.ep));
+        } else {
+          dispatch = all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep));
+          combine = all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep));
+        }
+      }
+      if (etp_gathers()) {
+        dispatch += all_gather_traffic(net_, g_.etp, etp_gathered_bytes());
+        combine += reduce_scatter_traffic(net_, g_.etp, etp_gathered_bytes());
+      }
+      c.ep_dispatch = comm_cost(k.ep_dispatch_s, dispatch);
+      c.ep_combine = comm_cost(k.ep_combine_s, combine);
     }
     if (l_.tp > 1) {
       const double act = s_.tokens_mb * static_cast<double>(t_.d_model) * 2.0;
@@ -358,11 +480,37 @@ class StepModel {
 
   // EP all-to-all bytes per GPU of one call: pooled sends whole pools
   // (sender_cf · A rows), ragged the rows it has; bf16 rows of the expert input width.
+  // bf16 under FP8 recipes too: Megatron-Core's dispatchers move the bf16 hidden states
+  // and Transformer Engine quantizes after the all-to-all (fused_a2a.py hybrid_ep_dispatch
+  // passes scaling_factor None); FP8 dispatch is DeepEP's option, not these recipes'.
+  // A folded layout sends its sequence-parallel share (expert_rows_mb / etp: tokens_mb /
+  // tp × k), as Megatron's alltoall dispatcher does, and all-gathers the received rows
+  // over the expert TP group when etp > 1 (etp_gathered_bytes). An unfolded layout
+  // (etp = tp) is priced as before folding existed: one all-to-all of the rows the TP
+  // group computes (tokens_mb × k), no separate gather.
   double ep_bytes() const {
     const bool pooled = l_.ep_transport == Transport::pooled;
-    const double rows = pooled ? l_.sender_cf * s_.routed_rows_mb : s_.routed_rows_mb;
+    const double sent = etp_gathers() ? s_.expert_rows_mb / static_cast<double>(l_.expert_tp()) : s_.expert_rows_mb;
+    const double rows = pooled ? l_.sender_cf * sent : sent;
     return rows * static_cast<double>(t_.moe_width) * 2.0;
   }
+
+  // Per-tier bytes of one EP all-to-all call of `bytes` (ep_bytes): spread evenly
+  // over the peers by the all-to-all dispatcher, de-duplicated per destination GPU
+  // and domain by the flex one (sim/collectives.h flex_dispatch_tiers; its rows are
+  // the tokens before the top_k expansion). The combine returns the same rows.
+  A2aTiers ep_tiers(double bytes) const {
+    if (l_.ep_dispatcher != EpDispatcher::kFlex) return even_a2a_tiers(g_.ep, bytes);
+    const double row_bytes = static_cast<double>(t_.moe_width) * 2.0;
+    const double tokens = bytes / row_bytes / static_cast<double>(std::max<int64_t>(1, t_.top_k));
+    return flex_dispatch_tiers(g_.ep, tokens, t_.experts, t_.top_k, row_bytes);
+  }
+
+  // Folded with etp > 1: the rows each GPU's experts compute are gathered over the
+  // expert TP group after the all-to-all, and the combine reduce-scatters them back
+  // (Megatron-Core's MoEAlltoAllTokenDispatcher over its tp group = the expert TP group).
+  bool etp_gathers() const { return l_.folded() && l_.expert_tp() > 1; }
+  double etp_gathered_bytes() const { return s_.expert_rows_mb * static_cast<double>(t_.moe_width) * 2.0; }
 
   // One micro-batch of activations in bf16 across a stage boundary.
   double pp_send_bytes() const { return s_.tokens_mb * static_cast<double>(t_.d_model) * 2.0 / static_cast<double>(l_.tp); }
@@ -378,7 +526,8 @@ class StepModel {
     const int64_t tp = l_.tp, cp = l_.cp;
     if (s_.dense_shard > 1.0) out.push_back({group_of(net_, l_.fsdp * tp, cp), s_.muon_dense_local * 2.0});
     if (s_.expert_zero > 1.0) {
-      out.push_back({group_of(net_, static_cast<int64_t>(s_.expert_zero), tp * cp * l_.ep), s_.muon_expert_local * 2.0});
+      const Group ezero = group_of(net_, static_cast<int64_t>(s_.expert_zero), l_.ep_stride() * l_.ep);
+      out.push_back({ezero, s_.muon_expert_local * 2.0});
     }
     return out;
   }
@@ -469,6 +618,55 @@ bool replays_ep(const Layout& l) {
           (l.recompute_modules & models::recompute_module_bit(models::RecomputeModule::kMoe)));
 }
 
+// Exposed EP time of one layer under Megatron-Core's merged 1F1B EP overlap
+// (Layout::ep_a2a_overlap). The forward of one micro-batch and the backward of another
+// run as one merged step, layer by layer, all-to-alls on a communication stream
+// (Megatron-Core models/common/model_chunk_schedule_plan.py,
+// TransformerLayerSchedulePlan.run), in four phases, each exposed only by what its
+// all-to-all outlasts the compute beside it:
+//   backward combine      beside the forward's attention block (all but the experts)
+//   forward dispatch      beside the backward's expert data-gradient GEMMs
+//   backward dispatch     beside the expert weight-gradient and the forward's expert GEMMs
+//   forward combine       beside the backward's attention block
+// The expert GEMMs' backward is taken as twice their forward (data and weight
+// gradients), as ep_exposed does. Steps without a partner are the first stage's
+// warm-up forwards and the matching cool-down backwards (Megatron's interleaved
+// schedule: 2(p-1) + (v-1)p warm-up chunks of m·v, plus the one extra warm-up forward
+// pipeline_parallel/schedules.py adds when this overlap is on; 1F1B: p-1 (+1) of m; no
+// pipeline: the first forward of the m), exposed whole, as is a full-recompute replay's.
+//
+// The all-to-all's kernels hold comm_sms of the GPU's sms SMs while they run, so the
+// compute beside them runs at (sms - comm_sms) / sms of its speed until the call ends.
+double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double dispatch_s, double combine_s,
+                              const BlockTime& bt, bool full, double sms, double comm_sms) {
+  const double pass_s = dispatch_s + combine_s;
+  if (pass_s <= 0) return 0.0;
+  const double slow = sms > comm_sms && comm_sms > 0 ? sms / (sms - comm_sms) : 1.0;  // compute stretch
+  // One phase: the call (comm_s) beside compute_s; what the pair takes beyond compute_s.
+  const auto phase = [slow](double comm_s, double compute_s) {
+    return compute_s * slow <= comm_s ? comm_s - compute_s : comm_s * (1.0 - 1.0 / slow);
+  };
+  const double expert_f = bt.expert_fwd_s;
+  const double attn_f = std::max(0.0, bt.fwd_s - expert_f), attn_b = std::max(0.0, bt.bwd_s - 2.0 * expert_f);
+  const double merged = phase(combine_s, attn_f) + phase(dispatch_s, expert_f) + phase(dispatch_s, 2.0 * expert_f) +
+                        phase(combine_s, attn_b);
+  const double p = static_cast<double>(l.pp);
+  const bool interleaved = l.pp > 1 && l.schedule == PpSchedule::kInterleaved1F1B;
+  const double v = interleaved ? static_cast<double>(l.pp_virtual) : 1.0;
+  const double chunks = std::max(1.0, micro_batches * v);
+  const double warmup =
+      std::min(chunks, l.pp <= 1 ? 1.0 : (interleaved ? 2.0 * (p - 1.0) + (v - 1.0) * p : p - 1.0) + 1.0);
+  const double merged_share = (chunks - warmup) / chunks;
+  return merged_share * merged + (1.0 - merged_share) * 2.0 * pass_s + (full ? pass_s : 0.0);
+}
+
+// Device time the host's kernel issue adds to one pass, `gpu_s` of device work issued
+// in `host_s`. Between device-to-host syncs the host cannot run ahead of the device:
+// a pass of a layer with a sync takes max(device, host) (the layer's segments between
+// syncs split both alike). Without syncs the host queues ahead across the whole pass
+// and only paces it when slower than all of it (summed over the pass by the caller).
+double host_issue_wait(double host_s, double gpu_s) { return std::max(0.0, host_s - gpu_s); }
+
 double pipeline_bubble(const Layout& l, double f, double b) {
   if (l.pp <= 1) return 0.0;
   const double p = static_cast<double>(l.pp);
@@ -534,6 +732,9 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   double f = 0, r = 0, b = 0;                      // compute
   double ep = 0, fsdp = 0, tpc = 0, cpc = 0, off = 0;  // exposed communication
   double hw_flops = 0;
+  // Host issue (eager trainers): the wait behind MoE syncs, and the sync-free work's
+  // host and device time per pass (a host slower than a whole pass paces it).
+  double host_wait = 0, free_host_f = 0, free_host_b = 0, free_gpu_f = 0, free_gpu_b = 0;
   // Backward wall time of one layer of each class (recompute + backward + the
   // exposed communication that falls in them): the schedule gradient buckets
   // are released on.
@@ -556,8 +757,12 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     hw_flops += n * (bt.fwd_flops + bt.bwd_flops + rec_flops);
     // EP: forward, the full-recompute replay, and backward (grads of combine and dispatch).
     const double pass = k.ep_dispatch_s + k.ep_combine_s;
-    const double ep_layer = ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (replays_ep(l) ? 2.0 : 1.0) +
-                            ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
+    const double ep_sms = l.ep_dispatcher == EpDispatcher::kFlex ? cal_.ep_flex_sms : cal_.ep_all_to_all_sms;
+    const double ep_layer = l.ep_a2a_overlap
+                                ? ep_exposed_merged_1f1b(l, s.micro_batches, k.ep_dispatch_s, k.ep_combine_s, bt, replays_ep(l),
+                                                         static_cast<double>(cluster_.system.gpu.sms), ep_sms)
+                                : ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (replays_ep(l) ? 2.0 : 1.0) +
+                                      ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
     // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
     // Kept gathered weights: one gather per step, in the first micro-batch's forward
     // (spread over the step's micro-batches here).
@@ -573,12 +778,17 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     }
     // A trainer that releases weights after every forward gathers again for the
     // recompute and once more for the backward (cal.fsdp_regather_for_recompute).
+    const bool deepspeed = cal_.fsdp_max_live_params > 0 && s.gathers_per_layer && l.fsdp > 1 &&
+                           l.zero_stage >= 3 && (table_.experts == 0 || s.expert_zero <= 1.0);
     const bool regather = cal_.fsdp_regather_for_recompute && full;
     const double bwd_gathers =
-        regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.bwd_s)
+        regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_bwd_gather_s - ovl_fsdp * bt.bwd_s)
                  : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec));
+    StepModel::Zero3Exposed z3;
+    if (deepspeed) z3 = sm.deepspeed_zero3_exposed(lc);
     const double fsdp_layer =
-        s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
+        deepspeed ? z3.fwd_s + z3.recompute_s + z3.bwd_s
+        : s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
                                   std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
                             : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
     const double tp_ovl = l.tp_comm_overlap >= 0 ? l.tp_comm_overlap : cal_.tp_overlap;
@@ -589,6 +799,18 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     const double comm_layer = ep_layer + fsdp_layer + tp_layer + cp_layer + off_layer;
     const double busy = bt.fwd_s + rec + bt.bwd_s;
     bwd_wall[ci] = rec + bt.bwd_s + (busy > 0 ? comm_layer * (rec + bt.bwd_s) / busy : 0.0);
+    // The device's time per pass of this layer, its exposed communication included.
+    const double gpu_f = bt.fwd_s + (busy > 0 ? comm_layer * bt.fwd_s / busy : 0.0);
+    const double gpu_b = bwd_wall[ci];
+    const double host_b = bt.bwd_host_s + (full ? bt.fwd_host_s : 0.0);
+    if (lc.moe && cal_.moe_host_syncs_per_layer > 0) {
+      host_wait += n * (host_issue_wait(bt.fwd_host_s, gpu_f) + host_issue_wait(host_b, gpu_b));
+    } else {
+      free_host_f += n * bt.fwd_host_s;
+      free_host_b += n * host_b;
+      free_gpu_f += n * gpu_f;
+      free_gpu_b += n * gpu_b;
+    }
     ep += n * ep_layer;
     fsdp += n * fsdp_layer;
     tpc += n * tp_layer;
@@ -609,6 +831,8 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     hw_flops += pre.fwd_flops + pre.bwd_flops + head.fwd_flops + head.bwd_flops;
   }
 
+  host_wait += host_issue_wait(free_host_f, free_gpu_f) + host_issue_wait(free_host_b, free_gpu_b);
+
   const double m = s.micro_batches;
   Prediction p;
   p.valid = true;
@@ -625,8 +849,9 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   bd.tp_comm_s = m * tpc;
   bd.cp_comm_s = m * cpc;
   bd.offload_s = m * off;
-  const double mb_fwd = f + (ep + fsdp + tpc + cpc + off) * 0.5;
-  const double mb_bwd = r + b + (ep + fsdp + tpc + cpc + off) * 0.5;
+  bd.host_issue_s = m * host_wait;
+  const double mb_fwd = f + (ep + fsdp + tpc + cpc + off + host_wait) * 0.5;
+  const double mb_bwd = r + b + (ep + fsdp + tpc + cpc + off + host_wait) * 0.5;
   if (l.pp > 1) {
     bd.pp_bubble_s = pipeline_bubble(l, mb_fwd, mb_bwd) +
                      2.0 * (pp - 1.0) * send_recv_s(net_, sm.pp_send_cross(), sm.pp_send_bytes());

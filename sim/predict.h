@@ -81,6 +81,7 @@ struct StepBreakdown {
   double optimizer_comm_s = 0;   // Newton–Schulz gather + redistribution
   double optimizer_host_s = 0;   // optimizer state streamed host <-> device
   double host_stall_s = 0;       // GC pauses
+  double host_issue_s = 0;       // device idle while an eager trainer's host issues kernels (after MoE syncs)
 
   double total() const;
   std::vector<std::pair<std::string, double>> lines() const;

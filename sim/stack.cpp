@@ -86,10 +86,15 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
   f.uneven_stages = flag(sup, "uneven_stages", f.uneven_stages);
   f.tensor_parallel = flag(sup, "tensor_parallel", f.tensor_parallel);
   f.expert_parallel = flag(sup, "expert_parallel", f.expert_parallel);
+  f.expert_folding = flag(sup, "expert_folding", f.expert_folding);
   f.cp_kinds = choices<CpKind>(sup, "cp_kinds", {{"ring", CpKind::kRing}, {"all_gather_kv", CpKind::kAllGatherKv}},
                                f.cp_kinds);
   f.ep_transports = choices<Transport>(sup, "ep_transports", {{"pooled", Transport::pooled}, {"ragged", Transport::ragged}},
                                        f.ep_transports);
+  f.ep_dispatchers = choices<EpDispatcher>(sup, "ep_dispatchers",
+                                           {{"all_to_all", EpDispatcher::kAllToAll}, {"flex", EpDispatcher::kFlex}},
+                                           f.ep_dispatchers);
+  f.ep_a2a_overlap = flag(sup, "ep_a2a_overlap", f.ep_a2a_overlap);
   f.optimizer_offload = flag(sup, "optimizer_offload", f.optimizer_offload);
   f.residual_offload = flag(sup, "residual_offload", f.residual_offload);
   f.recompute = choices<models::Recompute>(sup, "recompute",
@@ -141,8 +146,19 @@ std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
   if (l.uneven_stages && !f.uneven_stages) no("uneven pipeline stages");
   if (l.tp > 1 && !f.tensor_parallel) no("tensor parallelism");
   if (l.ep > 1 && !f.expert_parallel) no("expert parallelism");
+  if (l.folded() && !f.expert_folding) {
+    no("expert parallelism folded over tensor and data ranks (ep " + std::to_string(l.ep) + ", etp " +
+       std::to_string(l.expert_tp()) + ", tp " + std::to_string(l.tp) + ", data " + std::to_string(l.data) + ")");
+  }
   if (l.cp > 1 && !has(f.cp_kinds, l.cp_kind)) no(l.cp_kind == CpKind::kRing ? "ring context parallelism" : "all-gather-KV context parallelism");
   if (l.ep > 1 && !has(f.ep_transports, l.ep_transport)) no(std::string("the ") + transport_name(l.ep_transport) + " EP transport");
+  if (l.ep > 1 && !has(f.ep_dispatchers, l.ep_dispatcher)) {
+    no(l.ep_dispatcher == EpDispatcher::kFlex ? "the flex EP dispatcher (DeepEP / HybridEP)"
+                                              : "the all-to-all EP dispatcher");
+  }
+  if (l.ep > 1 && l.ep_a2a_overlap && !f.ep_a2a_overlap) {
+    no("EP all-to-all overlap across micro-batches (ep_a2a_overlap)");
+  }
   if (l.optimizer_state == StatePlacement::kHost && !f.optimizer_offload) no("optimizer state on host");
   if (l.offload_residual && !f.residual_offload) no("residual carry offload");
   if (!has(f.recompute, l.recompute)) {

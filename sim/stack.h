@@ -32,8 +32,16 @@ struct StackSupport {
   bool uneven_stages = true;
   bool tensor_parallel = true;
   bool expert_parallel = true;
+  // EP over tensor × data ranks with its own expert TP (Layout::folded): only a
+  // stack whose file says so (Megatron-Core's MoE parallel folding).
+  bool expert_folding = false;
   std::vector<CpKind> cp_kinds{CpKind::kRing, CpKind::kAllGatherKv};  // empty = no context parallel
   std::vector<Transport> ep_transports{Transport::pooled, Transport::ragged};
+  // EP dispatchers (Layout::ep_dispatcher) and the merged-1F1B EP overlap
+  // (Layout::ep_a2a_overlap): only what a stack's file names (Megatron-Core's flex
+  // dispatcher with DeepEP / HybridEP, --overlap-moe-expert-parallel-comm).
+  std::vector<EpDispatcher> ep_dispatchers{EpDispatcher::kAllToAll};
+  bool ep_a2a_overlap = false;
   bool optimizer_offload = true;
   bool residual_offload = true;
   std::vector<models::Recompute> recompute{models::Recompute::kNone, models::Recompute::kSelective,

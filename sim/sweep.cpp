@@ -12,6 +12,7 @@ namespace {
 
 struct Outer {
   int64_t tp, cp, pp, ep, fsdp;
+  int64_t etp = 0;  // 0 = tp (unfolded); 1 = MoE parallel folding with whole experts
 };
 
 std::vector<int64_t> divisors(int64_t n) {
@@ -23,7 +24,11 @@ std::vector<int64_t> divisors(int64_t n) {
 }
 
 // Outer combinations; data follows from the GPU count (non-integer: rejected later).
-std::vector<Outer> outer_space(const Predictor& p) {
+// With tensor parallelism and a stack that folds (or no stack), the expert layers are
+// also tried as EP over the tp x cp x data GPUs with whole experts (etp 1, sim/layout.h),
+// Megatron-Bridge's choice for Qwen3-235B on H100.
+std::vector<Outer> outer_space(const Predictor& p, const Stack* stack) {
+  const bool fold = stack == nullptr || stack->supports.expert_folding;
   const auto& t = p.table();
   const int64_t gpus = p.cluster().gpus();
   const int64_t domain = p.cluster().gpus_per_domain;
@@ -40,6 +45,12 @@ std::vector<Outer> outer_space(const Predictor& p) {
           std::set<int64_t> fsdps{1, ep, std::max<int64_t>(1, domain / (tp * cp)), std::max<int64_t>(1, data)};
           for (int64_t fsdp : fsdps) out.push_back({tp, cp, pp, ep, fsdp});
           if (data == 0) break;  // one representative of an impossible product is enough
+        }
+        if (!fold || tp == 1 || data == 0 || t.experts == 0) continue;
+        for (int64_t ep : eps) {
+          if (ep > tp * cp * data) break;
+          if ((tp * cp * data) % ep != 0) continue;
+          for (int64_t fsdp : std::set<int64_t>{1, data}) out.push_back({tp, cp, pp, ep, fsdp, 1});
         }
       }
     }
@@ -143,6 +154,7 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
   base.cp = o.cp;
   base.pp = o.pp;
   base.ep = o.ep;
+  base.etp = o.etp;
   base.fsdp = o.fsdp;
   base.data = gpus % denom == 0 ? gpus / denom : std::max<int64_t>(1, gpus / denom);
   base.tokens_per_step = opt.tokens_per_step;
@@ -214,7 +226,7 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
 }  // namespace
 
 SweepResult sweep(const Predictor& p, const SweepOptions& opt) {
-  const std::vector<Outer> space = outer_space(p);
+  const std::vector<Outer> space = outer_space(p, opt.stack);
   int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::thread::hardware_concurrency());
   threads = std::max(1, threads);
   std::vector<Worker> workers(static_cast<size_t>(threads));

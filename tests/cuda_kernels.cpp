@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "exec/backend.h"
 #include "exec/cuda/backend.h"
+#include "exec/cuda/bf16_math.h"
 #include "exec/cuda/check.h"
 #include "exec/cuda/device_arena.h"
 #include "exec/cuda/gemm.h"
@@ -151,6 +154,83 @@ TEST_CASE("cuda: cuBLASLt GEMMs in the three training orientations match the CPU
   DeviceBuffer<__nv_bfloat16> bx(x), bw(w), by(y.size());
   gemm.run({.m = N, .n = out, .k = in}, cuda::DType::kBF16, by.ptr, bx.ptr, bw.ptr);
   CHECK(normalised_error(by.download(), y) < 3e-2);
+}
+
+// The bf16 mode (exec/cuda/gemm.h, set_bf16_operands): the GPU's cast is the
+// CPU-tested bf16_bits bit for bit (and cuda_bf16.h's own rounding), and each
+// orientation's result is an fp32 GEMM of the bf16-rounded operands, to the
+// summation order, with the weight gradient accumulating in fp32.
+TEST_CASE("cuda: the bf16 mode rounds GEMM operands as bf16_math.h and accumulates in fp32", "[cuda][gpu][bf16]") {
+  auto x = testing::randn(4096, 3);
+  x[0] = 1.00390625f;  // halfway: ties to even
+  x[1] = std::numeric_limits<float>::max();
+  x[2] = -0.0f;
+  DeviceBuffer<float> gx(x);
+  DeviceBuffer<__nv_bfloat16> gb(x.size());
+  cuda::to_bf16(gb.ptr, gx.ptr, x.size(), nullptr);
+  std::vector<uint16_t> bits(x.size());
+  RS_CUDA_CHECK(cudaMemcpy(bits.data(), gb.ptr, sizeof(uint16_t) * bits.size(), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < x.size(); ++i) {
+    INFO("x = " << x[i]);
+    REQUIRE(bits[i] == cuda::bf16_bits(x[i]));
+    const __nv_bfloat16 ref = __float2bfloat16(x[i]);
+    uint16_t ref_bits = 0;
+    std::memcpy(&ref_bits, &ref, sizeof ref_bits);
+    REQUIRE(bits[i] == ref_bits);
+  }
+
+  const int N = 192, in = 320, out = 256;
+  auto round = [](std::vector<float> v) {
+    for (float& e : v) e = cuda::bf16_round(e);
+    return v;
+  };
+  const auto xs = testing::randn(size_t(N) * in, 8), w = testing::randn(size_t(in) * out, 9, 0.05f),
+             dy = testing::randn(size_t(N) * out, 10);
+  const auto xr = round(xs), wr = round(w), dyr = round(dy);
+  std::vector<float> y(size_t(N) * out), dx(size_t(N) * in), dw(size_t(in) * out, 0.25f);
+  linear_forward(y.data(), xr.data(), wr.data(), nullptr, N, in, out);
+  linear_backward(dx.data(), dw.data(), nullptr, dyr.data(), xr.data(), wr.data(), N, in, out);
+  cuda::Gemm gemm(nullptr);
+  gemm.set_bf16_operands(true);
+  DeviceBuffer<float> gxs(xs), gw(w), gdy(dy), gy(y.size()), gdx(dx.size()), gdw(std::vector<float>(dw.size(), 0.25f));
+  gemm.run({.m = N, .n = out, .k = in}, cuda::DType::kF32, gy.ptr, gxs.ptr, gw.ptr);
+  gemm.run({.m = N, .n = in, .k = out, .trans_b = true}, cuda::DType::kF32, gdx.ptr, gdy.ptr, gw.ptr);
+  gemm.run({.m = in, .n = out, .k = N, .trans_a = true, .beta = 1.0f}, cuda::DType::kF32, gdw.ptr, gxs.ptr, gdy.ptr);
+  CHECK(normalised_error(gy.download(), y) < 1e-5);
+  CHECK(normalised_error(gdx.download(), dx) < 1e-5);
+  CHECK(normalised_error(gdw.download(), dw) < 1e-5);
+  // The grouped call in the bf16 mode: per item, the same rounding.
+  DeviceBuffer<float> gy2(y.size());
+  gemm.run_grouped({{.m = N / 2, .n = out, .k = in, .c = gy2.ptr, .a = gxs.ptr, .b = gw.ptr},
+                    {.m = N / 2, .n = out, .k = in, .c = gy2.ptr + (N / 2) * out, .a = gxs.ptr + (N / 2) * in, .b = gw.ptr}},
+                   false, false, 1.0f, 0.0f, cuda::DType::kF32);
+  CHECK(normalised_error(gy2.download(), y) < 1e-5);
+}
+
+// bf16 mode against fp32 mode on the same device, one training step of
+// tiny-moe: the loss within 1%, the gradients within bf16 tolerance (operands
+// rounded to 2⁻⁸ relative, accumulated over the layers), and fp32 masters.
+TEST_CASE("cuda backend: the bf16 mode trains tiny-moe within bf16 tolerance of the fp32 mode", "[cuda][gpu][bf16]") {
+  const auto cfg = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  const auto graph = rackstep::models::build_layer_graph(cfg);
+  Model f32(graph, 2, 64, cuda::make_cuda_backend()), b16(graph, 2, 64, cuda::make_cuda_backend());
+  REQUIRE(b16.backend().set_precision("bf16").empty());
+  CHECK(!b16.backend().set_precision("fp8").empty());
+  f32.init_params(3);
+  b16.init_params(3);
+  const auto b = testing::make_batch(2, 64, cfg.vocab, 12);
+  double loss[2];
+  int i = 0;
+  for (Model* m : {&f32, &b16}) {
+    m->zero_grads();
+    loss[i++] = m->forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss;
+    m->backward();
+  }
+  CHECK(loss[1] == Approx(loss[0]).epsilon(1e-2));
+  CHECK(loss[1] != loss[0]);  // the mode is on: rounding shows
+  const Arena &g32 = f32.grads(), &g16 = b16.grads();
+  CHECK(normalised_error(std::vector<float>(g16.data(), g16.data() + g16.total_floats()),
+                         std::vector<float>(g32.data(), g32.data() + g32.total_floats())) < 5e-2);
 }
 
 TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, documents, GQA)", "[cuda][gpu]") {
@@ -655,6 +735,55 @@ TEST_CASE("cuda backend: three training steps of tiny-moe equal the CPU backend'
           "[cuda][gpu][backend]") {
   check_training_parity(rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"),
                         2, 64);
+}
+
+// Residency: parameters, gradients and optimizer state stay on the device
+// (Backend::make_optimizer); the host sees them at the end only. Three steps
+// against the CPU backend with the host optimizer: gradient norms and weights
+// within fp32 parity, the moments too, and no arena copy after the first
+// forward's parameter upload.
+TEST_CASE("cuda backend: the resident optimizer trains three steps of tiny-moe like the CPU's", "[cuda][gpu][resident]") {
+  const auto cfg = rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  const auto graph = rackstep::models::build_layer_graph(cfg);
+  const int64_t B = 2, T = 64;
+  Model gpu(graph, B, T, cuda::make_cuda_backend());
+  Model cpu(graph, B, T);
+  gpu.init_params(5);
+  cpu.init_params(5);
+  const OptimizerConfig oc = default_optimizer_config(10, cfg.d_model, B * T);
+  Optimizer opt_cpu(oc);
+  OptimizerState st_gpu = init_optimizer_state(std::as_const(gpu).params());
+  OptimizerState st_cpu = init_optimizer_state(cpu.params());
+  auto resident = gpu.backend().make_optimizer(oc, std::as_const(gpu).params().layout_ptr());
+  REQUIRE(resident);
+  resident->load_state(st_gpu);
+  size_t copied_after_first = 0;
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const auto b = testing::make_batch(B, T, cfg.vocab, 40 + step);
+    for (Model* m : {&gpu, &cpu}) {
+      m->zero_grads();
+      m->forward(b.inputs.data(), b.targets.data(), b.docs.data());
+      m->backward();
+      m->update_balancing();
+    }
+    const GroupNorms ng = resident->grad_norms(gpu.backend_grads()), nc = group_norms(cpu.grads());
+    for (int g = 0; g < 4; ++g) CHECK(ng.by_group[g] == Approx(nc.by_group[g]).epsilon(1e-4).margin(1e-12));
+    resident->step(gpu.backend_params(), gpu.backend_grads(), st_gpu.step++);
+    opt_cpu.step(cpu.params(), cpu.grads(), st_cpu);
+    if (step == 0) copied_after_first = gpu.arena_copy_bytes();
+  }
+  CHECK(gpu.arena_copy_bytes() == copied_after_first);
+  CHECK(copied_after_first == cpu.params().bytes());  // the initial upload only
+  const Arena &pg = std::as_const(gpu).params(), &pc = cpu.params();
+  CHECK(normalised_error(std::vector<float>(pg.data(), pg.data() + pg.total_floats()),
+                         std::vector<float>(pc.data(), pc.data() + pc.total_floats())) < 1e-4);
+  resident->save_state(st_gpu);
+  CHECK(st_gpu.step == st_cpu.step);
+  const Arena &mg = st_gpu.momentum, &mc = st_cpu.momentum;
+  CHECK(normalised_error(std::vector<float>(mg.data(), mg.data() + mg.total_floats()),
+                         std::vector<float>(mc.data(), mc.data() + mc.total_floats())) < 1e-4);
+  CHECK(st_gpu.w0_norm == st_cpu.w0_norm);
 }
 
 TEST_CASE("cuda backend: LayerNorm, a tied head, aux loss, router z-loss and MLA train as on the CPU",

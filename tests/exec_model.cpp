@@ -17,6 +17,7 @@
 #include "sim/base/check.h"
 #include "sim/base/json_io.h"
 #include "models/layer_graph.h"
+#include "tests/exec_not_host_backend.h"
 #include "tests/exec_test_batch.h"
 
 using namespace rackstep;
@@ -304,44 +305,7 @@ TEST_CASE("router losses under data parallelism: the ranks' shares add up to the
   CHECK(std::sqrt(rd / rn) < 1e-5);
 }
 
-namespace {
-
-// The CPU backend dressed as a device: its memory is not the host's (as far as
-// the driver knows), so the driver takes its device path - parameters copied
-// in per forward, gradients out per backward, routing state and the QB
-// histogram through explicit copies.
-class NotHostBackend final : public Backend {
- public:
-  std::string name() const override { return "cpu-as-device"; }
-  std::unique_ptr<Buffer> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
-  void copy_to_backend(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_backend(dst, src, bytes); }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_host(dst, src, bytes); }
-  bool uses_host_memory() const override { return false; }
-  void synchronize() override {}
-  OpResult forward(const OpCall& c) override { return cpu_->forward(c); }
-  void backward(const OpCall& c) override { cpu_->backward(c); }
-  double aux_loss(const OpCall& c) override { return cpu_->aux_loss(c); }
-  void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool acc) override {
-    cpu_->copy_columns(y, wy, x, wx, rows, acc);
-  }
-  void assemble_key(float* k, const float* kn, const float* kr, int64_t N, int64_t H, int64_t hd, int64_t r) override {
-    cpu_->assemble_key(k, kn, kr, N, H, hd, r);
-  }
-  void split_key_grad(float* dn, bool an, float* dr, bool ar, const float* dk, int64_t N, int64_t H, int64_t hd,
-                      int64_t r) override {
-    cpu_->split_key_grad(dn, an, dr, ar, dk, N, H, hd, r);
-  }
-  void fill_zero(float* x, int64_t n) override { cpu_->fill_zero(x, n); }
-  bool all_finite(const float* x, int64_t n) override { return cpu_->all_finite(x, n); }
-  void update_balancing_bias(float* bias, int64_t* hist, int E, int k, int bins, float lo, float hi) override {
-    cpu_->update_balancing_bias(bias, hist, E, k, bins, lo, hi);
-  }
-
- private:
-  std::unique_ptr<Backend> cpu_ = make_backend("cpu");
-};
-
-}  // namespace
+using testing::NotHostBackend;
 
 TEST_CASE("a backend outside host memory trains bitwise like the CPU (the driver's device path)", "[exec][model]") {
   for (const bool mla : {false, true}) {

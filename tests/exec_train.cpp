@@ -11,11 +11,13 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exec/data.h"
 #include "sim/base/source_dir.h"
 #include "exec/train.h"
+#include "tests/exec_not_host_backend.h"
 #include "sim/base/check.h"
 #include "sim/base/json_io.h"
 
@@ -240,4 +242,67 @@ TEST_CASE("eval loss and logs", "[exec][train]") {
   REQUIRE(eval_losses.size() == 2);
   CHECK(same_bits(eval_losses[1], t2.evaluate()));
   CHECK(eval_losses[1] < std::log(256.0) + 0.5);  // about ln(vocab) or better, not garbage
+}
+
+// Residency (exec/backend.h, exec/model.h): a backend outside host memory with
+// its own optimizer keeps parameters, gradients and moments there; the host
+// sees them only at checkpoints. Run on the CPU backend dressed as a device
+// (tests/exec_not_host_backend.h), whose optimizer is the host's: the run must
+// be bitwise the CPU backend's, checkpoint and resume included, with no arena
+// copy per step once it runs (the driver's lazy copies: the non-resident
+// device path moves parameters in and gradients out every step).
+TEST_CASE("a resident backend trains, checkpoints and resumes bitwise like the CPU, copying no arena per step",
+          "[exec][train][resident]") {
+  testing::register_not_host_backends();
+  struct Run {
+    std::vector<StepLog> logs;
+    std::vector<float> params;
+    std::vector<char> checkpoint;
+    std::vector<size_t> copy_bytes;  // the model's arena copies after each step
+    size_t arena_bytes = 0;
+  };
+  auto train = [](const std::string& backend, const std::string& dir) {
+    Run r;
+    {
+      TrainOptions o = small_options(dir);
+      o.backend = backend;
+      o.steps = 4;
+      o.stop_after = 2;
+      Trainer t(o);
+      r.arena_bytes = std::as_const(t.model()).params().bytes();
+      while (!t.done()) {
+        r.logs.push_back(t.step());
+        r.copy_bytes.push_back(t.model().arena_copy_bytes());
+      }
+      r.checkpoint = read_bytes(t.save_checkpoint());
+    }
+    TrainOptions o = small_options(dir);
+    o.backend = backend;
+    o.steps = 4;
+    o.resume = true;
+    Trainer t(o);
+    while (!t.done()) r.logs.push_back(t.step());
+    const Arena& p = std::as_const(t.model()).params();
+    r.params.assign(p.data(), p.data() + p.total_floats());
+    return r;
+  };
+  const Run cpu = train("cpu", fresh_dir("resident-cpu"));
+  const Run dev = train("cpu-as-device", fresh_dir("resident-dev"));
+  const Run res = train("cpu-resident", fresh_dir("resident-res"));
+  REQUIRE(cpu.logs.size() == 4);
+  for (const Run* r : {&dev, &res}) {
+    REQUIRE(r->logs.size() == cpu.logs.size());
+    for (size_t i = 0; i < cpu.logs.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(same_bits(r->logs[i].loss, cpu.logs[i].loss));
+      for (int g = 0; g < 4; ++g) CHECK(same_bits(r->logs[i].grad_norm[g], cpu.logs[i].grad_norm[g]));
+    }
+    CHECK(r->checkpoint == cpu.checkpoint);
+    CHECK(r->params == cpu.params);
+  }
+  CHECK(cpu.copy_bytes == std::vector<size_t>(2, 0));  // host memory: one copy of everything
+  // The host optimizer on a device: parameters in and gradients out, every step.
+  CHECK(dev.copy_bytes[1] - dev.copy_bytes[0] == 2 * dev.arena_bytes);
+  // Resident: the initial parameters in, then nothing.
+  CHECK(res.copy_bytes == std::vector<size_t>(2, res.arena_bytes));
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "exec/cuda/check.h"
@@ -17,6 +18,7 @@
 #include "exec/cuda/layers.h"
 #include "exec/cuda/moe.h"
 #include "exec/cuda/ops.h"
+#include "exec/cuda/optimizer.h"
 #include "exec/kernels.h"
 #include "sim/base/check.h"
 
@@ -87,6 +89,18 @@ class CudaBackend final : public Backend {
   }
   bool uses_host_memory() const override { return false; }
   void synchronize() override { RS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // Resident training: the optimizer on this stream and this GEMM engine (exec/cuda/optimizer.h).
+  std::unique_ptr<BackendOptimizer> make_optimizer(const OptimizerConfig& config,
+                                                   std::shared_ptr<const ArenaLayout> layout) override {
+    return make_device_optimizer(stream_, config, std::move(layout));
+  }
+  // bf16: every GEMM of the op set rounds its operands to bf16 (exec/cuda/gemm.h);
+  // the optimizer's Newton–Schulz keeps its own fp32 GEMMs.
+  std::string set_precision(const std::string& precision) override {
+    if (precision != "fp32" && precision != "bf16") return "fp32 or bf16 (the cuda backend's precisions)";
+    gemm_.set_bf16_operands(precision == "bf16");
+    return "";
+  }
 
   OpResult forward(const OpCall& c) override;
   void backward(const OpCall& c) override;

@@ -5,7 +5,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdint>
 
+#include "exec/cuda/bf16_math.h"
 #include "exec/cuda/check.h"
 #include "exec/cuda/detail.h"
 #include "exec/cuda/element_access.cuh"
@@ -255,6 +257,11 @@ __global__ void copy_tail_kernel(T* y, const T* x, size_t rows, int hd, int from
   }
 }
 
+// The bf16 mode's cast: the bits exec/cuda/bf16_math.h computes (tested on the CPU).
+__global__ void to_bf16_kernel(uint16_t* y, const float* x, size_t n) {
+  RS_GRID_STRIDE(i, n) { y[i] = bf16_bits(x[i]); }
+}
+
 }  // namespace
 
 template <typename T>
@@ -379,6 +386,12 @@ bool all_finite(const float* x, size_t n, cudaStream_t stream) {
   RS_CUDA_CHECK(cudaFreeAsync(count, stream));
   RS_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host == 0;
+}
+
+void to_bf16(__nv_bfloat16* y, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  to_bf16_kernel<<<grid_blocks(n, 256), 256, 0, stream>>>(reinterpret_cast<uint16_t*>(y), x, n);
+  RS_CUDA_CHECK(cudaGetLastError());
 }
 
 namespace detail {

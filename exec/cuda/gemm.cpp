@@ -4,9 +4,12 @@
 // n swap, and each operand keeps its own transpose flag.
 #include "exec/cuda/gemm.h"
 
+#include <cuda_bf16.h>
+
 #include <string>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/ops.h"
 #include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
@@ -31,6 +34,7 @@ Gemm::Gemm(cudaStream_t stream, size_t workspace_bytes) : stream_(stream), works
 Gemm::~Gemm() {
   for (auto& [key, plan] : plans_) delete plan;
   if (pointers_) cudaFree(pointers_);
+  if (operands16_) cudaFree(operands16_);
   if (blas_) cublasDestroy(blas_);
   if (workspace_) cudaFree(workspace_);
   if (handle_) cublasLtDestroy(handle_);
@@ -41,7 +45,8 @@ const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type) {
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
 
   RS_CHECK(s.m > 0 && s.n > 0 && s.k > 0, "gemm: every dimension must be positive");
-  const cudaDataType_t data = type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t data = type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;   // A and B
+  const cudaDataType_t out = type == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;   // C
   // fp32 compute either way; CUBLAS_COMPUTE_32F never uses TF32 (the parity mode needs that).
   auto* plan = new Plan;
   RS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -56,7 +61,7 @@ const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type) {
   const uint64_t second_rows = s.trans_a ? s.m : s.k, second_cols = s.trans_a ? s.k : s.m;
   RS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, data, first_rows, first_cols, first_rows));
   RS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, data, second_rows, second_cols, second_rows));
-  RS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, data, s.n, s.m, s.n));
+  RS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, out, s.n, s.m, s.n));
 
   cublasLtMatmulPreference_t pref = nullptr;
   RS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -74,6 +79,22 @@ const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type) {
 }
 
 void Gemm::run(const GemmShape& s, DType type, void* c, const void* a, const void* b) {
+  if (bf16_operands_ && type == DType::kF32) {  // the bf16 mode: round A and B, keep C fp32
+    const size_t na = size_t(s.m) * size_t(s.k), nb = size_t(s.k) * size_t(s.n);
+    const size_t bytes = (na + nb) * sizeof(__nv_bfloat16);
+    if (bytes > operands16_bytes_) {
+      if (operands16_) RS_CUDA_CHECK(cudaFreeAsync(operands16_, stream_));
+      RS_CUDA_CHECK(cudaMallocAsync(&operands16_, bytes, stream_));
+      operands16_bytes_ = bytes;
+    }
+    auto* a16 = static_cast<__nv_bfloat16*>(operands16_);
+    __nv_bfloat16* b16 = a16 + na;
+    to_bf16(a16, static_cast<const float*>(a), na, stream_);
+    to_bf16(b16, static_cast<const float*>(b), nb, stream_);
+    a = a16;
+    b = b16;
+    type = DType::kBF16F32;
+  }
   const Plan& plan = plan_for(s, type);
   RS_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &s.alpha, b, plan.a, a, plan.b, &s.beta, c, plan.c, c, plan.c,
                                  &plan.algo, workspace_, workspace_bytes_, stream_));
@@ -84,6 +105,14 @@ void Gemm::run(const GemmShape& s, DType type, void* c, const void* a, const voi
 // stored row-major rows.
 void Gemm::run_grouped(const std::vector<GemmItem>& items, bool trans_a, bool trans_b, float alpha, float beta,
                        DType type) {
+  if (bf16_operands_ && type == DType::kF32) {  // each item through run()'s rounding
+    for (const GemmItem& it : items) {
+      if (it.m == 0) continue;
+      run({.m = it.m, .n = it.n, .k = it.k, .trans_a = trans_a, .trans_b = trans_b, .alpha = alpha, .beta = beta},
+          type, it.c, it.a, it.b);
+    }
+    return;
+  }
   std::vector<int> m, n, k, lda, ldb, ldc, size;
   std::vector<const void*> a_ptr, b_ptr;
   std::vector<void*> c_ptr;
@@ -123,10 +152,11 @@ void Gemm::run_grouped(const std::vector<GemmItem>& items, bool trans_a, bool tr
       op_b(groups, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   const std::vector<float> alphas(groups, alpha), betas(groups, beta);
   const cudaDataType_t data = type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType_t out = type == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   RS_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
       blas_, op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alphas.data(),
       const_cast<const void* const*>(pointers_), data, lda.data(), const_cast<const void* const*>(pointers_ + groups),
-      data, ldb.data(), betas.data(), pointers_ + 2 * groups, data, ldc.data(), static_cast<int>(groups), size.data(),
+      data, ldb.data(), betas.data(), pointers_ + 2 * groups, out, ldc.data(), static_cast<int>(groups), size.data(),
       CUBLAS_COMPUTE_32F));
 }
 

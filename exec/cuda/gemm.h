@@ -6,7 +6,14 @@
 // heuristic query costs more than a small GEMM); one workspace per handle.
 //
 // Types: kF32 is the parity mode (fp32 in and out, fp32 compute, TF32 off);
-// kBF16 stores A, B and C in bf16 with fp32 accumulation (the hero's mix).
+// kBF16 stores A, B and C in bf16 with fp32 accumulation (the hero's mix);
+// kBF16F32 reads bf16 A and B and writes fp32 C (fp32 accumulation and
+// output: a weight gradient accumulates into the fp32 master's arena).
+//
+// The bf16 mode (set_bf16_operands(true)): every fp32 run() rounds its A and
+// B to bf16 first (exec/cuda/bf16_math.h, round to nearest even, into
+// scratch) and multiplies them as kBF16F32, so the backend's fp32 buffers and
+// call sites stay as they are; the grouped call runs per item then.
 //
 //   Gemm gemm(stream);
 //   gemm.run({.m = N, .n = out, .k = in}, DType::kF32, y, x, w);             // y = x·W
@@ -27,7 +34,7 @@
 
 namespace rackstep::exec::cuda {
 
-enum class DType { kF32, kBF16 };
+enum class DType { kF32, kBF16, kBF16F32 };
 
 struct GemmShape {
   int m = 0, n = 0, k = 0;   // C is (m, n); the contraction is k
@@ -61,6 +68,9 @@ class Gemm {
   // whose shapes differ in m only. Items with m == 0 are skipped.
   void run_grouped(const std::vector<GemmItem>& items, bool trans_a, bool trans_b, float alpha, float beta,
                    DType type);
+  // The bf16 mode: fp32 runs take bf16-rounded operands, accumulate and write fp32.
+  void set_bf16_operands(bool on) { bf16_operands_ = on; }
+  bool bf16_operands() const { return bf16_operands_; }
   // The stream every GEMM of this object is enqueued on.
   cudaStream_t stream() const { return stream_; }
   // How many distinct shapes have a cached algorithm (for tests and the profiler).
@@ -78,6 +88,9 @@ class Gemm {
   cublasHandle_t blas_ = nullptr;  // the grouped path (created at its first use)
   void** pointers_ = nullptr;      // (3, capacity) device arrays of the grouped call's A, B, C
   size_t pointer_capacity_ = 0;
+  bool bf16_operands_ = false;
+  void* operands16_ = nullptr;     // the bf16 mode's rounded A then B (bf16), grown on demand
+  size_t operands16_bytes_ = 0;
 };
 
 }  // namespace rackstep::exec::cuda

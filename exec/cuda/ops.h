@@ -27,6 +27,10 @@ template <typename T>
 void swiglu_backward(T* da1, T* da3, const T* dh, const T* a1, const T* a3, size_t n,
                      cudaStream_t stream);                                           // (n) each
 
+// y = x rounded to bf16 (exec/cuda/bf16_math.h: nearest, ties to even), the
+// bf16 mode's one cast (GEMM operands, bf16 copies of the fp32 masters).
+void to_bf16(__nv_bfloat16* y, const float* x, size_t n, cudaStream_t stream);  // (n) each
+
 // y = a + b (y may alias a or b).
 template <typename T>
 void residual_forward(T* y, const T* a, const T* b, size_t n, cudaStream_t stream);  // (n) each

@@ -9,6 +9,7 @@
 //   cuda::muon_momentum(u, g, m, n, b1, stream);
 //   cuda::newton_schulz(gemm, u, rows, cols, 5, o, work, sum_work);
 //   cuda::hyperball_update(w, o, n, lr, w0_norm, work, stream);
+// The whole step over resident arenas, as the trainer runs it: exec/cuda/optimizer.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +41,8 @@ size_t sum_squares_work_doubles();
 
 // Σ x² in double, on the host when the call returns (synchronises the stream).
 double sum_squares(const float* x, size_t n, double* work, cudaStream_t stream);
+// The same into *total on the device, stream-ordered (partials: sum_squares_work_doubles() − 1).
+void sum_squares_async(double* total, const float* x, size_t n, double* partials, cudaStream_t stream);
 // out (rows, cols) = NS5(g / (‖g‖_F + 1e-7)) with the quintic of exec/optim.h,
 // on X (r, c), r ≤ c (transposed in and out when rows > cols).
 // Runs on gemm.stream().

@@ -90,11 +90,15 @@ void muon_momentum(float* u, const float* g, float* m, size_t n, float b1, cudaS
 
 size_t sum_squares_work_doubles() { return kSumBlocks + 1; }
 
+void sum_squares_async(double* total, const float* x, size_t n, double* partials, cudaStream_t stream) {
+  sum_squares_partials<<<kSumBlocks, kThreads, 0, stream>>>(partials, x, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+  sum_partials<<<1, 1, 0, stream>>>(total, partials);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
 double sum_squares(const float* x, size_t n, double* work, cudaStream_t stream) {
-  sum_squares_partials<<<kSumBlocks, kThreads, 0, stream>>>(work, x, n);
-  RS_CUDA_CHECK(cudaGetLastError());
-  sum_partials<<<1, 1, 0, stream>>>(work + kSumBlocks, work);
-  RS_CUDA_CHECK(cudaGetLastError());
+  sum_squares_async(work + kSumBlocks, x, n, work, stream);
   double total = 0.0;
   RS_CUDA_CHECK(cudaMemcpyAsync(&total, work + kSumBlocks, sizeof(double), cudaMemcpyDeviceToHost, stream));
   RS_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -93,6 +93,8 @@ void apply_model_and_layout(DropsArgs& a) {
     if (l.seq_len > 0) seq = l.seq_len;
     if (!given(a.ep)) s.ep = l.ep;
     if (!given(a.gpus)) s.gpus = l.data;  // EP groups are ep consecutive data ranks
+    // MoE parallel folding (sim/layout.h): EP groups tile a stage's tp x cp x data GPUs.
+    if (!given(a.gpus) && l.folded()) s.gpus = l.tp * l.cp * l.data / l.expert_tp();
     if (!given(a.transport_opt)) s.dispatch.transport = l.ep_transport;
     if (!given(a.sender_cf)) s.dispatch.sender_cf = l.sender_cf;
     if (!given(a.receiver_cf)) s.dispatch.receiver_cf = l.receiver_cf;
@@ -108,6 +110,8 @@ void apply_model_and_layout(DropsArgs& a) {
                         "micro_batch_seqs x seq_len / cp of at most " + std::to_string(kMaxTokensPerGpu) + " tokens per GPU",
                         std::to_string(l.micro_batch_seqs) + " x " + std::to_string(seq) + " / " + std::to_string(l.cp));
       s.tokens_per_gpu = l.micro_batch_seqs * seq / std::max<int64_t>(1, l.cp);
+      // Folded: each EP rank dispatches its sequence-parallel share, gathered over expert TP.
+      if (l.folded()) s.tokens_per_gpu = s.tokens_per_gpu * l.expert_tp() / l.tp;
     }
   }
   if (seq > 0 && !given(a.context)) s.context = seq;

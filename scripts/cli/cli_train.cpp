@@ -62,6 +62,7 @@ std::vector<std::pair<std::string, std::string>> flags_of(const TrainArgs& a) {
   std::vector<std::pair<std::string, std::string>> f = {{"model_path", "--model"},
                                                         {"data_dir", "--data"},
                                                         {"steps", "--steps"},
+                                                        {"precision", "--precision"},
                                                         {"out_dir", "--out"},
                                                         {"verify_dispatch", "--verify-dispatch"},
                                                         {"routing_trace", "--routing-trace"},
@@ -117,7 +118,7 @@ int run(TrainArgs& a) {
 }
 
 rackstep::cli::Registration reg{
-    "train", "Train a model on a token-shard dataset (fp32; CPU: OpenBLAS + OpenMP, or --backend cuda)",
+    "train", "Train a model on a token-shard dataset (CPU: fp32 on OpenBLAS + OpenMP; or --backend cuda, fp32 or bf16)",
     [](CLI::App& app) {
       auto a = std::make_shared<TrainArgs>();
       app.add_option("--model", a->o.model_path, "model JSON (models/zoo/*.json)")->required();
@@ -146,7 +147,11 @@ rackstep::cli::Registration reg{
           ->check(CLI::PositiveNumber);
       app.add_option("--seed", a->o.seed, "parameter init and data order");
       app.add_option("--backend", a->o.backend,
-                     "where the ops run: cpu, or cuda (fp32 parity mode on the GPU; needs a CUDA build and a device)")
+                     "where the ops run: cpu, or cuda (the GPU, parameters and optimizer resident; needs a CUDA build and a device)")
+          ->capture_default_str();
+      app.add_option("--precision", a->o.precision,
+                     "arithmetic of the GEMMs: fp32 (the parity mode), or bf16 on --backend cuda (bf16 operands, "
+                     "fp32 accumulation, fp32 master weights, gradients and optimizer state)")
           ->capture_default_str();
       app.add_option("--threads", a->o.threads, "OpenMP / OpenBLAS threads (results are bitwise reproducible per count)")
           ->check(CLI::NonNegativeNumber);

@@ -113,6 +113,19 @@ else
   echo "SKIP: $MODEL or $LAYOUT missing; --model/--layout not exercised"
 fi
 
+# A folded layout (sim/layout.h: EP 32 x ETP 1 over TP 2 x data 16): the EP ranks are the
+# stage's 32 GPUs, each dispatching its sequence-parallel half of a 4096-token micro-batch.
+cat >"$TMP/folded.json" <<'JSON'
+{"data": 16, "tp": 2, "pp": 8, "ep": 32, "etp": 1, "micro_batch_seqs": 1}
+JSON
+"$RS" drops --model models/zoo/marin-535b-a23b.json --layout "$TMP/folded.json" --method analytic --json >"$TMP/fold" ||
+  fail "folded --layout exited $?"
+python3 -c "
+import json, sys
+s = json.load(open(sys.argv[1]))['scenario']
+assert s['ep'] == 32 and s['gpus'] == 32 and s['tokens_per_gpu'] == 2048, s
+" "$TMP/fold" || fail "folded layout scenario"
+
 # Bad input: one clear line, exit 2.
 expect_user_error "receiver cf 0" "capacity factor" --receiver-cf 0
 expect_user_error "sender cf < 0" "capacity factor" --sender-cf -1

@@ -128,7 +128,11 @@ bad "another model's checkpoint" "run.json" --model "$tmp/other.json" --data "$t
 bad "hero layout in one process" "/data" $common --steps 1 --layout sim/layouts/hero-pooled.json
 sed 's/"data": 4/"data": 4, "tp": 2/' "$tmp/ep4.json" >"$tmp/tp2.json"
 bad "tensor-parallel layout" "/tp" $common --steps 1 --layout "$tmp/tp2.json"
+# MoE parallel folding (sim/layout.h): experts split over etp 2 is expert tensor parallelism, which train has not.
+sed 's/"ep": 4/"ep": 2, "etp": 2/' "$tmp/ep4.json" >"$tmp/etp2.json"
+bad "folded expert layout" "/etp" $common --steps 1 --layout "$tmp/etp2.json"
 bad "layout and flags" "--layout" $common --steps 1 --layout "$tmp/ep4.json" --dispatch pooled --ep 4
+bad "bf16 on the cpu backend" "--precision" $common --steps 1 --precision bf16
 printf 'RSTOKSH\0' >"$tmp/data/train-00000.bin"
 bad "corrupt shard" "train-00000.bin" $common --steps 1
 

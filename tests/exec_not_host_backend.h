@@ -1,0 +1,99 @@
+// The CPU backend dressed as a device, for testing the driver's device path on
+// a machine without one (tests/exec_model.cpp, tests/exec_train.cpp): its
+// memory is not the host's as far as the driver knows, so parameters and
+// gradients live in "backend" arenas the driver keeps coherent with the host's
+// by explicit copies, and routing state and the QB histogram cross by copies.
+// With `resident`, it also offers an optimizer in its memory
+// (Backend::make_optimizer), exec::Optimizer run over its own copies of the
+// state: what the CUDA backend's does on the GPU, here bitwise the host's, so
+// a resident run must train bitwise like the CPU one.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "exec/backend.h"
+#include "exec/optim.h"
+#include "sim/base/check.h"
+
+namespace rackstep::exec::testing {
+
+class NotHostOptimizer final : public BackendOptimizer {
+ public:
+  NotHostOptimizer(const OptimizerConfig& config, std::shared_ptr<const ArenaLayout> layout)
+      : opt_(config), params_(layout), grads_(layout) {}
+  void load_state(const OptimizerState& host) override { state_ = host; }  // its own copy, as a device's
+  void save_state(OptimizerState& host) override {
+    copy(host.momentum, state_.momentum);
+    copy(host.second_moment, state_.second_moment);
+    host.w0_norm = state_.w0_norm;
+  }
+  GroupNorms grad_norms(const float* grads) override {
+    std::copy_n(grads, grads_.total_floats(), grads_.data());
+    return group_norms(grads_);
+  }
+  void step(float* params, const float* grads, int64_t step) override {
+    std::copy_n(params, params_.total_floats(), params_.data());
+    std::copy_n(grads, grads_.total_floats(), grads_.data());
+    state_.step = step;
+    opt_.step(params_, grads_, state_);
+    std::copy_n(params_.data(), params_.total_floats(), params);
+  }
+
+ private:
+  static void copy(Arena& to, const Arena& from) {
+    RS_CHECK(to.layout().fingerprint() == from.layout().fingerprint(), "optimizer state of another layout");
+    std::copy_n(from.data(), from.total_floats(), to.data());
+  }
+  Optimizer opt_;
+  Arena params_, grads_;
+  OptimizerState state_;
+};
+
+class NotHostBackend final : public Backend {
+ public:
+  explicit NotHostBackend(bool resident = false) : resident_(resident) {}
+  std::string name() const override { return resident_ ? "cpu-resident" : "cpu-as-device"; }
+  std::unique_ptr<Buffer> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
+  void copy_to_backend(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_backend(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_host(dst, src, bytes); }
+  bool uses_host_memory() const override { return false; }
+  void synchronize() override {}
+  std::unique_ptr<BackendOptimizer> make_optimizer(const OptimizerConfig& config,
+                                                   std::shared_ptr<const ArenaLayout> layout) override {
+    if (!resident_) return nullptr;
+    return std::make_unique<NotHostOptimizer>(config, std::move(layout));
+  }
+  OpResult forward(const OpCall& c) override { return cpu_->forward(c); }
+  void backward(const OpCall& c) override { cpu_->backward(c); }
+  double aux_loss(const OpCall& c) override { return cpu_->aux_loss(c); }
+  void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool acc) override {
+    cpu_->copy_columns(y, wy, x, wx, rows, acc);
+  }
+  void assemble_key(float* k, const float* kn, const float* kr, int64_t N, int64_t H, int64_t hd, int64_t r) override {
+    cpu_->assemble_key(k, kn, kr, N, H, hd, r);
+  }
+  void split_key_grad(float* dn, bool an, float* dr, bool ar, const float* dk, int64_t N, int64_t H, int64_t hd,
+                      int64_t r) override {
+    cpu_->split_key_grad(dn, an, dr, ar, dk, N, H, hd, r);
+  }
+  void fill_zero(float* x, int64_t n) override { cpu_->fill_zero(x, n); }
+  bool all_finite(const float* x, int64_t n) override { return cpu_->all_finite(x, n); }
+  void update_balancing_bias(float* bias, int64_t* hist, int E, int k, int bins, float lo, float hi) override {
+    cpu_->update_balancing_bias(bias, hist, E, k, bins, lo, hi);
+  }
+
+ private:
+  bool resident_ = false;
+  std::unique_ptr<Backend> cpu_ = make_backend("cpu");
+};
+
+// Registers both in exec/backend.h's registry (idempotent).
+inline void register_not_host_backends() {
+  register_backend("cpu-as-device", [] { return std::make_unique<NotHostBackend>(false); });
+  register_backend("cpu-resident", [] { return std::make_unique<NotHostBackend>(true); });
+}
+
+}  // namespace rackstep::exec::testing

@@ -1,0 +1,161 @@
+// Host issue of an eager trainer behind the MoE layer's device-to-host sync (issue 13):
+// a pass of such a layer takes max(device, host), so small micro-batches of a small
+// MoE are host-bound and larger ones amortise the host's fixed cost per layer; a
+// compiled step (op_issue_s 0) and sync-free dense layers keep their device time.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "sim/base/check.h"
+#include "sim/base/source_dir.h"
+#include "sim/predict.h"
+#include "sim/stack.h"
+
+using namespace rackstep;
+using namespace rackstep::sim;
+
+namespace {
+
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
+
+// Qwen3-30B-A3B (d_model 2048, 128 experts of width 768) on one H100 node, EP 8.
+struct SmallMoe {
+  models::LayerGraph g = models::build_layer_graph(models::load_model(src("tests/validation/models/qwen3-30b-a3b.json")));
+  topologies::Cluster c = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1);
+
+  Layout layout(int64_t micro_batch_seqs) const {
+    Layout l;
+    l.data = 8;
+    l.fsdp = 8;
+    l.zero_stage = 1;
+    l.ep = 8;
+    l.ep_transport = Transport::ragged;
+    l.micro_batch_seqs = micro_batch_seqs;
+    l.tokens_per_step = 8.0 * 16.0 * 4096.0;  // 16 sequences per GPU
+    l.recompute = models::Recompute::kNone;
+    return l;
+  }
+};
+
+// An eager trainer's host cost with one sync per MoE layer (the Megatron-Core shape).
+Calibration eager(double op_issue_s, double syncs) {
+  Calibration cal = default_calibration();
+  cal.op_issue_s = op_issue_s;
+  cal.moe_host_syncs_per_layer = syncs;
+  cal.grouped_gemm_launch_per_expert = true;
+  cal.host_calls_per_local_expert = 4;
+  return cal;
+}
+
+}  // namespace
+
+TEST_CASE("A compiled step (no host issue cost) prices no host wait", "[moe_host]") {
+  const SmallMoe m;
+  const Prediction p = Predictor(m.g, m.c, default_calibration()).predict(m.layout(1));
+  REQUIRE(p.valid);
+  CHECK(p.breakdown.host_issue_s == 0.0);
+}
+
+TEST_CASE("Behind an MoE sync the host paces the device once its issue time exceeds the device's", "[moe_host]") {
+  const SmallMoe m;
+  const Layout l = m.layout(1);
+  const Prediction device = Predictor(m.g, m.c, eager(0, 1)).predict(l);
+  // A host 1 us per call: far below the device's time per layer, nothing exposed.
+  const Prediction fast_host = Predictor(m.g, m.c, eager(1e-6, 1)).predict(l);
+  // 200 us per call: the host's issue of each MoE layer outlasts its device work.
+  const Prediction slow_host = Predictor(m.g, m.c, eager(200e-6, 1)).predict(l);
+  REQUIRE((device.valid && fast_host.valid && slow_host.valid));
+  CHECK(fast_host.breakdown.host_issue_s == 0.0);
+  CHECK(fast_host.step_time_s == Approx(device.step_time_s).epsilon(1e-12));
+  CHECK(slow_host.breakdown.host_issue_s > 0.0);
+  CHECK(slow_host.step_time_s > device.step_time_s);
+  // Host-bound, each MoE layer's pass costs its host time: the step grows with the
+  // per-call cost (doubling it more than doubles the exposed wait).
+  const Prediction slower_host = Predictor(m.g, m.c, eager(400e-6, 1)).predict(l);
+  CHECK(slower_host.breakdown.host_issue_s > 2.0 * slow_host.breakdown.host_issue_s);
+}
+
+TEST_CASE("Larger micro-batches amortise the host's fixed cost per MoE layer", "[moe_host]") {
+  const SmallMoe m;
+  const Calibration cal = eager(60e-6, 1);
+  const Predictor pr(m.g, m.c, cal);
+  const Prediction mb1 = pr.predict(m.layout(1));
+  const Prediction mb4 = pr.predict(m.layout(4));
+  const Prediction mb16 = pr.predict(m.layout(16));
+  REQUIRE((mb1.valid && mb4.valid && mb16.valid));
+  // The same tokens per step: host time per step is per micro-batch (16, 4, 1 of them),
+  // the device's per token, so the wait shrinks as the micro-batch grows.
+  CHECK(mb1.breakdown.host_issue_s > mb4.breakdown.host_issue_s);
+  CHECK(mb4.breakdown.host_issue_s >= mb16.breakdown.host_issue_s);
+  CHECK(mb1.step_time_s > mb4.step_time_s);
+}
+
+TEST_CASE("Without the sync the host queues ahead over the pass: dense layers' slack absorbs MoE layers' issue", "[moe_host]") {
+  // DeepSeek-V3: 3 dense layers (device-heavy, little to issue) before 58 MoE layers.
+  const auto g = models::build_layer_graph(models::load_model(src("tests/validation/models/deepseek-v3.json")));
+  const auto c = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1);
+  Layout l;
+  l.data = 8;
+  l.fsdp = 8;
+  l.zero_stage = 1;
+  l.ep = 8;
+  l.ep_transport = Transport::ragged;
+  l.micro_batch_seqs = 1;
+  l.tokens_per_step = 8.0 * 4.0 * 4096.0;
+  l.recompute = models::Recompute::kNone;
+  const Prediction synced = Predictor(g, c, eager(150e-6, 1)).predict(l);
+  const Prediction free = Predictor(g, c, eager(150e-6, 0)).predict(l);
+  REQUIRE((synced.valid && free.valid));
+  REQUIRE(synced.breakdown.host_issue_s > 0.0);
+  CHECK(free.breakdown.host_issue_s < synced.breakdown.host_issue_s);
+}
+
+TEST_CASE("Host issue of one op: framework calls and launches, per local expert for TE's grouped GEMM", "[moe_host]") {
+  const SmallMoe m;
+  const OpTable t = build_op_table(m.g);
+  Calibration cal = eager(10e-6, 1);
+  PriceContext ctx;
+  ctx.cal = &cal;
+  ctx.local_experts = 16;
+  ctx.op_issue_s = 10e-6;
+  const LayerClass& lc = t.classes.at(0);
+  REQUIRE(lc.moe);
+  const OpEntry* experts = nullptr;
+  for (const OpEntry& e : lc.ops) {
+    if (e.kind == models::OpKind::kExpertMlp) experts = &e;
+  }
+  REQUIRE(experts);
+  // 1 call + 4 per local expert, and one launch per expert and matrix plus the activation.
+  const double launches = experts->gemm_count * 16.0 + 1.0;
+  CHECK(op_host_issue_s(*experts, ctx) ==
+        Approx((1.0 + 4.0 * 16.0) * 10e-6 + launches * cal.launch_overhead_s));
+  cal.host_calls_per_op["expert_mlp"] = 6.4;
+  CHECK(op_host_issue_s(*experts, ctx) ==
+        Approx((6.4 + 4.0 * 16.0) * 10e-6 + launches * cal.launch_overhead_s));
+  ctx.op_issue_s = 0;  // a compiled step
+  CHECK(op_host_issue_s(*experts, ctx) == 0.0);
+}
+
+TEST_CASE("The Megatron-Bridge stack reads its host issue costs per host CPU, and names a wrong op kind", "[moe_host][stack]") {
+  const Stack s = load_stack(stack_path("megatron-bridge-2025"));
+  const Calibration cal = stack_calibration(s);
+  topologies::GpuSpec h100, gb200;
+  h100.name = "H100-SXM";
+  gb200.name = "GB200";
+  CHECK(host_op_issue_s(cal, h100) > 0.0);
+  CHECK(host_op_issue_s(cal, gb200) > host_op_issue_s(cal, h100));  // Grace issues slower than the DGX Xeon
+  CHECK(cal.moe_host_syncs_per_layer >= 1.0);
+  CHECK(host_op_issue_s(default_calibration(), h100) == 0.0);  // Marin's compiled step
+  Stack bad = s;
+  bad.calibration_overrides["host"]["calls_per_op"]["linaer"] = {{"value", 2}, {"source", "typo"}};
+  CHECK_THROWS_AS(stack_calibration(bad), UserError);
+  // Every host CPU needs a figure: a map without its default is refused, naming the path.
+  Stack no_default = s;
+  no_default.calibration_overrides["host"]["op_issue_s"] = {{"GB200", {{"value", 3.7e-5}, {"source", "[M]"}}}};
+  try {
+    (void)stack_calibration(no_default);
+    FAIL("an op_issue_s map without a default was accepted");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("op_issue_s") != std::string::npos);
+  }
+}

@@ -1,0 +1,194 @@
+// ZeRO-3 under DeepSpeed's 2021 coordinator (issue 13), each mechanism against the
+// figure its source gives:
+//  - NCCL's tuning-model ring latency (src/graph/tuning.cc of NCCL 2.7.8 / 2.8.4):
+//    baseLat + (nRanks-1 - (nNodes-1))·intraLat + (nNodes-1)·interLat per ring pass;
+//  - the coordinator's prefetch under stage3_max_live_parameters, the host's
+//    per-rank list work of every gather and reduce-scatter (partition_parameters.py
+//    of DeepSpeed v0.3.13), and the gathered-weight / gradient working set.
+// The DeepSpeed stacks time ZeRO-3 with all of them; the working set waits for
+// grad_reduce_bucket_params, which no stack sets yet. Each is checked on its own here.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "sim/base/source_dir.h"
+#include "sim/collectives.h"
+#include "sim/predict.h"
+#include "sim/stack.h"
+
+using namespace rackstep;
+using namespace rackstep::sim;
+
+namespace {
+
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
+
+// NCCL 2.8.4 src/graph/tuning.cc, Ring / Simple: baseLat 8.4 us, hwLat NVLINK 3.4 us, NET 9.6 us.
+Calibration nccl_2021(Calibration c) {
+  c.ring_base_latency_s = 8.4e-6;
+  c.ring_intra_hop_latency_s = 3.4e-6;
+  c.ring_inter_hop_latency_s = 9.6e-6;
+  return c;
+}
+
+// DeepSpeed v0.3.13 defaults (deepspeed/runtime/zero/constants.py).
+Calibration deepspeed_2021(Calibration c) {
+  c.fsdp_gather_per_module = true;
+  c.fsdp_regather_for_recompute = true;
+  c.fsdp_prefetch_bucket_params = 5e7;         // stage3_prefetch_bucket_size
+  c.fsdp_max_live_params = 1e9;                // stage3_max_live_parameters
+  c.fsdp_max_reuse_distance_params = 1e9;      // stage3_max_reuse_distance
+  c.fsdp_persistence_threshold_params = 1e5;   // stage3_param_persistence_threshold
+  c.grad_reduce_bucket_params = 5e8;           // reduce_bucket_size
+  return nccl_2021(c);
+}
+
+topologies::Cluster dgx(int64_t nodes) { return topologies::load_cluster(src("topologies/zoo/dgx-a100-80gb.json"), nodes); }
+
+const models::LayerGraph& gpt(const std::string& name) {
+  static const auto g175 = models::build_layer_graph(models::load_model(src("tests/validation/models/gpt-175b.json")));
+  static const auto g530 =
+      models::build_layer_graph(models::load_model(src("tests/validation/models/megatron-gpt-529.6b.json")));
+  return name == "175b" ? g175 : g530;
+}
+
+// ZeRO-3 over every GPU of `nodes` DGX A100 nodes, full recompute, one micro-batch of mb sequences.
+Layout zero3(int64_t gpus, int64_t mb) {
+  Layout l;
+  l.data = gpus;
+  l.fsdp = gpus;
+  l.zero_stage = 3;
+  l.micro_batch_seqs = mb;
+  l.tokens_per_step = static_cast<double>(gpus * mb * 2048);
+  l.recompute = models::Recompute::kFull;
+  return l;
+}
+
+Prediction run(const std::string& model, int64_t nodes, int64_t mb, const Calibration& cal) {
+  const auto c = dgx(nodes);
+  return Predictor(gpt(model), c, cal).predict(zero3(nodes * 8, mb));
+}
+
+}  // namespace
+
+TEST_CASE("NCCL's tuning-model ring latency: one flat ring, inter-node steps at the network's hop", "[zero3][collectives]") {
+  const Network net = make_network(dgx(192), nccl_2021(default_calibration()));
+  const Group all = group_of(net, 1536, 1);
+  REQUIRE(all.domains == 192);
+  // 1535 steps, 191 of them across nodes: 8.4 + 1344 x 3.4 + 191 x 9.6 us.
+  CHECK(ring_pass_latency_s(net, all) == Approx(8.4e-6 + 1344 * 3.4e-6 + 191 * 9.6e-6).epsilon(1e-9));
+  // A 1-byte gather is its latency; the bandwidth term is unchanged by the latency model.
+  CHECK(all_gather_s(net, all, 1.0) == Approx(ring_pass_latency_s(net, all)).epsilon(1e-6));
+  const Network fitted = make_network(dgx(192), default_calibration());
+  CHECK(all_gather_s(net, all, 1e9) - ring_pass_latency_s(net, all) ==
+        Approx(all_gather_s(fitted, all, 1e9) - ring_pass_latency_s(fitted, all)).epsilon(1e-9));
+  // Without the table: the per-tier alphas (191 cross-node steps at the fitted step latency).
+  CHECK(ring_pass_latency_s(fitted, all) ==
+        Approx(191 * fitted.inter_step_alpha_s + 7 * fitted.intra_alpha_s).epsilon(1e-9));
+}
+
+TEST_CASE("DeepSpeed's coordinator: no gather hides behind compute; list work per rank is exposed", "[zero3]") {
+  const Calibration ds = deepspeed_2021(default_calibration());
+  const Prediction p = run("175b", 48, 4, ds);
+  REQUIRE(p.valid);
+  // The layer graph's GPT-175B block gathers 5 modules (q, k, v, o at h^2, the MLP at
+  // 3 x h x 32768; the norms stay whole): forward, recompute and backward (the MLP, used
+  // last, kept from the recompute), each gather exposed in full; the 7 reduce-scatters
+  // (norms included) show only beyond the backward beside them.
+  const Network net = make_network(dgx(48), ds);
+  const Group all = group_of(net, 384, 1);
+  const double h = 12288.0;
+  const double qkvo = 4.0 * all_gather_s(net, all, h * h * 2.0);
+  const double mlp = all_gather_s(net, all, 3.0 * h * 32768.0 * 2.0);
+  const double gathers = 96.0 * (2.0 * (qkvo + mlp) + qkvo);
+  double rs = 2.0 * reduce_scatter_s(net, all, h * 4.0) + 4.0 * reduce_scatter_s(net, all, h * h * 4.0) +
+              reduce_scatter_s(net, all, 3.0 * h * 32768.0 * 4.0);
+  CHECK(p.breakdown.fsdp_comm_s >= gathers * (1.0 - 1e-9));
+  CHECK(p.breakdown.fsdp_comm_s <= gathers + 96.0 * rs);
+  // Host list work: ranks x ops x launch overhead per call, with the GPU idle: 14
+  // gathers a layer in full, the reduce-scatters' share only beyond the backward.
+  Calibration listed = ds;
+  listed.fsdp_list_ops_per_rank = 2.0;
+  const double per_call = 384.0 * 2.0 * ds.launch_overhead_s;
+  const double added = run("175b", 48, 4, listed).breakdown.fsdp_comm_s - p.breakdown.fsdp_comm_s;
+  CHECK(added >= 96.0 * 14.0 * per_call * (1.0 - 1e-9));
+  CHECK(added <= 96.0 * 21.0 * per_call * (1.0 + 1e-9));
+}
+
+TEST_CASE("DeepSpeed's ZeRO-3 working set: a module and its prefetch, two gradient buckets", "[zero3][memory]") {
+  const Calibration two_layers = default_calibration();
+  Calibration ds = deepspeed_2021(default_calibration());
+  ds.fsdp_list_ops_per_rank = 2.0;
+  // The layer graph's 529.6B block (h 20480): q, k, v, o at 4.2e8 elements, the MLP at
+  // 3.36e9 (one op). The rule of two gathered layers and one fp32 layer gradient holds
+  // 4 x 5.03e9 elements' bytes; DeepSpeed holds at most o with the MLP it prefetches (o is
+  // under the live cap) and that prefetch's staging copy, plus the gradients: the bucket
+  // reduced before (not yet partitioned), the current one and a reduce-scatter staging copy.
+  const double w2 = run("530b", 80, 4, two_layers).memory.working_weights;
+  const double wds = run("530b", 80, 4, ds).memory.working_weights;
+  const double h = 20480.0;
+  const double o = h * h, mlp = 8.0 * h * h;
+  CHECK(wds < 0.5 * w2);
+  CHECK(wds >= 2.0 * (o + 2.0 * mlp) * 0.99);
+  CHECK(wds <= 2.0 * (o + 2.0 * mlp + 3.0 * mlp) * 1.01);
+  // The staging copies are the list collectives' (a stack without them holds less).
+  ds.fsdp_list_ops_per_rank = 0.0;
+  CHECK(run("530b", 80, 4, ds).memory.working_weights < wds);
+}
+
+TEST_CASE("parameters under the persistence threshold are never gathered", "[zero3][stack]") {
+  // The DeepSpeed stacks carry DeepSpeed's default threshold; Marin's gathers everything.
+  CHECK(stack_calibration(load_stack(stack_path("megatron-deepspeed-2021"))).fsdp_persistence_threshold_params == 1e5);
+  CHECK(stack_calibration(load_stack(stack_path("deepspeed"))).fsdp_persistence_threshold_params == 1e5);
+  CHECK(stack_calibration(load_stack(stack_path("marin-july-2026"))).fsdp_persistence_threshold_params == 0.0);
+  // GPT-175B's block: two LayerNorms (12288 elements each) and q, k, v, o, MLP. Per
+  // module, the norms' gathers go when they stay whole: exactly two ring calls of
+  // 12288 bf16 elements less per pass (the pass count is the same either way).
+  Calibration per_module = default_calibration();
+  per_module.fsdp_gather_per_module = true;
+  per_module.fsdp_prefetch_overlap = 0.0;  // every gather exposed
+  Calibration persistent = per_module;
+  persistent.fsdp_persistence_threshold_params = 1e5;
+  const double all = run("175b", 16, 1, per_module).breakdown.fsdp_comm_s;
+  const double fewer = run("175b", 16, 1, persistent).breakdown.fsdp_comm_s;
+  const auto c = dgx(16);
+  const Network net = make_network(c, per_module);
+  const double norm_call = all_gather_s(net, group_of(net, 128, 1), 12288.0 * 2.0);
+  // forward and backward gathers (no re-gather set): 2 passes x 2 norms x 96 layers.
+  CHECK(all - fewer == Approx(2.0 * 2.0 * 96.0 * norm_call).epsilon(1e-6));
+}
+
+TEST_CASE("per-module ZeRO-3 reduce-scatters one call per parameter-holding op; the recompute's last module is kept",
+          "[zero3][stack]") {
+  const auto c = dgx(16);
+  const Network net = make_network(c, default_calibration());
+  const Group all = group_of(net, 128, 1);
+  const double latency = ring_pass_latency_s(net, all);
+  const auto rs_of_layer = [&](const Calibration& cal) {
+    const StepPrice sp = Predictor(gpt("175b"), c, cal).price(zero3(128, 1), Predictor::PriceDetail::kFull);
+    REQUIRE(!sp.layers.empty());
+    return sp.layers[0].grad_reduce_scatter_s;
+  };
+  // GPT-175B's block holds parameters in 7 ops (2 norms, q, k, v, o, MLP): per module,
+  // 7 reduce-scatters of the same total bytes instead of 1, so 6 more ring latencies.
+  Calibration per_layer = default_calibration();
+  Calibration per_module = per_layer;
+  per_module.fsdp_gather_per_module = true;
+  CHECK(rs_of_layer(per_module) - rs_of_layer(per_layer) == Approx(6.0 * latency).epsilon(1e-6));
+
+  // Re-gathering for the backward skips the MLP (the last module, used again at once);
+  // o is not kept (the MLP's 1.2e9 elements lie between its two uses, over 1e9).
+  Calibration regather = per_module;
+  regather.fsdp_regather_for_recompute = true;
+  regather.fsdp_prefetch_overlap = 0.0;  // every gather exposed
+  Calibration kept = regather;
+  kept.fsdp_max_reuse_distance_params = 1e9;
+  const double mlp = 3.0 * 12288.0 * 32768.0;
+  const auto comm = [&](const Calibration& cal) {
+    const Prediction p = Predictor(gpt("175b"), c, cal).predict(zero3(128, 1));
+    REQUIRE(p.valid);
+    return p.breakdown.fsdp_comm_s;
+  };
+  CHECK(comm(regather) - comm(kept) == Approx(96.0 * all_gather_s(net, all, mlp * 2.0)).epsilon(1e-6));
+  CHECK(stack_calibration(load_stack(stack_path("megatron-deepspeed-2021"))).fsdp_max_reuse_distance_params == 1e9);
+}
