@@ -193,10 +193,15 @@ class GraphBuilder {
   }
 
   // A pre-norm site: RMSNorm (+ gated norm) of the residual stream; returns the branch input.
+  // In a block (l >= 0) the site is what Megatron-Core's "layernorm" recompute covers.
   TensorDecl add_norm_site(int32_t l, const std::string& what, bool gated, const TensorDecl& resid) {
+    const uint32_t module = l >= 0 ? recompute_module_bit(RecomputeModule::kLayernorm) : 0u;
     const TensorDecl x = add_rmsnorm(l, what, m_.d_model, resid);
-    if (gated && m_.norm.gated_rank > 0) return add_gated_norm(l, what + "_gate", x);
-    return x;
+    g_.ops.back().recompute_modules |= module;
+    if (!(gated && m_.norm.gated_rank > 0)) return x;
+    const TensorDecl y = add_gated_norm(l, what + "_gate", x);
+    g_.ops.back().recompute_modules |= module;
+    return y;
   }
 
   // The convolution runs at the input's (stored) width; channels_used is what sim prices.
@@ -248,8 +253,10 @@ class GraphBuilder {
     const int64_t kv_used = kind.kv_heads * hd, kv_stored = a.kv_heads * hd;
     const Dim heads{"heads", a.heads}, kv_heads{"kv_heads", a.kv_heads}, head_dim{"head_dim", hd};
     // K and V are projected at the stored KV heads; a layer kind using fewer reads the first kv_used.
-    const TensorDecl q = add_projection(a.qkv_bias, l, "attn.q_proj", d, q_width, q_width, true, x,
-                                    {tensor(l, "attn.q", {heads, head_dim})}).outputs[0];
+    Op& q_proj = add_projection(a.qkv_bias, l, "attn.q_proj", d, q_width, q_width, true, x,
+                                {tensor(l, "attn.q", {heads, head_dim})});
+    q_proj.saves_norm_output = true;
+    const TensorDecl q = q_proj.outputs[0];
     TensorDecl k = add_projection(a.qkv_bias, l, "attn.k_proj", d, kv_used, kv_stored, true, x,
                               {tensor(l, "attn.k", {kv_heads, head_dim})}, false).outputs[0];
     const TensorDecl v = add_projection(a.qkv_bias, l, "attn.v_proj", d, kv_used, kv_stored, true, x,
@@ -269,13 +276,21 @@ class GraphBuilder {
     const Dim heads{"heads", a.heads}, head_dim{"head_dim", hd}, qk_dim{"qk_head_dim", hd + rope};
     const TensorDecl q_out = tensor(l, "attn.q", {heads, qk_dim});
     TensorDecl q;
+    const uint32_t up = recompute_module_bit(RecomputeModule::kMlaUpProj);
     if (a.mla_q_latent > 0) {
-      const TensorDecl c = add_projection(a.qkv_bias, l, "attn.q_down", d, a.mla_q_latent, a.mla_q_latent, true, x,
-                                      {tensor(l, "attn.q_latent", {{"q_latent", a.mla_q_latent}})}).outputs[0];
+      Op& q_down = add_projection(a.qkv_bias, l, "attn.q_down", d, a.mla_q_latent, a.mla_q_latent, true, x,
+                                  {tensor(l, "attn.q_latent", {{"q_latent", a.mla_q_latent}})});
+      q_down.saves_norm_output = true;
+      const TensorDecl c = q_down.outputs[0];
       const TensorDecl cn = add_rmsnorm(l, "attn.q_latent_norm", a.mla_q_latent, c);
-      q = add_projection(a.qkv_bias, l, "attn.q_up", a.mla_q_latent, q_width, q_width, true, cn, {q_out}).outputs[0];
+      g_.ops.back().recompute_modules |= up;
+      Op& q_up = add_projection(a.qkv_bias, l, "attn.q_up", a.mla_q_latent, q_width, q_width, true, cn, {q_out});
+      q_up.recompute_modules |= up;
+      q = q_up.outputs[0];
     } else {
-      q = add_projection(a.qkv_bias, l, "attn.q_proj", d, q_width, q_width, true, x, {q_out}).outputs[0];
+      Op& q_proj = add_projection(a.qkv_bias, l, "attn.q_proj", d, q_width, q_width, true, x, {q_out});
+      q_proj.saves_norm_output = true;
+      q = q_proj.outputs[0];
     }
     const Op& down = add_projection(a.qkv_bias, l, "attn.kv_down", d, a.mla_kv_latent + rope, a.mla_kv_latent + rope, true, x,
                                 {tensor(l, "attn.kv_latent", {{"kv_latent", a.mla_kv_latent}}),
@@ -283,10 +298,18 @@ class GraphBuilder {
                                 false);
     const TensorDecl kv_latent = down.outputs[0], k_rope = down.outputs[1];
     const TensorDecl kv_n = add_rmsnorm(l, "attn.kv_latent_norm", a.mla_kv_latent, kv_latent);
-    const Op& up = add_projection(a.qkv_bias, l, "attn.kv_up", a.mla_kv_latent, 2 * a.heads * hd, 2 * a.heads * hd, true, kv_n,
-                              {tensor(l, "attn.k_nope", {heads, head_dim}), tensor(l, "attn.v", {heads, head_dim})});
-    const TensorDecl k_nope = up.outputs[0], v = up.outputs[1];
-    return add_attention_core(l, a.heads, a.heads, hd, hd + rope, kind, x, q, {k_nope, k_rope}, v);
+    g_.ops.back().recompute_modules |= up;
+    Op& kv_up = add_projection(a.qkv_bias, l, "attn.kv_up", a.mla_kv_latent, 2 * a.heads * hd, 2 * a.heads * hd, true, kv_n,
+                               {tensor(l, "attn.k_nope", {heads, head_dim}), tensor(l, "attn.v", {heads, head_dim})});
+    kv_up.recompute_modules |= up;
+    const TensorDecl k_nope = kv_up.outputs[0], v = kv_up.outputs[1];
+    const size_t core_begin = g_.ops.size();
+    const TensorDecl out = add_attention_core(l, a.heads, a.heads, hd, hd + rope, kind, x, q, {k_nope, k_rope}, v);
+    // Megatron-Core's MLA applies RoPE inside the up-projection checkpoint.
+    for (size_t i = core_begin; i < g_.ops.size(); ++i) {
+      if (g_.ops[i].kind == OpKind::kRope) g_.ops[i].recompute_modules |= up;
+    }
+    return out;
   }
 
   // q (B, T, heads, qk_hd), k (B, T, kv heads, qk_hd) — MLA: the two parts
@@ -338,6 +361,7 @@ class GraphBuilder {
       flow(att, std::move(in), {tensor(l, "attn.o", {{"heads", heads}, {"head_dim", hd}})});
     }
     TensorDecl o = att.outputs[0];
+    att.recompute_modules |= recompute_module_bit(RecomputeModule::kCoreAttn);
     att.heads = heads;
     att.kv_heads = kv_heads;
     att.head_dim = hd;
@@ -394,6 +418,9 @@ class GraphBuilder {
     Op& op = add(kind, OpClass::kGemm, lname(l, what), l, {in}, {in});
     const TensorDecl y = flow(op, std::move(inputs), {tensor(l, what + ".out", {d_model()})});
     op.activation = act;
+    op.saves_norm_output = true;  // x, the pre-MLP norm's output
+    op.recompute_modules |= m_.is_moe_layer(l) ? recompute_module_bit(RecomputeModule::kSharedExperts) | recompute_module_bit(RecomputeModule::kMoe)
+                                : recompute_module_bit(RecomputeModule::kMlp);
     const auto opt = opt_for(ParamRole::kBlockMatrix);
     op.params.push_back(param(lname(l, what + ".w1"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
     if (gated) op.params.push_back(param(lname(l, what + ".w3"), {in, width}, ParamRole::kBlockMatrix, opt, 1.0));
@@ -495,6 +522,16 @@ class GraphBuilder {
     return routed;
   }
 
+  // Every op of a MoE layer from `begin` is in Megatron-Core's "moe" recompute
+  // module; the routed experts' activation is "moe_act".
+  void tag_moe_ops(size_t begin) {
+    for (size_t i = begin; i < g_.ops.size(); ++i) {
+      Op& op = g_.ops[i];
+      op.recompute_modules |= recompute_module_bit(RecomputeModule::kMoe);
+      if (op.kind == OpKind::kExpertMlp) op.recompute_modules |= recompute_module_bit(RecomputeModule::kMoeAct);
+    }
+  }
+
   // resid -> resid + attention(norm(resid)) -> resid_mid + mlp(norm(resid_mid)).
   TensorDecl add_block(int32_t l, const TensorDecl& resid) {
     const TensorDecl x = add_norm_site(l, "attn_norm", m_.norm.gated_pre_attention, resid);
@@ -502,9 +539,11 @@ class GraphBuilder {
         m_.attention.kind == AttentionKind::kMla ? add_attention_mla(l, x) : add_attention_gqa(l, x);
     const TensorDecl mid = add_residual(l, "attn_residual", resid, attn, "resid_mid");
     const TensorDecl x2 = add_norm_site(l, "mlp_norm", m_.norm.gated_pre_mlp, mid);
+    const size_t mlp_begin = g_.ops.size();
     TensorDecl mlp = m_.is_moe_layer(l)
                          ? add_moe(l, x2)
                          : add_mlp(l, "mlp", OpKind::kSharedMlp, m_.d_model, m_.moe.dense_width, {x2});
+    if (m_.is_moe_layer(l)) tag_moe_ops(mlp_begin);
     if (m_.sconv.kernel > 0 && m_.sconv.on_moe_out) mlp = add_sconv(l, "moe.out_sconv", m_.d_model, m_.d_model, mlp);
     return add_residual(l, "mlp_residual", mid, mlp, "resid_out");
   }
@@ -769,6 +808,19 @@ int64_t recipe_steps(const LayerGraph& g) {
   const double tps = static_cast<double>(g.model.tokens_per_step());
   if (r.total_tokens > 0) return static_cast<int64_t>(std::ceil(static_cast<double>(r.total_tokens) / tps));
   return static_cast<int64_t>(std::llround(r.tokens_per_active_param * count_params(g).active / tps));
+}
+
+const char* to_string(RecomputeModule m) {
+  switch (m) {
+    case RecomputeModule::kCoreAttn: return "core_attn";
+    case RecomputeModule::kMlaUpProj: return "mla_up_proj";
+    case RecomputeModule::kLayernorm: return "layernorm";
+    case RecomputeModule::kMlp: return "mlp";
+    case RecomputeModule::kMoeAct: return "moe_act";
+    case RecomputeModule::kMoe: return "moe";
+    case RecomputeModule::kSharedExperts: return "shared_experts";
+  }
+  return "?";
 }
 
 const char* to_string(OpKind k) {

@@ -53,6 +53,27 @@ inline constexpr OpKind kAllOpKinds[] = {
     OpKind::kSharedMlp, OpKind::kResidualAdd, OpKind::kLmHead, OpKind::kCrossEntropy,
 };
 
+// Megatron-Core's recompute_modules (TransformerConfig.recompute_modules, used with
+// recompute_granularity "selective"): the parts of a block a trainer may
+// recompute in the backward instead of saving. An op carries the bits
+// (recompute_module_bit) of the modules whose recompute covers it.
+enum class RecomputeModule {
+  kCoreAttn,       // the attention kernel (normal checkpoint: keeps q, k, v)
+  kMlaUpProj,      // MLA q/kv up-projections and RoPE (keeps the latents; q, k, v freed after attention)
+  kLayernorm,      // the block's two pre-norms (their outputs discarded)
+  kMlp,            // the dense MLP (normal checkpoint: keeps its input)
+  kMoeAct,         // the routed experts' activation (its output discarded)
+  kMoe,            // the whole MoE layer (normal checkpoint: keeps its input)
+  kSharedExperts,  // the shared experts (normal checkpoint: keeps their input)
+};
+inline constexpr uint32_t recompute_module_bit(RecomputeModule m) { return 1u << static_cast<uint32_t>(m); }
+inline constexpr RecomputeModule kAllRecomputeModules[] = {
+    RecomputeModule::kCoreAttn, RecomputeModule::kMlaUpProj, RecomputeModule::kLayernorm, RecomputeModule::kMlp,
+    RecomputeModule::kMoeAct,   RecomputeModule::kMoe,       RecomputeModule::kSharedExperts,
+};
+// Megatron-Core's names: "core_attn", "mla_up_proj", "layernorm", "mlp", "moe_act", "moe", "shared_experts".
+const char* to_string(RecomputeModule m);
+
 // What class of kernel an op runs as; efficiencies are calibrated per class.
 enum class OpClass { kGemm, kGroupedGemm, kAttention, kElementwise, kNorm, kRouting, kLoss, kComm, kLookup };
 
@@ -152,6 +173,11 @@ struct Op {
   // for its backward, in elements per token (no recomputation).
   double ew_flops_per_token = 0.0;
   double saved_elems_per_token = 0.0;
+  // Recompute modules covering this op (bits of recompute_module_bit), and
+  // whether the input it saves is a block pre-norm's output (which "layernorm"
+  // recompute discards and rebuilds).
+  uint32_t recompute_modules = 0;
+  bool saves_norm_output = false;
 
   std::vector<int64_t> in_shape(int64_t batch, int64_t seq) const;
   std::vector<int64_t> out_shape(int64_t batch, int64_t seq) const;

@@ -193,6 +193,20 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.runtime_reserved_bytes = sourced(m, "runtime_reserved_bytes", nonneg);
   c.backward_workspace_factor = sourced(m, "backward_workspace_factor", nonneg);
   if (m.has("activation_bytes_factor")) c.activation_bytes_factor = sourced(m, "activation_bytes_factor", {.min_exclusive = 0, .max = 100});
+  if (m.has("combine_saves_expert_outputs")) c.combine_saves_expert_outputs = sourced(m, "combine_saves_expert_outputs", {.min = 0, .max = 1});
+  if (m.has("zero_shards_over_cp")) c.zero_shards_over_cp = sourced(m, "zero_shards_over_cp", {.min = 0, .max = 1});
+  if (m.has("fp8_non_tn_gpus")) {
+    JsonReader v = m.object("fp8_non_tn_gpus");
+    const nlohmann::json& names = v.raw().at("value");
+    if (!names.is_array()) throw UserError(file, "/memory/fp8_non_tn_gpus/value", "a list of GPU names", names.dump());
+    for (const auto& n : names) {
+      if (!n.is_string()) throw UserError(file, "/memory/fp8_non_tn_gpus/value", "a GPU name", n.dump());
+      c.fp8_non_tn_gpus.push_back(n.get<std::string>());
+    }
+    v.ignore("value");
+    v.string("source");
+    v.finish();
+  }
   m.finish();
   r.finish();
 

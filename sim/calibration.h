@@ -157,6 +157,18 @@ struct Calibration {
   // (optional memory.activation_bytes_factor; 1 on GPUs). The CPU engine keeps
   // every activation and its gradient in fp32: `rackstep calibrate` measures it.
   double activation_bytes_factor = 1.0;
+  // Whether the MoE combine keeps the k expert outputs for the routing-weight
+  // gradient (1: it weights them there, exec/kernels.h moe_combine_backward) or
+  // not (0: the trainer weights rows inside the expert activation, Megatron-Core).
+  double combine_saves_expert_outputs = 1.0;
+  // Whether ZeRO-1/2 states are sharded over data x context-parallel ranks (1:
+  // Megatron-Core's distributed optimizer uses the intra_dp_cp group) or over
+  // the fsdp ranks only (0).
+  double zero_shards_over_cp = 0.0;
+  // GPUs whose FP8 GEMMs take either operand layout (Transformer Engine's
+  // is_non_tn_fp8_gemm_supported: sm_100 and later), so an FP8 weight is one byte
+  // per element; elsewhere it also keeps an FP8 transpose (two bytes).
+  std::vector<std::string> fp8_non_tn_gpus;
 
   std::string file;                               // where it was read from
 };

@@ -14,15 +14,6 @@ namespace {
 using models::OpClass;
 using models::OpKind;
 
-// Of an op's saved activations, the elements that are GEMM inputs (what FP8 GEMMs
-// keep as FP8 casts): a linear saves its input; a fused SwiGLU (gemm_count 3)
-// saves x and h, the inputs of w1|w3 and of w2, beside the bf16 h1, h3 that its
-// activation backward reads.
-double saved_gemm_input_elems(const OpEntry& e) {
-  const double inputs = e.gemm_count == 3 ? e.gemm_k + e.gemm_n : e.gemm_k;
-  return std::min(e.saved_elems, e.rows_per_token * inputs);
-}
-
 OpEntry make_entry(const models::Op& op, size_t index) {
   OpEntry e;
   e.kind = op.kind;
@@ -41,6 +32,8 @@ OpEntry make_entry(const models::Op& op, size_t index) {
   }
   for (const auto& p : op.params) e.param_elems += static_cast<double>(p.numel());
   e.saved_elems = op.saved_elems_per_token;
+  e.recompute_modules = op.recompute_modules;
+  e.saves_norm_output = op.saves_norm_output;
   e.heads = static_cast<double>(op.heads);
   e.kv_heads = static_cast<double>(op.kv_heads);
   e.head_dim = static_cast<double>(op.head_dim);
@@ -364,6 +357,14 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
 }
 
 }  // namespace
+
+// A linear saves its input; a fused SwiGLU (gemm_count 3) saves x and h, the
+// inputs of w1|w3 and of w2, beside the bf16 h1, h3 that its activation
+// backward reads.
+double saved_gemm_input_elems(const OpEntry& e) {
+  const double inputs = e.gemm_count == 3 ? e.gemm_k + e.gemm_n : e.gemm_k;
+  return std::min(e.saved_elems, e.rows_per_token * inputs);
+}
 
 BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx) {
   BlockTime b;

@@ -39,6 +39,8 @@ struct OpEntry {
   double in_elems = 0, out_elems = 0;  // activation elements per token (read / written)
   double param_elems = 0;
   double saved_elems = 0;           // kept for backward, per token, no recompute
+  uint32_t recompute_modules = 0;   // models::Op::recompute_modules
+  bool saves_norm_output = false;   // models::Op::saves_norm_output
   // Attention geometry.
   double heads = 0, kv_heads = 0, head_dim = 0, qk_head_dim = 0;
   int64_t window = 0;
@@ -157,5 +159,8 @@ struct BlockTime {
   double fwd_host_s = 0, bwd_host_s = 0;  // host issue time (OpTime)
 };
 BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx);
+// Of an op's saved activations, the elements that are GEMM inputs (what FP8 GEMMs
+// keep as FP8 casts).
+double saved_gemm_input_elems(const OpEntry& e);
 
 }  // namespace rackstep::sim

@@ -213,6 +213,14 @@ const char* recompute_name(models::Recompute r) {
   return "?";
 }
 
+std::vector<std::string> recompute_module_names(uint32_t modules) {
+  std::vector<std::string> names;
+  for (const auto m : models::kAllRecomputeModules) {
+    if (modules & models::recompute_module_bit(m)) names.push_back(models::to_string(m));
+  }
+  return names;
+}
+
 PpSchedule parse_schedule(const std::string& s) {
   if (s == "interleaved_1f1b") return PpSchedule::kInterleaved1F1B;
   if (s == "zero_bubble") return PpSchedule::kZeroBubble;
@@ -243,6 +251,19 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.tokens_per_step = r.integer("tokens_per_step", 0, {.min = 0});
   l.seq_len = r.integer("seq_len", 0, {.min = 0});
   l.recompute = parse_recompute(r.choice("recompute", {"none", "selective", "full"}, "full"));
+  if (r.has("recompute_modules")) {
+    std::vector<std::string> names;
+    for (const auto m : models::kAllRecomputeModules) names.push_back(models::to_string(m));
+    for (const std::string& name : r.string_list("recompute_modules", {})) {
+      const auto it = std::find(names.begin(), names.end(), name);
+      if (it == names.end()) r.fail("recompute_modules", "Megatron-Core module names (core_attn, mla_up_proj, layernorm, mlp, moe_act, moe, shared_experts)", name);
+      l.recompute_modules |= models::recompute_module_bit(models::kAllRecomputeModules[it - names.begin()]);
+    }
+    if (l.recompute_modules != 0 && l.recompute != models::Recompute::kSelective) {
+      r.fail("recompute_modules", "recompute \"selective\" (the modules are what selective recompute replays, as Megatron-Core's recompute_granularity)",
+             std::string("recompute \"") + recompute_name(l.recompute) + "\"");
+    }
+  }
   l.offload_residual = r.boolean("offload_residual", false);
   l.optimizer_state = r.choice("optimizer_state", {"device", "host"}, "device") == "host" ? StatePlacement::kHost
                                                                                           : StatePlacement::kDevice;
@@ -266,6 +287,14 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
                  : recipe == "mxfp8"   ? Fp8Recipe::kMxfp8
                  : recipe == "blockwise" ? Fp8Recipe::kBlockwise
                                          : Fp8Recipe::kDelayed;
+  l.fp8_params = r.boolean("fp8_params", false);
+  l.edges_in_pipeline_split = r.boolean("edges_in_pipeline_split", false);
+  if (l.edges_in_pipeline_split && l.pp < 2) {
+    r.fail("edges_in_pipeline_split", "pp of 2 or more (the split of layers over pipeline stages)", "pp " + std::to_string(l.pp));
+  }
+  if (l.fp8_params && l.fp8 == Fp8Gemms::kNone) {
+    r.fail("fp8_params", "fp8 \"linear\" or \"experts\" (FP8 weights are those of FP8 GEMMs)", "fp8 \"none\"");
+  }
   l.tp_comm_overlap = r.number("tp_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_dispatcher = r.choice("ep_dispatcher", {"all_to_all", "flex"}, "all_to_all") == "flex" ? EpDispatcher::kFlex
@@ -319,6 +348,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.tokens_per_step > 0) j["tokens_per_step"] = l.tokens_per_step;
   if (l.seq_len > 0) j["seq_len"] = l.seq_len;
   j["recompute"] = recompute_name(l.recompute);
+  if (l.recompute_modules != 0) j["recompute_modules"] = recompute_module_names(l.recompute_modules);
   j["offload_residual"] = l.offload_residual;
   j["optimizer_state"] = l.optimizer_state == StatePlacement::kHost ? "host" : "device";
   j["master_dtype"] = l.master_dtype == MasterDtype::kFp32 ? "fp32" : "bf16";
@@ -336,6 +366,8 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.uneven_stages) j["uneven_stages"] = true;
   if (l.fp8 != Fp8Gemms::kNone) j["fp8"] = l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts";
   if (l.fp8 != Fp8Gemms::kNone) j["fp8_recipe"] = fp8_recipe_name(l.fp8_recipe);
+  if (l.fp8_params) j["fp8_params"] = true;
+  if (l.edges_in_pipeline_split) j["edges_in_pipeline_split"] = true;
   if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   if (l.ep_dispatcher == EpDispatcher::kFlex) j["ep_dispatcher"] = "flex";
@@ -350,13 +382,20 @@ std::string describe(const Layout& l) {
   s << " tp " << l.tp << " pp " << l.pp;
   if (l.pp > 1) s << " (" << to_string(l.schedule) << (l.pp_virtual > 1 ? " v" + std::to_string(l.pp_virtual) : "") << ")";
   s << " cp " << l.cp << " | mb " << l.micro_batch_seqs << " | recompute " << recompute_name(l.recompute);
+  if (l.recompute_modules != 0) {
+    const std::vector<std::string> names = recompute_module_names(l.recompute_modules);
+    for (size_t i = 0; i < names.size(); ++i) s << (i == 0 ? " (" : ", ") << names[i];
+    s << ")";
+  }
   if (l.offload_residual) s << " +offload";
   if (l.fsdp > 1 && l.zero_stage != 3) s << " | zero " << l.zero_stage;
   if (l.keep_gathered_weights) s << " | keep gathered";
   if (l.uneven_stages) s << " | uneven stages";
+  if (l.edges_in_pipeline_split) s << " (embedding, loss as layers)";
   if (l.fp8 != Fp8Gemms::kNone) {
     s << " | fp8 " << (l.fp8 == Fp8Gemms::kLinear ? "linear" : "experts") << " " << fp8_recipe_name(l.fp8_recipe);
   }
+  if (l.fp8_params) s << " (fp8 params)";
   if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << transport_name(l.ep_transport);

@@ -98,6 +98,18 @@ struct Layout {
   int64_t tokens_per_step = 0;   // 0 = the model recipe's batch
   int64_t seq_len = 0;           // 0 = the model's sequence length (long-context runs override)
   models::Recompute recompute = models::Recompute::kFull;
+  // With recompute "selective": Megatron-Core's recompute_modules, the block parts
+  // recomputed instead of saved (bits of models::recompute_module_bit; 0 = the
+  // selective rule of Korthikanti et al.: every op but the GEMMs and attention).
+  uint32_t recompute_modules = 0;
+  // With FP8 GEMMs: their weights kept as FP8 tensors, not bf16 (Megatron-Core's
+  // fp8_param_gather, Transformer Engine's fp8_model_init).
+  bool fp8_params = false;
+  // The embedding and the loss each take a layer's slot when the pipeline splits
+  // layers (Megatron-Core account_for_embedding_in_pipeline_split and
+  // account_for_loss_in_pipeline_split): a middle stage holds the most layers,
+  // the first and last one layer fewer beside the embedding and the head.
+  bool edges_in_pipeline_split = false;
   bool offload_residual = false; // residual carry of each layer kept on host
   StatePlacement optimizer_state = StatePlacement::kDevice;
   MasterDtype master_dtype = MasterDtype::kFp32;

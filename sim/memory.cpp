@@ -7,6 +7,8 @@ namespace rackstep::sim {
 
 namespace {
 
+using models::OpClass;
+
 // Micro-batches whose activations are live on the first stage (see header).
 double in_flight_micro_batches(const Layout& l, double m) {
   if (l.pp <= 1) return 1.0;
@@ -20,6 +22,38 @@ double in_flight_micro_batches(const Layout& l, double m) {
   return std::min(m, p);
 }
 
+// Layers per virtual pipeline chunk when the embedding and the loss take a layer's
+// slot each: (layers + 2) over pp x v chunks (Megatron-Core's
+// account_for_embedding/loss_in_pipeline_split; it asserts the division is exact).
+double split_chunk_layers(const Layout& l, int64_t layers) {
+  const double chunks = static_cast<double>(l.pp * l.pp_virtual);
+  return std::ceil((static_cast<double>(layers) + 2.0) / chunks);
+}
+
+// In-flight micro-batches (in units of a middle stage's layers) of the heaviest
+// rank when the first chunk holds the embedding and one layer fewer. Megatron-Core's
+// interleaved schedule (pipeline_parallel/schedules.py) runs rank r's warm-up of
+// 2 (pp - r - 1) + (v - 1) pp chunk forwards, in groups of pp micro-batches per
+// chunk, so at its peak rank r holds warm-up + 1 chunks: rank 0 keeps 2 pp - 1 of
+// them on its (c - 1)-layer first chunk, rank 1 is the first rank with full chunks.
+// 1F1B (v = 1): rank r holds pp - r micro-batches.
+double edge_split_in_flight(const Layout& l, int64_t layers, double m) {
+  const double p = static_cast<double>(l.pp), v = static_cast<double>(l.pp_virtual);
+  const double c = split_chunk_layers(l, layers);
+  const double stage = v * c;
+  double live = 0.0;  // layer x micro-batch activations of the heaviest rank
+  if (l.schedule == PpSchedule::kInterleaved1F1B && l.pp_virtual > 1) {
+    const double rank0 = c * (v * p + p - 1.0) - (2.0 * p - 1.0);
+    const double rank1 = c * (v * p + p - 3.0);
+    live = std::max(rank0, rank1);
+  } else if (l.schedule == PpSchedule::k1F1B) {
+    live = std::max(p * (c - 1.0), (p - 1.0) * c);
+  } else {
+    return in_flight_micro_batches(l, m);
+  }
+  return std::min(m, live / stage);
+}
+
 // Saved GEMM inputs held as FP8 casts (1 byte, not bf16's 2): with FP8 GEMMs,
 // Transformer Engine saves the FP8 copy of each input that the weight gradient
 // reads (te.Linear / GroupedLinear save the quantized input), not the bf16 one.
@@ -30,6 +64,85 @@ double fp8_saved_elems(const LayerClass& c, const Layout& l) {
     case Fp8Gemms::kLinear: return c.saved_dense_gemm_elems_per_token + c.saved_grouped_gemm_elems_per_token;
   }
   return 0.0;
+}
+
+bool fp8_saved(const OpEntry& e, const Layout& l) {
+  if (e.cls == OpClass::kGemm) return l.fp8 == Fp8Gemms::kLinear;
+  if (e.cls == OpClass::kGroupedGemm) return l.fp8 != Fp8Gemms::kNone;
+  return false;
+}
+
+bool recomputes(const Layout& l, const OpEntry& e, models::RecomputeModule m) {
+  return l.recompute == models::Recompute::kSelective && (l.recompute_modules & models::recompute_module_bit(m)) &&
+         (e.recompute_modules & models::recompute_module_bit(m));
+}
+
+// Activations one layer of class c keeps per token for its backward (bf16
+// elements; an FP8 cast counts half) when nothing is recomputed or only the
+// layout's recompute_modules are (Megatron-Core, megatron/core/transformer/):
+//   moe, mlp, shared_experts  normal checkpoints: only the module's input is kept
+//   core_attn                 the attention kernel keeps q, k, v, not its output
+//   mla_up_proj               multi_latent_attention.py: q, k, v are freed after the
+//                             attention forward (discard_output_and_register_recompute);
+//                             the up-projection's inputs (q and kv latents, RoPE key) are kept
+//   moe_act                   experts.py: the activation's output (fc2's input) is discarded
+//   layernorm                 the pre-norm outputs the next GEMMs save are discarded
+// and the combine keeps the k expert outputs only where the trainer weights them
+// there (cal.combine_saves_expert_outputs).
+double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double d_model) {
+  using models::RecomputeModule;
+  double kept = 0.0;
+  double mla_inputs = 0.0;  // the up-projection checkpoint's inputs
+  bool moe_checkpoint = false;
+  bool mla_up = false;      // the layer has MLA up-projections and the layout recomputes them
+  for (const OpEntry& e : c.ops) mla_up = mla_up || recomputes(l, e, RecomputeModule::kMlaUpProj);
+  for (const OpEntry& e : c.ops) {
+    const double fp8_share = fp8_saved(e, l) ? 0.5 : 1.0;
+    double saved = e.saved_elems - (fp8_saved(e, l) ? 0.5 * saved_gemm_input_elems(e) : 0.0);
+    if (e.kind == models::OpKind::kCombine) saved *= cal.combine_saves_expert_outputs;
+    if (recomputes(l, e, RecomputeModule::kMlaUpProj)) {
+      if (e.kind == models::OpKind::kRmsNorm) mla_inputs += e.in_elems;
+      saved = 0.0;
+    }
+    if (e.kind == models::OpKind::kAttention) {
+      const double qkv = e.heads * e.qk_head_dim + e.kv_heads * (e.qk_head_dim + e.head_dim);
+      const bool up = mla_up;
+      if (up) {
+        mla_inputs += e.qk_head_dim - e.head_dim;  // the RoPE key
+        saved -= qkv;
+      }
+      if (recomputes(l, e, RecomputeModule::kCoreAttn)) saved = up ? 0.0 : qkv;
+    }
+    if (recomputes(l, e, RecomputeModule::kMoe)) {
+      moe_checkpoint = true;
+      saved = 0.0;
+    } else if (recomputes(l, e, RecomputeModule::kMlp) || recomputes(l, e, RecomputeModule::kSharedExperts)) {
+      saved = e.gemm_k;  // the checkpoint's input x
+    }
+    if (recomputes(l, e, RecomputeModule::kMoeAct)) saved -= e.rows_per_token * e.gemm_n * fp8_share;
+    if (e.saves_norm_output && l.recompute == models::Recompute::kSelective &&
+        (l.recompute_modules & models::recompute_module_bit(RecomputeModule::kLayernorm)) && !fp8_saved(e, l)) {
+      saved -= std::min(saved, e.gemm_k);
+    }
+    kept += std::max(0.0, saved);
+  }
+  return kept + mla_inputs + (moe_checkpoint ? d_model : 0.0);
+}
+
+// Bytes the FP8 GEMM weights of the stage save when kept as FP8 tensors
+// (Layout::fp8_params) instead of bf16: one byte per element where the GPU runs
+// FP8 GEMMs in any operand layout (cal.fp8_non_tn_gpus), none elsewhere (the FP8
+// data plus its FP8 transpose are two bytes). The FP8 GEMMs' weights are the
+// block parameters (fp8 linear; norms and router, a negligible share, counted
+// with them) and the routed experts (linear or experts).
+double fp8_weight_savings(const OpTable& t, const topologies::Cluster& c, const Layout& l, const Calibration& cal,
+                          const LayoutShape& s) {
+  const auto& gpus = cal.fp8_non_tn_gpus;
+  if (std::find(gpus.begin(), gpus.end(), c.system.gpu.name) == gpus.end()) return 0.0;
+  const double tp = static_cast<double>(l.tp);
+  const double dense = l.fp8 == Fp8Gemms::kLinear ? s.dense_stage_params / tp : 0.0;
+  const double experts = t.experts > 0 ? s.expert_stage_params / static_cast<double>(l.ep * l.expert_tp()) : 0.0;
+  return (dense + experts) * 1.0;  // 2 bytes -> 1 byte per element
 }
 
 double muon_expert_params(const LayerClass& c) {
@@ -131,8 +244,12 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   }
   const double pp = static_cast<double>(l.pp);
   s.layers_per_stage = l.stage_layers(t.layers);
+  if (l.edges_in_pipeline_split && l.pp > 1) {
+    s.layers_per_stage = static_cast<double>(l.pp_virtual) * split_chunk_layers(l, t.layers);
+  }
   s.stage_scale = t.layers > 0 ? s.layers_per_stage * pp / static_cast<double>(t.layers) : 1.0;
-  s.in_flight = in_flight_micro_batches(l, s.micro_batches);
+  s.in_flight = l.edges_in_pipeline_split && l.pp > 1 ? edge_split_in_flight(l, t.layers, s.micro_batches)
+                                                     : in_flight_micro_batches(l, s.micro_batches);
   s.master_bytes = l.master_dtype == MasterDtype::kFp32 ? 4.0 : 2.0;
   s.grad_bytes = l.grad_dtype == GradDtype::kAsMaster ? s.master_bytes : l.grad_dtype == GradDtype::kFp32 ? 4.0 : 2.0;
   for (const auto& lc : t.classes) {
@@ -144,6 +261,12 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   const bool replicate = l.replicate_embedding;
   const double emb_sharded = replicate ? 0.0 : t.embedding_params;
   s.edge_params = l.pp > 1 ? std::max(emb_sharded, t.head_params) : emb_sharded + t.head_params;
+  if (l.edges_in_pipeline_split && l.pp > 1) {
+    // The edge stages hold one layer fewer than a middle stage: the heaviest stage
+    // carries the edge only by what it outweighs a layer (parameters before sharding).
+    const double layer_params = (s.dense_stage_params + s.expert_stage_params) / std::max(1.0, s.layers_per_stage);
+    s.edge_params = std::max(0.0, s.edge_params - layer_params);
+  }
   s.replicated_params = replicate ? t.embedding_params : 0.0;
   double muon_expert = 0.0;
   for (const auto& lc : t.classes) {
@@ -169,11 +292,18 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   // A bf16 master with whole weights on every GPU is those weights (no separate copy).
   const bool whole_weights = l.zero_stage < 3 || l.keep_gathered_weights;
   const bool bf16_master = l.master_dtype == MasterDtype::kBf16;
+  // Context-parallel ranks hold the same parameters: a trainer whose sharded
+  // optimizer spans them (cal.zero_shards_over_cp) splits the ZeRO-1/2 states
+  // over data x cp, not only over the fsdp ranks.
+  const double cp_split = cal.zero_shards_over_cp > 0 && l.cp > 1 && l.fsdp == l.data && l.fsdp > 1 &&
+                                  (l.zero_stage == 1 || l.zero_stage == 2)
+                              ? static_cast<double>(l.cp)
+                              : 1.0;
   m.master_weights = whole_weights && bf16_master && l.zero_stage < 3 ? s.weights_whole_local * 2.0
-                                                                       : s.params_local * s.master_bytes;
-  m.gradients = s.grads_local * s.grad_bytes;
+                                                                       : s.params_local * s.master_bytes / cp_split;
+  m.gradients = s.grads_local * s.grad_bytes / (l.zero_stage == 2 ? cp_split : 1.0);
   const double muon_local = s.muon_dense_local + s.muon_expert_local;
-  const double states = s.adam_local * 8.0 + muon_local * 4.0;  // fp32 m, v / momentum
+  const double states = (s.adam_local * 8.0 + muon_local * 4.0) / cp_split;  // fp32 m, v / momentum
   if (l.optimizer_state == StatePlacement::kHost) {
     m.host_optimizer = states;
   } else {
@@ -189,6 +319,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
   if (whole_weights) {
     m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
+    if (m.working_weights > 0 && l.fp8_params) m.working_weights -= fp8_weight_savings(t, c, l, cal, s);
   } else if (cal.fsdp_max_live_params > 0 && cal.grad_reduce_bucket_params > 0 && l.fsdp > 1 &&
              (t.experts == 0 || s.expert_zero <= 1.0)) {
     m.working_weights = deepspeed_zero3_working_elems(t, l, cal) * 2.0;
@@ -200,11 +331,12 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
 
   // Activations of one layer for one micro-batch (bf16 elements; an FP8 one counts
   // half), by class, worst class.
-  double saved_layer = 0.0, saved_gemm_layer = 0.0;
+  double saved_layer = 0.0, saved_gemm_layer = 0.0, kept_layer = 0.0;
   for (const auto& lc : t.classes) {
     const double fp8_half = 0.5 * fp8_saved_elems(lc, l);
     saved_layer = std::max(saved_layer, lc.saved_elems_per_token - fp8_half);
     saved_gemm_layer = std::max(saved_gemm_layer, lc.saved_gemm_elems_per_token - fp8_half);
+    kept_layer = std::max(kept_layer, kept_saved_elems(lc, l, cal, static_cast<double>(t.d_model)));
   }
   // Sequence parallelism splits activations over tp; the routed rows are per GPU.
   const double tok = s.tokens_mb / tp;
@@ -213,8 +345,10 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const double carry_bytes = static_cast<double>(t.d_model) * tok * act_bytes;
   const double live_layers = s.layers_per_stage * s.in_flight;
   switch (l.recompute) {
-    case models::Recompute::kNone: m.activations = live_layers * layer_bytes; break;
-    case models::Recompute::kSelective: m.activations = live_layers * saved_gemm_layer * tok * act_bytes; break;
+    case models::Recompute::kNone: m.activations = live_layers * kept_layer * tok * act_bytes; break;
+    case models::Recompute::kSelective:
+      m.activations = live_layers * (l.recompute_modules != 0 ? kept_layer : saved_gemm_layer) * tok * act_bytes;
+      break;
     case models::Recompute::kFull:
       m.activations = layer_bytes + (l.offload_residual ? 2.0 * carry_bytes : live_layers * carry_bytes);
       if (l.offload_residual) m.host_activations = live_layers * carry_bytes;

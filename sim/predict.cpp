@@ -586,6 +586,40 @@ double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double
   return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));
 }
 
+// What the layout's recompute_modules replay in one layer's backward (recompute
+// "selective" with modules): the forward of every op a listed module covers; for
+// moe_act only the experts' activation, an elementwise pass over the fc1 output
+// (2 x width per routed row read, width written).
+BlockTime module_recompute(const LayerClass& c, const Layout& l, const PriceContext& ctx) {
+  BlockTime b;
+  if (l.recompute != models::Recompute::kSelective || l.recompute_modules == 0) return b;
+  const uint32_t act = models::recompute_module_bit(models::RecomputeModule::kMoeAct);
+  for (const OpEntry& e : c.ops) {
+    const uint32_t hit = e.recompute_modules & l.recompute_modules;
+    if (hit == 0) continue;
+    OpEntry replay = e;
+    if (hit == act) {
+      replay = OpEntry{};
+      replay.kind = e.kind;
+      replay.cls = OpClass::kElementwise;
+      replay.in_elems = 2.0 * e.rows_per_token * e.gemm_n;
+      replay.out_elems = e.rows_per_token * e.gemm_n;
+      replay.ew_flops_per_token = e.ew_flops_per_token;
+    }
+    const OpTime t = price_op(replay, ctx);
+    b.fwd_s += t.fwd_s;
+    b.fwd_flops += t.fwd_flops;
+  }
+  return b;
+}
+
+// Whether the layout's recompute replays the MoE layer's dispatch and combine.
+bool replays_ep(const Layout& l) {
+  return l.recompute == models::Recompute::kFull ||
+         (l.recompute == models::Recompute::kSelective &&
+          (l.recompute_modules & models::recompute_module_bit(models::RecomputeModule::kMoe)));
+}
+
 // Exposed EP time of one layer under Megatron-Core's merged 1F1B EP overlap
 // (Layout::ep_a2a_overlap). The forward of one micro-batch and the backward of another
 // run as one merged step, layer by layer, all-to-alls on a communication stream
@@ -712,8 +746,13 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     const ClassCost& k = costs[ci];
     const double n = static_cast<double>(lc.count) / pp * s.stage_scale;
     const BlockTime& bt = k.compute;
-    const double rec = full ? bt.fwd_s : selective ? bt.recompute_selective_s : 0.0;
-    const double rec_flops = full ? bt.fwd_flops : selective ? bt.recompute_selective_flops : 0.0;
+    const BlockTime modules = module_recompute(lc, l, ctx);
+    const bool by_modules = selective && l.recompute_modules != 0;
+    const double rec = full ? bt.fwd_s : by_modules ? modules.fwd_s : selective ? bt.recompute_selective_s : 0.0;
+    const double rec_flops = full         ? bt.fwd_flops
+                             : by_modules ? modules.fwd_flops
+                             : selective  ? bt.recompute_selective_flops
+                                          : 0.0;
     f += n * bt.fwd_s;
     r += n * rec;
     b += n * bt.bwd_s;
@@ -722,9 +761,9 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     const double pass = k.ep_dispatch_s + k.ep_combine_s;
     const double ep_sms = l.ep_dispatcher == EpDispatcher::kFlex ? cal_.ep_flex_sms : cal_.ep_all_to_all_sms;
     const double ep_layer = l.ep_a2a_overlap
-                                ? ep_exposed_merged_1f1b(l, s.micro_batches, k.ep_dispatch_s, k.ep_combine_s, bt, full,
+                                ? ep_exposed_merged_1f1b(l, s.micro_batches, k.ep_dispatch_s, k.ep_combine_s, bt, replays_ep(l),
                                                          static_cast<double>(cluster_.system.gpu.sms), ep_sms)
-                                : ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (full ? 2.0 : 1.0) +
+                                : ep_exposed(l, cal_, pass, bt.expert_fwd_s) * (replays_ep(l) ? 2.0 : 1.0) +
                                       ep_exposed(l, cal_, pass, 2.0 * bt.expert_fwd_s);
     // FSDP: gather for fwd and for bwd (the recompute reuses it), reduce-scatter in bwd.
     // Kept gathered weights: one gather per step, in the first micro-batch's forward
@@ -934,9 +973,11 @@ StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
     t.layer = static_cast<int32_t>(i);
     t.fwd_s = k.compute.fwd_s;
     t.bwd_s = k.compute.bwd_s;
-    t.recompute_s = rc == models::Recompute::kFull        ? k.compute.fwd_s
-                    : rc == models::Recompute::kSelective ? k.compute.recompute_selective_s
-                                                          : 0.0;
+    t.recompute_s = rc == models::Recompute::kFull ? k.compute.fwd_s
+                    : rc == models::Recompute::kSelective
+                        ? (l.recompute_modules != 0 ? module_recompute(table_.classes[ci], l, sm.ctx()).fwd_s
+                                                    : k.compute.recompute_selective_s)
+                        : 0.0;
     t.ep_dispatch_s = k.ep_dispatch_s;
     t.ep_combine_s = k.ep_combine_s;
     t.fsdp_gather_s = k.fsdp_gather_s;

@@ -107,6 +107,13 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
   f.coordinated_gc = flag(sup, "coordinated_gc", f.coordinated_gc);
   f.fp8_gemms = flag(sup, "fp8_gemms", f.fp8_gemms);
   f.bf16_gradients = flag(sup, "bf16_gradients", f.bf16_gradients);
+  f.fp8_params = flag(sup, "fp8_params", f.fp8_params);
+  f.edges_in_pipeline_split = flag(sup, "edges_in_pipeline_split", f.edges_in_pipeline_split);
+  {
+    std::vector<std::pair<std::string, models::RecomputeModule>> names;
+    for (const auto m : models::kAllRecomputeModules) names.emplace_back(models::to_string(m), m);
+    f.recompute_modules = choices<models::RecomputeModule>(sup, "recompute_modules", names, f.recompute_modules);
+  }
   sup.finish();
   if (r.has("calibration")) {
     s.calibration_overrides = r.raw().at("calibration");
@@ -158,10 +165,17 @@ std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
     no(std::string(l.recompute == models::Recompute::kNone ? "no" : l.recompute == models::Recompute::kFull ? "full" : "selective") +
        " recompute");
   }
+  for (const auto m : models::kAllRecomputeModules) {
+    if ((l.recompute_modules & models::recompute_module_bit(m)) && !has(f.recompute_modules, m)) {
+      no(std::string("module recompute of ") + models::to_string(m));
+    }
+  }
   if (l.keep_gathered_weights && !f.keep_gathered_weights) no("kept gathered weights");
   if (l.replicate_embedding && !f.replicate_embedding) no("a replicated embedding");
   if (l.coordinated_gc && !f.coordinated_gc) no("coordinated GC");
   if (l.fp8 != Fp8Gemms::kNone && !f.fp8_gemms) no("FP8 GEMMs");
+  if (l.fp8_params && !f.fp8_params) no("FP8 parameters");
+  if (l.edges_in_pipeline_split && !f.edges_in_pipeline_split) no("a pipeline split that counts the embedding and loss as layers");
   if (l.grad_dtype == GradDtype::kBf16 && l.master_dtype == MasterDtype::kFp32 && !f.bf16_gradients) {
     no("bf16 gradient buffers under an fp32 master");
   }

@@ -51,6 +51,10 @@ struct StackSupport {
   bool coordinated_gc = true;
   bool fp8_gemms = true;         // FP8 GEMMs (Layout::fp8)
   bool bf16_gradients = true;    // bf16 gradient buffers under an fp32 master (Layout::grad_dtype)
+  // Module-level recompute (Layout::recompute_modules): Megatron-Core's; none unless the stack names them.
+  std::vector<models::RecomputeModule> recompute_modules{};
+  bool fp8_params = false;       // FP8 GEMM weights kept as FP8 (Layout::fp8_params)
+  bool edges_in_pipeline_split = false;  // Layout::edges_in_pipeline_split
 };
 
 struct Stack {
