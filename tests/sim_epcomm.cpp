@@ -7,17 +7,19 @@
 
 #include <string>
 
-#include "sim/base/source_dir.h"
 #include "sim/collectives.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
+#include "tests/sim_qwen235b_h100.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
 
 namespace {
 
-std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
+using testing::qwen235b_folded;
+using testing::qwen235b_h100;
+
 
 // C(e - held, k) / C(e, k), written out independently of sim/collectives.cpp.
 double none_of_k(double e, double held, int k) {
@@ -36,37 +38,11 @@ Network rack_network(int64_t gpus_per_domain) {
   return n;
 }
 
-// Qwen3-235B-A22B (128 experts, top-8, d_model 4096) on 32 DGX-H100 nodes.
-const Predictor& qwen_h100() {
-  static const Predictor p(
-      models::build_layer_graph(models::load_model(src("tests/validation/models/qwen3-235b-a22b.json"))),
-      topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 32));
-  return p;
-}
 
-// Megatron-Bridge's H100 recipe (tests/validation/megatron-bridge-folding.json): EP 32 over 4 nodes.
-Layout qwen_folded() {
-  Layout l;
-  l.data = 16;
-  l.fsdp = 16;
-  l.zero_stage = 1;
-  l.tp = 2;
-  l.pp = 8;
-  l.pp_virtual = 4;
-  l.schedule = PpSchedule::kInterleaved1F1B;
-  l.uneven_stages = true;
-  l.ep = 32;
-  l.etp = 1;
-  l.tokens_per_step = 2048 * 4096;
-  l.recompute = models::Recompute::kNone;
-  l.fp8 = Fp8Gemms::kLinear;
-  l.grad_dtype = GradDtype::kBf16;
-  return l;
-}
 
 // EP 8 inside one node: 32 H100 nodes as TP 1, PP 8, data 32.
 Layout qwen_node_ep() {
-  Layout l = qwen_folded();
+  Layout l = qwen235b_folded();
   l.tp = 1;
   l.etp = 0;
   l.data = 32;
@@ -131,7 +107,7 @@ TEST_CASE("epcomm: across domains flex crosses the NIC once per destination doma
 }
 
 TEST_CASE("epcomm: the layout's dispatcher sets the EP bytes the predictor prices", "[epcomm]") {
-  const Predictor& p = qwen_h100();
+  const Predictor& p = qwen235b_h100();
   Layout a2a = qwen_node_ep();
   Layout flex = a2a;
   flex.ep_dispatcher = EpDispatcher::kFlex;
@@ -148,8 +124,8 @@ TEST_CASE("epcomm: the layout's dispatcher sets the EP bytes the predictor price
 }
 
 TEST_CASE("epcomm: merged-1F1B overlap hides what the compute beside it covers, no more", "[epcomm]") {
-  const Predictor& p = qwen_h100();
-  Layout exposed = qwen_folded();
+  const Predictor& p = qwen235b_h100();
+  Layout exposed = qwen235b_folded();
   Layout overlapped = exposed;
   overlapped.ep_a2a_overlap = true;
   const Prediction e = p.predict(exposed), o = p.predict(overlapped);

@@ -11,6 +11,7 @@
 #include "sim/memory.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
+#include "tests/sim_qwen235b_h100.h"
 #include "sim/sweep.h"
 
 using namespace rackstep;
@@ -18,35 +19,12 @@ using namespace rackstep::sim;
 
 namespace {
 
+using testing::qwen235b_folded;
+using testing::qwen235b_h100;
+
 std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
 
-// Qwen3-235B-A22B (128 experts of width 1536, top-8) on 32 DGX-H100 nodes.
-const Predictor& qwen_h100() {
-  static const Predictor p(
-      models::build_layer_graph(models::load_model(src("tests/validation/models/qwen3-235b-a22b.json"))),
-      topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 32));
-  return p;
-}
 
-// Megatron-Bridge's H100 recipe: TP 2, PP 8, VP 4, EP 32, ETP 1 (tests/validation/megatron-bridge-folding.json).
-Layout qwen_folded() {
-  Layout l;
-  l.data = 16;
-  l.fsdp = 16;
-  l.zero_stage = 1;
-  l.tp = 2;
-  l.pp = 8;
-  l.pp_virtual = 4;
-  l.schedule = PpSchedule::kInterleaved1F1B;
-  l.uneven_stages = true;
-  l.ep = 32;
-  l.etp = 1;
-  l.tokens_per_step = 2048 * 4096;
-  l.recompute = models::Recompute::kNone;
-  l.fp8 = Fp8Gemms::kLinear;
-  l.grad_dtype = GradDtype::kBf16;
-  return l;
-}
 
 bool has_reason(const std::vector<LayoutIssue>& v, Reason r) {
   for (const auto& i : v) {
@@ -58,8 +36,8 @@ bool has_reason(const std::vector<LayoutIssue>& v, Reason r) {
 }  // namespace
 
 TEST_CASE("folding: ep x etp must tile the tp x cp x data GPUs of a stage", "[epfold]") {
-  const Predictor& p = qwen_h100();
-  Layout l = qwen_folded();
+  const Predictor& p = qwen235b_h100();
+  Layout l = qwen235b_folded();
   CHECK(l.folded());
   CHECK(l.expert_tp() == 1);
   CHECK(l.expert_dp() == 1);  // 2 x 16 GPUs = 32 EP ranks x 1 expert TP
@@ -81,14 +59,14 @@ TEST_CASE("folding: ep x etp must tile the tp x cp x data GPUs of a stage", "[ep
   CHECK(check_layout(l, p.graph(), p.cluster()).empty());
 
   // etp must split the expert width (1536) evenly.
-  l = qwen_folded();
+  l = qwen235b_folded();
   l.ep = 8;
   l.etp = 4;  // 8 x 4 = 32 GPUs: tiles the stage
   CHECK(check_layout(l, p.graph(), p.cluster()).empty());
   l.ep = 4;
   l.etp = 8;
   CHECK(check_layout(l, p.graph(), p.cluster()).empty());
-  l = qwen_folded();
+  l = qwen235b_folded();
   l.etp = 2;
   l.ep = 16;
   l.tp = 1;
@@ -99,7 +77,7 @@ TEST_CASE("folding: ep x etp must tile the tp x cp x data GPUs of a stage", "[ep
 }
 
 TEST_CASE("folding: a layout file that breaks the rule is one user error naming /ep", "[epfold]") {
-  nlohmann::json j = layout_to_json(qwen_folded());
+  nlohmann::json j = layout_to_json(qwen235b_folded());
   CHECK(j["etp"] == 1);
   CHECK(layout_to_json(parse_layout(j, "folded.json")) == j);  // round trip
   j["ep"] = 64;  // 64 x 1 > 2 x 16
@@ -118,7 +96,7 @@ TEST_CASE("folding: a layout file that breaks the rule is one user error naming 
 }
 
 TEST_CASE("folding: only stacks that say so run it", "[epfold]") {
-  const Layout l = qwen_folded();
+  const Layout l = qwen235b_folded();
   CHECK(stack_runs(l, load_stack(stack_path("megatron-bridge-2025"))));
   CHECK(stack_runs(l, load_stack(stack_path("megatron-lm"))));
   const auto mentions_folding = [](const std::vector<LayoutIssue>& v) {
@@ -138,20 +116,20 @@ TEST_CASE("folding: only stacks that say so run it", "[epfold]") {
 }
 
 TEST_CASE("folding: the EP group spans TP ranks, and nodes when it outgrows one", "[epfold]") {
-  const Predictor& p = qwen_h100();
+  const Predictor& p = qwen235b_h100();
   const auto moe_layer = [&](const Layout& l) {
     const StepPrice sp = p.price(l);  // collectives are priced whether or not the layout fits
     REQUIRE_FALSE(sp.collectives.empty());
     return sp.collectives.front();  // every Qwen3 layer is MoE
   };
   // EP 32 at stride 1: 32 consecutive GPUs = 4 nodes of 8; 24 of each GPU's 31 peers are off-node.
-  const LayerCollectives wide = moe_layer(qwen_folded());
+  const LayerCollectives wide = moe_layer(qwen235b_folded());
   REQUIRE(wide.ep_dispatch.nic_bytes > 0);
   CHECK(wide.ep_dispatch.nic_bytes / (wide.ep_dispatch.nic_bytes + wide.ep_dispatch.nvlink_bytes) ==
         Approx(24.0 / 31.0).epsilon(0.02));
   // EP 4 x ETP 8 at stride 8: 4 ranks, one per node -- the all-to-all is all off-node; NVLink
   // carries only the gather over the 8 expert-TP GPUs of a node (7/8 of the gathered rows).
-  Layout l = qwen_folded();
+  Layout l = qwen235b_folded();
   l.ep = 4;
   l.etp = 8;
   const LayerCollectives strided = moe_layer(l);
@@ -167,8 +145,8 @@ TEST_CASE("folding: the EP group spans TP ranks, and nodes when it outgrows one"
 }
 
 TEST_CASE("folding: token rows, expert shards and expert state follow ep x etp", "[epfold]") {
-  const Predictor& p = qwen_h100();
-  const Layout folded = qwen_folded();  // EP 32, ETP 1
+  const Predictor& p = qwen235b_h100();
+  const Layout folded = qwen235b_folded();  // EP 32, ETP 1
   Layout unfolded = folded;               // EP 16, ETP = TP 2: the same 32 GPUs per expert set
   unfolded.ep = 16;
   unfolded.etp = 0;
@@ -194,7 +172,7 @@ TEST_CASE("folding: token rows, expert shards and expert state follow ep x etp",
 }
 
 TEST_CASE("folding: an expert GEMM does the same FLOPs as rows x etp/tp at width / etp", "[epfold]") {
-  const Predictor& p = qwen_h100();
+  const Predictor& p = qwen235b_h100();
   const OpEntry* grouped = nullptr;
   for (const auto& lc : p.table().classes) {
     for (const auto& e : lc.ops) {
@@ -225,8 +203,8 @@ TEST_CASE("folding: an expert GEMM does the same FLOPs as rows x etp/tp at width
 }
 
 TEST_CASE("folding: an unfolded layout prices the same with etp written as tp", "[epfold]") {
-  const Predictor& p = qwen_h100();
-  Layout l = qwen_folded();
+  const Predictor& p = qwen235b_h100();
+  Layout l = qwen235b_folded();
   l.ep = 16;
   l.etp = 0;
   const Prediction a = p.predict(l);
@@ -240,7 +218,7 @@ TEST_CASE("folding: an unfolded layout prices the same with etp written as tp", 
 
 TEST_CASE("folding: the sweep tries etp 1 only under a stack that folds", "[epfold][sweep]") {
   // Qwen3-235B on 8 H100 nodes: big enough for TP 2 x data and EP across nodes, small enough to sweep quickly.
-  const Predictor p(qwen_h100().graph(), topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 8));
+  const Predictor p(qwen235b_h100().graph(), topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 8));
   const Stack folds = load_stack(stack_path("megatron-bridge-2025"));
   Stack no_folding = folds;
   no_folding.supports.expert_folding = false;
@@ -267,8 +245,8 @@ TEST_CASE("folding: the sweep tries etp 1 only under a stack that folds", "[epfo
 }
 
 TEST_CASE("folding: with etp > 1 each GPU sends its SP share, then gathers over the expert TP group", "[epfold]") {
-  const Predictor& p = qwen_h100();
-  Layout l = qwen_folded();
+  const Predictor& p = qwen235b_h100();
+  Layout l = qwen235b_folded();
   l.tp = 4;  // 4 KV heads
   l.data = 8;
   l.fsdp = 8;
