@@ -6,6 +6,8 @@
 #include <set>
 #include <thread>
 
+#include "sim/base/check.h"
+
 namespace rackstep::sim {
 
 namespace {
@@ -166,6 +168,20 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
   if (o.pp > 1) schedules = {PpSchedule::k1F1B, PpSchedule::kInterleaved1F1B, PpSchedule::kZeroBubble, PpSchedule::kDualPipeV};
   std::vector<Transport> transports{Transport::ragged};
   if (o.ep > 1) transports.push_back(Transport::pooled);
+  // EP dispatchers and Megatron's merged-1F1B EP overlap (Layout::ep_dispatcher,
+  // ep_a2a_overlap): what the stack names, every kind without a stack.
+  std::vector<EpDispatcher> dispatchers{EpDispatcher::kAllToAll};
+  std::vector<bool> a2a_overlaps{false};
+  if (o.ep > 1) {
+    if (opt.stack == nullptr) {
+      dispatchers = {EpDispatcher::kAllToAll, EpDispatcher::kFlex};
+      a2a_overlaps = {false, true};
+    } else {
+      dispatchers = opt.stack->supports.ep_dispatchers;
+      if (opt.stack->supports.ep_a2a_overlap) a2a_overlaps = {false, true};
+    }
+    RS_CHECK(!dispatchers.empty(), "a stack names at least one EP dispatcher");
+  }
   struct Policy {
     models::Recompute r;
     bool offload;
@@ -185,7 +201,8 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
   // A mesh that is invalid whatever the inner settings: count every inner layout
   // under that reason without predicting each (same reason by construction).
   const int64_t inner =
-      static_cast<int64_t>(mbs.size() * schedules.size() * 4 * 2 * transports.size() * zero_stages.size());
+      static_cast<int64_t>(mbs.size() * schedules.size() * 4 * 2 * transports.size() * zero_stages.size() *
+                           dispatchers.size() * a2a_overlaps.size());
   Reason r = Reason::kCount;
   Layout probe = base;
   const bool mesh_bad = first_issue(probe, p.graph(), p.cluster(), &r) && is_mesh_reason(r, probe, seqs);
@@ -205,16 +222,22 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
         for (StatePlacement place : {StatePlacement::kDevice, StatePlacement::kHost}) {
           for (Transport tr : transports) {
             for (int64_t zero : zero_stages) {
-              Layout l = base;
-              l.zero_stage = zero;
-              l.micro_batch_seqs = mb;
-              l.schedule = s;
-              l.pp_virtual = s == PpSchedule::kInterleaved1F1B ? 2 : 1;
-              l.recompute = pol.r;
-              l.offload_residual = pol.offload;
-              l.optimizer_state = place;
-              l.ep_transport = tr;
-              evaluate(p, l, w, opt.top, opt.stack);
+              for (EpDispatcher disp : dispatchers) {
+                for (bool a2a_overlap : a2a_overlaps) {
+                  Layout l = base;
+                  l.zero_stage = zero;
+                  l.micro_batch_seqs = mb;
+                  l.schedule = s;
+                  l.pp_virtual = s == PpSchedule::kInterleaved1F1B ? 2 : 1;
+                  l.recompute = pol.r;
+                  l.offload_residual = pol.offload;
+                  l.optimizer_state = place;
+                  l.ep_transport = tr;
+                  l.ep_dispatcher = disp;
+                  l.ep_a2a_overlap = a2a_overlap;
+                  evaluate(p, l, w, opt.top, opt.stack);
+                }
+              }
             }
           }
         }

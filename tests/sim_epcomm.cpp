@@ -10,6 +10,7 @@
 #include "sim/collectives.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
+#include "sim/sweep.h"
 #include "tests/sim_qwen235b_h100.h"
 
 using namespace rackstep;
@@ -19,7 +20,6 @@ namespace {
 
 using testing::qwen235b_folded;
 using testing::qwen235b_h100;
-
 
 // C(e - held, k) / C(e, k), written out independently of sim/collectives.cpp.
 double none_of_k(double e, double held, int k) {
@@ -37,8 +37,6 @@ Network rack_network(int64_t gpus_per_domain) {
   n.inter_alpha_s = 45e-6;
   return n;
 }
-
-
 
 // EP 8 inside one node: 32 H100 nodes as TP 1, PP 8, data 32.
 Layout qwen_node_ep() {
@@ -173,4 +171,36 @@ TEST_CASE("epcomm: the layout fields read back as written", "[epcomm]") {
   CHECK(plain.ep_dispatcher == EpDispatcher::kAllToAll);
   CHECK_FALSE(plain.ep_a2a_overlap);
   CHECK_FALSE(layout_to_json(qwen_node_ep()).contains("ep_dispatcher"));
+}
+
+TEST_CASE("epcomm: the sweep tries flex dispatch and merged-1F1B overlap only under a stack that names them", "[epcomm][sweep]") {
+  // Qwen3-235B on 8 H100 nodes (the folding sweep test's size: quick to sweep).
+  const Predictor p(qwen235b_h100().graph(),
+                    topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/hgx-h100.json", 8));
+  const Stack bridge = load_stack(stack_path("megatron-bridge-2025"));
+  Stack plain = bridge;
+  plain.supports.ep_dispatchers = {EpDispatcher::kAllToAll};
+  plain.supports.ep_a2a_overlap = false;
+  SweepOptions opt;
+  opt.threads = 1;
+  opt.top = 200;
+  opt.stack = &bridge;
+  const SweepResult with = sweep(p, opt);
+  opt.stack = &plain;
+  const SweepResult without = sweep(p, opt);
+  // Every EP layout is tried with 2 dispatchers x 2 overlap settings under the full stack.
+  CHECK(with.enumerated > without.enumerated);
+  CHECK(with.valid > without.valid);
+  const auto count = [](const SweepResult& r, bool flex) {
+    int n = 0;
+    for (const auto& e : r.top) {
+      if (flex ? e.layout.ep_dispatcher == EpDispatcher::kFlex : e.layout.ep_a2a_overlap) ++n;
+    }
+    return n;
+  };
+  CHECK(count(without, true) == 0);
+  CHECK(count(without, false) == 0);
+  // Flex sends fewer bytes than the all-to-all for the same layout, so the fastest EP layouts use it.
+  INFO("top layouts with flex " << count(with, true) << ", with overlap " << count(with, false));
+  CHECK(count(with, true) > 0);
 }

@@ -24,8 +24,6 @@ using testing::qwen235b_h100;
 
 std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
 
-
-
 bool has_reason(const std::vector<LayoutIssue>& v, Reason r) {
   for (const auto& i : v) {
     if (i.reason == r) return true;
