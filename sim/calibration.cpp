@@ -30,6 +30,24 @@ bool sourced_flag(JsonReader& parent, const std::string& key) {
   return x;
 }
 
+// {"value": ["GPU", ...], "source": "..."}: a sourced list of GPU names; `path` is
+// the key's JSON path in `file`, for the error line.
+std::vector<std::string> sourced_gpu_names(JsonReader& parent, const std::string& key, const std::string& file,
+                                           const std::string& path) {
+  JsonReader v = parent.object(key);
+  const nlohmann::json& names = v.raw().at("value");
+  if (!names.is_array()) throw UserError(file, path + "/value", "a list of GPU names", names.dump());
+  std::vector<std::string> out;
+  for (const auto& n : names) {
+    if (!n.is_string()) throw UserError(file, path + "/value", "a GPU name", n.dump());
+    out.push_back(n.get<std::string>());
+  }
+  v.ignore("value");
+  v.string("source");
+  v.finish();
+  return out;
+}
+
 double shape_factor(double x, double half) { return x / (x + half); }
 
 }  // namespace
@@ -52,16 +70,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   // Optional, so calibration files written before FP8 GEMMs existed still read.
   if (gemm.has("fp8_relative_efficiency")) c.fp8_gemm_relative_eff = sourced(gemm, "fp8_relative_efficiency", frac);
   if (gemm.has("fp8_measured_gpus")) {
-    JsonReader v = gemm.object("fp8_measured_gpus");
-    const nlohmann::json& names = v.raw().at("value");
-    if (!names.is_array()) throw UserError(file, "/gemm/fp8_measured_gpus/value", "a list of GPU names", names.dump());
-    for (const auto& n : names) {
-      if (!n.is_string()) throw UserError(file, "/gemm/fp8_measured_gpus/value", "a GPU name", n.dump());
-      c.fp8_gemm_measured_gpus.push_back(n.get<std::string>());
-    }
-    v.ignore("value");
-    v.string("source");
-    v.finish();
+    c.fp8_gemm_measured_gpus = sourced_gpu_names(gemm, "fp8_measured_gpus", file, "/gemm/fp8_measured_gpus");
   }
   if (gemm.has("fp8_dense_relative_efficiency")) {
     JsonReader per_gpu = gemm.object("fp8_dense_relative_efficiency");
@@ -195,18 +204,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (m.has("activation_bytes_factor")) c.activation_bytes_factor = sourced(m, "activation_bytes_factor", {.min_exclusive = 0, .max = 100});
   if (m.has("combine_saves_expert_outputs")) c.combine_saves_expert_outputs = sourced(m, "combine_saves_expert_outputs", {.min = 0, .max = 1});
   if (m.has("zero_shards_over_cp")) c.zero_shards_over_cp = sourced(m, "zero_shards_over_cp", {.min = 0, .max = 1});
-  if (m.has("fp8_non_tn_gpus")) {
-    JsonReader v = m.object("fp8_non_tn_gpus");
-    const nlohmann::json& names = v.raw().at("value");
-    if (!names.is_array()) throw UserError(file, "/memory/fp8_non_tn_gpus/value", "a list of GPU names", names.dump());
-    for (const auto& n : names) {
-      if (!n.is_string()) throw UserError(file, "/memory/fp8_non_tn_gpus/value", "a GPU name", n.dump());
-      c.fp8_non_tn_gpus.push_back(n.get<std::string>());
-    }
-    v.ignore("value");
-    v.string("source");
-    v.finish();
-  }
+  if (m.has("fp8_non_tn_gpus")) c.fp8_non_tn_gpus = sourced_gpu_names(m, "fp8_non_tn_gpus", file, "/memory/fp8_non_tn_gpus");
   m.finish();
   r.finish();
 
