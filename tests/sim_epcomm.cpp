@@ -174,9 +174,7 @@ TEST_CASE("epcomm: the layout fields read back as written", "[epcomm]") {
 }
 
 TEST_CASE("epcomm: the sweep tries flex dispatch and merged-1F1B overlap only under a stack that names them", "[epcomm][sweep]") {
-  // Qwen3-235B on 8 H100 nodes (the folding sweep test's size: quick to sweep).
-  const Predictor p(qwen235b_h100().graph(),
-                    topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/hgx-h100.json", 8));
+  const Predictor& p = testing::qwen235b_h100_8_nodes();
   const Stack bridge = load_stack(stack_path("megatron-bridge-2025"));
   Stack plain = bridge;
   plain.supports.ep_dispatchers = {EpDispatcher::kAllToAll};

@@ -215,8 +215,7 @@ TEST_CASE("folding: an unfolded layout prices the same with etp written as tp", 
 }
 
 TEST_CASE("folding: the sweep tries etp 1 only under a stack that folds", "[epfold][sweep]") {
-  // Qwen3-235B on 8 H100 nodes: big enough for TP 2 x data and EP across nodes, small enough to sweep quickly.
-  const Predictor p(qwen235b_h100().graph(), topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 8));
+  const Predictor& p = testing::qwen235b_h100_8_nodes();
   const Stack folds = load_stack(stack_path("megatron-bridge-2025"));
   Stack no_folding = folds;
   no_folding.supports.expert_folding = false;

@@ -22,6 +22,14 @@ inline const Predictor& qwen235b_h100() {
   return p;
 }
 
+// The same model on 8 nodes: big enough for TP 2 x data and EP across nodes, small
+// enough to sweep quickly.
+inline const Predictor& qwen235b_h100_8_nodes() {
+  static const Predictor p(qwen235b_h100().graph(),
+                           topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/hgx-h100.json", 8));
+  return p;
+}
+
 inline Layout qwen235b_folded() {
   Layout l;
   l.data = 16;
