@@ -248,6 +248,7 @@ void run_validation(std::vector<ValidationRun>& runs, const std::string& calibra
       v.fits = p.memory.fits_device && p.memory.fits_host;
       v.memory_gib = p.memory.device_total / kGiB;
       v.capacity_gib = p.memory.device_capacity / kGiB;
+      v.prediction = prediction_to_json(p);
     } catch (const std::exception& e) {
       v.error_text = e.what();
     }

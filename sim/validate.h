@@ -67,6 +67,7 @@ struct ValidationRun {
   bool fits = false;
   double memory_gib = 0, capacity_gib = 0;
   std::vector<std::string> notes;    // stack issues, calibration warnings
+  nlohmann::json prediction;         // prediction_to_json of the run (breakdown, memory, timings)
   double step_error() const { return measured_step_time_s > 0 ? step_time_s / measured_step_time_s - 1.0 : 0.0; }
   bool verdict_right() const { return fits == measured_ran; }
 };

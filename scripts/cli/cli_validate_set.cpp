@@ -98,6 +98,7 @@ nlohmann::json run_json(const ValidationRun& v) {
     r["memory_bytes"] = v.memory_gib * 1024.0 * 1024.0 * 1024.0;
     r["capacity_bytes"] = v.capacity_gib * 1024.0 * 1024.0 * 1024.0;
     r["verdict_right"] = v.verdict_right();
+    r["prediction"] = v.prediction;
   }
   r["notes"] = v.notes;
   return r;

@@ -5,7 +5,8 @@
 # here from the verified validation rows, the text prints the same figures, and
 # changing one measurement changes them. Also: every row says whether its source
 # was checked, a run that did not fit is in the set, a GPU without GEMM
-# calibration is a warning on the rows, and a bad row is a one-line error, exit 2.
+# calibration is a warning on the rows, each row carries its whole prediction (breakdown),
+# and a bad row is a one-line error, exit 2.
 #   bash tests/cli/validate.sh path/to/rackstep     (from the repository root)
 set -u
 bin=${1:?usage: validate.sh path/to/rackstep}
@@ -40,6 +41,7 @@ check "validate --json exits 0" "[ $rc -eq 0 ]"
 check "every row is predicted and says whether its source was checked" "python3 -c 'import json; d=json.load(open(\"$tmp/v.json\")); assert all(r[\"predicted\"] and isinstance(r[\"verified\"], bool) and len(r[\"verification\"]) > 20 for r in d[\"runs\"])'"
 check "verified and unverified validation rows are both reported" "python3 -c 'import json; s=json.load(open(\"$tmp/v.json\"))[\"summary\"][\"validation\"]; assert s[\"verified\"][\"runs\"] > 0 and s[\"runs\"] >= s[\"verified\"][\"runs\"]'"
 check "a published run that did not fit is a validation row with a right verdict" "python3 -c 'import json; d=json.load(open(\"$tmp/v.json\")); r=[r for r in d[\"runs\"] if not r[\"measured_ran\"]]; assert r and all(x[\"role\"] == \"validation\" and not x[\"fits\"] and x[\"verdict_right\"] for x in r)'"
+check "each predicted row carries its prediction, whose step time and breakdown add up" "python3 -c 'import json; d=json.load(open(\"$tmp/v.json\")); rs=[r for r in d[\"runs\"] if r[\"predicted\"]]; assert rs and all(abs(r[\"prediction\"][\"step_time_s\"] - r[\"step_time_s\"]) < 1e-9 * r[\"step_time_s\"] and sum(r[\"prediction\"][\"breakdown_s\"].values()) > 0 for r in rs)'"
 figs=$(python3 "$tmp/goal.py" "$tmp/v.json"); rc=$?
 check "the JSON goal is the median / max / verdicts of the verified validation rows" "[ $rc -eq 0 ]"
 
