@@ -202,6 +202,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.runtime_reserved_bytes = sourced(m, "runtime_reserved_bytes", nonneg);
   c.backward_workspace_factor = sourced(m, "backward_workspace_factor", nonneg);
   if (m.has("activation_bytes_factor")) c.activation_bytes_factor = sourced(m, "activation_bytes_factor", {.min_exclusive = 0, .max = 100});
+  if (m.has("attention_score_bytes")) c.attention_score_bytes = sourced(m, "attention_score_bytes", {.min = 0, .max = 16});
   if (m.has("combine_saves_expert_outputs")) c.combine_saves_expert_outputs = sourced(m, "combine_saves_expert_outputs", {.min = 0, .max = 1});
   if (m.has("zero_shards_over_cp")) c.zero_shards_over_cp = sourced(m, "zero_shards_over_cp", {.min = 0, .max = 1});
   if (m.has("fp8_non_tn_gpus")) c.fp8_non_tn_gpus = sourced_gpu_names(m, "fp8_non_tn_gpus", file, "/memory/fp8_non_tn_gpus");

@@ -161,6 +161,9 @@ struct Calibration {
   // gradient (1: it weights them there, exec/kernels.h moe_combine_backward) or
   // not (0: the trainer weights rows inside the expert activation, Megatron-Core).
   double combine_saves_expert_outputs = 1.0;
+  // Bytes per attention score an unfused attention keeps for its backward (optional
+  // memory.attention_score_bytes): 0 for a fused (flash) kernel, which keeps none.
+  double attention_score_bytes = 0.0;
   // Whether ZeRO-1/2 states are sharded over data x context-parallel ranks (1:
   // Megatron-Core's distributed optimizer uses the intra_dp_cp group) or over
   // the fsdp ranks only (0).

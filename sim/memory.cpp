@@ -129,6 +129,26 @@ double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration&
   return kept + mla_inputs + (moe_checkpoint ? d_model : 0.0);
 }
 
+// Attention scores one layer of class c keeps per token for its backward, in bf16
+// element equivalents, when the trainer's attention is not fused
+// (cal.attention_score_bytes > 0): every head materialises its query x key score
+// matrix, and the backward reads what the forward kept of it (Korthikanti et al.
+// 2022, 'Reducing Activation Recomputation in Large Transformer Models', section
+// 4.1: softmax output 2 B, dropout mask 1 B and dropout output 2 B per score, the
+// 5as^2b of their per-layer count). Per token a head holds one row of seq keys;
+// the heads split over tp as the tokens do under sequence parallelism, so the
+// count per token of tokens_mb / tp is heads x seq. Recomputing the core attention
+// (selective core_attn) keeps none.
+double unfused_score_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double seq) {
+  if (cal.attention_score_bytes <= 0) return 0.0;
+  double elems = 0.0;
+  for (const OpEntry& e : c.ops) {
+    if (e.kind != models::OpKind::kAttention || recomputes(l, e, models::RecomputeModule::kCoreAttn)) continue;
+    elems += e.heads * seq * cal.attention_score_bytes / 2.0;
+  }
+  return elems;
+}
+
 // Bytes the FP8 GEMM weights of the stage save when kept as FP8 tensors
 // (Layout::fp8_params) instead of bf16: one byte per element where the GPU runs
 // FP8 GEMMs in any operand layout (cal.fp8_non_tn_gpus), none elsewhere (the FP8
@@ -331,12 +351,14 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
 
   // Activations of one layer for one micro-batch (bf16 elements; an FP8 one counts
   // half), by class, worst class.
-  double saved_layer = 0.0, saved_gemm_layer = 0.0, kept_layer = 0.0;
+  double saved_layer = 0.0, saved_gemm_layer = 0.0, kept_layer = 0.0, score_layer = 0.0;
   for (const auto& lc : t.classes) {
     const double fp8_half = 0.5 * fp8_saved_elems(lc, l);
-    saved_layer = std::max(saved_layer, lc.saved_elems_per_token - fp8_half);
+    const double scores = unfused_score_elems(lc, l, cal, static_cast<double>(s.seq));
+    score_layer = std::max(score_layer, scores);
+    saved_layer = std::max(saved_layer, lc.saved_elems_per_token - fp8_half + scores);
     saved_gemm_layer = std::max(saved_gemm_layer, lc.saved_gemm_elems_per_token - fp8_half);
-    kept_layer = std::max(kept_layer, kept_saved_elems(lc, l, cal, static_cast<double>(t.d_model)));
+    kept_layer = std::max(kept_layer, kept_saved_elems(lc, l, cal, static_cast<double>(t.d_model)) + scores);
   }
   // Sequence parallelism splits activations over tp; the routed rows are per GPU.
   const double tok = s.tokens_mb / tp;
@@ -358,7 +380,14 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
     // Offload applies to the residual carry only; the rest stays on device.
     m.host_activations = live_layers * carry_bytes;
   }
-  m.backward_workspace = cal.backward_workspace_factor * layer_bytes;
+  // Activation gradients of one layer's backward: a share of its saved activations;
+  // of the unfused attention's scores, one fp16 score matrix (2 B per score) beyond
+  // those kept: the dropout's input gradient while its output gradient is live, each
+  // freed with the saved tensors of its op (Megatron-LM 2021 ParallelSelfAttention's
+  // bmm -> dropout -> fused softmax backward).
+  const double score_bytes = score_layer * tok * act_bytes;
+  const double score_grad_bytes = cal.attention_score_bytes > 0 ? score_bytes * 2.0 / cal.attention_score_bytes : 0.0;
+  m.backward_workspace = cal.backward_workspace_factor * (layer_bytes - score_bytes) + score_grad_bytes;
 
   if (l.ep > 1 && t.experts > 0) {
     const double row_bytes = static_cast<double>(t.moe_width) * 2.0;

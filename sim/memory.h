@@ -13,13 +13,16 @@
 //                      when optimizer_state = host
 //   working weights    bf16 copies: ZeRO-3, two gathered layers (current + prefetch) and
 //                      one layer's local experts; one layer's unsharded gradient
-//                      before its reduce-scatter. ZeRO 0-2 (fp32 master) and kept
+//                      before its reduce-scatter (DeepSpeed's coordinator, with
+//                      cal.grad_reduce_bucket_params: a module, its prefetch and two
+//                      gradient buckets). ZeRO 0-2 (fp32 master) and kept
 //                      gathered weights: the whole stage in bf16
 //   activations        per layer per micro-batch from the layer graph's saved
 //                      activations: none = all of them for every layer in flight;
 //                      selective = those of GEMM / attention ops; full = the residual
 //                      carry per layer (on host when offloaded, two layers in flight)
-//                      plus one layer's activations during its backward
+//                      plus one layer's activations during its backward; an unfused
+//                      attention (cal.attention_score_bytes) adds its score matrices
 //   backward workspace activation gradients of one layer
 //   EP buffers         pooled: sender pools (sender_cf·A) + receiver buffers
 //                      (receiver_cf·A) for dispatch and combine; ragged: the receiver

@@ -5,12 +5,15 @@
 //  - the coordinator's prefetch under stage3_max_live_parameters, the host's
 //    per-rank list work of every gather and reduce-scatter (partition_parameters.py
 //    of DeepSpeed v0.3.13), and the gathered-weight / gradient working set.
-// The DeepSpeed stacks time ZeRO-3 with all of them; the working set waits for
-// grad_reduce_bucket_params, which no stack sets yet. Each is checked on its own here.
+// The DeepSpeed stacks time ZeRO-3 with all of them and hold its working set (with
+// grad_reduce_bucket_params, DeepSpeed's reduce_bucket_size). Each is checked on its own
+// here, with the unfused attention's score matrices the 2021 Megatron-LM stacks keep.
 #include <catch2/catch.hpp>
 
 #include <string>
 
+#include "sim/base/check.h"
+#include "sim/base/json_io.h"
 #include "sim/base/source_dir.h"
 #include "sim/collectives.h"
 #include "sim/predict.h"
@@ -134,6 +137,47 @@ TEST_CASE("DeepSpeed's ZeRO-3 working set: a module and its prefetch, two gradie
   // The staging copies are the list collectives' (a stack without them holds less).
   ds.fsdp_list_ops_per_rank = 0.0;
   CHECK(run("530b", 80, 4, ds).memory.working_weights < wds);
+}
+
+TEST_CASE("an unfused attention keeps its score matrices: one layer's under full recompute", "[zero3][memory]") {
+  // 2021 Megatron-LM (megatron/model/transformer.py ParallelSelfAttention) keeps the
+  // softmax output (2 B), the dropout mask (1 B) and the dropout output (2 B) of every
+  // score: 5 a s^2 b bytes a layer (Korthikanti et al. 2022). The 529.6B block at
+  // micro-batch 4: 128 heads x 2048^2 scores x 4 sequences.
+  Calibration flash = deepspeed_2021(default_calibration());
+  Calibration unfused = flash;
+  unfused.attention_score_bytes = 5.0;
+  const double scores = 128.0 * 2048.0 * 2048.0 * 4.0;
+  const MemoryBreakdown a = run("530b", 80, 4, flash).memory;
+  const MemoryBreakdown b = run("530b", 80, 4, unfused).memory;
+  // Full recompute: one layer's scores, and one fp16 score gradient in its backward.
+  CHECK(b.activations - a.activations == Approx(5.0 * scores).epsilon(1e-9));
+  CHECK(b.backward_workspace - a.backward_workspace == Approx(2.0 * scores).epsilon(1e-9));
+  CHECK(b.working_weights == a.working_weights);
+
+  // Without recompute every layer keeps them; recomputing the core attention keeps none.
+  const auto c = dgx(80);
+  Layout none = zero3(640, 4);
+  none.recompute = models::Recompute::kNone;
+  const double all_a = Predictor(gpt("530b"), c, flash).predict(none).memory.activations;
+  const double all_b = Predictor(gpt("530b"), c, unfused).predict(none).memory.activations;
+  CHECK(all_b - all_a == Approx(105.0 * 5.0 * scores).epsilon(1e-9));
+  Layout core = none;
+  core.recompute = models::Recompute::kSelective;
+  core.recompute_modules = models::recompute_module_bit(models::RecomputeModule::kCoreAttn);
+  CHECK(Predictor(gpt("530b"), c, unfused).predict(core).memory.activations ==
+        Predictor(gpt("530b"), c, flash).predict(core).memory.activations);
+}
+
+TEST_CASE("a bad memory.attention_score_bytes names the file and its JSON path", "[zero3][memory]") {
+  nlohmann::json doc = load_json_file(default_calibration_path());
+  doc["memory"]["attention_score_bytes"] = {{"value", -1}, {"source", "[A] test"}};
+  try {
+    (void)parse_calibration(doc, "cal.json");
+    FAIL("a negative attention_score_bytes was accepted");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cal.json") && Catch::Contains("attention_score_bytes"));
+  }
 }
 
 TEST_CASE("parameters under the persistence threshold are never gathered", "[zero3][stack]") {
