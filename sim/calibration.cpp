@@ -184,6 +184,8 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (host.has("grouped_gemm_launch_per_expert")) {
     c.grouped_gemm_launch_per_expert = sourced_flag(host, "grouped_gemm_launch_per_expert");
   }
+  if (host.has("graph_replay_calls")) c.graph_replay_calls = sourced(host, "graph_replay_calls", {.min = 0, .max = 1e3});
+  if (host.has("moe_preprocess_calls")) c.moe_preprocess_calls = sourced(host, "moe_preprocess_calls", {.min = 0, .max = 1e4});
   if (host.has("calls_per_op")) {
     JsonReader calls = host.object("calls_per_op");
     for (auto it = calls.raw().begin(); it != calls.raw().end(); ++it) {
@@ -194,6 +196,17 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
       c.host_calls_per_op[it.key()] = sourced(calls, it.key(), {.min = 0, .max = 1e4});
     }
     calls.finish();
+  }
+  if (c.moe_preprocess_calls > 0) {
+    // The preprocess graph takes its calls out of the dispatch op's.
+    const auto it = c.host_calls_per_op.find("dispatch");
+    const double dispatch_calls = it != c.host_calls_per_op.end() ? it->second : 1.0;
+    if (c.moe_preprocess_calls > dispatch_calls) {
+      throw UserError(file, "/host/moe_preprocess_calls/value",
+                      "at most host.calls_per_op.dispatch = " + std::to_string(dispatch_calls) +
+                          " (the preprocess is part of the dispatch op's calls)",
+                      std::to_string(c.moe_preprocess_calls));
+    }
   }
   host.finish();
 

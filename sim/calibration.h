@@ -148,6 +148,12 @@ struct Calibration {
   bool grouped_gemm_launch_per_expert = false;     // one GEMM launch per local expert and matrix
   std::map<std::string, double, std::less<>> host_calls_per_op; // op kind (models::to_string) -> framework calls per forward; default 1
   double host_calls_per_local_expert = 0;          // expert_mlp: further calls per local expert (split, buffers)
+  // CUDA graphs (Layout::cuda_graphs): a layer's captured ops cost the host one replay
+  // per pass, graph_replay_calls framework calls plus one graph launch, instead of their
+  // own calls and launches; the dispatch op's first moe_preprocess_calls calls (its
+  // preprocess, before the host sync) are captured with the moe_preprocess scope.
+  double graph_replay_calls = 0;
+  double moe_preprocess_calls = 0;
 
   // Memory overheads.
   double allocator_fragmentation = 0.05;          // of live bytes

@@ -269,6 +269,49 @@ double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
   return calls * ctx.op_issue_s + op_kernel_launches(e, ctx) * cal.launch_overhead_s;
 }
 
+LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, uint32_t cuda_graphs) {
+  LayerHostIssue h;
+  const auto graphs = [&](CudaGraphScope s) { return (cuda_graphs & cuda_graph_bit(s)) != 0; };
+  if (ctx.op_issue_s <= 0 || graphs(CudaGraphScope::kFullIteration)) return h;
+  const Calibration& cal = *ctx.cal;
+  double eager_s = 0, captured = 0;  // eager ops' forward host time; captured ops (any > 0: one replay)
+  bool attention_half = true;        // up to the attention's residual add (TransformerLayer._forward_attention)
+  for (const OpEntry& e : lc.ops) {
+    const double host_s = op_host_issue_s(e, ctx);
+    bool in_graph = false;
+    if (attention_half) {
+      in_graph = graphs(CudaGraphScope::kAttn);
+    } else if (!lc.moe) {
+      in_graph = graphs(CudaGraphScope::kMlp);
+    } else if (graphs(CudaGraphScope::kMoe)) {
+      in_graph = true;
+    } else if (graphs(CudaGraphScope::kMoeRouter)) {
+      // The router graph ends where MoELayer.forward leaves it: pre-MLP norm, router, top-k
+      // and the shared experts (captured when not overlapped with the dispatch).
+      using models::OpKind;
+      in_graph = e.kind == OpKind::kRmsNorm || e.kind == OpKind::kRouter || e.kind == OpKind::kTopK ||
+                 e.kind == OpKind::kSharedMlp;
+      if (e.kind == OpKind::kDispatch && graphs(CudaGraphScope::kMoePreprocess)) {
+        // The dispatcher's preprocess joins the graph; its device-to-host copy, sync and all-to-all stay eager.
+        const double preprocess_s = cal.moe_preprocess_calls * ctx.op_issue_s;
+        captured += preprocess_s;
+        eager_s += host_s - preprocess_s;
+        continue;
+      }
+    }
+    if (in_graph) {
+      captured += host_s;
+    } else {
+      eager_s += host_s;
+    }
+    if (e.kind == models::OpKind::kResidualAdd) attention_half = false;
+  }
+  const double replay_s = captured > 0 ? cal.graph_replay_calls * ctx.op_issue_s + cal.launch_overhead_s : 0.0;
+  h.fwd_s = eager_s + replay_s;
+  h.bwd_s = 2.0 * eager_s + replay_s;
+  return h;
+}
+
 OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
   OpTime t = price_op_device(e, ctx);
   t.fwd_host_s = op_host_issue_s(e, ctx);

@@ -150,6 +150,19 @@ double op_host_issue_s(const OpEntry& op, const PriceContext& ctx);
 
 OpTime price_op(const OpEntry& op, const PriceContext& ctx);
 
+// Host issue of one pass of one layer of a class under CUDA graphs (Layout::cuda_graphs,
+// bits of cuda_graph_bit). Transformer Engine captures a layer's graphed scopes as one
+// graph per layer, replayed once per forward and once per backward (Megatron-Core
+// transformer_layer.py _te_cuda_graph_replay; TE graph.py Graphed.forward / backward):
+// the captured ops cost the host cal.graph_replay_calls framework calls and one launch
+// per pass instead of their own calls and launches; the rest stays eager (backward 2x
+// its forward, as price_op). full_iteration leaves no host issue at all. Without graphs
+// this is the class's BlockTime fwd_host_s / bwd_host_s.
+struct LayerHostIssue {
+  double fwd_s = 0, bwd_s = 0;
+};
+LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, uint32_t cuda_graphs);
+
 // Sum over a list of ops; `recompute_s` is the forward time of the ops a policy
 // replays (full: all; selective: all but GEMMs, grouped GEMMs and attention).
 struct BlockTime {

@@ -172,6 +172,16 @@ void visit_rules(const Layout& l, const models::LayerGraph& g, const topologies:
   if (l.ep_transport == Transport::capacity) {
     if (!add(Reason::kWaves, "a layout's EP transport is pooled or ragged (capacity is a drop-model setting)")) return;
   }
+  // A graph replays fixed shapes and cannot wait on the host: a dropless (ragged) MoE layer reads its
+  // token counts on the host, so only fixed-capacity experts can sit inside one (Megatron-Core asserts
+  // "moe cuda graph is only supported with drop-padding MoE", transformer_config.py).
+  const bool graphs_experts = l.graphs(CudaGraphScope::kMoe) || l.graphs(CudaGraphScope::kFullIteration);
+  if (m.moe.experts > 0 && graphs_experts && l.ep_transport != Transport::pooled) {
+    if (!add(Reason::kWaves, std::string("cuda_graphs ") +
+                                 (l.graphs(CudaGraphScope::kMoe) ? "moe" : "full_iteration") +
+                                 " needs fixed-capacity experts (ep_transport pooled): the ragged dispatcher syncs the host in every MoE layer"))
+      return;
+  }
 }
 
 }  // namespace
@@ -228,7 +238,48 @@ PpSchedule parse_schedule(const std::string& s) {
   return PpSchedule::k1F1B;
 }
 
+// Layout::cuda_graphs from a list of scope names, with Megatron-Core's rules on how they combine
+// (transformer_config.py __post_init__, cuda_graph_impl "transformer_engine" / "local").
+uint32_t parse_cuda_graphs(JsonReader& r, models::Recompute recompute) {
+  if (!r.has("cuda_graphs")) return 0;
+  std::vector<std::string> names;
+  for (const auto s : kAllCudaGraphScopes) names.push_back(to_string(s));
+  uint32_t bits = 0;
+  for (const std::string& name : r.string_list("cuda_graphs", {})) {
+    const auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) r.fail("cuda_graphs", "scope names (attn, mlp, moe, moe_router, moe_preprocess, full_iteration)", name);
+    bits |= cuda_graph_bit(kAllCudaGraphScopes[it - names.begin()]);
+  }
+  const auto has = [&](CudaGraphScope s) { return (bits & cuda_graph_bit(s)) != 0; };
+  if (has(CudaGraphScope::kFullIteration) && bits != cuda_graph_bit(CudaGraphScope::kFullIteration)) {
+    r.fail("cuda_graphs", "full_iteration alone (the whole step is one graph)", "full_iteration with layer scopes");
+  }
+  if (has(CudaGraphScope::kMoe) && has(CudaGraphScope::kMoeRouter)) {
+    r.fail("cuda_graphs", "moe or moe_router, not both (moe captures the router too)", "moe and moe_router");
+  }
+  if (has(CudaGraphScope::kMoePreprocess) && !has(CudaGraphScope::kMoeRouter)) {
+    r.fail("cuda_graphs", "moe_preprocess together with moe_router (the preprocess graph continues the router's)", "moe_preprocess alone");
+  }
+  if (bits != 0 && !has(CudaGraphScope::kFullIteration) && recompute == models::Recompute::kFull) {
+    r.fail("cuda_graphs", "recompute \"none\" or \"selective\" with layer scopes (Megatron-Core: full recompute only with full_iteration graphs)",
+           "recompute \"full\"");
+  }
+  return bits;
+}
+
 }  // namespace
+
+const char* to_string(CudaGraphScope s) {
+  switch (s) {
+    case CudaGraphScope::kAttn: return "attn";
+    case CudaGraphScope::kMlp: return "mlp";
+    case CudaGraphScope::kMoe: return "moe";
+    case CudaGraphScope::kMoeRouter: return "moe_router";
+    case CudaGraphScope::kMoePreprocess: return "moe_preprocess";
+    case CudaGraphScope::kFullIteration: return "full_iteration";
+  }
+  return "?";
+}
 
 Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   JsonReader r(doc, file);
@@ -300,6 +351,7 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.ep_dispatcher = r.choice("ep_dispatcher", {"all_to_all", "flex"}, "all_to_all") == "flex" ? EpDispatcher::kFlex
                                                                                           : EpDispatcher::kAllToAll;
   l.ep_a2a_overlap = r.boolean("ep_a2a_overlap", false);
+  l.cuda_graphs = parse_cuda_graphs(r, l.recompute);
   r.finish();
   // The one folding rule that needs no model: the expert mesh must tile a stage's GPUs.
   const int64_t stage_gpus = l.tp * l.cp * l.data, expert_mesh = l.ep * l.expert_tp();
@@ -372,6 +424,12 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   if (l.ep_dispatcher == EpDispatcher::kFlex) j["ep_dispatcher"] = "flex";
   if (l.ep_a2a_overlap) j["ep_a2a_overlap"] = true;
+  if (l.cuda_graphs != 0) {
+    j["cuda_graphs"] = nlohmann::json::array();
+    for (const auto s : kAllCudaGraphScopes) {
+      if (l.graphs(s)) j["cuda_graphs"].push_back(to_string(s));
+    }
+  }
   return j;
 }
 
@@ -401,6 +459,15 @@ std::string describe(const Layout& l) {
   if (l.ep > 1) s << " | " << transport_name(l.ep_transport);
   if (l.ep > 1 && l.ep_dispatcher == EpDispatcher::kFlex) s << " flex";
   if (l.ep > 1 && l.ep_a2a_overlap) s << " +a2a overlap";
+  if (l.cuda_graphs != 0) {
+    s << " | graphs";
+    const char* sep = " ";
+    for (const auto g : kAllCudaGraphScopes) {
+      if (!l.graphs(g)) continue;
+      s << sep << to_string(g);
+      sep = ", ";
+    }
+  }
   return s.str();
 }
 

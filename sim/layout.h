@@ -81,6 +81,25 @@ enum class EpDispatcher { kAllToAll, kFlex };
 //   blockwise: 1x128 / 128x128 block scales (DeepSeek-V3 style): one pass, both copies
 enum class Fp8Recipe { kDelayed, kCurrent, kMxfp8, kBlockwise };
 const char* fp8_recipe_name(Fp8Recipe r);
+// What an eager trainer captures in CUDA graphs (Megatron-Core's cuda_graph_scope,
+// megatron/core/transformer/transformer_config.py): with Transformer Engine's
+// make_graphed_callables, parts of each transformer layer, replayed as one graph per
+// layer and pass (transformer_layer.py _te_cuda_graph_replay):
+//   attn            the attention half (input norm, attention, its residual add)
+//   mlp             a dense layer's MLP half
+//   moe             an MoE layer's whole MLP half (fixed-capacity experts only)
+//   moe_router      an MoE layer up to its router: pre-MLP norm, router, top-k,
+//                   and the shared experts
+//   moe_preprocess  with moe_router: the dispatcher's preprocess too (token counts,
+//                   their all-gather, the permute), up to its host sync
+// or, with Megatron-Core's own graphs (cuda_graph_impl "local"), full_iteration: the
+// whole forward and backward of a step as one graph (no host issue left).
+enum class CudaGraphScope : uint32_t { kAttn, kMlp, kMoe, kMoeRouter, kMoePreprocess, kFullIteration };
+inline constexpr CudaGraphScope kAllCudaGraphScopes[] = {CudaGraphScope::kAttn,      CudaGraphScope::kMlp,
+                                                         CudaGraphScope::kMoe,       CudaGraphScope::kMoeRouter,
+                                                         CudaGraphScope::kMoePreprocess, CudaGraphScope::kFullIteration};
+inline constexpr uint32_t cuda_graph_bit(CudaGraphScope s) { return 1u << static_cast<uint32_t>(s); }
+const char* to_string(CudaGraphScope s);
 
 struct Layout {
   std::string name;
@@ -135,6 +154,8 @@ struct Layout {
   // moe_a2a_overlap): in the 1F1B steady state one micro-batch's forward runs merged
   // with another's backward, each one's EP all-to-all hidden behind the other's compute.
   bool ep_a2a_overlap = false;
+  // CUDA graphs the trainer captures (bits of cuda_graph_bit; 0 = none, eager).
+  uint32_t cuda_graphs = 0;
 
   int64_t gpus() const { return data * tp * cp * pp; }
   // The expert mesh of one stage (see etp above).
@@ -147,6 +168,7 @@ struct Layout {
   // The most loaded stage's layers: layers / pp, or its ceiling with uneven stages.
   double stage_layers(int64_t layers) const;
   int64_t seq(const models::ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
+  bool graphs(CudaGraphScope s) const { return (cuda_graphs & cuda_graph_bit(s)) != 0; }
 };
 
 // Why a layout cannot run. Codes are stable (the sweep counts per code).

@@ -804,11 +804,15 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     // The device's time per pass of this layer, its exposed communication included.
     const double gpu_f = bt.fwd_s + (busy > 0 ? comm_layer * bt.fwd_s / busy : 0.0);
     const double gpu_b = bwd_wall[ci];
-    const double host_b = bt.bwd_host_s + (full ? bt.fwd_host_s : 0.0);
-    if (lc.moe && cal_.moe_host_syncs_per_layer > 0) {
-      host_wait += n * (host_issue_wait(bt.fwd_host_s, gpu_f) + host_issue_wait(host_b, gpu_b));
+    // The layer's host issue under the layout's CUDA graphs (sim/cost.h layer_host_issue).
+    const LayerHostIssue host = layer_host_issue(lc, ctx, l.cuda_graphs);
+    const double host_b = host.bwd_s + (full ? host.fwd_s : 0.0);
+    // Only a dropless (ragged) dispatcher reads its token counts on the host; fixed-capacity
+    // experts have static shapes (Megatron-Core's drop-and-pad path returns before any sync point).
+    if (lc.moe && cal_.moe_host_syncs_per_layer > 0 && l.ep_transport != Transport::pooled) {
+      host_wait += n * (host_issue_wait(host.fwd_s, gpu_f) + host_issue_wait(host_b, gpu_b));
     } else {
-      free_host_f += n * bt.fwd_host_s;
+      free_host_f += n * host.fwd_s;
       free_host_b += n * host_b;
       free_gpu_f += n * gpu_f;
       free_gpu_b += n * gpu_b;

@@ -114,6 +114,11 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
     for (const auto m : models::kAllRecomputeModules) names.emplace_back(models::to_string(m), m);
     f.recompute_modules = choices<models::RecomputeModule>(sup, "recompute_modules", names, f.recompute_modules);
   }
+  {
+    std::vector<std::pair<std::string, CudaGraphScope>> names;
+    for (const auto g : kAllCudaGraphScopes) names.emplace_back(to_string(g), g);
+    f.cuda_graph_scopes = choices<CudaGraphScope>(sup, "cuda_graph_scopes", names, f.cuda_graph_scopes);
+  }
   sup.finish();
   if (r.has("calibration")) {
     s.calibration_overrides = r.raw().at("calibration");
@@ -169,6 +174,9 @@ std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
     if ((l.recompute_modules & models::recompute_module_bit(m)) && !has(f.recompute_modules, m)) {
       no(std::string("module recompute of ") + models::to_string(m));
     }
+  }
+  for (const auto g : kAllCudaGraphScopes) {
+    if (l.graphs(g) && !has(f.cuda_graph_scopes, g)) no(std::string("CUDA graphs of ") + to_string(g));
   }
   if (l.keep_gathered_weights && !f.keep_gathered_weights) no("kept gathered weights");
   if (l.replicate_embedding && !f.replicate_embedding) no("a replicated embedding");

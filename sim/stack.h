@@ -55,6 +55,9 @@ struct StackSupport {
   std::vector<models::RecomputeModule> recompute_modules{};
   bool fp8_params = false;       // FP8 GEMM weights kept as FP8 (Layout::fp8_params)
   bool edges_in_pipeline_split = false;  // Layout::edges_in_pipeline_split
+  // CUDA graph scopes the trainer can capture (Layout::cuda_graphs): none unless the
+  // stack names them (Megatron-Core's cuda_graph_scope; a compiled JAX step has no such knob).
+  std::vector<CudaGraphScope> cuda_graph_scopes{};
 };
 
 struct Stack {

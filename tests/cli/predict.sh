@@ -46,6 +46,12 @@ out=$("$bin" predict --model $M --cluster $C --layout "$tmp/unknown_key.json" 2>
 check "unknown layout key exits 2" "[ $rc -eq 2 ]"
 check "unknown layout key is named" "grep -q 'warp_drive' <<<\"\$out\""
 
+# CUDA graphs: a scope list that breaks Megatron-Core's rules is one line naming /cuda_graphs, exit 2.
+echo '{"data": 704, "recompute": "none", "cuda_graphs": ["moe_preprocess"]}' >"$tmp/graphs_bad.json"
+out=$("$bin" predict --model $M --cluster $C --layout "$tmp/graphs_bad.json" 2>&1); rc=$?
+check "cuda_graphs without moe_router exits 2" "[ $rc -eq 2 ]"
+check "cuda_graphs error is one line naming the field" "[ \$(printf '%s\n' \"\$out\" | wc -l) -eq 1 ] && grep -q '/cuda_graphs' <<<\"\$out\""
+
 # Training stacks: a stack that cannot run the layout says what, and prices with its own overheads.
 out=$("$bin" predict --model $M --cluster $C --layout $L --stack marin-july-2026); rc=$?
 check "predict --stack exits 0" "[ $rc -eq 0 ]"
