@@ -94,6 +94,18 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.grouped_anchor_peak_flops_per_s = sourced(gg, "anchor_peak_flops_per_s", pos);
   gg.finish();
 
+  if (r.has("moe_kernels")) {  // optional: the trainer's MoE kernels beside the expert GEMMs
+    JsonReader mk = r.object("moe_kernels");
+    for (const auto& [key, field] : {std::pair{"sort_rows_by_local_expert", &c.moe_sort_rows_by_local_expert},
+                                     std::pair{"fp8_pad_expert_rows", &c.moe_fp8_pad_expert_rows},
+                                     std::pair{"activation_kernel", &c.moe_activation_kernel},
+                                     std::pair{"fp8_quantize_per_expert", &c.moe_fp8_quantize_per_expert}}) {
+      if (mk.has(key)) *field = sourced_flag(mk, key);
+    }
+    mk.ignore("comment");
+    mk.finish();
+  }
+
   JsonReader att = r.object("attention");
   c.attention_fwd_eff = sourced(att, "fwd_efficiency", frac);
   c.attention_bwd_eff = sourced(att, "bwd_efficiency", frac);

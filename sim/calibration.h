@@ -58,6 +58,13 @@ struct Calibration {
   double grouped_anchor_flop_multiple = 3.0;     // fwd (1) + bwd (2) of the SwiGLU
   double grouped_anchor_peak_flops_per_s = 2.5e15;
   double grouped_factor = 0.65;                  // derived
+  // The trainer's MoE kernels beside the expert GEMMs (calibration block `moe_kernels`;
+  // all false: a step whose compiler fuses or hides them, as the grouped anchor above
+  // was measured). Megatron-Core's eager path (stacks megatron-lm, megatron-bridge-2025):
+  bool moe_sort_rows_by_local_expert = false;  // all-to-all dispatcher: sort_chunks_by_idxs after the dispatch and before the combine
+  bool moe_fp8_pad_expert_rows = false;        // FP8 expert GEMMs copy each expert's rows to the FP8 alignment (TE Fp8Padding / Fp8Unpadding)
+  bool moe_activation_kernel = false;          // the experts' activation is a kernel of its own between the two grouped GEMMs
+  bool moe_fp8_quantize_per_expert = false;    // FP8 inputs of the grouped GEMMs are quantized expert by expert (TE split_quantize)
   // Attention kernels (flash): fraction of peak in forward / backward.
   double attention_fwd_eff = 0.45;
   double attention_bwd_eff = 0.45;

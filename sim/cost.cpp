@@ -182,6 +182,26 @@ double fp8_quantize_bytes_per_elem(Fp8Recipe r, bool tn_only) {
   return 4.0;
 }
 
+namespace {
+
+// Kernels that quantize one grouped-GEMM operand whose rows are split by local expert
+// (Transformer Engine 2.9 GroupedLinear: tex.split_quantize, extensions/cast.cpp). Delayed
+// scaling casts every expert's rows in one fused nvte_multi_cast_transpose; the other
+// recipes quantize expert by expert (multi_tensor_quantize_impl), current scaling with four
+// kernels each (recipe/current_scaling.cu: zero_amax_kernel, amax_kernel,
+// compute_scale_from_amax_kernel, then the cast; quantizer.cpp Float8CurrentScalingQuantizer),
+// MXFP8 and blockwise with one (scales and casts in one kernel).
+double fp8_grouped_quantize_kernels(Fp8Recipe r, double local_experts) {
+  switch (r) {
+    case Fp8Recipe::kDelayed: return 1.0;
+    case Fp8Recipe::kCurrent: return 4.0 * local_experts;
+    case Fp8Recipe::kMxfp8:
+    case Fp8Recipe::kBlockwise: return local_experts;
+  }
+  return local_experts;
+}
+}  // namespace
+
 Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   Fp8QuantizeTime q;
   if (ctx.fp8_peak_flops_per_s <= 0) return q;
@@ -207,7 +227,10 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   // FP4 tensor cores mark a Blackwell-class GPU in the topology: FP8 GEMMs in any layout.
   const bool tn_only = !(ctx.gpu != nullptr && ctx.gpu->peak_fp4_flops_per_s > 0);
   const double per_elem = fp8_quantize_bytes_per_elem(ctx.fp8_recipe, tn_only);
-  const double passes = ctx.fp8_recipe == Fp8Recipe::kCurrent ? 2.0 : 1.0;  // kernels per quantized tensor
+  double passes = ctx.fp8_recipe == Fp8Recipe::kCurrent ? 2.0 : 1.0;  // kernels per quantized tensor
+  if (e.cls == OpClass::kGroupedGemm && ctx.cal->moe_fp8_quantize_per_expert) {
+    passes = fp8_grouped_quantize_kernels(ctx.fp8_recipe, ctx.local_experts);
+  }
   const double tensors_fwd = e.gemm_count == 1 ? 1.0 : 2.0;
   const double tensors_bwd = e.gemm_count == 1 ? 1.0 : 2.0;
   const double bw = ctx.hbm_bw_bytes_per_s * ctx.cal->mem_eff_elementwise;
@@ -321,6 +344,37 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
 
 namespace {
 
+// Memory-bound kernels of the expert MLP beside its GEMMs, in an eager trainer that
+// runs them on their own (cal.moe_activation_kernel, ctx.moe_fp8_pad_rows), for `rows`
+// routed rows of `n` local expert width each:
+//  - the activation between the two GEMMs (Megatron-Core's weighted_bias_swiglu_impl,
+//    fused/fused_bias_swiglu.py): forward reads [h1|h3] (2n) and writes h (n), backward
+//    reads [h1|h3] and dh (3n) and writes d[h1|h3] (2n); BF16 throughout. A kernel of its
+//    own, so its traffic adds to the GEMMs' time rather than hiding under their roofline.
+//  - FP8 alignment copies (Transformer Engine's Fp8Padding / Fp8Unpadding, which
+//    TEGroupedMLP applies to FP8 experts when the dispatcher leaves each expert's row count
+//    unaligned): the input rows (k wide) are copied padded and the output rows copied
+//    back, forward; the gradients take the reverse copies, backward. Each copy reads and
+//    writes its rows in BF16.
+struct ExpertRowPasses {
+  double fwd_s = 0, bwd_s = 0;
+};
+ExpertRowPasses expert_row_passes(const OpEntry& e, const PriceContext& ctx, double rows, double n, bool fp8) {
+  const Calibration& cal = *ctx.cal;
+  ExpertRowPasses x;
+  const double bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_elementwise;
+  if (cal.moe_activation_kernel && e.gemm_count == 3) {
+    x.fwd_s += rows * 3.0 * n * 2.0 / bw;
+    x.bwd_s += rows * 5.0 * n * 2.0 / bw;
+  }
+  if (ctx.moe_fp8_pad_rows && fp8) {
+    const double copies_s = 2.0 * (rows * e.gemm_k * 2.0 * 2.0) / bw + 2.0 * cal.launch_overhead_s;
+    x.fwd_s += copies_s;
+    x.bwd_s += copies_s;
+  }
+  return x;
+}
+
 OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;
   const double peak_bf16 = ctx.peak_flops_per_s;
@@ -366,10 +420,11 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double kernels = e.gemm_count + 1.0;
       const double ew = e.ew_flops_per_token / e.rows_per_token * rows;
       const Fp8QuantizeTime q = fp8_quantize(e, ctx);
+      const ExpertRowPasses x = expert_row_passes(e, ctx, rows, n, fp8);
       t.fwd_flops = flops + ew;
       t.bwd_flops = 2.0 * t.fwd_flops;
-      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s;
-      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s + x.fwd_s;
+      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + x.bwd_s;
       return t;
     }
     case OpClass::kAttention: {
@@ -394,6 +449,17 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       t.bwd_flops = 2.0 * t.fwd_flops;
       t.fwd_s = s + launch;
       t.bwd_s = 2.0 * s + 2.0 * launch;
+      const bool moe_move = e.kind == OpKind::kDispatch || e.kind == OpKind::kCombine;
+      if (moe_move && ctx.moe_sort_rows) {
+        // Megatron-Core's all-to-all dispatcher sorts the received rows by local expert
+        // after the dispatch's all-to-all and back before the combine's (sort_chunks_by_idxs,
+        // token_dispatcher.py): one more read and write of every routed row on this GPU;
+        // its backward is the inverse sort of the gradient, one pass again.
+        const double width = e.kind == OpKind::kDispatch ? e.in_elems : e.out_elems;
+        const double sort_s = 2.0 * ctx.expert_rows * width * 2.0 / (bw * cal.mem_eff_elementwise) + launch;
+        t.fwd_s += sort_s;
+        t.bwd_s += sort_s;
+      }
       return t;
     }
   }

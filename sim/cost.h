@@ -115,6 +115,12 @@ struct PriceContext {
   double fp8_peak_flops_per_s = 0;
   bool fp8_linear = false, fp8_experts = false;
   double op_issue_s = 0;            // host_op_issue_s(cal, gpu): an eager trainer's host time per framework call
+  // Passes over the routed rows the layout's dispatcher adds (cal.moe_* and the layout,
+  // sim/predict.cpp): a sort by local expert after the dispatch and before the combine
+  // (the all-to-all dispatcher, more than one local expert), and FP8 alignment copies
+  // of the expert GEMMs' input and output rows (FP8 experts behind that dispatcher).
+  bool moe_sort_rows = false;
+  bool moe_fp8_pad_rows = false;
 };
 
 // The memory-bound passes that turn one FP8 GEMM op's BF16 inputs into FP8 for one
