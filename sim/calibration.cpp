@@ -82,6 +82,9 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (gemm.has("fp8_block_scaled_relative_efficiency")) {
     c.fp8_block_scaled_relative_eff = sourced(gemm, "fp8_block_scaled_relative_efficiency", frac);
   }
+  if (gemm.has("fp8_non_tn_backward_relative_efficiency")) {
+    c.fp8_non_tn_backward_relative_eff = sourced(gemm, "fp8_non_tn_backward_relative_efficiency", frac);
+  }
   gemm.finish();
 
   JsonReader gg = r.object("grouped_gemm");

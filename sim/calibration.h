@@ -48,6 +48,10 @@ struct Calibration {
   std::map<std::string, double> fp8_dense_relative_eff;
   // Block-scaled FP8 GEMM kernels (MXFP8, blockwise) over per-tensor FP8 ones, same shapes.
   double fp8_block_scaled_relative_eff = 1.0;
+  // Per-tensor FP8 (delayed, current scaling) on a GPU whose FP8 GEMMs take any operand
+  // layout: the trainer keeps one copy of each operand, so dgrad and wgrad run non-TN
+  // kernels; their rate over the TN forward GEMM's (1 = the same rate).
+  double fp8_non_tn_backward_relative_eff = 1.0;
   // Grouped expert GEMM: one measured anchor (the six-GEMM expert MLP of the
   // hero); the grouped factor (anchor eff / dense eff at the anchor shape) is
   // derived at load time and applied to every other grouped shape.

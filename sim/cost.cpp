@@ -224,8 +224,7 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   const double k = e.gemm_k / ctx.tp, n = std::max(1.0, e.gemm_n / ctx.tp);
   const double fwd_elems = e.gemm_count == 1 ? k : k + n;
   const double bwd_elems = e.gemm_count == 1 ? n : e.gemm_count == 3 ? k + 2.0 * n : k + n;
-  // FP4 tensor cores mark a Blackwell-class GPU in the topology: FP8 GEMMs in any layout.
-  const bool tn_only = !(ctx.gpu != nullptr && ctx.gpu->peak_fp4_flops_per_s > 0);
+  const bool tn_only = !fp8_gemm_any_layout(ctx.gpu);
   const double per_elem = fp8_quantize_bytes_per_elem(ctx.fp8_recipe, tn_only);
   double passes = ctx.fp8_recipe == Fp8Recipe::kCurrent ? 2.0 : 1.0;  // kernels per quantized tensor
   if (e.cls == OpClass::kGroupedGemm && ctx.cal->moe_fp8_quantize_per_expert) {
@@ -243,6 +242,20 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
 
 double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r) {
   return r == Fp8Recipe::kMxfp8 || r == Fp8Recipe::kBlockwise ? cal.fp8_block_scaled_relative_eff : 1.0;
+}
+
+// FP4 tensor cores mark a Blackwell-class GPU in the topology: FP8 GEMMs in any layout.
+bool fp8_gemm_any_layout(const topologies::GpuSpec* gpu) { return gpu != nullptr && gpu->peak_fp4_flops_per_s > 0; }
+
+// Transformer Engine on an any-layout GPU keeps a per-tensor FP8 operand row-wise only
+// (its transpose storage exists only where is_non_tn_fp8_gemm_supported() is false), so
+// dgrad (dy x W) and wgrad (x^T x dy) read it in the NN and NT layouts; a block-scaled
+// recipe writes both directions and runs all three GEMMs TN. Measured in TE's GEMM
+// profiling guide (pre-quantized, B300 vs H200 NVL): see calibration.json
+// gemm.fp8_non_tn_backward_relative_efficiency.
+double fp8_backward_factor(const PriceContext& ctx) {
+  const bool per_tensor = ctx.fp8_recipe == Fp8Recipe::kDelayed || ctx.fp8_recipe == Fp8Recipe::kCurrent;
+  return per_tensor && fp8_gemm_any_layout(ctx.gpu) ? ctx.cal->fp8_non_tn_backward_relative_eff : 1.0;
 }
 
 namespace {
@@ -398,10 +411,11 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       const double kernels = e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
       const Fp8QuantizeTime q = fp8_quantize(e, ctx);
+      const double bwd_eff = eff * (fp8 ? fp8_backward_factor(ctx) : 1.0);
       t.fwd_flops = flops + e.ew_flops_per_token * tokens;
       t.bwd_flops = 2.0 * t.fwd_flops;
       t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s;
-      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s;
+      t.bwd_s = std::max(2.0 * flops / (peak * bwd_eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s;
       return t;
     }
     case OpClass::kGroupedGemm: {

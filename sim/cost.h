@@ -139,6 +139,14 @@ double fp8_quantize_bytes_per_elem(Fp8Recipe r, bool tn_only);
 // Block-scaled FP8 GEMM kernels (mxfp8, blockwise) against per-tensor FP8 ones:
 // cal.fp8_block_scaled_relative_eff, 1 for the per-tensor recipes.
 double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r);
+// Whether the GPU's FP8 GEMMs take any operand layout (Blackwell: FP4 tensor cores mark it),
+// so a per-tensor FP8 operand is kept once, not also as a transposed copy.
+bool fp8_gemm_any_layout(const topologies::GpuSpec* gpu);
+// A dense FP8 GEMM op's backward (dgrad + wgrad) rate over its forward's: per-tensor recipes
+// on an any-layout GPU run the backward GEMMs on the one copy in non-TN layouts
+// (cal.fp8_non_tn_backward_relative_eff); block-scaled recipes quantize both directions
+// and every GEMM is TN, as are all on a TN-only GPU (1).
+double fp8_backward_factor(const PriceContext& ctx);
 
 struct OpTime {
   double fwd_s = 0, bwd_s = 0;

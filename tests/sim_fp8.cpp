@@ -85,9 +85,11 @@ TEST_CASE("FP8 quantization is priced on the GEMM operands of FP8 GEMMs only", "
   CHECK(fp8_quantize(mlp, bf16).fwd_s == 0.0);
 
   // The op's price carries the passes on top of the GEMM: with block-scaled kernels as
-  // fast as per-tensor ones, current scaling and MXFP8 differ by their passes alone.
+  // fast as per-tensor ones and non-TN backward GEMMs as fast as TN ones, current scaling
+  // and MXFP8 differ by their passes alone.
   Calibration same_kernels = cal;
   same_kernels.fp8_block_scaled_relative_eff = 1.0;
+  same_kernels.fp8_non_tn_backward_relative_eff = 1.0;
   const PriceContext cur = fp8_context(sys.gpu, same_kernels, Fp8Recipe::kCurrent);
   const PriceContext mx = fp8_context(sys.gpu, same_kernels, Fp8Recipe::kMxfp8);
   CHECK(fp8_quantize(mlp, mx).fwd_bytes < fp8_quantize(mlp, cur).fwd_bytes);
@@ -138,4 +140,51 @@ TEST_CASE("A layout's fp8_recipe reads, writes back and orders step times", "[fp
   const double t_delayed = p.predict(delayed).step_time_s;
   CHECK(t_current > t_delayed);
   CHECK(t_delayed < p.predict(bf16).step_time_s);  // FP8 still pays off at 70B
+}
+
+TEST_CASE("Per-tensor FP8 backward GEMMs run non-TN kernels where FP8 takes any layout", "[fp8]") {
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const auto gb200 = topologies::load_system(src("topologies/zoo/gb200-nvl72.json")).gpu;
+  const auto h100 = topologies::load_system(src("topologies/zoo/hgx-h100.json")).gpu;
+  const OpEntry& mlp = find_op(t, models::OpKind::kSharedMlp);
+  const Calibration& cal = default_calibration();
+  REQUIRE(cal.fp8_non_tn_backward_relative_eff < 1.0);
+  Calibration same_rate = cal;  // the backward GEMMs at the forward's rate
+  same_rate.fp8_non_tn_backward_relative_eff = 1.0;
+
+  // Backward GEMM time without the quantization passes and launches (both unchanged).
+  const auto bwd_gemm_s = [&](const topologies::GpuSpec& gpu, const Calibration& c, Fp8Recipe r) {
+    const PriceContext ctx = fp8_context(gpu, c, r);
+    return price_op(mlp, ctx).bwd_s - fp8_quantize(mlp, ctx).bwd_s;
+  };
+  // GB200, per-tensor current scaling: dgrad and wgrad read the one row-wise copy (NN, NT),
+  // so the compute-bound backward GEMMs take 1 / fp8_non_tn_backward_relative_efficiency longer.
+  const double kernel_launches_s = 2.0 * (mlp.gemm_count + 1.0) * cal.launch_overhead_s;
+  CHECK((bwd_gemm_s(gb200, cal, Fp8Recipe::kCurrent) - kernel_launches_s) ==
+        Approx((bwd_gemm_s(gb200, same_rate, Fp8Recipe::kCurrent) - kernel_launches_s) / cal.fp8_non_tn_backward_relative_eff));
+  CHECK(bwd_gemm_s(gb200, cal, Fp8Recipe::kDelayed) > bwd_gemm_s(gb200, same_rate, Fp8Recipe::kDelayed));
+  // Block-scaled recipes quantize both directions: every GEMM is TN.
+  CHECK(bwd_gemm_s(gb200, cal, Fp8Recipe::kMxfp8) == Approx(bwd_gemm_s(gb200, same_rate, Fp8Recipe::kMxfp8)));
+  // Hopper transposes per-tensor operands: TN as well.
+  CHECK(bwd_gemm_s(h100, cal, Fp8Recipe::kCurrent) == Approx(bwd_gemm_s(h100, same_rate, Fp8Recipe::kCurrent)));
+  // The forward GEMM is TN everywhere.
+  CHECK(price_op(mlp, fp8_context(gb200, cal, Fp8Recipe::kCurrent)).fwd_s ==
+        Approx(price_op(mlp, fp8_context(gb200, same_rate, Fp8Recipe::kCurrent)).fwd_s));
+}
+
+TEST_CASE("MXFP8 against per-tensor FP8 GEMM time on Blackwell reproduces TE's B300 table", "[fp8]") {
+  // Transformer Engine's GEMM profiling guide, pre-quantized, per layer on a B300:
+  // per-tensor current scaling 6.812 ms (TN fprop, non-TN dgrad and wgrad), MXFP8 7.161 ms
+  // (all TN). The two calibration entries split that ratio; together they must give it back.
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const auto gb300 = topologies::load_system(src("topologies/zoo/gb300-nvl72.json")).gpu;
+  const Calibration& cal = default_calibration();
+  const OpEntry& mlp = find_op(t, models::OpKind::kSharedMlp);
+  const auto gemm_s = [&](Fp8Recipe r) {  // forward + backward GEMMs alone (no passes, no launches)
+    const PriceContext ctx = fp8_context(gb300, cal, r);
+    const OpTime ot = price_op(mlp, ctx);
+    const Fp8QuantizeTime q = fp8_quantize(mlp, ctx);
+    return ot.fwd_s + ot.bwd_s - q.fwd_s - q.bwd_s - 3.0 * (mlp.gemm_count + 1.0) * cal.launch_overhead_s;
+  };
+  CHECK(gemm_s(Fp8Recipe::kMxfp8) / gemm_s(Fp8Recipe::kCurrent) == Approx(7.161 / 6.812).epsilon(0.002));
 }

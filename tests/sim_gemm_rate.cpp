@@ -1,0 +1,78 @@
+// Dense GEMM rates per GPU (sim/calibration.json gemm.peak_efficiency, priced in
+// sim/cost.cpp): a tensor-core GEMM runs at the clock the board's power limit
+// sustains, so two GPUs with the same datasheet peak can differ in the rate the
+// predictor gives them. The GB300 (1.4 kW) against the GB200 (1.2 kW) is the case.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "sim/base/check.h"
+#include "sim/base/source_dir.h"
+#include "sim/cost.h"
+#include "sim/predict.h"
+
+using namespace rackstep;
+using namespace rackstep::sim;
+
+namespace {
+
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
+
+const OpEntry& shared_mlp(const OpTable& t) {
+  for (const auto& c : t.classes) {
+    for (const auto& e : c.ops) {
+      if (e.kind == models::OpKind::kSharedMlp) return e;
+    }
+  }
+  RS_CHECK(false, "a dense model has a shared (dense) MLP op");
+  return t.head.front();
+}
+
+// One micro-batch of 16,384 tokens on one GPU, BF16 or FP8 (per-tensor current scaling) GEMMs.
+PriceContext gemm_context(const topologies::GpuSpec& gpu, const Calibration& cal, bool fp8) {
+  PriceContext ctx;
+  ctx.gpu = &gpu;
+  ctx.cal = &cal;
+  ctx.tokens = 16384;
+  ctx.seq = 8192;
+  ctx.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
+  ctx.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
+  ctx.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+  if (fp8) {
+    ctx.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
+    ctx.fp8_linear = true;
+    ctx.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
+    ctx.fp8_recipe = Fp8Recipe::kCurrent;
+  }
+  return ctx;
+}
+
+}  // namespace
+
+TEST_CASE("A GB300 runs the same GEMM faster than a GB200 at equal datasheet peaks (its power limit)", "[gemm]") {
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const auto gb200 = topologies::load_system(src("topologies/zoo/gb200-nvl72.json")).gpu;
+  const auto gb300 = topologies::load_system(src("topologies/zoo/gb300-nvl72.json")).gpu;
+  const Calibration& cal = default_calibration();
+  // Same datasheet tensor peaks, more board power: the difference is the rate sustained.
+  REQUIRE(gb300.peak_bf16_flops_per_s == gb200.peak_bf16_flops_per_s);
+  REQUIRE(gb300.peak_fp8_flops_per_s == gb200.peak_fp8_flops_per_s);
+  REQUIRE(gb300.power_w > gb200.power_w);
+
+  const OpEntry& mlp = shared_mlp(t);
+  const OpTime bf16_200 = price_op(mlp, gemm_context(gb200, cal, false));
+  const OpTime bf16_300 = price_op(mlp, gemm_context(gb300, cal, false));
+  // The measured maximum cuBLAS rates at rated power: GB300 2,174 TF, GB200 1,822 TF
+  // (the sources of gemm.peak_efficiency.GB300). The MLP's GEMMs are compute-bound, so
+  // its time scales by their ratio; the few kernel launches keep it within 1%.
+  const double measured_ratio = 2174.0 / 1822.0;
+  CHECK(bf16_200.fwd_s / bf16_300.fwd_s == Approx(measured_ratio).epsilon(0.01));
+  CHECK(bf16_200.bwd_s / bf16_300.bwd_s == Approx(measured_ratio).epsilon(0.01));
+
+  // FP8 GEMMs share the power limit; the quantization passes are HBM-bound and cost the same.
+  const PriceContext fp8_200 = gemm_context(gb200, cal, true);
+  const PriceContext fp8_300 = gemm_context(gb300, cal, true);
+  const double q200 = fp8_quantize(mlp, fp8_200).fwd_s, q300 = fp8_quantize(mlp, fp8_300).fwd_s;
+  CHECK(q300 == Approx(q200));
+  CHECK(price_op(mlp, fp8_300).fwd_s - q300 < price_op(mlp, fp8_200).fwd_s - q200);
+}
