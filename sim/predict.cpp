@@ -1007,6 +1007,8 @@ StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
       o.bwd_s = t.bwd_s;
       o.fwd_flops = t.fwd_flops;
       o.bwd_flops = t.bwd_flops;
+      o.fwd_host_s = t.fwd_host_s;
+      o.bwd_host_s = t.bwd_host_s;
       if (k && ops[j].kind == OpKind::kDispatch) o.comm_s = k->ep_dispatch_s;
       if (k && ops[j].kind == OpKind::kCombine) o.comm_s = k->ep_combine_s;
     }
