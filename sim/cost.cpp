@@ -307,42 +307,49 @@ double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
 
 LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, uint32_t cuda_graphs) {
   LayerHostIssue h;
+  h.op_fwd_s.assign(lc.ops.size(), 0.0);
+  h.op_bwd_s.assign(lc.ops.size(), 0.0);
   const auto graphs = [&](CudaGraphScope s) { return (cuda_graphs & cuda_graph_bit(s)) != 0; };
   if (ctx.op_issue_s <= 0 || graphs(CudaGraphScope::kFullIteration)) return h;
   const Calibration& cal = *ctx.cal;
   double eager_s = 0, captured = 0;  // eager ops' forward host time; captured ops (any > 0: one replay)
+  size_t first_captured = lc.ops.size();
   bool attention_half = true;        // up to the attention's residual add (TransformerLayer._forward_attention)
-  for (const OpEntry& e : lc.ops) {
+  for (size_t j = 0; j < lc.ops.size(); ++j) {
+    const OpEntry& e = lc.ops[j];
     const double host_s = op_host_issue_s(e, ctx);
-    bool in_graph = false;
+    double eager_op_s = host_s, captured_op_s = 0;
     if (attention_half) {
-      in_graph = graphs(CudaGraphScope::kAttn);
+      if (graphs(CudaGraphScope::kAttn)) std::swap(eager_op_s, captured_op_s);
     } else if (!lc.moe) {
-      in_graph = graphs(CudaGraphScope::kMlp);
+      if (graphs(CudaGraphScope::kMlp)) std::swap(eager_op_s, captured_op_s);
     } else if (graphs(CudaGraphScope::kMoe)) {
-      in_graph = true;
+      std::swap(eager_op_s, captured_op_s);
     } else if (graphs(CudaGraphScope::kMoeRouter)) {
       // The router graph ends where MoELayer.forward leaves it: pre-MLP norm, router, top-k
       // and the shared experts (captured when not overlapped with the dispatch).
       using models::OpKind;
-      in_graph = e.kind == OpKind::kRmsNorm || e.kind == OpKind::kRouter || e.kind == OpKind::kTopK ||
-                 e.kind == OpKind::kSharedMlp;
-      if (e.kind == OpKind::kDispatch && graphs(CudaGraphScope::kMoePreprocess)) {
+      if (e.kind == OpKind::kRmsNorm || e.kind == OpKind::kRouter || e.kind == OpKind::kTopK ||
+          e.kind == OpKind::kSharedMlp) {
+        std::swap(eager_op_s, captured_op_s);
+      } else if (e.kind == OpKind::kDispatch && graphs(CudaGraphScope::kMoePreprocess)) {
         // The dispatcher's preprocess joins the graph; its device-to-host copy, sync and all-to-all stay eager.
-        const double preprocess_s = cal.moe_preprocess_calls * ctx.op_issue_s;
-        captured += preprocess_s;
-        eager_s += host_s - preprocess_s;
-        continue;
+        captured_op_s = cal.moe_preprocess_calls * ctx.op_issue_s;
+        eager_op_s = host_s - captured_op_s;
       }
     }
-    if (in_graph) {
-      captured += host_s;
-    } else {
-      eager_s += host_s;
-    }
+    eager_s += eager_op_s;
+    captured += captured_op_s;
+    if (captured_op_s > 0 && first_captured == lc.ops.size()) first_captured = j;
+    h.op_fwd_s[j] = eager_op_s;
+    h.op_bwd_s[j] = 2.0 * eager_op_s;
     if (e.kind == models::OpKind::kResidualAdd) attention_half = false;
   }
   const double replay_s = captured > 0 ? cal.graph_replay_calls * ctx.op_issue_s + cal.launch_overhead_s : 0.0;
+  if (first_captured < lc.ops.size()) {
+    h.op_fwd_s[first_captured] += replay_s;
+    h.op_bwd_s[first_captured] += replay_s;
+  }
   h.fwd_s = eager_s + replay_s;
   h.bwd_s = 2.0 * eager_s + replay_s;
   return h;

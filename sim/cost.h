@@ -172,8 +172,11 @@ OpTime price_op(const OpEntry& op, const PriceContext& ctx);
 // per pass instead of their own calls and launches; the rest stays eager (backward 2x
 // its forward, as price_op). full_iteration leaves no host issue at all. Without graphs
 // this is the class's BlockTime fwd_host_s / bwd_host_s.
+// op_fwd_s / op_bwd_s split the same time over the class's ops (a graph's replay on
+// its first captured op), so the timeline issues exactly what predict charges.
 struct LayerHostIssue {
   double fwd_s = 0, bwd_s = 0;
+  std::vector<double> op_fwd_s, op_bwd_s;  // (lc.ops.size())
 };
 LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, uint32_t cuda_graphs);
 

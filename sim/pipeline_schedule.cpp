@@ -20,9 +20,9 @@ using Slot = PipelineSlot;
 // Megatron-LM's schedule (Narayanan et al. 2021): warm-up forwards, then one
 // forward / one backward, then cool-down backwards; virtual micro-batch k runs
 // chunk (k / p) mod v of micro-batch (k / pv) p + k mod p.
-std::vector<Slot> one_f_one_b(int64_t p, int64_t v, int64_t m, int64_t s) {
+std::vector<Slot> one_f_one_b(int64_t p, int64_t v, int64_t m, int64_t s, int64_t extra) {
   const int64_t total = m * v;
-  const int64_t warmup = v == 1 ? std::min(p - 1 - s, m) : std::min((p - 1 - s) * 2 + (v - 1) * p, total);
+  const int64_t warmup = v == 1 ? std::min(p - 1 - s + extra, m) : std::min((p - 1 - s) * 2 + (v - 1) * p + extra, total);
   auto chunk = [&](int64_t k) { return (k / p) % v; };
   auto vmb = [&](int64_t k) { return (k / (p * v)) * p + k % p; };
   std::vector<Slot> out;
@@ -126,12 +126,12 @@ std::vector<Slot> dualpipe_v(int64_t p, int64_t m, int64_t r) {
 }  // namespace
 
 std::vector<PipelineSlot> pipeline_order(PpSchedule s, int64_t pp, int64_t virtual_stages, int64_t micro_batches,
-                                         int64_t stage) {
+                                         int64_t stage, int64_t extra_warmup) {
   switch (s) {
     case PpSchedule::kZeroBubble: return zero_bubble_h1(pp, micro_batches, stage);
     case PpSchedule::kDualPipeV: return dualpipe_v(pp, micro_batches, stage);
-    case PpSchedule::kInterleaved1F1B: return one_f_one_b(pp, virtual_stages, micro_batches, stage);
-    case PpSchedule::k1F1B: return one_f_one_b(pp, 1, micro_batches, stage);
+    case PpSchedule::kInterleaved1F1B: return one_f_one_b(pp, virtual_stages, micro_batches, stage, extra_warmup);
+    case PpSchedule::k1F1B: return one_f_one_b(pp, 1, micro_batches, stage, extra_warmup);
   }
   return {};
 }

@@ -27,8 +27,12 @@ struct PipelineSlot {
 };
 // The order stage `stage` of `pp` runs its passes in, for `micro_batches`
 // micro-batches (`virtual_stages` model chunks per stage when interleaved).
+// `extra_warmup`: forwards the 1F1B and interleaved schedules run before their
+// first backward beyond their own warm-up (Megatron-Core adds one when the
+// merged-1F1B EP overlap is on, pipeline_parallel/schedules.py), so that every
+// steady-state forward is followed by the backward it is merged with.
 std::vector<PipelineSlot> pipeline_order(PpSchedule s, int64_t pp, int64_t virtual_stages, int64_t micro_batches,
-                                         int64_t stage);
+                                         int64_t stage, int64_t extra_warmup = 0);
 // The model chunk (0 .. chunks-1, in layer order) that stage `stage`'s chunk
 // `chunk` holds: c*pp + stage, or for DualPipeV's V stage / 2pp-1-stage.
 int64_t pipeline_model_chunk(PpSchedule s, int64_t pp, int64_t stage, int64_t chunk);

@@ -1005,7 +1005,15 @@ StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
     return t;
   };
   std::vector<std::vector<OpTime>> class_times;
-  for (const LayerClass& lc : table_.classes) class_times.push_back(times(lc.ops));
+  for (const LayerClass& lc : table_.classes) {
+    class_times.push_back(times(lc.ops));
+    // Host issue as predict charges it: the layout's CUDA graphs replace captured ops' calls.
+    const LayerHostIssue host = layer_host_issue(lc, sm.ctx(), l.cuda_graphs);
+    for (size_t j = 0; j < lc.ops.size(); ++j) {
+      class_times.back()[j].fwd_host_s = host.op_fwd_s[j];
+      class_times.back()[j].bwd_host_s = host.op_bwd_s[j];
+    }
+  }
   const auto fill = [&](const std::vector<OpEntry>& ops, const std::vector<OpTime>& op_times, size_t first,
                         int32_t layer, const ClassCost* k) {
     for (size_t j = 0; j < ops.size(); ++j) {
@@ -1017,16 +1025,26 @@ StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
       o.bwd_s = t.bwd_s;
       o.fwd_flops = t.fwd_flops;
       o.bwd_flops = t.bwd_flops;
+      o.fwd_host_s = t.fwd_host_s;
+      o.bwd_host_s = t.bwd_host_s;
       if (k && ops[j].kind == OpKind::kDispatch) o.comm_s = k->ep_dispatch_s;
       if (k && ops[j].kind == OpKind::kCombine) o.comm_s = k->ep_combine_s;
     }
   };
-  fill(table_.pre, times(table_.pre), 0, -1, nullptr);
+  // A full-iteration graph issues the embedding and the head too.
+  const auto edge_times = [&](const std::vector<OpEntry>& ops) {
+    std::vector<OpTime> t = times(ops);
+    if ((l.cuda_graphs & cuda_graph_bit(CudaGraphScope::kFullIteration)) != 0) {
+      for (OpTime& o : t) o.fwd_host_s = o.bwd_host_s = 0.0;
+    }
+    return t;
+  };
+  fill(table_.pre, edge_times(table_.pre), 0, -1, nullptr);
   for (size_t i = 0; i < table_.layer_class.size(); ++i) {
     const size_t ci = static_cast<size_t>(table_.layer_class[i]);
     fill(table_.classes[ci].ops, class_times[ci], graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
   }
-  fill(table_.head, times(table_.head), graph_.head_begin, -1, nullptr);
+  fill(table_.head, edge_times(table_.head), graph_.head_begin, -1, nullptr);
   std::vector<LayerCollectives> per_class;
   for (size_t ci = 0; ci < table_.classes.size(); ++ci) per_class.push_back(sm.collectives(table_.classes[ci], costs[ci]));
   for (int32_t ci : table_.layer_class) out.collectives.push_back(per_class[static_cast<size_t>(ci)]);

@@ -119,6 +119,7 @@ struct OpTiming {
   int32_t layer = -1;
   double fwd_s = 0, bwd_s = 0;
   double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU per micro-batch (trace slices)
+  double fwd_host_s = 0, bwd_host_s = 0;  // host time to issue it (OpTime; 0 for a compiled step)
   double comm_s = 0;                 // dispatch / combine all-to-all (per pass)
 };
 

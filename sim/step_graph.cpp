@@ -22,6 +22,20 @@ using Comm = CommCost;
 
 // ------------------------------------------------------------ costs
 
+// One op as the host of an eager trainer issues it (Costs::host_issue): its
+// device seconds per pass, hardware FLOPs, and host seconds to issue it
+// (OpTiming; zero-bubble W: half a GEMM's backward, and half its issue).
+struct Kernel {
+  std::string name;                  // the layer-graph op's name
+  double fwd_s = 0, bwd_s = 0, w_s = 0;
+  double fwd_f = 0, bwd_f = 0, w_f = 0;
+  double fwd_host_s = 0, bwd_host_s = 0, w_host_s = 0;
+};
+
+// Which part of a pass a run of kernels is: forward (or a recompute's replay),
+// backward, a zero-bubble backward's input-gradient part (B) or its weight-gradient part (W).
+enum class Dir { kForward, kBackward, kInput, kWeight };
+
 // One layer: compute split around the routed experts, and its collectives.
 struct LayerCost {
   LayerTiming t;
@@ -37,6 +51,8 @@ struct LayerCost {
   double pre_w_f = 0, exp_w_f = 0, post_w_f = 0;
   Comm gather, reduce_scatter, dispatch, combine, tp, cp_fwd, cp_bwd;
   std::vector<Comm> grad_sync;  // all-reduces of this layer's gradients across replicas
+  // The same three parts op by op, in layer order (only when the host issues ops).
+  std::vector<Kernel> kernels[3];
   double w_s() const { return pre_w + exp_w + post_w; }
   double w_f() const { return pre_w_f + exp_w_f + post_w_f; }
   double fwd_f() const { return pre_fwd_f + exp_fwd_f + post_fwd_f; }
@@ -54,16 +70,35 @@ struct Costs {
   int64_t waves = 1;              // EP waves per pass
   int64_t bucket_layers = 1;      // layers per gradient all-reduce bucket (0: one after the backward)
   bool kept_weights = false;      // ZeRO-3 keep_gathered_weights: each layer gathered once per step
+  // An eager trainer's host issues every op (calibration host.op_issue_s > 0): kernels
+  // wait for their issue; moe_sync: the host waits for the device once per MoE
+  // layer forward, before the dispatch (host.moe_syncs_per_layer).
+  bool host_issue = false, moe_sync = false;
+  std::vector<Kernel> pre_kernels, head_kernels;
+  // Megatron-Core's merged-1F1B EP overlap (Layout::ep_a2a_overlap): a steady-state
+  // forward and backward run as one, their all-to-alls beside each other's compute,
+  // which runs at sms / (sms - comm_sms) of its time while a call holds comm_sms SMs.
+  bool merged_1f1b = false;
+  double sms = 0, comm_sms = 0;
   StepBreakdown step;
   double checkpoint_bytes_per_gpu = 0, checkpoint_blocking = 1, storage_bw = 0;
 };
 
 // Splits each layer's op times around the dispatch and combine ops.
+Kernel kernel_of(const models::Op& op, const OpTiming& t) {
+  const bool gemm = op.op_class == models::OpClass::kGemm || op.op_class == models::OpClass::kGroupedGemm;
+  const double w = gemm ? 0.5 : 0.0;
+  return {op.name, t.fwd_s, t.bwd_s, w * t.bwd_s, t.fwd_flops, t.bwd_flops, w * t.bwd_flops,
+          t.fwd_host_s, t.bwd_host_s, w * t.bwd_host_s};
+}
+
 void split_layers(const Predictor& p, const std::vector<OpTiming>& ops, Costs& c) {
   const models::LayerGraph& g = p.graph();
   const size_t first_block = g.block_begin.empty() ? g.head_begin : g.block_begin.front();
   for (const OpTiming& o : ops) {
     if (o.layer >= 0) continue;
+    if (c.host_issue && o.graph_index < first_block) c.pre_kernels.push_back(kernel_of(g.ops[o.graph_index], o));
+    if (c.host_issue && o.graph_index >= g.head_begin) c.head_kernels.push_back(kernel_of(g.ops[o.graph_index], o));
     if (o.graph_index < first_block) {
       c.pre_fwd_s += o.fwd_s;
       c.pre_bwd_s += o.bwd_s;
@@ -99,6 +134,7 @@ void split_layers(const Predictor& p, const std::vector<OpTiming>& ops, Costs& c
       *fwd_f[part] += ops[j].fwd_flops;
       *bwd_f[part] += ops[j].bwd_flops;
       *wg_f[part] += gemm ? 0.5 * ops[j].bwd_flops : 0.0;
+      if (c.host_issue) k.kernels[part].push_back(kernel_of(op, ops[j]));
     }
   }
 }
@@ -108,6 +144,13 @@ void split_layers(const Predictor& p, const std::vector<OpTiming>& ops, Costs& c
 Costs gather_costs(const Predictor& p, const Layout& l, const StepPrice& price, const StepGraphOptions& o) {
   Costs c;
   c.step = price.prediction.breakdown;
+  const Calibration& cal = p.calibration();
+  for (const OpTiming& t : price.ops) c.host_issue = c.host_issue || t.fwd_host_s > 0;
+  // Only a dropless (ragged) dispatcher syncs the host, as predict charges it.
+  c.moe_sync = c.host_issue && cal.moe_host_syncs_per_layer > 0 && l.ep_transport != Transport::pooled;
+  c.merged_1f1b = l.ep_a2a_overlap;
+  c.sms = static_cast<double>(p.cluster().system.gpu.sms);
+  c.comm_sms = l.ep_dispatcher == EpDispatcher::kFlex ? cal.ep_flex_sms : cal.ep_all_to_all_sms;
   for (size_t i = 0; i < price.layers.size(); ++i) {
     const LayerTiming& t = price.layers[i];
     const LayerCollectives& x = price.collectives[i];
@@ -169,6 +212,7 @@ struct Rank {
   int process = -1;
   int64_t nic_via = -1;  // a failed NIC: the rank whose NIC carries this one's traffic
   ResourceId compute, ag, rs, ep, ep2, tp, cp, pp_send, pp_recv, dp, copy, host, ckpt;
+  ResourceId issue;        // the host thread that issues an eager trainer's kernels (Costs::host_issue)
   ResourceId nvlink, nic;  // shared by every stream (contention on)
 };
 
@@ -177,10 +221,12 @@ enum class Tier { kNvlink, kNic, kSpine };
 
 class Builder {
  public:
-  // chunks: model chunks per stage; lpc: layers per model chunk.
+  // chunks: model chunks per stage; first_layer: model chunk q holds layers
+  // [first_layer[q], first_layer[q + 1]) (chunk_first_layers).
   Builder(Engine& e, const Costs& c, const Layout& l, const topologies::Cluster& cl, const StepGraphOptions& o,
-          int64_t stages, int64_t chunks, int64_t lpc, int64_t micro_batches)
-      : e_(e), c_(c), l_(l), cl_(cl), o_(o), stages_(stages), v_(chunks), lpc_(lpc), m_(micro_batches) {
+          int64_t stages, int64_t chunks, std::vector<int64_t> first_layer, int64_t micro_batches)
+      : e_(e), c_(c), l_(l), cl_(cl), o_(o), stages_(stages), v_(chunks), first_layer_(std::move(first_layer)),
+        m_(micro_batches) {
     v_shape_ = l.schedule == PpSchedule::kDualPipeV && l.pp > 1;
     spine_fraction_ = 1.0 / std::max(1.0, cl.system.scale_out.spine_oversubscription);
   }
@@ -211,6 +257,7 @@ class Builder {
         k.copy = stream("host_copy", ResourceKind::kCopyEngine);
         k.host = e_.add_resource(k.process, "host_cpu", ResourceKind::kHostCpu, 0, Order::kReadyOrder, 1);
         k.ckpt = stream("checkpoint", ResourceKind::kCopyEngine);
+        if (c_.host_issue) k.issue = stream("host_issue", ResourceKind::kHostCpu);
         if (nvlink_bw_ > 0) k.nvlink = e_.add_resource(k.process, "nvlink_port", ResourceKind::kNvlinkPort, nvlink_bw_);
         if (nic_bw_ > 0) k.nic = e_.add_resource(k.process, "nic", ResourceKind::kNic, nic_bw_);
         ranks_.push_back(k);
@@ -230,6 +277,8 @@ class Builder {
       ranks_[static_cast<size_t>(f)].nic_via = s * n_ + (r + 1) % n_;
     }
     gate_.assign(ranks_.size(), TaskId{});
+    issue_gate_.assign(ranks_.size(), TaskId{});
+    last_issue_.assign(ranks_.size(), TaskId{});
     pending_sync_.assign(static_cast<size_t>(stages_), {});
     if (nic_bw_ > 0 && cl_.domains > 1 && o_.contention) {
       // The scale-out fabric as one shared link. Non-blocking, it carries
@@ -265,8 +314,18 @@ class Builder {
     recv_bwd_.assign(slots, {});
     last_fwd_.assign(slots, {});
     last_bwd_.assign(slots, {});
+    // The host issues a step's first kernel once the previous step has ended.
+    if (c_.host_issue) issue_gate_ = gate_;
     for (int64_t s = 0; s < stages_; ++s) {
-      for (const Slot& x : schedule(s)) {
+      const std::vector<Slot> order = schedule(s);
+      for (size_t i = 0; i < order.size(); ++i) {
+        const Slot& x = order[i];
+        // Merged 1F1B: each steady-state forward with the backward that follows it.
+        if (merges() && x.pass == Pass::kForward && i + 1 < order.size() && order[i + 1].pass == Pass::kBackward) {
+          merged(s, x, order[i + 1]);
+          ++i;
+          continue;
+        }
         switch (x.pass) {
           case Pass::kForward: forward(s, x.chunk, x.mb); break;
           case Pass::kBackward: backward(s, x.chunk, x.mb, false); break;
@@ -280,14 +339,24 @@ class Builder {
   }
 
  private:
+  // Whether forwards and backwards merge (Layout::ep_a2a_overlap): in Megatron-Core's
+  // 1F1B and interleaved schedules, and without a pipeline.
+  bool merges() const {
+    return c_.merged_1f1b && (stages_ == 1 || l_.schedule == PpSchedule::k1F1B ||
+                              l_.schedule == PpSchedule::kInterleaved1F1B);
+  }
+
+  // The stage's order; a merged schedule warms up with one more forward.
   std::vector<Slot> schedule(int64_t s) const {
-    if (stages_ == 1) return pipeline_order(PpSchedule::k1F1B, 1, 1, m_, 0);
-    return pipeline_order(l_.schedule, stages_, v_, m_, s);
+    const int64_t extra = merges() ? 1 : 0;
+    if (stages_ == 1) return pipeline_order(PpSchedule::k1F1B, 1, 1, m_, 0, extra);
+    return pipeline_order(l_.schedule, stages_, v_, m_, s, extra);
   }
 
   Rank& rank(int64_t s, int64_t r) { return ranks_[static_cast<size_t>(s * n_ + r)]; }
   int64_t chunks_total() const { return stages_ * v_; }
-  // Model chunk q holds layers [q lpc, (q + 1) lpc); q = 0 embeds, the last one has the head.
+  // Model chunk q holds layers [first_layer_[q], first_layer_[q + 1]); q = 0 embeds, the last one has the head.
+  int64_t chunk_layers(int64_t q) const { return first_layer_[q + 1] - first_layer_[q]; }
   int64_t model_chunk(int64_t s, int64_t c) const {
     return pipeline_model_chunk(v_shape_ ? PpSchedule::kDualPipeV : PpSchedule::k1F1B, stages_, s, c);
   }
@@ -421,13 +490,101 @@ class Builder {
     return g;
   }
 
+  // ------------------------------------------------------------ kernels and the host that issues them
+
+  // The host thread's issue of one op on rank r of stage s: in program order
+  // (Rank::issue is in-order), and after the device point a sync made it wait for.
+  TaskId issue(int64_t s, int64_t r, const std::string& name, double host_s) {
+    const size_t i = static_cast<size_t>(s * n_ + r);
+    const TaskId t = e_.add_compute(ranks_[i].issue, name, "host_issue", host_s);
+    if (issue_gate_[i].valid()) {
+      e_.add_dependency(issue_gate_[i], t);
+      issue_gate_[i] = {};
+    }
+    last_issue_[i] = t;
+    return t;
+  }
+
+  // A device-to-host sync: the host issues nothing more until the device has run `device`.
+  void host_sync(int64_t s, const std::vector<TaskId>& device) {
+    for (int64_t r = 0; r < n_; ++r) issue_gate_[static_cast<size_t>(s * n_ + r)] = device[r];
+  }
+
+  // What a collective issued now waits for on the host: everything the host issued
+  // before it (nothing for a compiled step, whose host never paces the device).
+  std::vector<TaskId> issued(int64_t s) const {
+    if (!c_.host_issue) return {};
+    return std::vector<TaskId>(last_issue_.begin() + s * n_, last_issue_.begin() + (s + 1) * n_);
+  }
+
+  // The kernels of `ops` on the compute stream (in reverse for a backward), each
+  // after the host issued it (OpTiming's host seconds): the host runs ahead of
+  // the device until a sync, and paces it where it is the slower of the two.
+  // `stretch` scales the device time (SMs a call beside them takes), `host_scale`
+  // the host's (a wave issues its share); the first kernel also waits for `also`;
+  // `experts`: the rank's routed-expert load applies.
+  void kernels(int64_t s, const std::string& tag, const char* cat, const std::vector<Kernel>& ops, Dir d,
+               std::vector<TaskId>& prev, double stretch, const std::vector<TaskId>* also, bool experts,
+               double host_scale = 1.0) {
+    const bool fwd = d == Dir::kForward;
+    for (size_t j = 0; j < ops.size(); ++j) {
+      const Kernel& k = ops[fwd ? j : ops.size() - 1 - j];
+      double dev = k.fwd_s, fl = k.fwd_f, host = k.fwd_host_s;
+      if (d == Dir::kBackward) dev = k.bwd_s, fl = k.bwd_f, host = k.bwd_host_s;
+      if (d == Dir::kInput) dev = k.bwd_s - k.w_s, fl = k.bwd_f - k.w_f, host = k.bwd_host_s - k.w_host_s;
+      if (d == Dir::kWeight) dev = k.w_s, fl = k.w_f, host = k.w_host_s;
+      if (d == Dir::kWeight && dev <= 0) continue;  // no weight gradient
+      const std::string name = k.name + "." + tag;
+      for (int64_t r = 0; r < n_; ++r) {
+        const TaskId h = issue(s, r, name + ".issue", host * host_scale);
+        const double f = experts ? load(r) : 1.0;
+        const TaskId before = prev[r];
+        prev[r] = e_.add_compute(rank(s, r).compute, name, cat, dev * stretch * f);
+        if (before.valid() && e_.stream_predecessor(prev[r]).v != before.v) e_.add_dependency(before, prev[r]);
+        e_.add_dependency(h, prev[r]);
+        if (also && (*also)[r].valid()) e_.add_dependency((*also)[r], prev[r]);
+        e_.set_task_flops(prev[r], fl * f);
+      }
+      also = nullptr;
+    }
+  }
+
+  // One part of a pass on the compute stream: one task of `seconds` (a compiled
+  // step), or its kernels after their issue when the host issues ops. `also`:
+  // what it waits for besides the stream (a gather, a call's end).
+  void part(int64_t s, const std::string& name, const std::string& tag, const char* cat, double seconds, double flops,
+            const std::vector<Kernel>& ops, Dir d, std::vector<TaskId>& prev, double stretch = 1.0,
+            const std::vector<TaskId>* also = nullptr) {
+    if (c_.host_issue) {
+      kernels(s, tag, cat, ops, d, prev, stretch, also, false);
+      return;
+    }
+    compute(s, name, cat, seconds * stretch, prev, flops);
+    if (also) join(prev, *also);
+  }
+
+  // Predict's phase of the merged-1F1B EP overlap (sim/predict.cpp
+  // ep_exposed_merged_1f1b): compute beside an all-to-all that holds comm_sms of
+  // the GPU's SMs runs at (sms - comm_sms) / sms of its speed until the call ends,
+  // the call taking its priced time. The factor on the compute's time.
+  double stretch(const Comm& call, double compute_s) const {
+    if (compute_s <= 0 || c_.comm_sms <= 0 || !(c_.sms > c_.comm_sms)) return 1.0;
+    const double slow = c_.sms / (c_.sms - c_.comm_sms), comm_s = call.time_s();
+    const double t = compute_s * slow <= comm_s ? compute_s * slow : compute_s + comm_s * (1.0 - 1.0 / slow);
+    return t / compute_s;
+  }
+
+  // ------------------------------------------------------------ layers
+
   // The routed experts of one pass: W waves of (first all-to-all, expert GEMMs,
   // second all-to-all). First transfers share one stream, second ones another,
   // so wave i's dispatch overlaps wave i-1's GEMMs and wave i's combine wave
   // i+1's. Overlapped transfers take SMs from the GEMMs: each overlapped wave's
   // GEMMs lose (1 - overlap efficiency) of the overlapped time (calibration).
-  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, double expert_f, bool backward,
+  // With host issue, each call waits for what the host issued before it.
+  void experts(int64_t s, int64_t layer, const std::string& tag, double expert_s, double expert_f, Dir d,
                const char* cat, std::vector<TaskId>& prev) {
+    const bool backward = d != Dir::kForward;
     const LayerCost& k = c_.layers[layer];
     const double w = static_cast<double>(c_.waves);
     const Comm first = (backward ? k.combine : k.dispatch).scaled(1.0 / w);
@@ -441,14 +598,22 @@ class Builder {
     for (int64_t i = 0; i < c_.waves; ++i) {
       const std::string wave = c_.waves > 1 ? num(".w", i) : std::string();
       std::vector<TaskId> x = start;
-      collective(s, &Rank::ep, base + wave + (backward ? ".combine_grad" : ".dispatch"), c1, first, x);
+      collective(s, &Rank::ep, base + wave + (backward ? ".combine_grad" : ".dispatch"), c1, first, x, issued(s));
       const double penalty = i > 0 ? (1.0 - c_.ep_overlap_eff) * std::min(gemm_s, comm_s) : 0.0;
-      for (int64_t r = 0; r < n_; ++r) {
-        TaskId after = x[r].valid() ? x[r] : start[r];
-        x[r] = task(rank(s, r).compute, base + wave + ".experts", cat, gemm_s * load(r) + penalty, after);
-        e_.set_task_flops(x[r], expert_f / w * load(r));
+      if (c_.host_issue) {
+        for (int64_t r = 0; r < n_; ++r) {
+          if (!x[r].valid()) x[r] = start[r];
+        }
+        const double stretch_w = gemm_s > 0 ? (gemm_s + penalty) / (gemm_s * w) : 1.0 / w;
+        kernels(s, tag + wave, cat, k.kernels[1], d, x, stretch_w, nullptr, true, 1.0 / w);
+      } else {
+        for (int64_t r = 0; r < n_; ++r) {
+          TaskId after = x[r].valid() ? x[r] : start[r];
+          x[r] = task(rank(s, r).compute, base + wave + ".experts", cat, gemm_s * load(r) + penalty, after);
+          e_.set_task_flops(x[r], expert_f / w * load(r));
+        }
       }
-      collective(s, &Rank::ep2, base + wave + (backward ? ".dispatch_grad" : ".combine"), c2, second, x);
+      collective(s, &Rank::ep2, base + wave + (backward ? ".dispatch_grad" : ".combine"), c2, second, x, issued(s));
       prev = x;
     }
   }
@@ -471,19 +636,19 @@ class Builder {
   }
 
   // A forward-shaped pass of one layer (forward, or the full recompute's replay).
+  // An eager trainer's dropless dispatcher syncs the host before the dispatch.
   void layer_forward(int64_t s, int64_t layer, const std::string& tag, const char* cat,
                      const std::vector<TaskId>& g, std::vector<TaskId>& prev) {
     const LayerCost& k = c_.layers[layer];
     const std::vector<TaskId> before = prev;
     const std::string name = num("L", layer) + "." + tag;
     if (!k.ep) {
-      compute(s, name, cat, k.t.fwd_s, prev, k.fwd_f());
-      join(prev, g);
+      part(s, name, tag, cat, k.t.fwd_s, k.fwd_f(), k.kernels[0], Dir::kForward, prev, 1.0, &g);
     } else {
-      compute(s, name + ".pre", cat, k.pre_fwd, prev, k.pre_fwd_f);
-      join(prev, g);
-      experts(s, layer, tag, k.exp_fwd, k.exp_fwd_f, false, cat, prev);
-      compute(s, name + ".post", cat, k.post_fwd, prev, k.post_fwd_f);
+      part(s, name + ".pre", tag, cat, k.pre_fwd, k.pre_fwd_f, k.kernels[0], Dir::kForward, prev, 1.0, &g);
+      if (c_.moe_sync) host_sync(s, prev);
+      experts(s, layer, tag, k.exp_fwd, k.exp_fwd_f, Dir::kForward, cat, prev);
+      part(s, name + ".post", tag, cat, k.post_fwd, k.post_fwd_f, k.kernels[2], Dir::kForward, prev);
     }
     tp_cp(s, layer, tag, cat, k.cp_fwd, before, prev);
   }
@@ -495,15 +660,16 @@ class Builder {
     const std::vector<TaskId> before = prev;
     const std::string name = num("L", layer) + "." + tag;
     const double leave_w = input_only ? 1.0 : 0.0;  // the W pass runs these later
+    const Dir d = input_only ? Dir::kInput : Dir::kBackward;
     if (!k.ep) {
-      compute(s, name, "backward", k.t.bwd_s - leave_w * k.w_s(), prev, k.bwd_f() - leave_w * k.w_f());
-      join(prev, g);
+      part(s, name, tag, "backward", k.t.bwd_s - leave_w * k.w_s(), k.bwd_f() - leave_w * k.w_f(), k.kernels[0], d,
+           prev, 1.0, &g);
     } else {
-      compute(s, name + ".post", "backward", k.post_bwd - leave_w * k.post_w, prev,
-              k.post_bwd_f - leave_w * k.post_w_f);
-      join(prev, g);
-      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, k.exp_bwd_f - leave_w * k.exp_w_f, true, "backward", prev);
-      compute(s, name + ".pre", "backward", k.pre_bwd - leave_w * k.pre_w, prev, k.pre_bwd_f - leave_w * k.pre_w_f);
+      part(s, name + ".post", tag, "backward", k.post_bwd - leave_w * k.post_w, k.post_bwd_f - leave_w * k.post_w_f,
+           k.kernels[2], d, prev, 1.0, &g);
+      experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, k.exp_bwd_f - leave_w * k.exp_w_f, d, "backward", prev);
+      part(s, name + ".pre", tag, "backward", k.pre_bwd - leave_w * k.pre_w, k.pre_bwd_f - leave_w * k.pre_w_f,
+           k.kernels[0], d, prev);
     }
     tp_cp(s, layer, tag, "backward", k.cp_bwd, before, prev);
   }
@@ -522,77 +688,214 @@ class Builder {
     collective(s, &Rank::pp_send, tag + ".send", "pp_send", c_.send, prev, {}, false);
   }
 
-  void forward(int64_t s, int64_t c, int64_t mb) {
-    const int64_t q = model_chunk(s, c);
-    const std::string tag = pass_tag(c, mb, ".fwd");
-    std::vector<TaskId> prev(n_);
+  // ------------------------------------------------------------ passes
+
+  // A pass of one micro-batch through one model chunk of a stage, being built:
+  // where each rank's part ends, and each layer's end (the gathers' window).
+  struct PassState {
+    int64_t s = 0, c = 0, q = 0, mb = 0;
+    bool input_only = false;
+    std::string tag;
+    std::vector<TaskId> prev;
+    std::vector<std::vector<TaskId>> done;
+  };
+
+  PassState forward_begin(int64_t s, int64_t c, int64_t mb) {
+    PassState f{s, c, model_chunk(s, c), mb, false, pass_tag(c, mb, ".fwd"), std::vector<TaskId>(n_), {}};
     for (int64_t r = 0; r < n_; ++r) {
-      if (q > 0) {
-        prev[r] = task(rank(s, r).pp_recv, tag + ".recv", "pp_recv", 0.0, {});
-        recv_fwd_[slot(q, mb, r)] = prev[r];
+      if (f.q > 0) {
+        f.prev[r] = task(rank(s, r).pp_recv, f.tag + ".recv", "pp_recv", 0.0, {});
+        recv_fwd_[slot(f.q, mb, r)] = f.prev[r];
       } else {
-        prev[r] = gate_[s * n_ + r];
+        f.prev[r] = gate_[s * n_ + r];
       }
     }
-    if (q == 0) compute(s, "embed." + tag, "forward", c_.pre_fwd_s, prev, c_.pre_fwd_f);
-    std::vector<std::vector<TaskId>> done;
-    for (int64_t i = 0; i < lpc_; ++i) {
-      const int64_t layer = q * lpc_ + i;
-      std::vector<TaskId> window = i >= 2 ? done[i - 2] : stage_gate(s);
-      // Kept gathered weights: the step's first micro-batch gathers them; later
-      // passes find them in memory (and follow it on the compute stream).
-      std::vector<TaskId> g = c_.kept_weights && mb > 0 ? std::vector<TaskId>(n_) : gather(s, layer, tag, window);
-      layer_forward(s, layer, tag, "forward", g, prev);
-      done.push_back(prev);
+    if (f.q == 0) {
+      part(s, "embed." + f.tag, f.tag, "forward", c_.pre_fwd_s, c_.pre_fwd_f, c_.pre_kernels, Dir::kForward, f.prev);
     }
-    if (q == chunks_total() - 1) compute(s, "head." + tag, "forward", c_.head_fwd_s, prev, c_.head_fwd_f);
-    if (q < chunks_total() - 1) send(s, q + 1, tag, prev);
-    for (int64_t r = 0; r < n_; ++r) last_fwd_[slot(q, mb, r)] = prev[r];
+    return f;
   }
 
-  void backward(int64_t s, int64_t c, int64_t mb, bool input_only) {
+  // The FSDP gather of the forward's i-th layer (none for weights kept from the first micro-batch).
+  std::vector<TaskId> forward_gather(PassState& f, int64_t i) {
+    const int64_t layer = first_layer_[f.q] + i;
+    std::vector<TaskId> window = i >= 2 ? f.done[i - 2] : stage_gate(f.s);
+    // Kept gathered weights: the step's first micro-batch gathers them; later
+    // passes find them in memory (and follow it on the compute stream).
+    return c_.kept_weights && f.mb > 0 ? std::vector<TaskId>(n_) : gather(f.s, layer, f.tag, window);
+  }
+
+  void forward_layer(PassState& f, int64_t i) {
+    const std::vector<TaskId> g = forward_gather(f, i);
+    layer_forward(f.s, first_layer_[f.q] + i, f.tag, "forward", g, f.prev);
+    f.done.push_back(f.prev);
+  }
+
+  void forward_end(PassState& f) {
+    if (f.q == chunks_total() - 1) {
+      part(f.s, "head." + f.tag, f.tag, "forward", c_.head_fwd_s, c_.head_fwd_f, c_.head_kernels, Dir::kForward,
+           f.prev);
+    }
+    if (f.q < chunks_total() - 1) send(f.s, f.q + 1, f.tag, f.prev);
+    for (int64_t r = 0; r < n_; ++r) last_fwd_[slot(f.q, f.mb, r)] = f.prev[r];
+  }
+
+  void forward(int64_t s, int64_t c, int64_t mb) {
+    PassState f = forward_begin(s, c, mb);
+    for (int64_t i = 0; i < chunk_layers(f.q); ++i) forward_layer(f, i);
+    forward_end(f);
+  }
+
+  PassState backward_begin(int64_t s, int64_t c, int64_t mb, bool input_only) {
     const int64_t q = model_chunk(s, c);
-    const std::string tag = pass_tag(c, mb, input_only ? ".bwd_input" : ".bwd");
-    std::vector<TaskId> prev(n_);
+    PassState b{s, c, q, mb, input_only, pass_tag(c, mb, input_only ? ".bwd_input" : ".bwd"), std::vector<TaskId>(n_),
+                {}};
     if (q < chunks_total() - 1) {
       for (int64_t r = 0; r < n_; ++r) {
-        prev[r] = task(rank(s, r).pp_recv, tag + ".recv", "pp_recv", 0.0, {});
-        recv_bwd_[slot(q, mb, r)] = prev[r];
+        b.prev[r] = task(rank(s, r).pp_recv, b.tag + ".recv", "pp_recv", 0.0, {});
+        recv_bwd_[slot(q, mb, r)] = b.prev[r];
       }
     } else {
-      for (int64_t r = 0; r < n_; ++r) prev[r] = last_fwd_[slot(q, mb, r)];
-      compute(s, "head." + tag, "backward", c_.head_bwd_s, prev, c_.head_bwd_f);
+      for (int64_t r = 0; r < n_; ++r) b.prev[r] = last_fwd_[slot(q, mb, r)];
+      part(s, "head." + b.tag, b.tag, "backward", c_.head_bwd_s, c_.head_bwd_f, c_.head_kernels, Dir::kBackward,
+           b.prev);
       if (mb == m_ - 1 && c_.bucket_layers > 0) {
-        std::vector<TaskId> head = prev;
+        std::vector<TaskId> head = b.prev;
         collective(s, &Rank::dp, "head.grad_sync", "grad_sync", c_.edge_sync, head);
       }
     }
     // A backward on this stage also needs this stage's own forward of the chunk.
     for (int64_t r = 0; r < n_; ++r) {
       const TaskId f = last_fwd_[slot(q, mb, r)];
-      if (f.valid() && prev[r].valid() && f.v != prev[r].v) e_.add_dependency(f, prev[r]);
+      if (f.valid() && b.prev[r].valid() && f.v != b.prev[r].v) e_.add_dependency(f, b.prev[r]);
     }
-    const bool full = l_.recompute == models::Recompute::kFull;
-    std::vector<std::vector<TaskId>> done;
-    for (int64_t i = lpc_ - 1; i >= 0; --i) {
-      const int64_t layer = q * lpc_ + i;
-      const int64_t k = lpc_ - 1 - i;  // position in backward order
-      std::vector<TaskId> window = k >= 2 ? done[k - 2] : prev;
-      std::vector<TaskId> g = c_.kept_weights ? std::vector<TaskId>(n_) : gather(s, layer, tag, window);
-      const LayerCost& t = c_.layers[layer];
-      if (full) {
-        layer_forward(s, layer, tag + ".recompute", "recompute", g, prev);
-      } else if (t.t.recompute_s > 0) {
-        compute(s, num("L", layer) + "." + tag + ".recompute", "recompute", t.t.recompute_s, prev);
-        join(prev, g);
+    return b;
+  }
+
+  // The backward's k-th layer (in backward order): its gather, then the
+  // recompute's replay of its forward.
+  std::vector<TaskId> backward_prepare(PassState& b, int64_t k) {
+    const int64_t layer = first_layer_[b.q] + chunk_layers(b.q) - 1 - k;
+    std::vector<TaskId> window = k >= 2 ? b.done[k - 2] : b.prev;
+    std::vector<TaskId> g = c_.kept_weights ? std::vector<TaskId>(n_) : gather(b.s, layer, b.tag, window);
+    const LayerCost& t = c_.layers[layer];
+    if (l_.recompute == models::Recompute::kFull) {
+      layer_forward(b.s, layer, b.tag + ".recompute", "recompute", g, b.prev);
+    } else if (t.t.recompute_s > 0) {
+      compute(b.s, num("L", layer) + "." + b.tag + ".recompute", "recompute", t.t.recompute_s, b.prev);
+      join(b.prev, g);
+    }
+    return g;
+  }
+
+  void backward_layer(PassState& b, int64_t k) {
+    const int64_t layer = first_layer_[b.q] + chunk_layers(b.q) - 1 - k;
+    const std::vector<TaskId> g = backward_prepare(b, k);
+    layer_backward(b.s, layer, b.tag, b.input_only, g, b.prev);
+    if (!b.input_only) reduce_scatter(b.s, layer, b.tag, b.mb, b.prev);
+    b.done.push_back(b.prev);
+  }
+
+  void backward_end(PassState& b) {
+    if (b.q == 0) {
+      part(b.s, "embed." + b.tag, b.tag, "backward", c_.pre_bwd_s, c_.pre_bwd_f, c_.pre_kernels, Dir::kBackward,
+           b.prev);
+    }
+    if (b.q > 0) send(b.s, b.q - 1, b.tag, b.prev);
+    for (int64_t r = 0; r < n_; ++r) last_bwd_[slot(b.q, b.mb, r)] = b.prev[r];
+  }
+
+  void backward(int64_t s, int64_t c, int64_t mb, bool input_only) {
+    PassState b = backward_begin(s, c, mb, input_only);
+    for (int64_t k = 0; k < chunk_layers(b.q); ++k) backward_layer(b, k);
+    backward_end(b);
+  }
+
+  // Megatron-Core's merged 1F1B step (Layout::ep_a2a_overlap; models/common/
+  // model_chunk_schedule_plan.py, TransformerLayerSchedulePlan.run): a forward
+  // and a backward of two micro-batches run as one, the forward's layer i beside
+  // the backward's i-th layer from the end. Where both are MoE layers they
+  // interleave (merged_layers); elsewhere each runs as alone.
+  void merged(int64_t s, const Slot& fs, const Slot& bs) {
+    PassState f = forward_begin(s, fs.chunk, fs.mb);
+    PassState b = backward_begin(s, bs.chunk, bs.mb, false);
+    const int64_t nf = chunk_layers(f.q), nb = chunk_layers(b.q);
+    for (int64_t i = 0; i < std::max(nf, nb); ++i) {
+      const bool both = i < nf && i < nb && c_.layers[first_layer_[f.q] + i].ep &&
+                        c_.layers[first_layer_[b.q] + nb - 1 - i].ep;
+      if (both) {
+        merged_layers(f, b, i);
+        continue;
       }
-      layer_backward(s, layer, tag, input_only, g, prev);
-      if (!input_only) reduce_scatter(s, layer, tag, mb, prev);
-      done.push_back(prev);
+      if (i < nf) forward_layer(f, i);
+      if (i < nb) backward_layer(b, i);
     }
-    if (q == 0) compute(s, "embed." + tag, "backward", c_.pre_bwd_s, prev, c_.pre_bwd_f);
-    if (q > 0) send(s, q - 1, tag, prev);
-    for (int64_t r = 0; r < n_; ++r) last_bwd_[slot(q, mb, r)] = prev[r];
+    forward_end(f);
+    backward_end(b);
+  }
+
+  // One MoE layer of each, in the four phases of the merged step, each
+  // all-to-all on the EP stream beside the other pass's compute:
+  //   the backward's combine gradient   beside the forward's attention block
+  //   the forward's dispatch            beside the backward's expert data gradients
+  //   the backward's dispatch gradient  beside its expert weight gradients and the forward's experts
+  //   the forward's combine             beside the backward's attention block
+  // The backward's part after its combine (in layer order) runs first, the
+  // forward's part after its combine last; compute beside a call runs stretched
+  // (stretch). A full recompute replays the backward's layer alone first.
+  void merged_layers(PassState& f, PassState& b, int64_t i) {
+    const int64_t s = f.s;
+    const int64_t lf = first_layer_[f.q] + i, lb = first_layer_[b.q] + chunk_layers(b.q) - 1 - i;
+    const LayerCost& kf = c_.layers[lf];
+    const LayerCost& kb = c_.layers[lb];
+    const std::vector<TaskId> gf = forward_gather(f, i);
+    const std::vector<TaskId> gb = backward_prepare(b, i);
+    const std::vector<TaskId> f_before = f.prev, b_before = b.prev;
+    const std::string nf = num("L", lf) + "." + f.tag, nb = num("L", lb) + "." + b.tag;
+    part(s, nb + ".post", b.tag, "backward", kb.post_bwd, kb.post_bwd_f, kb.kernels[2], Dir::kBackward, b.prev, 1.0,
+         &gb);
+    std::vector<TaskId> xb = b.prev;
+    collective(s, &Rank::ep, nb + ".combine_grad", "ep_combine", kb.combine, xb, issued(s));
+    part(s, nf + ".pre", f.tag, "forward", kf.pre_fwd, kf.pre_fwd_f, kf.kernels[0], Dir::kForward, f.prev,
+         stretch(kb.combine, kf.pre_fwd), &gf);
+    if (c_.moe_sync) host_sync(s, f.prev);
+    std::vector<TaskId> xf = f.prev;
+    collective(s, &Rank::ep, nf + ".dispatch", "ep_dispatch", kf.dispatch, xf, issued(s));
+    const double dgrad = kb.exp_bwd - kb.exp_w;
+    expert_part(s, nb + ".experts_dgrad", b.tag, dgrad, kb.exp_bwd_f - kb.exp_w_f, kb.kernels[1], Dir::kInput, b.prev,
+                stretch(kf.dispatch, dgrad), &xb);
+    xb = b.prev;
+    collective(s, &Rank::ep, nb + ".dispatch_grad", "ep_dispatch", kb.dispatch, xb, issued(s));
+    const double beside = stretch(kb.dispatch, kb.exp_w + kf.exp_fwd);
+    expert_part(s, nb + ".experts_wgrad", b.tag, kb.exp_w, kb.exp_w_f, kb.kernels[1], Dir::kWeight, b.prev, beside,
+                nullptr);
+    expert_part(s, nf + ".experts", f.tag, kf.exp_fwd, kf.exp_fwd_f, kf.kernels[1], Dir::kForward, f.prev, beside, &xf);
+    xf = f.prev;
+    collective(s, &Rank::ep, nf + ".combine", "ep_combine", kf.combine, xf, issued(s));
+    part(s, nb + ".pre", b.tag, "backward", kb.pre_bwd, kb.pre_bwd_f, kb.kernels[0], Dir::kBackward, b.prev,
+         stretch(kf.combine, kb.pre_bwd), &xb);
+    part(s, nf + ".post", f.tag, "forward", kf.post_fwd, kf.post_fwd_f, kf.kernels[2], Dir::kForward, f.prev, 1.0, &xf);
+    tp_cp(s, lf, f.tag, "forward", kf.cp_fwd, f_before, f.prev);
+    tp_cp(s, lb, b.tag, "backward", kb.cp_bwd, b_before, b.prev);
+    reduce_scatter(s, lb, b.tag, b.mb, b.prev);
+    f.done.push_back(f.prev);
+    b.done.push_back(b.prev);
+  }
+
+  // The routed experts' GEMMs of one merged phase (one wave), at the rank's expert load.
+  void expert_part(int64_t s, const std::string& name, const std::string& tag, double seconds, double flops,
+                   const std::vector<Kernel>& ops, Dir d, std::vector<TaskId>& prev, double stretch_by,
+                   const std::vector<TaskId>* also) {
+    const char* cat = d == Dir::kForward ? "forward" : "backward";
+    if (c_.host_issue) {
+      kernels(s, tag, cat, ops, d, prev, stretch_by, also, true);
+      return;
+    }
+    for (int64_t r = 0; r < n_; ++r) {
+      prev[r] = task(rank(s, r).compute, name, cat, seconds * stretch_by * load(r), prev[r]);
+      e_.set_task_flops(prev[r], flops * load(r));
+      if (also && (*also)[r].valid()) e_.add_dependency((*also)[r], prev[r]);
+    }
   }
 
   // A layer's gradient reduce-scatter; after the step's last micro-batch, the
@@ -626,9 +929,14 @@ class Builder {
     const std::string tag = pass_tag(c, mb, ".bwd_weight");
     std::vector<TaskId> prev(n_);
     for (int64_t r = 0; r < n_; ++r) prev[r] = last_bwd_[slot(q, mb, r)];
-    for (int64_t i = lpc_ - 1; i >= 0; --i) {
-      const int64_t layer = q * lpc_ + i;
-      compute(s, num("L", layer) + "." + tag, "backward", c_.layers[layer].w_s(), prev, c_.layers[layer].w_f());
+    for (int64_t i = chunk_layers(q) - 1; i >= 0; --i) {
+      const int64_t layer = first_layer_[q] + i;
+      const LayerCost& k = c_.layers[layer];
+      if (c_.host_issue) {
+        for (int p = 2; p >= 0; --p) kernels(s, tag, "backward", k.kernels[p], Dir::kWeight, prev, 1.0, nullptr, p == 1);
+      } else {
+        compute(s, num("L", layer) + "." + tag, "backward", k.w_s(), prev, k.w_f());
+      }
       reduce_scatter(s, layer, tag, mb, prev);
     }
   }
@@ -749,7 +1057,9 @@ class Builder {
   const Layout& l_;
   const topologies::Cluster& cl_;
   const StepGraphOptions& o_;
-  int64_t stages_, v_, lpc_, m_, n_ = 1, step_ = 0;
+  int64_t stages_, v_;
+  std::vector<int64_t> first_layer_;  // per model chunk, and the layer count at the end
+  int64_t m_, n_ = 1, step_ = 0;
   bool v_shape_ = false;
   double nvlink_bw_ = 0, nic_bw_ = 0;
   double spine_fraction_ = 1.0;
@@ -757,10 +1067,34 @@ class Builder {
   std::map<std::pair<int32_t, int>, ResourceId> private_;  // (stream, tier) -> its own link
   std::vector<Rank> ranks_;
   std::vector<TaskId> gate_;  // per rank: previous step's end
+  // Per rank, with host issue: what the host's next issue waits for (a sync's
+  // device point, or the step's start), and the host's last issue so far.
+  std::vector<TaskId> issue_gate_, last_issue_;
   std::vector<std::vector<int64_t>> pending_sync_;  // per stage: layers whose gradients wait for a bucket
   // Per (model chunk, micro-batch, rank): receive tasks and last tasks of each pass.
   std::vector<TaskId> recv_fwd_, recv_bwd_, last_fwd_, last_bwd_;
 };
+
+// The first layer of each of the `chunks` model chunks (in layer order), and the
+// layer count last. Even: layers / chunks each. Uneven stages (Layout::uneven_stages,
+// Megatron's --decoder-first/last-pipeline-num-layers as predict prices them): the
+// first layers % chunks chunks take one more. Edges in the split
+// (Layout::edges_in_pipeline_split, Megatron-Core's account_for_embedding/loss_in_pipeline_split):
+// layers + 2 slots spread the same way, the embedding taking one of the first chunk's
+// and the loss one of the last one's.
+std::vector<int64_t> chunk_first_layers(const Layout& l, int64_t layers, int64_t chunks) {
+  const bool edges = l.edges_in_pipeline_split && l.pp > 1;
+  const int64_t slots = layers + (edges ? 2 : 0);
+  std::vector<int64_t> first{0};
+  for (int64_t q = 0; q < chunks; ++q) {
+    int64_t n = slots / chunks + (q < slots % chunks ? 1 : 0);
+    if (edges && q == 0) --n;
+    if (edges && q == chunks - 1) --n;
+    first.push_back(first.back() + std::max<int64_t>(0, n));
+  }
+  RS_CHECK(first.back() == layers, "the pipeline split places every layer once");
+  return first;
+}
 
 // Schedules that cannot run with these micro-batches or layers, in one line.
 void check_schedule(const Layout& l, int64_t layers, int64_t m) {
@@ -832,9 +1166,19 @@ StepGraph build_step_graph(const Predictor& p, const Layout& l, const StepGraphO
   int64_t chunks = 1;
   if (l.pp > 1 && l.schedule == PpSchedule::kInterleaved1F1B) chunks = l.pp_virtual;
   if (l.pp > 1 && l.schedule == PpSchedule::kDualPipeV) chunks = 2;
-  sg.layers_per_stage = layers / l.pp;
+  std::vector<int64_t> first = chunk_first_layers(l, layers, sg.stages * chunks);
+  for (int64_t s = 0; s < sg.stages; ++s) {
+    int64_t n = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t q = pipeline_model_chunk(l.pp > 1 && l.schedule == PpSchedule::kDualPipeV ? PpSchedule::kDualPipeV
+                                                                                             : PpSchedule::k1F1B,
+                                             sg.stages, s, c);
+      n += first[q + 1] - first[q];
+    }
+    sg.layers_per_stage = std::max(sg.layers_per_stage, n);
+  }
   sg.checkpoint_bytes = costs.checkpoint_bytes_per_gpu * static_cast<double>(l.gpus());
-  Builder b(sg.engine, costs, l, p.cluster(), o, sg.stages, chunks, sg.layers_per_stage / chunks, sg.micro_batches);
+  Builder b(sg.engine, costs, l, p.cluster(), o, sg.stages, chunks, std::move(first), sg.micro_batches);
   b.add_ranks(o.ranks_per_stage, per_stage / o.ranks_per_stage);
   for (int64_t s = 0; s < o.steps; ++s) sg.step_end.push_back(b.step(s, o.gc_stalls));
   return sg;

@@ -28,6 +28,16 @@
 //     them (0: one bucket after the backward, as the Marin trainer), the LM
 //     head's first and a replicated embedding's last, on one stream: what runs
 //     past the backward is exposed (sim/predict.cpp's exposed_grad_sync);
+//   - an eager trainer (calibration host.op_issue_s > 0, a stack's): a host
+//     thread per GPU issues every op in program order, each kernel waits for its
+//     issue, and a sync per MoE layer forward (host.moe_syncs_per_layer) holds
+//     the host until the device has run the layer up to its dispatch;
+//   - Megatron-Core's merged-1F1B EP overlap (Layout::ep_a2a_overlap): one more
+//     warm-up forward, then each steady-state forward merged with the backward
+//     after it, MoE layer by MoE layer in four phases (each all-to-all beside the
+//     other pass's compute, which runs stretched by the SMs the call holds);
+//   - layers over pipeline chunks as predict splits them (uneven stages, the
+//     embedding and loss counted as layers);
 //   - per step: a GC stall on one staggered rank (host CPU) once its GPU work
 //     is drained, which holds up the next sync point; the optimizer: Muon's
 //     gather of sharded matrices, Newton–Schulz and element-wise updates,

@@ -8,6 +8,7 @@
 #include "sim/base/check.h"
 #include "models/layer_graph.h"
 #include "sim/des.h"
+#include "sim/pipeline_schedule.h"
 #include "sim/predict.h"
 #include "sim/step_graph.h"
 #include "tests/sim_step_graph_case.h"
@@ -109,4 +110,29 @@ TEST_CASE("bad step-graph options are user errors", "[step_graph][errors]") {
   bad.ranks_per_stage = 7;
   c.layout.schedule = PpSchedule::kInterleaved1F1B;
   CHECK_THROWS_WITH(build_step_graph(p, c.layout, bad), Contains("ranks_per_stage"));
+}
+
+TEST_CASE("a merged-1F1B schedule warms up with one more forward, then pairs each forward with a backward",
+          "[step_graph][pp]") {
+  // One stage, 4 micro-batches: F0, then (F1 B0) (F2 B1) (F3 B2), then B3.
+  const std::vector<PipelineSlot> o = pipeline_order(PpSchedule::k1F1B, 1, 1, 4, 0, 1);
+  REQUIRE(o.size() == 8);
+  CHECK(o[0].pass == PipelinePass::kForward);
+  CHECK(o[1].pass == PipelinePass::kForward);
+  CHECK(o[1].mb == 1);
+  CHECK(o[2].pass == PipelinePass::kBackward);
+  CHECK(o[2].mb == 0);
+  CHECK(o[7].pass == PipelinePass::kBackward);
+  CHECK(o[7].mb == 3);
+  // Interleaved, stage 0 of 2 with 2 chunks: 2(p-1) + (v-1)p = 4 warm-up forwards (one more merged),
+  // then the steady state's forward before its first backward.
+  const std::vector<PipelineSlot> i0 = pipeline_order(PpSchedule::kInterleaved1F1B, 2, 2, 4, 0, 0);
+  const std::vector<PipelineSlot> i1 = pipeline_order(PpSchedule::kInterleaved1F1B, 2, 2, 4, 0, 1);
+  const auto first_backward = [](const std::vector<PipelineSlot>& v) {
+    size_t k = 0;
+    while (k < v.size() && v[k].pass == PipelinePass::kForward) ++k;
+    return k;
+  };
+  CHECK(first_backward(i0) == 5);
+  CHECK(first_backward(i1) == 6);
 }

@@ -6,6 +6,11 @@
 //                     --cluster topologies/zoo/gb200-11-racks.json
 //                     --layout sim/layouts/hero-ragged.json [--steps 2] -o trace.json
 //                     [--no-contention] [--fabric-oversubscription 4] [--checkpoint-every 2]
+//                     [--stack megatron-bridge-2025]
+//
+// --stack prices and schedules the step as `predict --stack` does: the stack's
+// calibration overrides (host issue of an eager trainer, its GC, bucketing, ...)
+// and the features of the layout it cannot run, printed as notes.
 //
 // What-if questions (every GPU explicit: --ranks-per-stage = GPUs per stage):
 //   --slow-gpu 17:1.3 --degraded-nic 40:4 --failed-nic 5 --rack-healthy 3:60
@@ -33,6 +38,7 @@
 #include "sim/des.h"
 #include "sim/expert_load.h"
 #include "sim/predict.h"
+#include "sim/stack.h"
 #include "sim/step_graph.h"
 #include "sim/base/trace.h"
 #include "topologies/topology.h"
@@ -41,7 +47,7 @@ namespace rackstep::sim {
 namespace {
 
 struct TimelineArgs {
-  std::string model_path, cluster_path, layout_path, calibration_path, out;
+  std::string model_path, cluster_path, layout_path, calibration_path, stack_name, out;
   int64_t domains = 0;
   StepGraphOptions graph;
   RunOptions run;
@@ -403,7 +409,13 @@ int run_timeline(TimelineArgs a) {
   const models::LayerGraph g = models::build_layer_graph(models::load_model(a.model_path));
   const topologies::Cluster c = topologies::load_cluster(a.cluster_path, a.domains);
   const Layout l = load_layout(a.layout_path);
-  const Calibration cal = a.calibration_path.empty() ? load_calibration() : load_calibration(a.calibration_path);
+  // As `predict --stack`: the stack's overrides merged over --calibration (or sim/calibration.json).
+  Stack stack;
+  if (!a.stack_name.empty()) stack = load_stack(stack_path(a.stack_name));
+  const std::string cal_base = a.calibration_path.empty() ? default_calibration_path() : a.calibration_path;
+  const Calibration cal = !a.stack_name.empty()        ? stack_calibration(stack, cal_base)
+                          : a.calibration_path.empty() ? load_calibration()
+                                                       : load_calibration(a.calibration_path);
   const Predictor pred(g, c, cal);
   a.graph.gc_stalls = !a.no_gc;
   if (a.expert_load == "routing") {
@@ -417,6 +429,9 @@ int run_timeline(TimelineArgs a) {
   }
   check_memory(pred, l, a);
   StepGraph sg = build_graph(pred, l, a.graph);
+  if (!a.stack_name.empty()) {
+    for (LayoutIssue& i : check_stack(l, stack)) sg.prediction.issues.push_back(std::move(i));
+  }
   WhatIf w;
   const RunOptions what_if = what_if_run(sg, a, c, w);
   w.any_graph = !a.graph.failed_nics.empty() || !a.graph.expert_load.empty();
@@ -473,6 +488,13 @@ int run_timeline(TimelineArgs a) {
   }
   if (a.json) {
     nlohmann::json j = summary_json(sg.engine, s, sg, r, build_s, run_s);
+    if (!a.stack_name.empty()) {
+      // As predict's JSON: the stack's name and every reason the layout cannot run as given.
+      j["stack"] = stack.name;
+      nlohmann::json issues = nlohmann::json::array();
+      for (const auto& i : sg.prediction.issues) issues.push_back({{"reason", to_string(i.reason)}, {"detail", i.detail}});
+      j["issues"] = issues;
+    }
     if (!changed.is_null()) {
       j["what_if"] = changed;
       j["what_if"]["asked"] = w.lines;
@@ -487,13 +509,14 @@ int run_timeline(TimelineArgs a) {
     return 0;
   }
   std::printf("timeline: %s | %s\n", g.model.name.c_str(), describe(l).c_str());
+  if (!a.stack_name.empty()) std::printf("stack: %s (%s)\n", stack.name.c_str(), stack.file.c_str());
   std::printf("  %lld GPUs simulated as %d processes, %lld micro-batches x %lld stages, %lld tasks, %llu events\n",
               static_cast<long long>(l.gpus()), sg.engine.num_processes(),
               static_cast<long long>(sg.micro_batches), static_cast<long long>(sg.stages),
               static_cast<long long>(sg.engine.num_tasks()), static_cast<unsigned long long>(r.events));
   std::printf("  step time: DES %.4f s, analytic %.4f s (%+.2f%%)\n", s.makespan_s / steps,
               sg.prediction.step_time_s, 100.0 * (s.makespan_s / steps / sg.prediction.step_time_s - 1.0));
-  for (const auto& issue : sg.prediction.issues) std::printf("  note: %s\n", issue.detail.c_str());
+  for (const auto& i : sg.prediction.issues) std::printf("  not runnable: %s (%s)\n", to_string(i.reason), i.detail.c_str());
   std::fputs(format_summary(sg.engine, s).c_str(), stdout);
   if (!changed.is_null()) print_what_changed(changed, w);
   if (!sweep.is_null()) {
@@ -514,6 +537,9 @@ rackstep::cli::Registration reg{
       app.add_option("--layout", a->layout_path, "layout JSON (sim/layouts/*.json)")->required();
       app.add_option("--domains", a->domains, "override the cluster's domain (rack / node) count");
       app.add_option("--calibration", a->calibration_path, "calibration JSON (default sim/calibration.json)");
+      app.add_option("--stack", a->stack_name,
+                     "training stack (sim/stacks/NAME.json or a path): its overrides of the calibration, and "
+                     "what of the layout it cannot run");
       app.add_option("--steps", a->graph.steps, "training steps to simulate (default 1, at most 1000)");
       app.add_option("--ranks-per-stage", a->graph.ranks_per_stage,
                      "explicit data ranks per pipeline stage (default 1: full symmetry)");

@@ -116,4 +116,40 @@ for e in json.load(open(sys.argv[1]))["traceEvents"]:
 bad = sum(1 for v in rows.values() for a, b in zip(sorted(v), sorted(v)[1:]) if b[0] < a[1])
 assert bad == 0, f"{bad} overlapping slices"
 PY
+# --stack as predict takes it: the stack's calibration (an eager trainer's host issues each kernel:
+# a host_issue stream, the device waiting on it after each MoE sync), its name and what of the
+# layout it cannot run in the JSON, and a one-line error for an unknown stack.
+python3 - "$tmp/q30.json" <<'PY'
+import json, sys
+for r in json.load(open("tests/validation/megatron-bridge-26.02.json"))["runs"]:
+    if r["id"] == "mbridge2602-qwen3-30b-a3b-b200-mxfp8-gbs512-mbs1":
+        json.dump(r["layout"], open(sys.argv[1], "w"))
+PY
+q30=(--model tests/validation/models/qwen3-30b-a3b.json --cluster topologies/zoo/dgx-b200.json --domains 1
+     --layout "$tmp/q30.json")
+"$bin" timeline "${q30[@]}" --stack megatron-bridge-2025 --json >"$tmp/st.json" || fail "timeline --stack exited $?"
+"$bin" timeline "${q30[@]}" --json >"$tmp/nost.json" || fail "timeline without a stack exited $?"
+"$bin" predict "${q30[@]}" --stack megatron-bridge-2025 --json >"$tmp/stp.json" || fail "predict --stack exited $?"
+python3 - "$tmp/st.json" "$tmp/nost.json" "$tmp/stp.json" <<'PY' || fail "timeline --stack summary"
+import json, sys
+st, nost, p = (json.load(open(f)) for f in sys.argv[1:])
+assert st["stack"] == "megatron-bridge-2025" and st["issues"] == [], st.get("issues")
+assert "stack" not in nost and "issues" not in nost
+# Same analytic step as predict under the stack; the host's issue shows as exposed time.
+assert abs(st["predicted_step_time_s"] / p["step_time_s"] - 1) < 1e-9, (st["predicted_step_time_s"], p["step_time_s"])
+assert p["breakdown_s"]["host_issue"] > 0
+assert st["exposed_s_by_kind"].get("host_issue", 0) > 0, st["exposed_s_by_kind"]
+assert "host_issue" not in nost["exposed_s_by_kind"]
+assert abs(st["des_vs_predicted"]) < 0.10, st["des_vs_predicted"]
+PY
+out=$("$bin" timeline "${hero[@]}" --stack marin-july-2026 --json) || fail "timeline --stack marin-july-2026 exited $?"
+python3 -c 'import json, sys; j = json.loads(sys.argv[1]); assert any(i["reason"] == "stack_support" and "ragged" in i["detail"] for i in j["issues"]), j["issues"]' "$out" \
+    || fail "the July stack's issue with the ragged hero is not in the JSON"
+"$bin" timeline "${hero[@]}" --stack marin-july-2026 | grep -qF "not runnable: stack_support (marin-july-2026 does not run the ragged EP transport)" \
+    || fail "the stack's issue is not printed as predict prints it"
+err=$("$bin" timeline "${hero[@]}" --stack nope 2>&1 >/dev/null); rc=$?
+[ "$rc" -eq 2 ] || fail "expected exit 2 for an unknown stack, got $rc"
+[ "$(wc -l <<<"$err")" -eq 1 ] || fail "expected one error line for an unknown stack: $err"
+perr=$("$bin" predict "${hero[@]}" --stack nope 2>&1 >/dev/null)
+[ "$err" = "$perr" ] || fail "timeline and predict word an unknown stack differently: '$err' vs '$perr'"
 echo "timeline.sh: ok"
