@@ -101,11 +101,12 @@ TEST_CASE("Graphed scopes cost the host one replay instead of their calls; the s
   const Qwen30b m;
   const topologies::Cluster c = topologies::make_cluster(topologies::load_system(src("topologies/zoo/gb200-nvl72.json")), 1, 8);
   const Predictor pred(m.g, c, bridge_cal());
-  const Prediction eager = pred.predict(m.layout(8, 4, 0));
-  const Prediction router = pred.predict(m.layout(8, 4, kRouter));
-  const Prediction attn_router = pred.predict(m.layout(8, 4, kAttnRouter));
+  const Prediction eager = pred.predict(m.layout(8, 1, 0));
+  const Prediction router = pred.predict(m.layout(8, 1, kRouter));
+  const Prediction attn_router = pred.predict(m.layout(8, 1, kAttnRouter));
   REQUIRE((eager.valid && router.valid && attn_router.valid));
-  // On a Grace host at micro-batch 4 the eager layer is host-bound behind its sync.
+  // On a Grace host at micro-batch 1 the eager layer is host-bound behind its sync
+  // (at 4 the router's graph alone already brings the host under the device).
   REQUIRE(eager.breakdown.host_issue_s > 0.0);
   CHECK(router.breakdown.host_issue_s < eager.breakdown.host_issue_s);
   CHECK(attn_router.breakdown.host_issue_s < router.breakdown.host_issue_s);
@@ -169,4 +170,37 @@ TEST_CASE("The preprocess graph's calls are part of the dispatch op's: more is o
                     Contains("cal.json") && Contains("/host/moe_preprocess_calls") && Contains("at most"));
   doc["host"]["moe_preprocess_calls"]["value"] = 8;
   CHECK(parse_calibration(doc, "cal.json").moe_preprocess_calls == 8);
+}
+
+TEST_CASE("The timeline's per-op host issue is what predict charges under the layout's graphs", "[cuda_graphs]") {
+  const Qwen30b m;
+  const topologies::Cluster c = topologies::make_cluster(topologies::load_system(src("topologies/zoo/gb200-nvl72.json")), 1, 8);
+  const Predictor pred(m.g, c, bridge_cal());
+  // Per-layer forward host time of layer 0 as price() hands it to the timeline.
+  const auto layer0_host = [&](uint32_t graphs) {
+    double fwd = 0, bwd = 0;
+    for (const OpTiming& o : pred.price(m.layout(8, 1, graphs)).ops) {
+      if (o.layer != 0) continue;
+      fwd += o.fwd_host_s;
+      bwd += o.bwd_host_s;
+    }
+    return std::pair{fwd, bwd};
+  };
+  const auto [eager_f, eager_b] = layer0_host(0);
+  const auto [graph_f, graph_b] = layer0_host(kAttnRouter);
+  REQUIRE(eager_f > 0.0);
+  CHECK(eager_b == Approx(2.0 * eager_f).epsilon(1e-12));
+  // The captured attention and router cost one replay: less host time per pass, the
+  // eager experts and dispatch still issued op by op.
+  CHECK(graph_f < 0.9 * eager_f);  // most of it is the 16 local experts' eager calls
+  CHECK(graph_f > 0.0);
+  CHECK(graph_b < graph_f * 2.0);
+  // A full-iteration graph issues nothing, the embedding and the head included.
+  const models::LayerGraph g = models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json")));
+  Layout dense = m.layout(8, 1, 0);
+  dense.ep = 1;
+  dense.cuda_graphs = cuda_graph_bit(CudaGraphScope::kFullIteration);
+  const StepPrice full = Predictor(g, c, bridge_cal()).price(dense);
+  REQUIRE(!full.ops.empty());
+  for (const OpTiming& o : full.ops) CHECK((o.fwd_host_s == 0.0 && o.bwd_host_s == 0.0));
 }
