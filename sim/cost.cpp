@@ -1,6 +1,7 @@
 #include "sim/cost.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string_view>
 #include <utility>
@@ -222,6 +223,36 @@ double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r) {
   return r == Fp8Recipe::kMxfp8 || r == Fp8Recipe::kBlockwise ? cal.fp8_block_scaled_relative_eff : 1.0;
 }
 
+double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim) {
+  if (points.empty()) return 1.0;
+  if (head_dim <= points.front().first) return points.front().second;
+  if (head_dim >= points.back().first) return points.back().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto& [x1, y1] = points[i];
+    if (head_dim > x1) continue;
+    const auto& [x0, y0] = points[i - 1];
+    return y0 + (y1 - y0) * (head_dim - x0) / (x1 - x0);
+  }
+  return points.back().second;
+}
+
+double attention_tiled_span(int64_t window, double seq, double tile) {
+  if (tile <= 0 || seq <= 0) {
+    return models::mean_attention_span(static_cast<int64_t>(seq), window, models::FlopConvention::kExact);
+  }
+  // Query tile b holds rows [b T, min((b+1) T, seq)); its last row sees keys up to
+  // itself, its first row back to max(0, b T - window + 1) (0 without a window).
+  const double blocks = std::ceil(seq / tile);
+  double scores = 0;
+  for (double b = 0; b < blocks; b += 1.0) {
+    const double first_row = b * tile, last_row = std::min(seq, (b + 1.0) * tile) - 1.0;
+    const double first_key = window > 0 ? std::max(0.0, first_row - static_cast<double>(window) + 1.0) : 0.0;
+    const double key_tiles = std::floor(last_row / tile) - std::floor(first_key / tile) + 1.0;
+    scores += (last_row - first_row + 1.0) * key_tiles * tile;
+  }
+  return scores / seq;
+}
+
 namespace {
 
 double mem_eff(const Calibration& cal, OpClass c) {
@@ -330,17 +361,28 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       return t;
     }
     case OpClass::kAttention: {
+      // FLOPs the model does (the exact span) and those the kernel computes (whole tiles:
+      // for a 128-token window, a 128-row query tile touches two 128-key tiles).
       const double span = exact_span(e.window, ctx.seq);
+      const double kernel_span = attention_tiled_span(e.window, ctx.seq, cal.attention_tile_tokens);
       const double per_token = attention_flops_per_token(e, span);
       const double flops = per_token * ctx.tokens / ctx.tp;
+      const double kernel_flops = attention_flops_per_token(e, kernel_span) * ctx.tokens / ctx.tp;
+      // The measured efficiencies hold at head dim 128; the QK^T and PV products contract
+      // over / produce the head dim while the softmax work per score does not, so a smaller
+      // head dim spends a larger share of the kernel outside the tensor cores.
+      const double hd = std::min(e.qk_head_dim, e.head_dim);
+      const double fwd_eff = cal.attention_fwd_eff * attention_head_dim_factor(cal.attention_head_dim_fwd, hd);
+      const double bwd_eff = cal.attention_bwd_eff * attention_head_dim_factor(cal.attention_head_dim_bwd, hd);
       // ALiBi and sinks: elementwise work inside the kernel (one more pass over the scores in backward).
       const double extra = models::attention_extra_flops_per_token(e.alibi, e.sinks, e.heads, span) * ctx.tokens / ctx.tp;
       const double bytes = (e.in_elems + e.out_elems) * ctx.tokens / ctx.tp * 2.0;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       t.fwd_flops = flops + extra;
       t.bwd_flops = 2.5 * flops + 2.0 * extra;  // models::op_cost: backward recomputes QK^T
-      t.fwd_s = std::max(t.fwd_flops / (peak_bf16 * cal.attention_fwd_eff), mem_s) + launch;
-      t.bwd_s = std::max(t.bwd_flops / (peak_bf16 * cal.attention_bwd_eff), 2.0 * mem_s) + 2.0 * launch;
+      const double wasted = kernel_flops - flops;  // masked scores of the tiles the kernel computes
+      t.fwd_s = std::max((t.fwd_flops + wasted) / (peak_bf16 * fwd_eff), mem_s) + launch;
+      t.bwd_s = std::max((t.bwd_flops + 2.5 * wasted) / (peak_bf16 * bwd_eff), 2.0 * mem_s) + 2.0 * launch;
       return t;
     }
     default: {

@@ -134,6 +134,16 @@ double fp8_quantize_bytes_per_elem(Fp8Recipe r, bool tn_only);
 // cal.fp8_block_scaled_relative_eff, 1 for the per-tensor recipes.
 double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r);
 
+// Attention kernel efficiency at head dim `head_dim` relative to head dim 128 (the
+// calibration's head-dim points, linear between them, held beyond the ends; 1 without points).
+double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim);
+
+// Mean keys per query a flash kernel computes over a causal sequence of `seq` tokens
+// (window 0 = full causal, else each query sees its last `window` keys) when it works
+// in whole tiles of `tile` queries x `tile` keys: every key tile a query tile touches
+// is computed for all its rows. tile 0 = the exact mean span.
+double attention_tiled_span(int64_t window, double seq, double tile);
+
 struct OpTime {
   double fwd_s = 0, bwd_s = 0;
   double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU

@@ -109,3 +109,62 @@ TEST_CASE("ALiBi and sinks make attention slightly dearer, not its model FLOPs",
   CHECK(ta.fwd_flops < 1.2 * tp.fwd_flops);  // slightly
   CHECK(sim::model_flops_per_token(a, 2048) == sim::model_flops_per_token(p, 2048));
 }
+
+TEST_CASE("a tiled flash kernel computes whole key tiles of the causal or windowed band", "[sim][mech][attention]") {
+  // Exact without a tile.
+  CHECK(sim::attention_tiled_span(0, 4096, 0) ==
+        Approx(models::mean_attention_span(4096, 0, models::FlopConvention::kExact)));
+  // Full causal, 128-token tiles: query tile b computes b + 1 key tiles, 128 (33 / 2) keys on average.
+  CHECK(sim::attention_tiled_span(0, 4096, 128) == Approx(128.0 * 33.0 / 2.0));
+  // A 128-token window: every query tile but the first touches two key tiles.
+  CHECK(sim::attention_tiled_span(128, 4096, 128) == Approx((128.0 + 31.0 * 256.0) / 32.0));
+  CHECK(sim::attention_tiled_span(128, 4096, 128) >
+        1.9 * models::mean_attention_span(4096, 128, models::FlopConvention::kExact));
+  // A window aligned wider than the tile: ceil((T + w - 1) / T) tiles, never fewer than the exact span.
+  CHECK(sim::attention_tiled_span(2048, 8192, 128) >= models::mean_attention_span(8192, 2048, models::FlopConvention::kExact));
+}
+
+TEST_CASE("attention efficiency follows the calibration's head-dim points", "[sim][mech][attention]") {
+  const std::vector<std::pair<double, double>> points{{64, 0.68}, {128, 1.0}};
+  CHECK(sim::attention_head_dim_factor({}, 64) == 1.0);
+  CHECK(sim::attention_head_dim_factor(points, 32) == 0.68);   // held below the first point
+  CHECK(sim::attention_head_dim_factor(points, 64) == 0.68);
+  CHECK(sim::attention_head_dim_factor(points, 96) == Approx(0.84));
+  CHECK(sim::attention_head_dim_factor(points, 192) == 1.0);   // held above the last
+
+  // Priced: a head-dim-64 attention under those points and a 128-token tile is dearer.
+  Context c;
+  const json doc = zoo_json("tiny-alibi-sink-moe");
+  const sim::OpTable t = table_of(doc);
+  const sim::OpEntry& e = entry(t, models::OpKind::kAttention);
+  const sim::OpTime plain = sim::price_op(e, c.ctx());
+  c.cal.attention_head_dim_fwd = points;
+  c.cal.attention_head_dim_bwd = {{64, 0.79}, {128, 1.0}};
+  c.cal.attention_tile_tokens = 128;
+  const sim::OpTime tiled = sim::price_op(e, c.ctx());
+  CHECK(tiled.fwd_flops == plain.fwd_flops);  // the model's FLOPs are the same
+  if (e.head_dim <= 64) CHECK(tiled.fwd_s > plain.fwd_s);
+  CHECK(tiled.fwd_s >= plain.fwd_s);
+  CHECK(tiled.bwd_s >= plain.bwd_s);
+}
+
+TEST_CASE("the megatron-bridge stack's attention head-dim points and tile read from its file", "[sim][mech][attention]") {
+  const std::string root = rackstep::source_dir();
+  const sim::Calibration cal =
+      sim::parse_calibration([&] {
+        json doc = load_json_file(root + "/sim/calibration.json");
+        doc.merge_patch(load_json_file(root + "/sim/stacks/megatron-bridge-2025.json")["calibration"]);
+        return doc;
+      }(), "stack");
+  REQUIRE(cal.attention_head_dim_fwd.size() == 2);
+  CHECK(cal.attention_head_dim_fwd.front().first == 64);
+  CHECK(cal.attention_tile_tokens == 128);
+  // The base calibration (Marin's stack) has neither: exact spans at every head dim.
+  const sim::Calibration base = sim::load_calibration();
+  CHECK(base.attention_head_dim_fwd.empty());
+  CHECK(base.attention_tile_tokens == 0);
+  // A head dim that is not a number is one error naming its path.
+  json bad = load_json_file(root + "/sim/calibration.json");
+  bad["attention"]["head_dim_fwd_factor"] = {{"sixty-four", {{"value", 0.7}, {"source", "x"}}}};
+  CHECK_THROWS_WITH(sim::parse_calibration(bad, "bad.json"), Catch::Contains("/attention/head_dim_fwd_factor/sixty-four"));
+}
