@@ -120,6 +120,20 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (att.has("tile_tokens")) c.attention_tile_tokens = sourced(att, "tile_tokens", nonneg);
   att.finish();
 
+  if (r.has("expert_elementwise")) {  // optional: a stack whose experts run elementwise kernels of their own
+    JsonReader x = r.object("expert_elementwise");
+    const auto bytes = [&](const char* key, double& out) {
+      if (x.has(key)) out = sourced(x, key, nonneg);
+    };
+    bytes("glu_fwd_bytes_per_fc1_elem", c.expert_glu_fwd_bytes);
+    bytes("glu_bwd_bytes_per_fc1_elem", c.expert_glu_bwd_bytes);
+    bytes("clamp_fwd_bytes_per_fc1_elem", c.expert_clamp_fwd_bytes);
+    bytes("clamp_bwd_bytes_per_fc1_elem", c.expert_clamp_bwd_bytes);
+    bytes("bias_fwd_bytes_per_fc2_elem", c.expert_bias_fwd_bytes);
+    bytes("bias_bwd_bytes_per_fc2_elem", c.expert_bias_bwd_bytes);
+    x.finish();
+  }
+
   JsonReader mem = r.object("memory_bound");
   c.mem_eff_elementwise = sourced(mem, "elementwise", frac);
   c.mem_eff_norm = sourced(mem, "norm", frac);

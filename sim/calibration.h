@@ -69,6 +69,13 @@ struct Calibration {
   // Query and key tile of the flash kernel: it computes whole tiles, so a causal
   // or sliding-window span is rounded out to tiles (attention_tiled_span). 0 = exact.
   double attention_tile_tokens = 0;
+  // The routed experts' elementwise passes that run as kernels of their own beside
+  // the grouped GEMMs (sim/cost.h expert_elementwise_bytes), bytes through HBM per
+  // element: the GLU activation and a clamped SwiGLU's clamps per fc1-output element
+  // (2 x width per row), the output bias per fc2-output element. 0: none (fused).
+  double expert_glu_fwd_bytes = 0, expert_glu_bwd_bytes = 0;
+  double expert_clamp_fwd_bytes = 0, expert_clamp_bwd_bytes = 0;
+  double expert_bias_fwd_bytes = 0, expert_bias_bwd_bytes = 0;
   // Memory-bound op classes: fraction of measured HBM bandwidth.
   double mem_eff_elementwise = 0.7;
   double mem_eff_norm = 0.6;

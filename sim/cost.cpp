@@ -42,6 +42,8 @@ OpEntry make_entry(const models::Op& op, size_t index) {
   e.window = op.window;
   e.alibi = op.alibi;
   e.sinks = op.sinks;
+  e.expert_bias = op.expert_bias;
+  e.swiglu_limit = op.swiglu_limit;
   e.model_flops = op.counts_in_model_flops;
   return e;
 }
@@ -223,6 +225,25 @@ double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r) {
   return r == Fp8Recipe::kMxfp8 || r == Fp8Recipe::kBlockwise ? cal.fp8_block_scaled_relative_eff : 1.0;
 }
 
+ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibration& cal, double rows, double n) {
+  ExpertElementwiseBytes x;
+  if (e.cls != OpClass::kGroupedGemm) return x;
+  // The fc1 output (w1 | w3: 2 n per gated row) the activation reads, and the fc2
+  // output (k per row) the output bias is added to.
+  const double fc1 = rows * (e.gemm_count == 3 ? 2.0 : 1.0) * n, fc2 = rows * e.gemm_k;
+  x.fwd = fc1 * cal.expert_glu_fwd_bytes;
+  x.bwd = fc1 * cal.expert_glu_bwd_bytes;
+  if (e.swiglu_limit > 0) {
+    x.fwd += fc1 * cal.expert_clamp_fwd_bytes;
+    x.bwd += fc1 * cal.expert_clamp_bwd_bytes;
+  }
+  if (e.expert_bias) {
+    x.fwd += fc2 * cal.expert_bias_fwd_bytes;
+    x.bwd += fc2 * cal.expert_bias_bwd_bytes;
+  }
+  return x;
+}
+
 double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim) {
   if (points.empty()) return 1.0;
   if (head_dim <= points.front().first) return points.front().second;
@@ -354,10 +375,12 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double kernels = e.gemm_count + 1.0;
       const double ew = e.ew_flops_per_token / e.rows_per_token * rows;
       const Fp8QuantizeTime q = fp8_quantize(e, ctx);
+      const ExpertElementwiseBytes x = expert_elementwise_bytes(e, cal, rows, n);
+      const double ew_bw = bw * cal.mem_eff_elementwise;
       t.fwd_flops = flops + ew;
       t.bwd_flops = 2.0 * t.fwd_flops;
-      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s;
-      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s + x.fwd / ew_bw;
+      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + x.bwd / ew_bw;
       return t;
     }
     case OpClass::kAttention: {

@@ -45,6 +45,8 @@ struct OpEntry {
   double heads = 0, kv_heads = 0, head_dim = 0, qk_head_dim = 0;
   int64_t window = 0;
   bool alibi = false, sinks = false;  // attention: ALiBi scores, sink logits (hardware FLOPs only)
+  bool expert_bias = false;         // experts: biases (models::Op::expert_bias)
+  double swiglu_limit = 0;          // experts: SwiGLU clamp, 0 = none
   bool model_flops = false;         // counts in Marin's MFU FLOPs
 };
 
@@ -133,6 +135,15 @@ double fp8_quantize_bytes_per_elem(Fp8Recipe r, bool tn_only);
 // Block-scaled FP8 GEMM kernels (mxfp8, blockwise) against per-tensor FP8 ones:
 // cal.fp8_block_scaled_relative_eff, 1 for the per-tensor recipes.
 double fp8_block_scaled_factor(const Calibration& cal, Fp8Recipe r);
+
+// Bytes the routed experts' elementwise passes move through HBM outside their GEMMs, in
+// one forward and one backward, for `rows` routed rows on this GPU and `n` expert width
+// per GPU: the activation kernel, a clamped SwiGLU's clamps and the output biases, as
+// the stack runs them (Calibration::expert_*_bytes; 0 where its GEMMs hide them).
+struct ExpertElementwiseBytes {
+  double fwd = 0, bwd = 0;
+};
+ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibration& cal, double rows, double n);
 
 // Attention kernel efficiency at head dim `head_dim` relative to head dim 128 (the
 // calibration's head-dim points, linear between them, held beyond the ends; 1 without points).

@@ -168,3 +168,58 @@ TEST_CASE("the megatron-bridge stack's attention head-dim points and tile read f
   bad["attention"]["head_dim_fwd_factor"] = {{"sixty-four", {{"value", 0.7}, {"source", "x"}}}};
   CHECK_THROWS_WITH(sim::parse_calibration(bad, "bad.json"), Catch::Contains("/attention/head_dim_fwd_factor/sixty-four"));
 }
+
+TEST_CASE("the experts' biases and clamped SwiGLU are parameters and elementwise passes the stack prices", "[sim][mech][experts]") {
+  json plain = zoo_json("tiny-moe");
+  json oss = plain;
+  oss["moe"]["expert_bias"] = true;
+  oss["moe"]["swiglu_alpha"] = 1.702;
+  oss["moe"]["swiglu_limit"] = 7.0;
+  oss["moe"]["swiglu_linear_offset"] = 1.0;
+  const models::ModelConfig m = models::parse_model(oss, "oss.json");
+  CHECK_FALSE(m.moe.standard_experts());
+  CHECK(models::parse_model(plain, "plain.json").moe.standard_experts());
+  const sim::OpTable to = table_of(oss), tp = table_of(plain);
+  const sim::OpEntry& eo = entry(to, models::OpKind::kExpertMlp);
+  const sim::OpEntry& ep = entry(tp, models::OpKind::kExpertMlp);
+  const double E = static_cast<double>(m.moe.experts), F = static_cast<double>(m.moe.expert_width),
+               L = static_cast<double>(m.moe_width());
+  CHECK(eo.param_elems - ep.param_elems == Approx(E * (2 * F + L)));  // b1, b3 (E, F), b2 (E, L)
+  CHECK(eo.expert_bias);
+  CHECK(eo.swiglu_limit == 7.0);
+
+  // Without the stack's passes (Marin's calibration) they cost nothing; with them the
+  // bytes follow the fc1 (2 F per row) and fc2 (L per row) elements.
+  Context c;
+  CHECK(sim::expert_elementwise_bytes(eo, c.cal, 1000, F).fwd == 0);
+  c.cal.expert_glu_fwd_bytes = 3;
+  c.cal.expert_glu_bwd_bytes = 5;
+  c.cal.expert_clamp_fwd_bytes = 8;
+  c.cal.expert_clamp_bwd_bytes = 10;
+  c.cal.expert_bias_fwd_bytes = 12;
+  c.cal.expert_bias_bwd_bytes = 12;
+  const sim::ExpertElementwiseBytes xo = sim::expert_elementwise_bytes(eo, c.cal, 1000, F);
+  const sim::ExpertElementwiseBytes xp = sim::expert_elementwise_bytes(ep, c.cal, 1000, F);
+  CHECK(xp.fwd == Approx(1000 * 2 * F * 3));
+  CHECK(xo.fwd == Approx(1000 * 2 * F * (3 + 8) + 1000 * L * 12));
+  CHECK(xo.bwd == Approx(1000 * 2 * F * (5 + 10) + 1000 * L * 12));
+
+  // Priced beside the grouped GEMMs, not hidden under them.
+  sim::PriceContext ctx = c.ctx();
+  ctx.expert_rows = 8 * 2048 * m.moe.top_k;
+  ctx.local_experts = static_cast<double>(m.moe.experts);
+  ctx.tp = 1;
+  const sim::Calibration plain_cal = sim::load_calibration();
+  sim::PriceContext base = ctx;
+  base.cal = &plain_cal;
+  const sim::OpTime with = sim::price_op(eo, ctx), without = sim::price_op(eo, base);
+  const double bw = ctx.hbm_bw_bytes_per_s * c.cal.mem_eff_elementwise;
+  const sim::ExpertElementwiseBytes x = sim::expert_elementwise_bytes(eo, c.cal, ctx.expert_rows, F);
+  CHECK(with.fwd_s - without.fwd_s == Approx(x.fwd / bw));
+  CHECK(with.bwd_s - without.bwd_s == Approx(x.bwd / bw));
+
+  // A bad value is one error naming its path.
+  json bad = oss;
+  bad["moe"]["swiglu_limit"] = -1;
+  CHECK_THROWS_WITH(models::parse_model(bad, "bad.json"), Catch::Contains("/moe/swiglu_limit"));
+}
