@@ -163,6 +163,20 @@ void Model::plan(const models::LayerGraph& g) {
       case OpKind::kLmHead:
         logits_slot_ = p.out;
         break;
+      case OpKind::kExpertMlp:
+        // The expert variant the predictor prices but no backend runs yet: never train without it.
+        if (m.moe.expert_bias) {
+          throw UserError(m.source_file, "/moe/expert_bias",
+                          "false (the execution engine runs routed experts without biases; predict prices them)", "true");
+        }
+        if (m.moe.swiglu_limit != 0.0 || m.moe.swiglu_alpha != 1.0 || m.moe.swiglu_linear_offset != 0.0) {
+          throw UserError(m.source_file, "/moe/swiglu_limit",
+                          "the plain SwiGLU (swiglu_alpha 1, swiglu_limit 0, swiglu_linear_offset 0: the execution "
+                          "engine runs no other expert activation)",
+                          "alpha " + std::to_string(m.moe.swiglu_alpha) + ", limit " + std::to_string(m.moe.swiglu_limit) +
+                              ", offset " + std::to_string(m.moe.swiglu_linear_offset));
+        }
+        break;
       case OpKind::kSConv:
         RS_CHECK(width(p.in) == op.params[0].shape[0], "SConv channels differ from its kernel: " + op.name);
         break;

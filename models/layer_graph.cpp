@@ -504,6 +504,17 @@ class GraphBuilder {
     ex.counts_in_model_flops = true;
     ex.ew_flops_per_token = 5.0 * static_cast<double>(e.top_k * e.expert_width);
     ex.saved_elems_per_token = static_cast<double>(e.top_k * (mw + 3 * e.expert_width));
+    ex.swiglu_limit = e.swiglu_limit;
+    if (e.swiglu_limit > 0) ex.ew_flops_per_token += 3.0 * static_cast<double>(e.top_k * e.expert_width);  // 3 clamps
+    if (e.expert_bias) {
+      // Adam and outside the active count like every bias; expert-sharded like the matrices beside them.
+      const auto other = opt_for(ParamRole::kOther);
+      ex.expert_bias = true;
+      ex.params.push_back(param(lname(l, "moe.experts.b1"), {e.experts, e.expert_width}, ParamRole::kExpertMatrix, other, 0.0));
+      ex.params.push_back(param(lname(l, "moe.experts.b3"), {e.experts, e.expert_width}, ParamRole::kExpertMatrix, other, 0.0));
+      ex.params.push_back(param(lname(l, "moe.experts.b2"), {e.experts, mw}, ParamRole::kExpertMatrix, other, 0.0));
+      ex.ew_flops_per_token += static_cast<double>(e.top_k * (2 * e.expert_width + mw));
+    }
     const TensorDecl expert_out = flow(ex, {rows, chosen}, {tensor(l, "moe.expert_out", {top_k, width})});
 
     Op& combine = add(OpKind::kCombine, OpClass::kComm, lname(l, "moe.combine"), l, {e.top_k, mw}, {mw});

@@ -168,6 +168,10 @@ struct Op {
   // attention sinks (params: one sink logit per query head, (heads)).
   bool alibi = false;
   bool sinks = false;
+  // kExpertMlp: the experts' biases (params b1, b3 (E, F) and b2 (E, L) after the
+  // matrices) and their SwiGLU clamp (0 = none): ModelConfig::moe's expert variant.
+  bool expert_bias = false;
+  double swiglu_limit = 0.0;
 
   // Elementwise work per token (hardware FLOPs), and activations this op keeps
   // for its backward, in elements per token (no recomputation).

@@ -245,6 +245,10 @@ void parse_moe(JsonReader r, ModelConfig& m) {
   e.aux_loss_weight = r.number("aux_loss_weight", MoeConfig{}.aux_loss_weight, kNonNegative);
   e.router_z_loss_weight = r.number("router_z_loss_weight", 0.0, kNonNegative);
   e.router_z_loss_applied = r.boolean("router_z_loss_applied", false);
+  e.expert_bias = r.boolean("expert_bias", false);
+  e.swiglu_alpha = r.number("swiglu_alpha", 1.0, kPositive);
+  e.swiglu_limit = r.number("swiglu_limit", 0.0, kNonNegative);
+  e.swiglu_linear_offset = r.number("swiglu_linear_offset", 0.0);
   r.finish();
 }
 

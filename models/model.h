@@ -117,6 +117,17 @@ struct MoeConfig {
   bool router_z_loss_applied = false;  // logged only when false
   int64_t dense_layers = 0;      // leading dense layers
   int64_t dense_width = 0;       // SwiGLU width of those dense layers
+  // The routed experts' own variant (gpt-oss): biases on w1, w3 and w2, and the
+  // SwiGLU h = x1 sigmoid(alpha x1) (x3 + linear_offset) with x1 clamped to at most
+  // limit and x3 to [-limit, limit] (limit 0: no clamp). The predictor prices them
+  // (the stack's expert_elementwise passes); the execution engine refuses them.
+  bool expert_bias = false;
+  double swiglu_alpha = 1.0;
+  double swiglu_limit = 0.0;
+  double swiglu_linear_offset = 0.0;
+  bool standard_experts() const {
+    return !expert_bias && swiglu_alpha == 1.0 && swiglu_limit == 0.0 && swiglu_linear_offset == 0.0;
+  }
 };
 
 struct RecipeConfig {

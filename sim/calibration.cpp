@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "models/layer_graph.h"
 #include "sim/base/json_io.h"
@@ -112,7 +113,41 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   JsonReader att = r.object("attention");
   c.attention_fwd_eff = sourced(att, "fwd_efficiency", frac);
   c.attention_bwd_eff = sourced(att, "bwd_efficiency", frac);
+  // Optional: head-dim factors and the kernel tile (flash kernels measured at head dim 128).
+  const auto head_dim_points = [&](const std::string& key) {
+    std::vector<std::pair<double, double>> points;
+    if (!att.has(key)) return points;
+    JsonReader per_dim = att.object(key);
+    for (auto it = per_dim.raw().begin(); it != per_dim.raw().end(); ++it) {
+      char* end = nullptr;
+      const double hd = std::strtod(it.key().c_str(), &end);
+      if (end == it.key().c_str() || *end != '\0' || !(hd > 0)) {
+        throw UserError(file, "/attention/" + key + "/" + it.key(), "a head dim (a number > 0)", it.key());
+      }
+      points.emplace_back(hd, sourced(per_dim, it.key(), {.min_exclusive = 0, .max = 2}));
+    }
+    per_dim.finish();
+    std::sort(points.begin(), points.end());
+    return points;
+  };
+  c.attention_head_dim_fwd = head_dim_points("head_dim_fwd_factor");
+  c.attention_head_dim_bwd = head_dim_points("head_dim_bwd_factor");
+  if (att.has("tile_tokens")) c.attention_tile_tokens = sourced(att, "tile_tokens", nonneg);
   att.finish();
+
+  if (r.has("expert_elementwise")) {  // optional: a stack whose experts run elementwise kernels of their own
+    JsonReader x = r.object("expert_elementwise");
+    const auto bytes = [&](const char* key, double& out) {
+      if (x.has(key)) out = sourced(x, key, nonneg);
+    };
+    bytes("glu_fwd_bytes_per_fc1_elem", c.expert_glu_fwd_bytes);
+    bytes("glu_bwd_bytes_per_fc1_elem", c.expert_glu_bwd_bytes);
+    bytes("clamp_fwd_bytes_per_fc1_elem", c.expert_clamp_fwd_bytes);
+    bytes("clamp_bwd_bytes_per_fc1_elem", c.expert_clamp_bwd_bytes);
+    bytes("bias_fwd_bytes_per_fc2_elem", c.expert_bias_fwd_bytes);
+    bytes("bias_bwd_bytes_per_fc2_elem", c.expert_bias_bwd_bytes);
+    x.finish();
+  }
 
   JsonReader mem = r.object("memory_bound");
   c.mem_eff_elementwise = sourced(mem, "elementwise", frac);

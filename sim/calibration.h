@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,20 @@ struct Calibration {
   // Attention kernels (flash): fraction of peak in forward / backward.
   double attention_fwd_eff = 0.45;
   double attention_bwd_eff = 0.45;
+  // The efficiencies above hold at head dim 128; other head dims scale them by
+  // these (head dim, factor) points, interpolated linearly and held beyond the
+  // ends (attention_head_dim_factor). Empty: 1 at every head dim.
+  std::vector<std::pair<double, double>> attention_head_dim_fwd, attention_head_dim_bwd;
+  // Query and key tile of the flash kernel: it computes whole tiles, so a causal
+  // or sliding-window span is rounded out to tiles (attention_tiled_span). 0 = exact.
+  double attention_tile_tokens = 0;
+  // The routed experts' elementwise passes that run as kernels of their own beside
+  // the grouped GEMMs (sim/cost.h expert_elementwise_bytes), bytes through HBM per
+  // element: the GLU activation and a clamped SwiGLU's clamps per fc1-output element
+  // (2 x width per row), the output bias per fc2-output element. 0: none (fused).
+  double expert_glu_fwd_bytes = 0, expert_glu_bwd_bytes = 0;
+  double expert_clamp_fwd_bytes = 0, expert_clamp_bwd_bytes = 0;
+  double expert_bias_fwd_bytes = 0, expert_bias_bwd_bytes = 0;
   // Memory-bound op classes: fraction of measured HBM bandwidth.
   double mem_eff_elementwise = 0.7;
   double mem_eff_norm = 0.6;

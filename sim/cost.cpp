@@ -1,6 +1,7 @@
 #include "sim/cost.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,8 @@ OpEntry make_entry(const models::Op& op, size_t index) {
   e.window = op.window;
   e.alibi = op.alibi;
   e.sinks = op.sinks;
+  e.expert_bias = op.expert_bias;
+  e.swiglu_limit = op.swiglu_limit;
   e.model_flops = op.counts_in_model_flops;
   return e;
 }
@@ -258,6 +261,57 @@ double fp8_backward_factor(const PriceContext& ctx) {
   return per_tensor && fp8_gemm_any_layout(ctx.gpu) ? ctx.cal->fp8_non_tn_backward_relative_eff : 1.0;
 }
 
+ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibration& cal, double rows, double n) {
+  ExpertElementwiseBytes x;
+  if (e.cls != OpClass::kGroupedGemm) return x;
+  // The fc1 output (w1 | w3: 2 n per gated row) the activation reads, and the fc2
+  // output (k per row) the output bias is added to.
+  const double fc1 = rows * (e.gemm_count == 3 ? 2.0 : 1.0) * n, fc2 = rows * e.gemm_k;
+  if (cal.moe_activation_kernel) {  // the activation is a kernel of its own (not fused into a GEMM)
+    x.fwd = fc1 * cal.expert_glu_fwd_bytes;
+    x.bwd = fc1 * cal.expert_glu_bwd_bytes;
+  }
+  if (e.swiglu_limit > 0) {
+    x.fwd += fc1 * cal.expert_clamp_fwd_bytes;
+    x.bwd += fc1 * cal.expert_clamp_bwd_bytes;
+  }
+  if (e.expert_bias) {
+    x.fwd += fc2 * cal.expert_bias_fwd_bytes;
+    x.bwd += fc2 * cal.expert_bias_bwd_bytes;
+  }
+  return x;
+}
+
+double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim) {
+  if (points.empty()) return 1.0;
+  if (head_dim <= points.front().first) return points.front().second;
+  if (head_dim >= points.back().first) return points.back().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto& [x1, y1] = points[i];
+    if (head_dim > x1) continue;
+    const auto& [x0, y0] = points[i - 1];
+    return y0 + (y1 - y0) * (head_dim - x0) / (x1 - x0);
+  }
+  return points.back().second;
+}
+
+double attention_tiled_span(int64_t window, double seq, double tile) {
+  if (tile <= 0 || seq <= 0) {
+    return models::mean_attention_span(static_cast<int64_t>(seq), window, models::FlopConvention::kExact);
+  }
+  // Query tile b holds rows [b T, min((b+1) T, seq)); its last row sees keys up to
+  // itself, its first row back to max(0, b T - window + 1) (0 without a window).
+  const double blocks = std::ceil(seq / tile);
+  double scores = 0;
+  for (double b = 0; b < blocks; b += 1.0) {
+    const double first_row = b * tile, last_row = std::min(seq, (b + 1.0) * tile) - 1.0;
+    const double first_key = window > 0 ? std::max(0.0, first_row - static_cast<double>(window) + 1.0) : 0.0;
+    const double key_tiles = std::floor(last_row / tile) - std::floor(first_key / tile) + 1.0;
+    scores += (last_row - first_row + 1.0) * key_tiles * tile;
+  }
+  return scores / seq;
+}
+
 namespace {
 
 double mem_eff(const Calibration& cal, OpClass c) {
@@ -365,12 +419,9 @@ OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
 namespace {
 
 // Memory-bound kernels of the expert MLP beside its GEMMs, in an eager trainer that
-// runs them on their own (cal.moe_activation_kernel, ctx.moe_fp8_pad_rows), for `rows`
-// routed rows of `n` local expert width each:
-//  - the activation between the two GEMMs (Megatron-Core's weighted_bias_swiglu_impl,
-//    fused/fused_bias_swiglu.py): forward reads [h1|h3] (2n) and writes h (n), backward
-//    reads [h1|h3] and dh (3n) and writes d[h1|h3] (2n); BF16 throughout. A kernel of its
-//    own, so its traffic adds to the GEMMs' time rather than hiding under their roofline.
+// runs them on their own (ctx.moe_fp8_pad_rows), for `rows` routed rows of `n` local
+// expert width each (the activation kernel, cal.moe_activation_kernel, is priced by
+// expert_elementwise_bytes from the stack's byte counts):
 //  - FP8 alignment copies (Transformer Engine's Fp8Padding / Fp8Unpadding, which
 //    TEGroupedMLP applies to FP8 experts when the dispatcher leaves each expert's row count
 //    unaligned): the input rows (k wide) are copied padded and the output rows copied
@@ -383,10 +434,6 @@ ExpertRowPasses expert_row_passes(const OpEntry& e, const PriceContext& ctx, dou
   const Calibration& cal = *ctx.cal;
   ExpertRowPasses x;
   const double bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_elementwise;
-  if (cal.moe_activation_kernel && e.gemm_count == 3) {
-    x.fwd_s += rows * 3.0 * n * 2.0 / bw;
-    x.bwd_s += rows * 5.0 * n * 2.0 / bw;
-  }
   if (ctx.moe_fp8_pad_rows && fp8) {
     const double copies_s = 2.0 * (rows * e.gemm_k * 2.0 * 2.0) / bw + 2.0 * cal.launch_overhead_s;
     x.fwd_s += copies_s;
@@ -441,25 +488,39 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double kernels = e.gemm_count + 1.0;
       const double ew = e.ew_flops_per_token / e.rows_per_token * rows;
       const Fp8QuantizeTime q = fp8_quantize(e, ctx);
-      const ExpertRowPasses x = expert_row_passes(e, ctx, rows, n, fp8);
+      const ExpertRowPasses passes = expert_row_passes(e, ctx, rows, n, fp8);
+      const ExpertElementwiseBytes x = expert_elementwise_bytes(e, cal, rows, n);
+      const double ew_bw = bw * cal.mem_eff_elementwise;
       t.fwd_flops = flops + ew;
       t.bwd_flops = 2.0 * t.fwd_flops;
-      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s + x.fwd_s;
-      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + x.bwd_s;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s + passes.fwd_s + x.fwd / ew_bw;
+      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + passes.bwd_s +
+                x.bwd / ew_bw;
       return t;
     }
     case OpClass::kAttention: {
+      // FLOPs the model does (the exact span) and those the kernel computes (whole tiles:
+      // for a 128-token window, a 128-row query tile touches two 128-key tiles).
       const double span = exact_span(e.window, ctx.seq);
+      const double kernel_span = attention_tiled_span(e.window, ctx.seq, cal.attention_tile_tokens);
       const double per_token = attention_flops_per_token(e, span);
       const double flops = per_token * ctx.tokens / ctx.tp;
+      const double kernel_flops = attention_flops_per_token(e, kernel_span) * ctx.tokens / ctx.tp;
+      // The measured efficiencies hold at head dim 128; the QK^T and PV products contract
+      // over / produce the head dim while the softmax work per score does not, so a smaller
+      // head dim spends a larger share of the kernel outside the tensor cores.
+      const double hd = std::min(e.qk_head_dim, e.head_dim);
+      const double fwd_eff = cal.attention_fwd_eff * attention_head_dim_factor(cal.attention_head_dim_fwd, hd);
+      const double bwd_eff = cal.attention_bwd_eff * attention_head_dim_factor(cal.attention_head_dim_bwd, hd);
       // ALiBi and sinks: elementwise work inside the kernel (one more pass over the scores in backward).
       const double extra = models::attention_extra_flops_per_token(e.alibi, e.sinks, e.heads, span) * ctx.tokens / ctx.tp;
       const double bytes = (e.in_elems + e.out_elems) * ctx.tokens / ctx.tp * 2.0;
       const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
       t.fwd_flops = flops + extra;
       t.bwd_flops = 2.5 * flops + 2.0 * extra;  // models::op_cost: backward recomputes QK^T
-      t.fwd_s = std::max(t.fwd_flops / (peak_bf16 * cal.attention_fwd_eff), mem_s) + launch;
-      t.bwd_s = std::max(t.bwd_flops / (peak_bf16 * cal.attention_bwd_eff), 2.0 * mem_s) + 2.0 * launch;
+      const double wasted = kernel_flops - flops;  // masked scores of the tiles the kernel computes
+      t.fwd_s = std::max((t.fwd_flops + wasted) / (peak_bf16 * fwd_eff), mem_s) + launch;
+      t.bwd_s = std::max((t.bwd_flops + 2.5 * wasted) / (peak_bf16 * bwd_eff), 2.0 * mem_s) + 2.0 * launch;
       return t;
     }
     default: {

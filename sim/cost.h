@@ -45,6 +45,8 @@ struct OpEntry {
   double heads = 0, kv_heads = 0, head_dim = 0, qk_head_dim = 0;
   int64_t window = 0;
   bool alibi = false, sinks = false;  // attention: ALiBi scores, sink logits (hardware FLOPs only)
+  bool expert_bias = false;         // experts: biases (models::Op::expert_bias)
+  double swiglu_limit = 0;          // experts: SwiGLU clamp, 0 = none
   bool model_flops = false;         // counts in Marin's MFU FLOPs
 };
 
@@ -147,6 +149,26 @@ bool fp8_gemm_any_layout(const topologies::GpuSpec* gpu);
 // (cal.fp8_non_tn_backward_relative_eff); block-scaled recipes quantize both directions
 // and every GEMM is TN, as are all on a TN-only GPU (1).
 double fp8_backward_factor(const PriceContext& ctx);
+
+// Bytes the routed experts' elementwise passes move through HBM outside their GEMMs, in
+// one forward and one backward, for `rows` routed rows on this GPU and `n` expert width
+// per GPU: the activation kernel, a clamped SwiGLU's clamps and the output biases, as
+// the stack runs them (Calibration::expert_*_bytes; the activation only where
+// cal.moe_activation_kernel says it is a kernel of its own; 0 where its GEMMs hide them).
+struct ExpertElementwiseBytes {
+  double fwd = 0, bwd = 0;
+};
+ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibration& cal, double rows, double n);
+
+// Attention kernel efficiency at head dim `head_dim` relative to head dim 128 (the
+// calibration's head-dim points, linear between them, held beyond the ends; 1 without points).
+double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim);
+
+// Mean keys per query a flash kernel computes over a causal sequence of `seq` tokens
+// (window 0 = full causal, else each query sees its last `window` keys) when it works
+// in whole tiles of `tile` queries x `tile` keys: every key tile a query tile touches
+// is computed for all its rows. tile 0 = the exact mean span.
+double attention_tiled_span(int64_t window, double seq, double tile);
 
 struct OpTime {
   double fwd_s = 0, bwd_s = 0;

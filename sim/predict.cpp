@@ -610,6 +610,8 @@ BlockTime module_recompute(const LayerClass& c, const Layout& l, const PriceCont
       replay.cls = OpClass::kElementwise;
       replay.in_elems = 2.0 * e.rows_per_token * e.gemm_n;
       replay.out_elems = e.rows_per_token * e.gemm_n;
+      // A clamped SwiGLU replays its clamps too (the stack's bytes per fc1 element, as 2-byte reads).
+      if (e.swiglu_limit > 0) replay.in_elems += ctx.cal->expert_clamp_fwd_bytes / 2.0 * 2.0 * e.rows_per_token * e.gemm_n;
       replay.ew_flops_per_token = e.ew_flops_per_token;
     }
     const OpTime t = price_op(replay, ctx);

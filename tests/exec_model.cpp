@@ -358,3 +358,14 @@ TEST_CASE("a backend outside host memory trains bitwise like the CPU (the driver
     CHECK(dev.find_nonfinite_backward().empty());
   }
 }
+
+TEST_CASE("a model with the experts' biases or a clamped SwiGLU is refused, not trained without them", "[exec][model]") {
+  nlohmann::json doc = load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  doc["moe"]["expert_bias"] = true;
+  const models::LayerGraph biased = models::build_layer_graph(models::parse_model(doc, "biased.json"));
+  CHECK_THROWS_WITH(Model(biased, 1, 16), Catch::Contains("biased.json") && Catch::Contains("/moe/expert_bias"));
+  doc["moe"]["expert_bias"] = false;
+  doc["moe"]["swiglu_limit"] = 7.0;
+  const models::LayerGraph clamped = models::build_layer_graph(models::parse_model(doc, "clamped.json"));
+  CHECK_THROWS_WITH(Model(clamped, 1, 16), Catch::Contains("/moe/swiglu_limit"));
+}

@@ -109,3 +109,118 @@ TEST_CASE("ALiBi and sinks make attention slightly dearer, not its model FLOPs",
   CHECK(ta.fwd_flops < 1.2 * tp.fwd_flops);  // slightly
   CHECK(sim::model_flops_per_token(a, 2048) == sim::model_flops_per_token(p, 2048));
 }
+
+TEST_CASE("a tiled flash kernel computes whole key tiles of the causal or windowed band", "[sim][mech][attention]") {
+  // Exact without a tile.
+  CHECK(sim::attention_tiled_span(0, 4096, 0) ==
+        Approx(models::mean_attention_span(4096, 0, models::FlopConvention::kExact)));
+  // Full causal, 128-token tiles: query tile b computes b + 1 key tiles, 128 (33 / 2) keys on average.
+  CHECK(sim::attention_tiled_span(0, 4096, 128) == Approx(128.0 * 33.0 / 2.0));
+  // A 128-token window: every query tile but the first touches two key tiles.
+  CHECK(sim::attention_tiled_span(128, 4096, 128) == Approx((128.0 + 31.0 * 256.0) / 32.0));
+  CHECK(sim::attention_tiled_span(128, 4096, 128) >
+        1.9 * models::mean_attention_span(4096, 128, models::FlopConvention::kExact));
+  // A window aligned wider than the tile: ceil((T + w - 1) / T) tiles, never fewer than the exact span.
+  CHECK(sim::attention_tiled_span(2048, 8192, 128) >= models::mean_attention_span(8192, 2048, models::FlopConvention::kExact));
+}
+
+TEST_CASE("attention efficiency follows the calibration's head-dim points", "[sim][mech][attention]") {
+  const std::vector<std::pair<double, double>> points{{64, 0.68}, {128, 1.0}};
+  CHECK(sim::attention_head_dim_factor({}, 64) == 1.0);
+  CHECK(sim::attention_head_dim_factor(points, 32) == 0.68);   // held below the first point
+  CHECK(sim::attention_head_dim_factor(points, 64) == 0.68);
+  CHECK(sim::attention_head_dim_factor(points, 96) == Approx(0.84));
+  CHECK(sim::attention_head_dim_factor(points, 192) == 1.0);   // held above the last
+
+  // Priced: a head-dim-64 attention under those points and a 128-token tile is dearer.
+  Context c;
+  const json doc = zoo_json("tiny-alibi-sink-moe");
+  const sim::OpTable t = table_of(doc);
+  const sim::OpEntry& e = entry(t, models::OpKind::kAttention);
+  const sim::OpTime plain = sim::price_op(e, c.ctx());
+  c.cal.attention_head_dim_fwd = points;
+  c.cal.attention_head_dim_bwd = {{64, 0.79}, {128, 1.0}};
+  c.cal.attention_tile_tokens = 128;
+  const sim::OpTime tiled = sim::price_op(e, c.ctx());
+  CHECK(tiled.fwd_flops == plain.fwd_flops);  // the model's FLOPs are the same
+  if (e.head_dim <= 64) CHECK(tiled.fwd_s > plain.fwd_s);
+  CHECK(tiled.fwd_s >= plain.fwd_s);
+  CHECK(tiled.bwd_s >= plain.bwd_s);
+}
+
+TEST_CASE("the megatron-bridge stack's attention head-dim points and tile read from its file", "[sim][mech][attention]") {
+  const std::string root = rackstep::source_dir();
+  const sim::Calibration cal =
+      sim::parse_calibration([&] {
+        json doc = load_json_file(root + "/sim/calibration.json");
+        doc.merge_patch(load_json_file(root + "/sim/stacks/megatron-bridge-2025.json")["calibration"]);
+        return doc;
+      }(), "stack");
+  REQUIRE(cal.attention_head_dim_fwd.size() == 2);
+  CHECK(cal.attention_head_dim_fwd.front().first == 64);
+  CHECK(cal.attention_tile_tokens == 128);
+  // The base calibration (Marin's stack) has neither: exact spans at every head dim.
+  const sim::Calibration base = sim::load_calibration();
+  CHECK(base.attention_head_dim_fwd.empty());
+  CHECK(base.attention_tile_tokens == 0);
+  // A head dim that is not a number is one error naming its path.
+  json bad = load_json_file(root + "/sim/calibration.json");
+  bad["attention"]["head_dim_fwd_factor"] = {{"sixty-four", {{"value", 0.7}, {"source", "x"}}}};
+  CHECK_THROWS_WITH(sim::parse_calibration(bad, "bad.json"), Catch::Contains("/attention/head_dim_fwd_factor/sixty-four"));
+}
+
+TEST_CASE("the experts' biases and clamped SwiGLU are parameters and elementwise passes the stack prices", "[sim][mech][experts]") {
+  json plain = zoo_json("tiny-moe");
+  json oss = plain;
+  oss["moe"]["expert_bias"] = true;
+  oss["moe"]["swiglu_alpha"] = 1.702;
+  oss["moe"]["swiglu_limit"] = 7.0;
+  oss["moe"]["swiglu_linear_offset"] = 1.0;
+  const models::ModelConfig m = models::parse_model(oss, "oss.json");
+  CHECK_FALSE(m.moe.standard_experts());
+  CHECK(models::parse_model(plain, "plain.json").moe.standard_experts());
+  const sim::OpTable to = table_of(oss), tp = table_of(plain);
+  const sim::OpEntry& eo = entry(to, models::OpKind::kExpertMlp);
+  const sim::OpEntry& ep = entry(tp, models::OpKind::kExpertMlp);
+  const double E = static_cast<double>(m.moe.experts), F = static_cast<double>(m.moe.expert_width),
+               L = static_cast<double>(m.moe_width());
+  CHECK(eo.param_elems - ep.param_elems == Approx(E * (2 * F + L)));  // b1, b3 (E, F), b2 (E, L)
+  CHECK(eo.expert_bias);
+  CHECK(eo.swiglu_limit == 7.0);
+
+  // Without the stack's passes (Marin's calibration) they cost nothing; with them the
+  // bytes follow the fc1 (2 F per row) and fc2 (L per row) elements.
+  Context c;
+  CHECK(sim::expert_elementwise_bytes(eo, c.cal, 1000, F).fwd == 0);
+  c.cal.moe_activation_kernel = true;  // the stack runs the activation as a kernel of its own
+  c.cal.expert_glu_fwd_bytes = 3;
+  c.cal.expert_glu_bwd_bytes = 5;
+  c.cal.expert_clamp_fwd_bytes = 8;
+  c.cal.expert_clamp_bwd_bytes = 10;
+  c.cal.expert_bias_fwd_bytes = 12;
+  c.cal.expert_bias_bwd_bytes = 12;
+  const sim::ExpertElementwiseBytes xo = sim::expert_elementwise_bytes(eo, c.cal, 1000, F);
+  const sim::ExpertElementwiseBytes xp = sim::expert_elementwise_bytes(ep, c.cal, 1000, F);
+  CHECK(xp.fwd == Approx(1000 * 2 * F * 3));
+  CHECK(xo.fwd == Approx(1000 * 2 * F * (3 + 8) + 1000 * L * 12));
+  CHECK(xo.bwd == Approx(1000 * 2 * F * (5 + 10) + 1000 * L * 12));
+
+  // Priced beside the grouped GEMMs, not hidden under them.
+  sim::PriceContext ctx = c.ctx();
+  ctx.expert_rows = 8 * 2048 * m.moe.top_k;
+  ctx.local_experts = static_cast<double>(m.moe.experts);
+  ctx.tp = 1;
+  const sim::Calibration plain_cal = sim::load_calibration();
+  sim::PriceContext base = ctx;
+  base.cal = &plain_cal;
+  const sim::OpTime with = sim::price_op(eo, ctx), without = sim::price_op(eo, base);
+  const double bw = ctx.hbm_bw_bytes_per_s * c.cal.mem_eff_elementwise;
+  const sim::ExpertElementwiseBytes x = sim::expert_elementwise_bytes(eo, c.cal, ctx.expert_rows, F);
+  CHECK(with.fwd_s - without.fwd_s == Approx(x.fwd / bw));
+  CHECK(with.bwd_s - without.bwd_s == Approx(x.bwd / bw));
+
+  // A bad value is one error naming its path.
+  json bad = oss;
+  bad["moe"]["swiglu_limit"] = -1;
+  CHECK_THROWS_WITH(models::parse_model(bad, "bad.json"), Catch::Contains("/moe/swiglu_limit"));
+}

@@ -62,6 +62,10 @@ Calibration with_flags(bool sort, bool pad, bool act, bool quant) {
   cal.moe_sort_rows_by_local_expert = sort;
   cal.moe_fp8_pad_expert_rows = pad;
   cal.moe_activation_kernel = act;
+  // The stack's byte counts of the weighted SwiGLU kernel (megatron-bridge-2025: reads
+  // [h1|h3], writes h; backward reads [h1|h3] and dh, writes d[h1|h3]; BF16).
+  cal.expert_glu_fwd_bytes = 3.0;
+  cal.expert_glu_bwd_bytes = 5.0;
   cal.moe_fp8_quantize_per_expert = quant;
   return cal;
 }
@@ -202,6 +206,8 @@ TEST_CASE("The dispatcher decides which passes a layout pays; Marin's layouts pa
   const Layout hl = load_layout(src("sim/layouts/hero-ragged.json"));
   Calibration marin_on = default_calibration();
   marin_on.moe_activation_kernel = true;
+  marin_on.expert_glu_fwd_bytes = 3.0;
+  marin_on.expert_glu_bwd_bytes = 5.0;
   CHECK(Predictor(hero, racks, marin_on).predict(hl).step_time_s > Predictor(hero, racks).predict(hl).step_time_s);
 }
 
