@@ -836,9 +836,31 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   const BlockTime head = price_ops(table_.head, ctx);
   if (l.pp > 1) {
     const BlockTime& edge = head.fwd_s + head.bwd_s > pre.fwd_s + pre.bwd_s ? head : pre;
-    f += edge.fwd_s;
-    b += edge.bwd_s;
-    hw_flops += edge.fwd_flops + edge.bwd_flops;
+    const double layers = s.layers_per_stage;
+    if (l.edges_in_pipeline_split && layers > 1.0) {
+      // The sums above are a middle stage's (sim/memory.cpp split_chunk_layers). The
+      // embedding and the loss each take a layer's slot (Megatron-Core's
+      // account_for_embedding/loss_in_pipeline_split): an edge stage runs one layer
+      // fewer beside its edge, and bounds the pipeline only when the edge outweighs
+      // that layer (its compute and exposed communication, host issue included).
+      const double layer_s = (f + r + b + ep + fsdp + tpc + cpc + off + host_wait +
+                              host_issue_wait(free_host_f, free_gpu_f) + host_issue_wait(free_host_b, free_gpu_b)) /
+                             layers;
+      if (edge.fwd_s + edge.bwd_s > layer_s) {
+        const double keep = (layers - 1.0) / layers;
+        for (double* x : {&f, &r, &b, &ep, &fsdp, &tpc, &cpc, &off, &hw_flops, &host_wait, &free_host_f, &free_host_b,
+                          &free_gpu_f, &free_gpu_b}) {
+          *x *= keep;
+        }
+        f += edge.fwd_s;
+        b += edge.bwd_s;
+        hw_flops += edge.fwd_flops + edge.bwd_flops;
+      }
+    } else {
+      f += edge.fwd_s;
+      b += edge.bwd_s;
+      hw_flops += edge.fwd_flops + edge.bwd_flops;
+    }
   } else {
     f += pre.fwd_s + head.fwd_s;
     b += pre.bwd_s + head.bwd_s;

@@ -231,3 +231,50 @@ TEST_CASE("expert parallelism across H100 nodes pays for the NIC", "[predict]") 
   REQUIRE(two_nodes.valid);
   CHECK(two_nodes.breakdown.ep_comm_s > 3.0 * in_node.breakdown.ep_comm_s);
 }
+
+TEST_CASE("embedding and loss as pipeline layers: the heaviest stage is a middle or an edge stage", "[predict][pipeline]") {
+  // Megatron-Core's account_for_embedding/loss_in_pipeline_split: layers + 2 slots over
+  // pp x v chunks; the first and last stages hold one layer fewer beside their edge.
+  const auto stage_time = [](const char* model, int64_t tp, int64_t pp, int64_t v) {
+    const models::LayerGraph g = models::build_layer_graph(models::load_model(src(model)));
+    const Predictor p(g, topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), pp * tp / 8));
+    Layout l;
+    l.tp = tp;
+    l.pp = pp;
+    l.pp_virtual = v;
+    l.schedule = v > 1 ? PpSchedule::kInterleaved1F1B : PpSchedule::k1F1B;
+    l.recompute = models::Recompute::kNone;
+    l.tokens_per_step = 8192 * 2 * pp;
+    l.uneven_stages = true;
+    const Prediction plain = p.predict(l);
+    l.edges_in_pipeline_split = true;  // Megatron-Bridge's 405B rows set both
+    const StepPrice split = p.price(l);
+    REQUIRE(plain.valid);
+    REQUIRE(split.prediction.valid);
+    // One layer's and the heavier edge's forward from the op timings.
+    double layer_f = 0, pre_f = 0, head_f = 0;
+    for (const OpTiming& o : split.ops) {
+      if (o.layer == 0) layer_f += o.fwd_s;
+      if (o.layer < 0) (o.graph_index < g.block_begin.front() ? pre_f : head_f) += o.fwd_s;
+    }
+    struct Out { double plain_f, split_f, m, layer_f, edge_f; };
+    return Out{plain.breakdown.compute_fwd_s, split.prediction.breakdown.compute_fwd_s, split.prediction.micro_batches,
+               layer_f, std::max(pre_f, head_f)};
+  };
+  // Llama 3.1 405B, pp 8 x v 8: 128 slots, 2 a chunk, 16 layers a middle stage. Without
+  // the rule (uneven stages) the last stage holds ceil(126 / 8) = 16 layers and the head.
+  // With it the edge stage holds 15: the heaviest stage loses a layer or the edge.
+  const auto big = stage_time("tests/validation/models/llama31-405b.json", 8, 8, 8);
+  CHECK(big.plain_f == Approx(big.m * (16 * big.layer_f + big.edge_f)));
+  CHECK(big.split_f < big.plain_f);
+  const bool middle = big.split_f == Approx(big.m * 16 * big.layer_f);
+  const bool edge = big.split_f == Approx(big.m * (15 * big.layer_f + big.edge_f));
+  CHECK((middle || edge));
+  // Llama 3 8B, tp 2 x pp 4 (little TP traffic): 34 slots, 9 layers a middle stage,
+  // 8 beside an edge of ~1.7 layers (vocab 128256 x 4096): the edge stages bound it,
+  // as without the rule.
+  const auto small = stage_time("tests/validation/models/llama3-8b.json", 2, 4, 1);
+  CHECK(small.edge_f > small.layer_f);
+  CHECK(small.split_f == Approx(small.plain_f));
+  CHECK(small.split_f == Approx(small.m * (8 * small.layer_f + small.edge_f)));
+}
