@@ -409,6 +409,16 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
   return h;
 }
 
+double in_order_issue_s(const std::vector<double>& host_s, const std::vector<double>& device_s) {
+  RS_CHECK(host_s.size() == device_s.size(), "one host and one device time per op");
+  double host_at_s = 0, device_at_s = 0;
+  for (size_t i = 0; i < host_s.size(); ++i) {
+    host_at_s += host_s[i];
+    device_at_s = std::max(device_at_s, host_at_s) + device_s[i];
+  }
+  return device_at_s;
+}
+
 OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
   OpTime t = price_op_device(e, ctx);
   t.fwd_host_s = op_host_issue_s(e, ctx);

@@ -202,6 +202,17 @@ struct LayerHostIssue {
 };
 LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, uint32_t cuda_graphs);
 
+// Wall time of ops one host thread issues in order to one device stream, from a point
+// where both are idle (just after a device-to-host sync): the host issues op i in
+// host_s[i] after it issued op i-1; the device runs op i for device_s[i] once it is
+// issued and op i-1 has run:  H += host_s[i];  D = max(D, H) + device_s[i];  returns D.
+// It is max(sum host, sum device) plus the pipeline's fill (the first op's issue) or
+// drain (the last op's run) where one side is the slower op by op, and the sum of both
+// where host-heavy and device-heavy ops alternate: the host cannot run ahead of a device
+// it has just waited for (PyTorch's eager issue: kernel launches are asynchronous, a
+// device-to-host copy of a result is not).
+double in_order_issue_s(const std::vector<double>& host_s, const std::vector<double>& device_s);
+
 // Sum over a list of ops; `recompute_s` is the forward time of the ops a policy
 // replays (full: all; selective: all but GEMMs, grouped GEMMs and attention).
 struct BlockTime {

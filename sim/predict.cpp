@@ -670,12 +670,44 @@ double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double disp
   return merged_share * merged + (1.0 - merged_share) * 2.0 * pass_s + (full ? pass_s : 0.0);
 }
 
-// Device time the host's kernel issue adds to one pass, `gpu_s` of device work issued
-// in `host_s`. Between device-to-host syncs the host cannot run ahead of the device:
-// a pass of a layer with a sync takes max(device, host) (the layer's segments between
-// syncs split both alike). Without syncs the host queues ahead across the whole pass
-// and only paces it when slower than all of it (summed over the pass by the caller).
+// Device time the host's kernel issue adds to `gpu_s` of device work issued in
+// `host_s` when the host can queue ahead over all of it: it paces the device only when
+// slower than all of it. Without syncs that is the whole pass (summed by the caller);
+// a MoE layer's backward (no sync) alike. A forward with a sync is synced_forward_s.
 double host_issue_wait(double host_s, double gpu_s) { return std::max(0.0, host_s - gpu_s); }
+
+// One forward pass of a MoE layer whose dispatcher syncs the host (the dropless
+// dispatcher reads its token counts before the dispatch), priced by the in-order issue
+// recursion (sim/cost.h in_order_issue_s) around the layer's cycle: from the sync, the
+// dispatch and the ops after it, then the next layer's ops up to its sync. Per op: the
+// host time layer_host_issue charges it, and its priced device time; the forward's
+// exposed EP time (`ep_fwd_s`) sits on the dispatch and combine ops (the all-to-alls run
+// on the device between them), the rest of its exposed communication (gpu_f - fwd_s -
+// ep_fwd_s) spread over the ops in proportion to their device time.
+double synced_forward_s(const LayerClass& lc, const PriceContext& ctx, const LayerHostIssue& host, const ClassCost& k,
+                        double fwd_s, double gpu_f, double ep_fwd_s) {
+  using models::OpKind;
+  size_t sync_at = lc.ops.size();
+  for (size_t j = 0; j < lc.ops.size() && sync_at == lc.ops.size(); ++j) {
+    if (lc.ops[j].kind == OpKind::kDispatch) sync_at = j;
+  }
+  if (sync_at == lc.ops.size()) return std::max(host.fwd_s, gpu_f);  // no dispatch op: no sync point to start from
+  const double other_scale = fwd_s > 0 ? 1.0 + std::max(0.0, gpu_f - fwd_s - ep_fwd_s) / fwd_s : 1.0;
+  const double ep_calls_s = k.ep_dispatch_s + k.ep_combine_s;
+  std::vector<double> host_s, device_s;  // (lc.ops.size()), in cycle order
+  host_s.reserve(lc.ops.size());
+  device_s.reserve(lc.ops.size());
+  for (size_t i = 0; i < lc.ops.size(); ++i) {
+    const size_t j = (sync_at + i) % lc.ops.size();
+    const OpEntry& e = lc.ops[j];
+    double dev_s = price_op(e, ctx).fwd_s * other_scale;
+    if (ep_calls_s > 0 && e.kind == OpKind::kDispatch) dev_s += ep_fwd_s * k.ep_dispatch_s / ep_calls_s;
+    if (ep_calls_s > 0 && e.kind == OpKind::kCombine) dev_s += ep_fwd_s * k.ep_combine_s / ep_calls_s;
+    host_s.push_back(host.op_fwd_s[j]);
+    device_s.push_back(dev_s);
+  }
+  return in_order_issue_s(host_s, device_s);
+}
 
 double pipeline_bubble(const Layout& l, double f, double b) {
   if (l.pp <= 1) return 0.0;
@@ -818,7 +850,15 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     // Only a dropless (ragged) dispatcher reads its token counts on the host; fixed-capacity
     // experts have static shapes (Megatron-Core's drop-and-pad path returns before any sync point).
     if (lc.moe && cal_.moe_host_syncs_per_layer > 0 && l.ep_transport != Transport::pooled) {
-      host_wait += n * (host_issue_wait(host.fwd_s, gpu_f) + host_issue_wait(host_b, gpu_b));
+      // The forward (and a full recompute's replay, which runs the dispatcher again) is
+      // issued in order from the sync: the device idles while the host issues the ops
+      // after it, so a pass is the in-order recursion over the layer's cycle, not
+      // max(host, device). The backward reuses the forward's splits (no sync): its host
+      // runs ahead and paces it only when slower than all of it.
+      const double sync_pass_s = synced_forward_s(lc, ctx, host, k, bt.fwd_s, gpu_f, busy > 0 ? ep_layer * bt.fwd_s / busy : 0.0);
+      const double fwd_wait = std::max(0.0, sync_pass_s - gpu_f);
+      const double rec_wall = full && busy > 0 ? rec + comm_layer * rec / busy : 0.0;
+      host_wait += n * ((full ? 2.0 : 1.0) * fwd_wait + host_issue_wait(host.bwd_s, gpu_b - rec_wall));
     } else {
       free_host_f += n * host.fwd_s;
       free_host_b += n * host_b;

@@ -11,13 +11,14 @@
 //     bubble is a formula over an averaged stage, to which it adds the heavier
 //     edge even when the split gave that stage a layer fewer (Llama 3.1 405B:
 //     the DES about 15% faster);
-//   - eager trainers (host.op_issue_s > 0, the Megatron-Bridge rows): predict
-//     charges each MoE layer pass max(device, host), as if the host could issue
-//     the work after the layer's device-to-host sync before it; the DES issues op
-//     by op, so what the host issues after the sync (the experts' grouped GEMMs,
-//     one launch per local expert) is exposed beyond the all-to-all beside it,
-//     and host time hidden across passes is hidden. The DES comes out up to a
-//     third slower there (the table); within kEagerTolerance;
+//   - eager trainers (host.op_issue_s > 0, the Megatron-Bridge rows): both issue
+//     a synced MoE layer's forward op by op from its sync (predict by the in-order
+//     recursion around one layer's cycle, sim/cost.h in_order_issue_s), but predict
+//     spreads the exposed communication over an averaged layer and keeps max(host,
+//     device) for the backward, where the DES hides host time across passes and
+//     places the all-to-alls and the pipeline's edge stages as they fall. The
+//     Qwen3-30B H100 rows come out about 12% slower in the DES, Llama 3.1 405B on
+//     GB200 15% faster (the pipeline split above); within kEagerTolerance;
 //   - merged-1F1B EP overlap: predict spreads the exposed all-to-all over an
 //     averaged split of each layer (all but the experts beside one call); the
 //     DES pairs the real forward and backward parts of two micro-batches;
@@ -51,7 +52,7 @@ namespace {
 
 // |DES / predict - 1| allowed per row: a compiled step (no host issue), and an eager trainer's.
 constexpr double kTolerance = 0.10;
-constexpr double kEagerTolerance = 0.35;
+constexpr double kEagerTolerance = 0.20;
 
 struct Compared {
   std::string id;
