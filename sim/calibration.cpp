@@ -133,6 +133,15 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.attention_head_dim_fwd = head_dim_points("head_dim_fwd_factor");
   c.attention_head_dim_bwd = head_dim_points("head_dim_bwd_factor");
   if (att.has("tile_tokens")) c.attention_tile_tokens = sourced(att, "tile_tokens", nonneg);
+  if (att.has("per_gpu")) {
+    JsonReader per_gpu = att.object("per_gpu");
+    for (auto it = per_gpu.raw().begin(); it != per_gpu.raw().end(); ++it) {
+      JsonReader g = per_gpu.object(it.key());
+      c.attention_eff_by_gpu[it.key()] = {.fwd = sourced(g, "fwd_efficiency", frac), .bwd = sourced(g, "bwd_efficiency", frac)};
+      g.finish();
+    }
+    per_gpu.finish();
+  }
   att.finish();
 
   if (r.has("expert_elementwise")) {  // optional: a stack whose experts run elementwise kernels of their own
@@ -295,6 +304,11 @@ const Calibration& default_calibration() {
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
   const auto it = c.gemm_peak_eff.find(gpu.name);
   return it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+}
+
+Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
+  const auto it = c.attention_eff_by_gpu.find(gpu.name);
+  return it != c.attention_eff_by_gpu.end() ? it->second : Calibration::AttentionEfficiency{c.attention_fwd_eff, c.attention_bwd_eff};
 }
 
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured) {

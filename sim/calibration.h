@@ -73,6 +73,14 @@ struct Calibration {
   // Attention kernels (flash): fraction of peak in forward / backward.
   double attention_fwd_eff = 0.45;
   double attention_bwd_eff = 0.45;
+  // The same per GPU (block attention.per_gpu), where the kernel's measured rate on that
+  // GPU differs: a fused-attention kernel is bound by the tensor cores and the softmax's
+  // exponentials (SFU) in a ratio that differs between GPU generations. A GPU without an
+  // entry uses the two above (attention_efficiency).
+  struct AttentionEfficiency {
+    double fwd = 0.45, bwd = 0.45;
+  };
+  std::map<std::string, AttentionEfficiency> attention_eff_by_gpu;
   // The efficiencies above hold at head dim 128; other head dims scale them by
   // these (head dim, factor) points, interpolated linearly and held beyond the
   // ends (attention_head_dim_factor). Empty: 1 at every head dim.
@@ -216,6 +224,9 @@ const Calibration& default_calibration();
 
 // Efficiencies, 0..1 of the GPU's dense BF16 peak.
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);  // at 8192^3
+// Attention kernel efficiency (fraction of the BF16 peak) on `gpu` at head dim 128:
+// attention.per_gpu's entry, else the stack-wide fwd_efficiency / bwd_efficiency.
+Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);
 // Dense FP8 GEMM efficiency relative to the BF16 curve on this GPU (its measured entry,
 // else gemm.fp8_relative_efficiency); `measured` says which.
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured = nullptr);

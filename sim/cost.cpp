@@ -520,8 +520,11 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       // over / produce the head dim while the softmax work per score does not, so a smaller
       // head dim spends a larger share of the kernel outside the tensor cores.
       const double hd = std::min(e.qk_head_dim, e.head_dim);
-      const double fwd_eff = cal.attention_fwd_eff * attention_head_dim_factor(cal.attention_head_dim_fwd, hd);
-      const double bwd_eff = cal.attention_bwd_eff * attention_head_dim_factor(cal.attention_head_dim_bwd, hd);
+      const Calibration::AttentionEfficiency at128 =
+          ctx.gpu != nullptr ? attention_efficiency(cal, *ctx.gpu)
+                             : Calibration::AttentionEfficiency{cal.attention_fwd_eff, cal.attention_bwd_eff};
+      const double fwd_eff = at128.fwd * attention_head_dim_factor(cal.attention_head_dim_fwd, hd);
+      const double bwd_eff = at128.bwd * attention_head_dim_factor(cal.attention_head_dim_bwd, hd);
       // ALiBi and sinks: elementwise work inside the kernel (one more pass over the scores in backward).
       const double extra = models::attention_extra_flops_per_token(e.alibi, e.sinks, e.heads, span) * ctx.tokens / ctx.tp;
       const double bytes = (e.in_elems + e.out_elems) * ctx.tokens / ctx.tp * 2.0;

@@ -151,6 +151,7 @@ Calibration unit_calibration(const Calibration& base, const std::string& gpu, do
   c.gemm_half_dim = h;
   c.grouped_factor = 1.0;
   c.attention_fwd_eff = c.attention_bwd_eff = 1.0;
+  c.attention_eff_by_gpu.erase(gpu);  // the fit solves for the stack-wide efficiencies on this GPU
   c.mem_eff_elementwise = c.mem_eff_norm = c.mem_eff_routing = c.mem_eff_loss = c.mem_eff_lookup = 1.0;
   c.launch_overhead_s = launch;
   c.gc_pause_s = 0.0;
@@ -163,6 +164,7 @@ void apply(Calibration& c, const std::string& gpu, double h, const std::array<do
   c.grouped_factor = std::min(1.0, u[kGemm] / u[kGrouped]);
   c.attention_fwd_eff = 1.0 / u[kAttnFwd];
   c.attention_bwd_eff = 1.0 / u[kAttnBwd];
+  c.attention_eff_by_gpu.erase(gpu);
   c.mem_eff_elementwise = 1.0 / u[kElementwise];
   c.mem_eff_norm = 1.0 / u[kNorm];
   c.mem_eff_routing = 1.0 / u[kRouting];
@@ -310,8 +312,8 @@ FitResult fit_measurements(const nlohmann::json& m, const std::string& base_topo
   std::array<double, kUnknowns> prior{}, lo{}, hi{};
   prior[kGemm] = 1.0 / gemm_peak_efficiency(base_cal, sys.gpu);
   prior[kGrouped] = prior[kGemm] / base_cal.grouped_factor;
-  prior[kAttnFwd] = 1.0 / base_cal.attention_fwd_eff;
-  prior[kAttnBwd] = 1.0 / base_cal.attention_bwd_eff;
+  prior[kAttnFwd] = 1.0 / attention_efficiency(base_cal, sys.gpu).fwd;
+  prior[kAttnBwd] = 1.0 / attention_efficiency(base_cal, sys.gpu).bwd;
   prior[kElementwise] = 1.0 / base_cal.mem_eff_elementwise;
   prior[kNorm] = 1.0 / base_cal.mem_eff_norm;
   prior[kRouting] = 1.0 / base_cal.mem_eff_routing;

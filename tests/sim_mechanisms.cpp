@@ -169,6 +169,54 @@ TEST_CASE("the megatron-bridge stack's attention head-dim points and tile read f
   CHECK_THROWS_WITH(sim::parse_calibration(bad, "bad.json"), Catch::Contains("/attention/head_dim_fwd_factor/sixty-four"));
 }
 
+TEST_CASE("attention efficiency is read per GPU, the stack-wide value elsewhere", "[sim][mech][attention]") {
+  const std::string root = rackstep::source_dir();
+  json doc = load_json_file(root + "/sim/calibration.json");
+  doc.merge_patch(load_json_file(root + "/sim/stacks/megatron-bridge-2025.json")["calibration"]);
+  const sim::Calibration cal = sim::parse_calibration(doc, "stack");
+  const auto gpu_of = [&](const char* topo) {
+    return topologies::load_cluster(root + "/topologies/zoo/" + topo + ".json").system.gpu;
+  };
+  // Hopper has no entry: the stack-wide H100 measurement.
+  const sim::Calibration::AttentionEfficiency h100 = sim::attention_efficiency(cal, gpu_of("hgx-h100"));
+  CHECK(h100.fwd == cal.attention_fwd_eff);
+  CHECK(h100.bwd == cal.attention_bwd_eff);
+  // B200 and GB200 run the same kernel rate (TF/s) against different datasheet peaks;
+  // GB300 runs faster than GB200 at the same peak.
+  const topologies::GpuSpec b200 = gpu_of("dgx-b200"), gb200 = gpu_of("gb200-nvl72"), gb300 = gpu_of("gb300-nvl72");
+  const auto rate = [&](const topologies::GpuSpec& g) { return sim::attention_efficiency(cal, g).fwd * g.peak_bf16_flops_per_s; };
+  CHECK(rate(b200) == Approx(rate(gb200)).epsilon(0.01));
+  CHECK(rate(gb300) > rate(gb200));
+  CHECK(sim::attention_efficiency(cal, gb200).bwd < sim::attention_efficiency(cal, gb200).fwd);
+
+  // Priced: the GB200 entry is what the attention op runs at.
+  Context c;
+  c.cal = cal;
+  c.cluster = topologies::load_cluster(root + "/topologies/zoo/gb200-nvl72.json");
+  const sim::OpTable t = table_of(zoo_json("tiny-moe"));
+  const sim::OpEntry& e = entry(t, models::OpKind::kAttention);
+  const auto long_seq = [&] {  // a long sequence, so the tiny model's attention is compute-bound
+    sim::PriceContext p = c.ctx();
+    p.seq = p.tokens = 65536;
+    return p;
+  };
+  const sim::OpTime with = sim::price_op(e, long_seq());
+  c.cal.attention_eff_by_gpu.clear();
+  const sim::OpTime without = sim::price_op(e, long_seq());
+  CHECK(with.fwd_s > without.fwd_s);  // GB200's 0.567 below the stack-wide 0.59
+  CHECK(with.bwd_s > without.bwd_s);
+
+  // Marin's calibration has no per-GPU entries: GB200 runs at its own numbers.
+  const sim::Calibration base = sim::load_calibration();
+  CHECK(base.attention_eff_by_gpu.empty());
+  CHECK(sim::attention_efficiency(base, gb200).fwd == base.attention_fwd_eff);
+
+  // A per-GPU entry without its backward is one error naming the path.
+  json bad = doc;
+  bad["attention"]["per_gpu"]["GB200"].erase("bwd_efficiency");
+  CHECK_THROWS_WITH(sim::parse_calibration(bad, "bad.json"), Catch::Contains("/attention/per_gpu/GB200"));
+}
+
 TEST_CASE("the experts' biases and clamped SwiGLU are parameters and elementwise passes the stack prices", "[sim][mech][experts]") {
   json plain = zoo_json("tiny-moe");
   json oss = plain;
