@@ -141,6 +141,18 @@ Calibration stack_calibration(const Stack& s, const std::string& base_path) {
   return parse_calibration(doc, s.file + " (over " + base_path + ")");
 }
 
+CommandCalibration command_calibration(const std::string& stack_name, const std::string& calibration_path) {
+  CommandCalibration out;
+  const std::string base = calibration_path.empty() ? default_calibration_path() : calibration_path;
+  if (!stack_name.empty()) {
+    out.stack = load_stack(stack_path(stack_name));
+    out.cal = stack_calibration(out.stack, base);
+    return out;
+  }
+  out.cal = calibration_path.empty() ? default_calibration() : load_calibration(calibration_path);
+  return out;
+}
+
 std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
   const StackSupport& f = s.supports;
   std::vector<LayoutIssue> out;

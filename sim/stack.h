@@ -74,6 +74,14 @@ Stack load_stack(const std::string& path);
 Stack parse_stack(const nlohmann::json& doc, const std::string& file);
 // sim/calibration.json (or `base_path`) with the stack's overrides merged in.
 Calibration stack_calibration(const Stack& s, const std::string& base_path = default_calibration_path());
+// What a command runs under, as `predict --stack S --calibration F` reads it: the named
+// stack (empty when `stack_name` is) and its overrides merged over F (sim/calibration.json
+// when `calibration_path` is empty), or F alone without a stack.
+struct CommandCalibration {
+  Stack stack;  // name empty: no stack
+  Calibration cal;
+};
+CommandCalibration command_calibration(const std::string& stack_name, const std::string& calibration_path);
 // Every feature of the layout the stack cannot run (Reason::kStack), empty when it can.
 std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s);
 bool stack_runs(const Layout& l, const Stack& s);

@@ -24,12 +24,9 @@ int run_predict(const PredictArgs& a) {
   const models::LayerGraph g = models::build_layer_graph(models::load_model(a.model_path));
   const topologies::Cluster c = topologies::load_cluster(a.cluster_path, a.domains);
   const Layout l = load_layout(a.layout_path);
-  const std::string base = a.calibration_path.empty() ? default_calibration_path() : a.calibration_path;
-  Stack stack;
-  if (!a.stack_name.empty()) stack = load_stack(stack_path(a.stack_name));
-  const Calibration cal = !a.stack_name.empty()        ? stack_calibration(stack, base)
-                          : a.calibration_path.empty() ? default_calibration()
-                                                       : load_calibration(a.calibration_path);
+  const CommandCalibration under = command_calibration(a.stack_name, a.calibration_path);
+  const Stack& stack = under.stack;
+  const Calibration& cal = under.cal;
   Prediction p = Predictor(g, c, cal).predict(l);
   if (!a.stack_name.empty()) {
     for (LayoutIssue& i : check_stack(l, stack)) p.issues.push_back(std::move(i));

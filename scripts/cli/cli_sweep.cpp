@@ -58,12 +58,9 @@ int run_sweep(const SweepArgs& a) {
     throw UserError("--tokens-per-step: expected a positive multiple of the sequence length (" +
                     std::to_string(g.model.seq_len) + "), found " + std::to_string(a.tokens_per_step));
   }
-  Stack stack;
-  if (!a.stack_name.empty()) stack = load_stack(stack_path(a.stack_name));
-  const std::string base = a.calibration_path.empty() ? default_calibration_path() : a.calibration_path;
-  const Calibration cal = !a.stack_name.empty()        ? stack_calibration(stack, base)
-                          : a.calibration_path.empty() ? default_calibration()
-                                                       : load_calibration(a.calibration_path);
+  const CommandCalibration under = command_calibration(a.stack_name, a.calibration_path);
+  const Stack& stack = under.stack;
+  const Calibration& cal = under.cal;
   const Predictor p(g, c, cal);
   const auto t0 = std::chrono::steady_clock::now();
   const SweepResult r = sweep(p, {.tokens_per_step = a.tokens_per_step,

@@ -410,12 +410,9 @@ int run_timeline(TimelineArgs a) {
   const topologies::Cluster c = topologies::load_cluster(a.cluster_path, a.domains);
   const Layout l = load_layout(a.layout_path);
   // As `predict --stack`: the stack's overrides merged over --calibration (or sim/calibration.json).
-  Stack stack;
-  if (!a.stack_name.empty()) stack = load_stack(stack_path(a.stack_name));
-  const std::string cal_base = a.calibration_path.empty() ? default_calibration_path() : a.calibration_path;
-  const Calibration cal = !a.stack_name.empty()        ? stack_calibration(stack, cal_base)
-                          : a.calibration_path.empty() ? load_calibration()
-                                                       : load_calibration(a.calibration_path);
+  const CommandCalibration under = command_calibration(a.stack_name, a.calibration_path);
+  const Stack& stack = under.stack;
+  const Calibration& cal = under.cal;
   const Predictor pred(g, c, cal);
   a.graph.gc_stalls = !a.no_gc;
   if (a.expert_load == "routing") {
