@@ -361,10 +361,10 @@ double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
 
 LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, uint32_t cuda_graphs) {
   LayerHostIssue h;
+  const auto graphs = [&](CudaGraphScope s) { return (cuda_graphs & cuda_graph_bit(s)) != 0; };
+  if (ctx.op_issue_s <= 0 || graphs(CudaGraphScope::kFullIteration)) return h;  // (nothing allocated: sweeps)
   h.op_fwd_s.assign(lc.ops.size(), 0.0);
   h.op_bwd_s.assign(lc.ops.size(), 0.0);
-  const auto graphs = [&](CudaGraphScope s) { return (cuda_graphs & cuda_graph_bit(s)) != 0; };
-  if (ctx.op_issue_s <= 0 || graphs(CudaGraphScope::kFullIteration)) return h;
   const Calibration& cal = *ctx.cal;
   double eager_s = 0, captured = 0;  // eager ops' forward host time; captured ops (any > 0: one replay)
   size_t first_captured = lc.ops.size();
@@ -419,12 +419,7 @@ double in_order_issue_s(const std::vector<double>& host_s, const std::vector<dou
   return device_at_s;
 }
 
-OpTime price_op(const OpEntry& e, const PriceContext& ctx) {
-  OpTime t = price_op_device(e, ctx);
-  t.fwd_host_s = op_host_issue_s(e, ctx);
-  t.bwd_host_s = 2.0 * t.fwd_host_s;
-  return t;
-}
+OpTime price_op(const OpEntry& e, const PriceContext& ctx) { return price_op_device(e, ctx); }
 
 namespace {
 
@@ -578,8 +573,6 @@ BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx) {
     b.bwd_s += t.bwd_s;
     b.fwd_flops += t.fwd_flops;
     b.bwd_flops += t.bwd_flops;
-    b.fwd_host_s += t.fwd_host_s;
-    b.bwd_host_s += t.bwd_host_s;
     if (e.cls == OpClass::kGroupedGemm) b.expert_fwd_s += t.fwd_s;
     const bool kept = e.cls == OpClass::kGemm || e.cls == OpClass::kGroupedGemm || e.cls == OpClass::kAttention;
     if (!kept) {

@@ -170,18 +170,17 @@ double attention_head_dim_factor(const std::vector<std::pair<double, double>>& p
 // is computed for all its rows. tile 0 = the exact mean span.
 double attention_tiled_span(int64_t window, double seq, double tile);
 
+// An op's device time (its host issue is op_host_issue_s / layer_host_issue).
 struct OpTime {
   double fwd_s = 0, bwd_s = 0;
   double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU
-  // Host time to issue the op's framework calls and kernel launches (eager trainers,
-  // cal.op_issue_s > 0; 0 for a compiled step). Backward: twice the forward's (autograd
-  // issues the input and the weight gradient of each op).
-  double fwd_host_s = 0, bwd_host_s = 0;
 };
 
 // Host issue time of one forward of an op: framework calls x ctx.op_issue_s plus
 // kernel launches x cal.launch_overhead_s (grouped GEMMs one launch per local expert
-// and matrix where cal.grouped_gemm_launch_per_expert); 0 when ctx.op_issue_s is 0.
+// and matrix where cal.grouped_gemm_launch_per_expert); 0 when ctx.op_issue_s is 0
+// (a compiled step). Its backward issues twice as much (autograd issues the input and
+// the weight gradient of each op).
 double op_host_issue_s(const OpEntry& op, const PriceContext& ctx);
 
 OpTime price_op(const OpEntry& op, const PriceContext& ctx);
@@ -192,13 +191,13 @@ OpTime price_op(const OpEntry& op, const PriceContext& ctx);
 // transformer_layer.py _te_cuda_graph_replay; TE graph.py Graphed.forward / backward):
 // the captured ops cost the host cal.graph_replay_calls framework calls and one launch
 // per pass instead of their own calls and launches; the rest stays eager (backward 2x
-// its forward, as price_op). full_iteration leaves no host issue at all. Without graphs
-// this is the class's BlockTime fwd_host_s / bwd_host_s.
-// op_fwd_s / op_bwd_s split the same time over the class's ops (a graph's replay on
-// its first captured op), so the timeline issues exactly what predict charges.
+// its forward). full_iteration leaves no host issue at all. Without graphs this is the
+// sum of op_host_issue_s over the class's ops. op_fwd_s / op_bwd_s split the same time
+// over the ops (a graph's replay on its first captured op), so the timeline issues
+// exactly what predict charges; both empty when the host issues nothing.
 struct LayerHostIssue {
   double fwd_s = 0, bwd_s = 0;
-  std::vector<double> op_fwd_s, op_bwd_s;  // (lc.ops.size())
+  std::vector<double> op_fwd_s, op_bwd_s;  // (lc.ops.size()) or empty
 };
 LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, uint32_t cuda_graphs);
 
@@ -219,7 +218,6 @@ struct BlockTime {
   double fwd_s = 0, bwd_s = 0, recompute_selective_s = 0;
   double fwd_flops = 0, bwd_flops = 0, recompute_selective_flops = 0;
   double expert_fwd_s = 0;          // the grouped expert GEMMs (waves overlap these)
-  double fwd_host_s = 0, bwd_host_s = 0;  // host issue time (OpTime)
 };
 BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx);
 // Of an op's saved activations, the elements that are GEMM inputs (what FP8 GEMMs

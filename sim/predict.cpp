@@ -703,7 +703,7 @@ double synced_forward_s(const LayerClass& lc, const PriceContext& ctx, const Lay
     double dev_s = price_op(e, ctx).fwd_s * other_scale;
     if (ep_calls_s > 0 && e.kind == OpKind::kDispatch) dev_s += ep_fwd_s * k.ep_dispatch_s / ep_calls_s;
     if (ep_calls_s > 0 && e.kind == OpKind::kCombine) dev_s += ep_fwd_s * k.ep_combine_s / ep_calls_s;
-    host_s.push_back(host.op_fwd_s[j]);
+    host_s.push_back(host.op_fwd_s.empty() ? 0.0 : host.op_fwd_s[j]);
     device_s.push_back(dev_s);
   }
   return in_order_issue_s(host_s, device_s);
@@ -1069,17 +1069,25 @@ StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
     return t;
   };
   std::vector<std::vector<OpTime>> class_times;
+  std::vector<LayerHostIssue> class_host;  // host issue per op, as run() charges it
   for (const LayerClass& lc : table_.classes) {
     class_times.push_back(times(lc.ops));
     // Host issue as predict charges it: the layout's CUDA graphs replace captured ops' calls.
-    const LayerHostIssue host = layer_host_issue(lc, sm.ctx(), l.cuda_graphs);
-    for (size_t j = 0; j < lc.ops.size(); ++j) {
-      class_times.back()[j].fwd_host_s = host.op_fwd_s[j];
-      class_times.back()[j].bwd_host_s = host.op_bwd_s[j];
-    }
+    class_host.push_back(layer_host_issue(lc, sm.ctx(), l.cuda_graphs));
   }
-  const auto fill = [&](const std::vector<OpEntry>& ops, const std::vector<OpTime>& op_times, size_t first,
-                        int32_t layer, const ClassCost* k) {
+  // The embedding's and the head's host issue (none under a full-iteration graph).
+  const bool edges_issued = (l.cuda_graphs & cuda_graph_bit(CudaGraphScope::kFullIteration)) == 0;
+  const auto edge_host = [&](const std::vector<OpEntry>& ops) {
+    LayerHostIssue h;
+    if (!edges_issued || sm.ctx().op_issue_s <= 0) return h;
+    for (const OpEntry& e : ops) {
+      h.op_fwd_s.push_back(op_host_issue_s(e, sm.ctx()));
+      h.op_bwd_s.push_back(2.0 * h.op_fwd_s.back());
+    }
+    return h;
+  };
+  const auto fill = [&](const std::vector<OpEntry>& ops, const std::vector<OpTime>& op_times, const LayerHostIssue& host,
+                        size_t first, int32_t layer, const ClassCost* k) {
     for (size_t j = 0; j < ops.size(); ++j) {
       const OpTime& t = op_times[j];
       OpTiming& o = out.ops[first + j];
@@ -1089,26 +1097,18 @@ StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
       o.bwd_s = t.bwd_s;
       o.fwd_flops = t.fwd_flops;
       o.bwd_flops = t.bwd_flops;
-      o.fwd_host_s = t.fwd_host_s;
-      o.bwd_host_s = t.bwd_host_s;
+      o.fwd_host_s = host.op_fwd_s.empty() ? 0.0 : host.op_fwd_s[j];
+      o.bwd_host_s = host.op_bwd_s.empty() ? 0.0 : host.op_bwd_s[j];
       if (k && ops[j].kind == OpKind::kDispatch) o.comm_s = k->ep_dispatch_s;
       if (k && ops[j].kind == OpKind::kCombine) o.comm_s = k->ep_combine_s;
     }
   };
-  // A full-iteration graph issues the embedding and the head too.
-  const auto edge_times = [&](const std::vector<OpEntry>& ops) {
-    std::vector<OpTime> t = times(ops);
-    if ((l.cuda_graphs & cuda_graph_bit(CudaGraphScope::kFullIteration)) != 0) {
-      for (OpTime& o : t) o.fwd_host_s = o.bwd_host_s = 0.0;
-    }
-    return t;
-  };
-  fill(table_.pre, edge_times(table_.pre), 0, -1, nullptr);
+  fill(table_.pre, times(table_.pre), edge_host(table_.pre), 0, -1, nullptr);
   for (size_t i = 0; i < table_.layer_class.size(); ++i) {
     const size_t ci = static_cast<size_t>(table_.layer_class[i]);
-    fill(table_.classes[ci].ops, class_times[ci], graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
+    fill(table_.classes[ci].ops, class_times[ci], class_host[ci], graph_.block_begin[i], static_cast<int32_t>(i), &costs[ci]);
   }
-  fill(table_.head, edge_times(table_.head), graph_.head_begin, -1, nullptr);
+  fill(table_.head, times(table_.head), edge_host(table_.head), graph_.head_begin, -1, nullptr);
   std::vector<LayerCollectives> per_class;
   for (size_t ci = 0; ci < table_.classes.size(); ++ci) per_class.push_back(sm.collectives(table_.classes[ci], costs[ci]));
   for (int32_t ci : table_.layer_class) out.collectives.push_back(per_class[static_cast<size_t>(ci)]);
