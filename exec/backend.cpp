@@ -27,6 +27,29 @@ Registry& registry() {
 
 }  // namespace
 
+SwiGluVariant expert_activation(const models::MoeConfig& moe) {
+  SwiGluVariant v;
+  v.alpha = static_cast<float>(moe.swiglu_alpha);
+  v.limit = static_cast<float>(moe.swiglu_limit);
+  v.linear_offset = static_cast<float>(moe.swiglu_linear_offset);
+  return v;
+}
+
+ExpertOptions expert_options(const OpCall& c) {
+  RS_CHECK(c.op->kind == models::OpKind::kExpertMlp, "expert options of a routed-expert op: " + c.op->name);
+  ExpertOptions o;
+  o.act = expert_activation(c.model->moe);
+  if (!c.op->expert_bias) return o;
+  RS_CHECK(c.op->params.size() == 6 && c.w[3] && c.w[4] && c.w[5], "expert biases unbound: " + c.op->name);
+  o.b1 = c.w[3];
+  o.b3 = c.w[4];
+  o.b2 = c.w[5];
+  o.db1 = c.dw[3];
+  o.db3 = c.dw[4];
+  o.db2 = c.dw[5];
+  return o;
+}
+
 std::vector<int64_t> saved_widths(const models::Op& op, const models::ModelConfig& m,
                                   const std::vector<int64_t>& in_widths) {
   using models::OpKind;

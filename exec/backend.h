@@ -46,7 +46,8 @@
 //   kRouter        in0 x -> out0 logits (E);                  w0 (d, E); routing hist (training)
 //   kTopK          in0 logits -> out0 weights (k);            routing expert, threshold, bias; aux_loss()
 //   kDispatch      in0 x (L), in1 weights -> out0 rows (k*L, grouped by expert); routing sorted_pos, offsets
-//   kExpertMlp     in0 rows -> out0 rows; saved0..2 a1, a3, h (k*F); w0..2 (E,L,F), (E,L,F), (E,F,L); routing offsets, keep
+//   kExpertMlp     in0 rows -> out0 rows; saved0..2 a1, a3, h (k*F); w0..2 (E,L,F), (E,L,F), (E,F,L); routing offsets, keep;
+//                  [w3..5 = b1 (E,F), b3 (E,F), b2 (E,L)] when op.expert_bias; model.moe's SwiGLU variant (expert_activation)
 //   kCombine       in0 rows, in1 weights -> out0 (L);         routing sorted_pos
 //   kSharedMlp     in0 x [, in1 added] -> out0; saved0..2 a1, a3, h (F); op.activation:
 //                  SwiGLU w0..2 = W1, W3, W2 [, w3..5 = b1, b3, b2];
@@ -76,6 +77,7 @@
 #include <vector>
 
 #include "exec/arena.h"
+#include "exec/kernels.h"
 #include "exec/optim.h"
 #include "models/layer_graph.h"
 
@@ -228,6 +230,13 @@ class Backend {
   // histogram (E, bins) (exec/kernels.h qb_bias_from_histogram); hist zeroed.
   virtual void update_balancing_bias(float* bias, int64_t* hist, int E, int k, int bins, float lo, float hi) = 0;
 };
+
+// The routed experts' SwiGLU variant of a model (models::MoeConfig swiglu_*),
+// as every backend's expert kernels take it (exec/kernels.h).
+SwiGluVariant expert_activation(const models::MoeConfig& moe);
+// A kExpertMlp call's variant: its model's SwiGLU and, when op.expert_bias, the
+// biases w3..5 = b1, b3, b2 with their gradients dw3..5.
+ExpertOptions expert_options(const OpCall& c);
 
 // Per-token widths of the buffers an op's forward keeps for its backward
 // (OpCall::saved, the table above), given its bound inputs' widths.

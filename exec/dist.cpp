@@ -548,6 +548,24 @@ void MpiExperts::exchange(const LayerState& st, const float* send, float* recv, 
   group_.alltoallv(send, sc, recv, rc);
 }
 
+namespace {
+
+// The layer's expert variant for this rank's experts e0, e0 + 1, ...: their rows of the biases.
+ExpertOptions local_options(const ExpertLayer& l, int64_t e0) {
+  ExpertOptions o;
+  o.act = l.act;
+  const auto row = [](auto* bias, int64_t e, int64_t width) { return bias ? bias + e * width : nullptr; };
+  o.b1 = row(l.b1, e0, l.F);
+  o.b3 = row(l.b3, e0, l.F);
+  o.b2 = row(l.b2, e0, l.L);
+  o.db1 = row(l.db1, e0, l.F);
+  o.db3 = row(l.db3, e0, l.F);
+  o.db2 = row(l.db2, e0, l.L);
+  return o;
+}
+
+}  // namespace
+
 void MpiExperts::forward(const ExpertLayer& l, const float* xs, float* ys, uint8_t* keep, sim::DropCounts& drops) {
   const int64_t S = group_.size(), local = l.E / S, e0 = group_.rank() * local;
   const int64_t A = static_cast<int64_t>(l.tokens) * l.k, L = l.L, F = l.F, width = L + 1;
@@ -593,7 +611,7 @@ void MpiExperts::forward(const ExpertLayer& l, const float* xs, float* ys, uint8
   if (R > 0) {
     experts_forward(ys_local_.data(), st.a1.data(), st.a3.data(), st.h.data(), st.xs.data(), st.recv.offsets.data(),
                     nullptr, l.w1 + e0 * L * F, l.w3 + e0 * L * F, l.w2 + e0 * F * L, static_cast<int>(R),
-                    static_cast<int>(local), static_cast<int>(L), static_cast<int>(F));
+                    static_cast<int>(local), static_cast<int>(L), static_cast<int>(F), local_options(l, e0));
   }
 
   // Combine: each received row goes back to its slot, header 1 = computed.
@@ -649,7 +667,8 @@ void MpiExperts::backward(const ExpertLayer& l, const float* dys, float* dxs) {
     experts_backward(dxs_local_.data(), l.dw1 + e0 * L * F, l.dw3 + e0 * L * F, l.dw2 + e0 * F * L,
                      dys_local_.data(), st.xs.data(), st.a1.data(), st.a3.data(), st.h.data(), st.recv.offsets.data(),
                      nullptr, l.w1 + e0 * L * F, l.w3 + e0 * L * F, l.w2 + e0 * F * L, scratch_.data(),
-                     static_cast<int>(R), static_cast<int>(local), static_cast<int>(L), static_cast<int>(F));
+                     static_cast<int>(R), static_cast<int>(local), static_cast<int>(L), static_cast<int>(F),
+                     local_options(l, e0));
   }
   // Input gradients go back like the combine.
   std::fill(recv_.begin(), recv_.end(), 0.0f);

@@ -99,6 +99,27 @@ void swiglu_forward(float* h, const float* a1, const float* a3, size_t n);  // (
 void swiglu_backward(float* da1, float* da3, const float* dh, const float* a1,
                      const float* a3, size_t n);                            // (n) each
 
+// The routed experts' SwiGLU variant (models::MoeConfig swiglu_*; gpt-oss):
+//   g = min(a1, limit), u = clamp(a3, -limit, limit)   (limit 0: no clamp)
+//   h = g σ(alpha g) (u + linear_offset)
+// gpt-oss: alpha 1.702, limit 7, offset 1 (openai/gpt-oss gpt_oss/torch/model.py
+// `swiglu`: x_glu.clamp(max=limit), x_linear.clamp(-limit, limit),
+// x_glu * sigmoid(alpha * x_glu) * (x_linear + 1); HF transformers
+// GptOssExperts the same). A clamp passes the gradient where its input is inside
+// the closed range and nothing outside (torch.clamp's backward). alpha 1,
+// limit 0, offset 0 is the plain SwiGLU above.
+struct SwiGluVariant {
+  float alpha = 1.0f;
+  float limit = 0.0f;          // 0 = no clamp
+  float linear_offset = 0.0f;
+  bool plain() const { return alpha == 1.0f && limit == 0.0f && linear_offset == 0.0f; }
+};
+void swiglu_variant_forward(float* h, const float* a1, const float* a3, size_t n,
+                            const SwiGluVariant& v);                           // (n) each
+// da1 = dh (u + offset) d[g σ(αg)]/dg [a1 <= limit], da3 = dh g σ(αg) [|a3| <= limit]; overwritten.
+void swiglu_variant_backward(float* da1, float* da3, const float* dh, const float* a1,
+                             const float* a3, size_t n, const SwiGluVariant& v);  // (n) each
+
 // GeLU, tanh approximation (Hendrycks & Gimpel 2016, as GPT-2 and llm.c):
 // h = 0.5 a (1 + tanh(√(2/π) (a + 0.044715 a³))).
 void gelu_forward(float* h, const float* a, size_t n);                      // (n) each
@@ -416,9 +437,26 @@ void moe_gather_backward(float* dx,                 // (N, L) =
                          int N, int k, int L);
 
 // Routed experts: grouped SwiGLU in the latent width, per expert e over its
-// rows: a1 = xs·W1[e], a3 = xs·W3[e], h = silu(a1)*a3, ys = h·W2[e].
+// rows: a1 = xs·W1[e] (+ b1[e]), a3 = xs·W3[e] (+ b3[e]), h = silu(a1)*a3 (or
+// the variant of ExpertOptions::act), ys = h·W2[e] (+ b2[e]).
 // keep[row] == 0 marks a dropped assignment (the dispatch library decides):
 // its ys row is 0 and it contributes no gradient. keep == nullptr keeps all.
+//
+// ExpertOptions: the experts' own variant (gpt-oss, models::MoeConfig
+// expert_bias / swiglu_*): per-expert biases on W1, W3 (E, F) and W2 (E, L)
+// (HF GptOssExperts: gate_up_proj_bias, down_proj_bias, added before the
+// clamp and before the routing weight), and the SwiGLU variant. The default
+// is the plain, bias-free expert; the bias gradients (+=) are the column sums
+// of each expert's rows' gradients (backward only; nullptr = no bias).
+struct ExpertOptions {
+  SwiGluVariant act;
+  const float* b1 = nullptr;  // (E, F) or nullptr
+  const float* b3 = nullptr;  // (E, F) or nullptr
+  const float* b2 = nullptr;  // (E, L) or nullptr
+  float* db1 = nullptr;       // (E, F) += (backward)
+  float* db3 = nullptr;       // (E, F) +=
+  float* db2 = nullptr;       // (E, L) +=
+};
 void experts_forward(float* ys,             // (A, L)
                      float* a1,             // (A, F) saved
                      float* a3,             // (A, F) saved
@@ -429,7 +467,7 @@ void experts_forward(float* ys,             // (A, L)
                      const float* w1,       // (E, L, F)
                      const float* w3,       // (E, L, F)
                      const float* w2,       // (E, F, L)
-                     int A, int E, int L, int F);
+                     int A, int E, int L, int F, const ExpertOptions& opt = {});
 size_t experts_scratch_floats(int A, int L, int F);  // A*L + 3*A*F
 void experts_backward(float* dxs,            // (A, L) =
                       float* dw1,            // (E, L, F) +=
@@ -446,7 +484,7 @@ void experts_backward(float* dxs,            // (A, L) =
                       const float* w3,       // (E, L, F)
                       const float* w2,       // (E, F, L)
                       float* scratch,        // (experts_scratch_floats)
-                      int A, int E, int L, int F);
+                      int A, int E, int L, int F, const ExpertOptions& opt = {});
 
 // Combine: y[t] = Σ_j weight[t,j] * ys[sorted_pos[t*k + j]].
 void moe_combine_forward(float* y,                  // (N, L)

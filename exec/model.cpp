@@ -36,6 +36,11 @@ double normal(uint64_t& state) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
+// The routed experts' biases (E, width): the op's tensors after its three matrices.
+bool is_expert_bias(const models::Op& op, const models::ParamTensor& pt) {
+  return op.kind == OpKind::kExpertMlp && op.expert_bias && &pt >= &op.params[3];
+}
+
 // SConv kernels start as the identity: tap K-1 (the current token) 1, the others 0.
 void sconv_identity(float* w, int64_t C, int64_t K) {
   for (int64_t c = 0; c < C; ++c)
@@ -50,6 +55,15 @@ Model::Model(const models::LayerGraph& graph, int64_t batch, int64_t seq, std::u
     : graph_(graph), B_(batch), T_(seq), N_(batch * seq), backend_(std::move(backend)) {
   if (batch < 1 || seq < 1) throw UserError("model batch: expected batch >= 1 and seq >= 1");
   if (!backend_) backend_ = make_backend("cpu");
+  // The "other" group holds vectors (gains, biases, sinks, the routed experts'
+  // (E, width) biases): the optimizer must update them elementwise, where a
+  // Muon or hyperball group would treat a stack of them as a matrix.
+  const auto& m = graph_.model;
+  if (m.recipe.other != models::OptimizerKind::kAdam) {
+    throw UserError(m.source_file, "/recipe/optimizer/other",
+                    "adam (gains, biases, sinks and the router are vectors, updated elementwise)",
+                    models::to_string(m.recipe.other));
+  }
   params_ = Arena(std::make_shared<const ArenaLayout>(arena_specs_from_graph(graph_)));
   grads_ = Arena(params_.layout_ptr());
   plan(graph_);
@@ -162,20 +176,6 @@ void Model::plan(const models::LayerGraph& g) {
         break;
       case OpKind::kLmHead:
         logits_slot_ = p.out;
-        break;
-      case OpKind::kExpertMlp:
-        // The expert variant the predictor prices but no backend runs yet: never train without it.
-        if (m.moe.expert_bias) {
-          throw UserError(m.source_file, "/moe/expert_bias",
-                          "false (the execution engine runs routed experts without biases; predict prices them)", "true");
-        }
-        if (m.moe.swiglu_limit != 0.0 || m.moe.swiglu_alpha != 1.0 || m.moe.swiglu_linear_offset != 0.0) {
-          throw UserError(m.source_file, "/moe/swiglu_limit",
-                          "the plain SwiGLU (swiglu_alpha 1, swiglu_limit 0, swiglu_linear_offset 0: the execution "
-                          "engine runs no other expert activation)",
-                          "alpha " + std::to_string(m.moe.swiglu_alpha) + ", limit " + std::to_string(m.moe.swiglu_limit) +
-                              ", offset " + std::to_string(m.moe.swiglu_linear_offset));
-        }
         break;
       case OpKind::kSConv:
         RS_CHECK(width(p.in) == op.params[0].shape[0], "SConv channels differ from its kernel: " + op.name);
@@ -303,8 +303,8 @@ void Model::init_params(uint64_t seed) {
         sconv_identity(w.data, pt.shape[0], pt.shape[1]);
       } else if (op.kind == OpKind::kRmsNorm) {
         std::fill(w.data, w.data + w.numel, 1.0f);
-      } else if (pt.shape.size() == 1) {
-        std::fill(w.data, w.data + w.numel, 0.0f);  // a learnable router bias
+      } else if (pt.shape.size() == 1 || is_expert_bias(op, pt)) {
+        std::fill(w.data, w.data + w.numel, 0.0f);  // a bias (router, linear, MLP, routed experts)
       } else {
         // One stream per tensor, keyed by its name: init does not depend on op order.
         uint64_t state = checksum64(pt.name.data(), pt.name.size(), seed);
@@ -481,6 +481,14 @@ ExpertLayer Model::expert_layer(const OpPlan& p) {
   l.dw1 = G(p.p0);
   l.dw3 = G(p.p1);
   l.dw2 = G(p.p2);
+  l.act = expert_activation(graph_.model.moe);
+  if (p.p3 < 0) return l;  // no expert biases
+  l.b1 = P(p.p3);
+  l.b3 = P(p.p4);
+  l.b2 = P(p.p5);
+  l.db1 = G(p.p3);
+  l.db3 = G(p.p4);
+  l.db2 = G(p.p5);
   return l;
 }
 

@@ -107,6 +107,14 @@ struct ExpertLayer {
   float* dw1 = nullptr;                 // (E, L, F) +=
   float* dw3 = nullptr;                 // (E, L, F) +=
   float* dw2 = nullptr;                 // (E, F, L) +=
+  // The experts' variant (models::MoeConfig): biases (nullptr = none) and SwiGLU.
+  const float* b1 = nullptr;            // (E, F)
+  const float* b3 = nullptr;            // (E, F)
+  const float* b2 = nullptr;            // (E, L)
+  float* db1 = nullptr;                 // (E, F) +=
+  float* db3 = nullptr;                 // (E, F) +=
+  float* db2 = nullptr;                 // (E, L) +=
+  SwiGluVariant act;
 };
 class ExpertBackend {
  public:
@@ -161,7 +169,8 @@ class Model {
   size_t activation_bytes() const { return 2 * act_floats_ * sizeof(float); }  // values + gradients
 
   // Normal(0, init_std_scale / sqrt(d)) for every matrix (embedding and LM
-  // head included), identity SConv kernels, gains 1, zero QB bias. A pure
+  // head included), identity SConv kernels, gains 1, biases 0 (the routed
+  // experts' (E, width) ones too), zero QB bias. A pure
   // function of the seed (own Box–Muller over splitmix64: no libstdc++
   // distribution in the way of bitwise reproducibility).
   void init_params(uint64_t seed);

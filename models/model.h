@@ -120,7 +120,8 @@ struct MoeConfig {
   // The routed experts' own variant (gpt-oss): biases on w1, w3 and w2, and the
   // SwiGLU h = x1 sigmoid(alpha x1) (x3 + linear_offset) with x1 clamped to at most
   // limit and x3 to [-limit, limit] (limit 0: no clamp). The predictor prices them
-  // (the stack's expert_elementwise passes); the execution engine refuses them.
+  // (the stack's expert_elementwise passes); the execution engine runs them
+  // (exec/kernels.h ExpertOptions).
   bool expert_bias = false;
   double swiglu_alpha = 1.0;
   double swiglu_limit = 0.0;

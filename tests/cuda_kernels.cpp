@@ -411,35 +411,79 @@ TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "
   }
 }
 
-TEST_CASE("cuda: the grouped expert GEMMs equal the per-expert loop (uneven experts, an empty one, drops)",
+TEST_CASE("cuda: the grouped expert GEMMs equal the per-expert loop and the CPU (uneven experts, an empty one, drops, "
+          "gpt-oss's biases and clamped SwiGLU)",
           "[cuda][gpu][moe]") {
   const int E = 6, L = 40, F = 72;
   const std::vector<int32_t> offsets = {0, 17, 17, 60, 61, 100, 131};  // expert 1 empty
   const int A = offsets[E];
   const auto xs = testing::randn(size_t(A) * L, 120), w1 = testing::randn(size_t(E) * L * F, 121, 0.1f),
              w3 = testing::randn(w1.size(), 122, 0.1f), w2 = testing::randn(w1.size(), 123, 0.1f),
-             dys = testing::randn(size_t(A) * L, 124);
+             dys = testing::randn(size_t(A) * L, 124), b1 = testing::randn(size_t(E) * F, 125, 0.5f),
+             b3 = testing::randn(size_t(E) * F, 126, 0.5f), b2 = testing::randn(size_t(E) * L, 127, 0.5f);
   std::vector<uint8_t> keep(size_t(A), 1);
   for (int r = 0; r < A; r += 7) keep[size_t(r)] = 0;
   uint8_t* gkeep = device_copy(keep);
-  DeviceBuffer<float> gxs(xs), gw1(w1), gw3(w3), gw2(w2), gdys(dys);
+  DeviceBuffer<float> gxs(xs), gw1(w1), gw3(w3), gw2(w2), gdys(dys), gb1(b1), gb3(b3), gb2(b2);
   cuda::Gemm gemm(nullptr);
-  std::vector<std::vector<float>> results[2];
-  for (int grouped = 0; grouped < 2; ++grouped) {
-    DeviceBuffer<float> ys(size_t(A) * L), a1(size_t(A) * F), a3(size_t(A) * F), h(size_t(A) * F),
-        dxs(size_t(A) * L), dw1(std::vector<float>(w1.size(), 0.5f)), dw3(std::vector<float>(w1.size(), 0.5f)),
-        dw2(std::vector<float>(w1.size(), 0.5f)), sc(experts_scratch_floats(A, L, F));
-    auto fwd = grouped ? cuda::experts_forward_grouped : cuda::experts_forward;
-    auto bwd = grouped ? cuda::experts_backward_grouped : cuda::experts_backward;
-    fwd(gemm, ys.ptr, a1.ptr, a3.ptr, h.ptr, gxs.ptr, offsets.data(), gkeep, gw1.ptr, gw3.ptr, gw2.ptr, A, E, L, F);
-    bwd(gemm, dxs.ptr, dw1.ptr, dw3.ptr, dw2.ptr, gdys.ptr, gxs.ptr, a1.ptr, a3.ptr, h.ptr, offsets.data(), gkeep,
-        gw1.ptr, gw3.ptr, gw2.ptr, sc.ptr, A, E, L, F);
-    results[grouped] = {ys.download(), dxs.download(), dw1.download(), dw3.download(), dw2.download()};
-  }
-  // The per-expert loop is itself checked against the CPU kernels above.
-  for (size_t i = 0; i < results[0].size(); ++i) {
-    INFO("output " << i);
-    CHECK(normalised_error(results[1][i], results[0][i]) < 1e-5);
+  // The plain experts, and gpt-oss's: per-expert biases and the clamped SwiGLU.
+  for (const bool oss : {false, true}) {
+    INFO((oss ? "gpt-oss experts" : "plain experts"));
+    std::vector<std::vector<float>> results[2];
+    for (int grouped = 0; grouped < 2; ++grouped) {
+      DeviceBuffer<float> ys(size_t(A) * L), a1(size_t(A) * F), a3(size_t(A) * F), h(size_t(A) * F),
+          dxs(size_t(A) * L), dw1(std::vector<float>(w1.size(), 0.5f)), dw3(std::vector<float>(w1.size(), 0.5f)),
+          dw2(std::vector<float>(w1.size(), 0.5f)), db1(std::vector<float>(b1.size(), 0.5f)),
+          db3(std::vector<float>(b3.size(), 0.5f)), db2(std::vector<float>(b2.size(), 0.5f)),
+          sc(experts_scratch_floats(A, L, F));
+      ExpertOptions opt;
+      if (oss) {
+        opt.act = SwiGluVariant{.alpha = 1.702f, .limit = 0.5f, .linear_offset = 1.0f};
+        opt.b1 = gb1.ptr;
+        opt.b3 = gb3.ptr;
+        opt.b2 = gb2.ptr;
+        opt.db1 = db1.ptr;
+        opt.db3 = db3.ptr;
+        opt.db2 = db2.ptr;
+      }
+      auto fwd = grouped ? cuda::experts_forward_grouped : cuda::experts_forward;
+      auto bwd = grouped ? cuda::experts_backward_grouped : cuda::experts_backward;
+      fwd(gemm, ys.ptr, a1.ptr, a3.ptr, h.ptr, gxs.ptr, offsets.data(), gkeep, gw1.ptr, gw3.ptr, gw2.ptr, A, E, L, F,
+          opt);
+      bwd(gemm, dxs.ptr, dw1.ptr, dw3.ptr, dw2.ptr, gdys.ptr, gxs.ptr, a1.ptr, a3.ptr, h.ptr, offsets.data(), gkeep,
+          gw1.ptr, gw3.ptr, gw2.ptr, sc.ptr, A, E, L, F, opt);
+      results[grouped] = {ys.download(), dxs.download(), dw1.download(), dw3.download(), dw2.download(),
+                          db1.download(), db3.download(), db2.download()};
+      if (grouped) continue;
+      // The per-expert loop against the CPU kernels with the same options.
+      std::vector<float> c_ys(size_t(A) * L), c_a1(size_t(A) * F), c_a3(c_a1.size()), c_h(c_a1.size()),
+          c_dxs(c_ys.size()), c_dw1(w1.size(), 0.5f), c_dw3(w1.size(), 0.5f), c_dw2(w1.size(), 0.5f),
+          c_db1(b1.size(), 0.5f), c_db3(b3.size(), 0.5f), c_db2(b2.size(), 0.5f),
+          c_sc(experts_scratch_floats(A, L, F));
+      ExpertOptions cpu = opt;
+      if (oss) {
+        cpu.b1 = b1.data();
+        cpu.b3 = b3.data();
+        cpu.b2 = b2.data();
+        cpu.db1 = c_db1.data();
+        cpu.db3 = c_db3.data();
+        cpu.db2 = c_db2.data();
+      }
+      experts_forward(c_ys.data(), c_a1.data(), c_a3.data(), c_h.data(), xs.data(), offsets.data(), keep.data(),
+                      w1.data(), w3.data(), w2.data(), A, E, L, F, cpu);
+      experts_backward(c_dxs.data(), c_dw1.data(), c_dw3.data(), c_dw2.data(), dys.data(), xs.data(), c_a1.data(),
+                       c_a3.data(), c_h.data(), offsets.data(), keep.data(), w1.data(), w3.data(), w2.data(),
+                       c_sc.data(), A, E, L, F, cpu);
+      const std::vector<std::vector<float>> want = {c_ys, c_dxs, c_dw1, c_dw3, c_dw2, c_db1, c_db3, c_db2};
+      for (size_t i = 0; i < want.size(); ++i) {
+        INFO("output " << i << " against the CPU");
+        CHECK(normalised_error(results[0][i], want[i]) < 1e-4);
+      }
+    }
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      INFO("output " << i);
+      CHECK(normalised_error(results[1][i], results[0][i]) < 1e-5);
+    }
   }
   cudaFree(gkeep);
 }

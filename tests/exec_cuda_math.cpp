@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -44,6 +45,36 @@ TEST_CASE("cuda element math: SwiGLU forward and backward equal the CPU kernels"
   CHECK(max_rel_error(h, h_cpu) == 0.0);
   CHECK(max_rel_error(da1, da1_cpu) == 0.0);
   CHECK(max_rel_error(da3, da3_cpu) == 0.0);
+}
+
+TEST_CASE("cuda element math: the experts' clamped SwiGLU (gpt-oss) equals the CPU kernel, clamps and NaN included",
+          "[cuda][math]") {
+  const size_t n = 4096;
+  auto a1 = randn(n, 11, 4.0f), a3 = randn(n, 12, 4.0f);
+  const auto dh = randn(n, 13);
+  a1[0] = 7.0f;  // on the limits: the clamp passes the gradient (torch.clamp)
+  a3[1] = -7.0f;
+  a3[2] = 7.0f;
+  a1[3] = std::nanf("");
+  a3[4] = std::nanf("");
+  for (const SwiGluVariant v : {SwiGluVariant{.alpha = 1.702f, .limit = 7.0f, .linear_offset = 1.0f},
+                                SwiGluVariant{.alpha = 0.5f, .limit = 0.0f, .linear_offset = -1.0f}}) {
+    std::vector<float> h_cpu(n), da1_cpu(n), da3_cpu(n), h(n), da1(n), da3(n);
+    swiglu_variant_forward(h_cpu.data(), a1.data(), a3.data(), n, v);
+    swiglu_variant_backward(da1_cpu.data(), da3_cpu.data(), dh.data(), a1.data(), a3.data(), n, v);
+    for (size_t i = 0; i < n; ++i) {
+      h[i] = cuda::swiglu_variant(a1[i], a3[i], v.alpha, v.limit, v.linear_offset);
+      cuda::swiglu_variant_grad(dh[i], a1[i], a3[i], v.alpha, v.limit, v.linear_offset, &da1[i], &da3[i]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      INFO("element " << i << " a1 " << a1[i] << " a3 " << a3[i]);
+      CHECK(std::memcmp(&h[i], &h_cpu[i], sizeof(float)) == 0);  // bitwise, NaN too
+      CHECK(std::memcmp(&da1[i], &da1_cpu[i], sizeof(float)) == 0);
+      CHECK(std::memcmp(&da3[i], &da3_cpu[i], sizeof(float)) == 0);
+    }
+    CHECK(std::isnan(h[3]));  // a NaN is not clamped away
+    CHECK(std::isnan(h[4]));
+  }
 }
 
 TEST_CASE("cuda element math: RMSNorm statistics and backward coefficient equal the CPU kernel", "[cuda][math]") {

@@ -251,3 +251,128 @@ TEST_CASE("router z-loss is the mean squared logsumexp", "[exec][kernels][router
   const double b = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0) + std::exp(4.0));
   CHECK(router_z_loss(logits.data(), 2, 4) == Approx((a * a + b * b) / 2));
 }
+
+// gpt-oss's expert activation (openai/gpt-oss gpt_oss/torch/model.py `swiglu`):
+// x_glu clamped to at most 7, x_linear to [-7, 7], x_glu σ(1.702 x_glu) (x_linear + 1).
+TEST_CASE("clamped SwiGLU variant: gpt-oss's formula, clamps cut the gradient, FD gradients",
+          "[exec][kernels][experts]") {
+  const SwiGluVariant oss{.alpha = 1.702f, .limit = 7.0f, .linear_offset = 1.0f};
+  auto ref = [](double g, double u) {
+    g = std::min(g, 7.0);
+    u = std::clamp(u, -7.0, 7.0);
+    return g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+  };
+  const std::vector<float> a1{-3.0f, 0.5f, 6.5f, 9.0f, 12.0f, -0.25f}, a3{0.3f, -8.0f, 2.0f, 9.5f, -1.0f, 7.5f};
+  std::vector<float> h(a1.size()), da1(a1.size()), da3(a1.size()), dh(a1.size(), 1.0f);
+  swiglu_variant_forward(h.data(), a1.data(), a3.data(), h.size(), oss);
+  for (size_t i = 0; i < h.size(); ++i) CHECK(h[i] == Approx(ref(a1[i], a3[i])).epsilon(1e-6));
+  swiglu_variant_backward(da1.data(), da3.data(), dh.data(), a1.data(), a3.data(), h.size(), oss);
+  CHECK(da1[3] == 0.0f);  // a1 above the limit: the clamp passes nothing
+  CHECK(da1[4] == 0.0f);
+  CHECK(da3[1] == 0.0f);  // a3 below -limit
+  CHECK(da3[3] == 0.0f);  // and above +limit
+  CHECK(da3[5] == 0.0f);
+  CHECK(da1[0] != 0.0f);
+  CHECK(da3[2] != 0.0f);
+
+  // FD on values away from the clamps' kinks (|x ∓ limit| > h), some of them clamped.
+  const SwiGluVariant tight{.alpha = 1.702f, .limit = 1.5f, .linear_offset = 1.0f};
+  auto x1 = randn(64, 21, 1.5f), x3 = randn(64, 22, 1.5f), r = randn(64, 23);
+  for (auto* v : {&x1, &x3})
+    for (float& x : *v)
+      if (std::abs(std::abs(x) - tight.limit) < 0.05f) x += 0.1f;
+  int clamped = 0;
+  for (size_t i = 0; i < x1.size(); ++i) clamped += x1[i] > tight.limit || std::abs(x3[i]) > tight.limit;
+  CHECK(clamped > 5);  // the test has teeth
+  std::vector<float> hh(64), d1(64), d3(64);
+  auto loss = [&] {
+    swiglu_variant_forward(hh.data(), x1.data(), x3.data(), hh.size(), tight);
+    return dot(hh, r);
+  };
+  swiglu_variant_backward(d1.data(), d3.data(), r.data(), x1.data(), x3.data(), hh.size(), tight);
+  check_gradient("da1", x1, d1, loss);
+  check_gradient("da3", x3, d3, loss);
+  // No clamp (limit 0), another alpha and offset.
+  const SwiGluVariant unclamped{.alpha = 0.7f, .limit = 0.0f, .linear_offset = -0.5f};
+  auto loss_free = [&] {
+    swiglu_variant_forward(hh.data(), x1.data(), x3.data(), hh.size(), unclamped);
+    return dot(hh, r);
+  };
+  swiglu_variant_backward(d1.data(), d3.data(), r.data(), x1.data(), x3.data(), hh.size(), unclamped);
+  check_gradient("da1 (no clamp)", x1, d1, loss_free);
+  check_gradient("da3 (no clamp)", x3, d3, loss_free);
+
+  // The default variant is the plain SwiGLU, bitwise.
+  std::vector<float> plain(64), variant(64);
+  swiglu_forward(plain.data(), x1.data(), x3.data(), 64);
+  swiglu_variant_forward(variant.data(), x1.data(), x3.data(), 64, SwiGluVariant{});
+  CHECK(plain == variant);
+}
+
+TEST_CASE("experts with biases and the clamped SwiGLU: drops, idle expert, FD gradients of every tensor",
+          "[exec][kernels][experts]") {
+  const int E = 3, L = 4, F = 5;
+  std::vector<int32_t> offsets{0, 3, 3, 7};  // expert 1 receives nothing
+  const int A = 7;
+  std::vector<uint8_t> keep{1, 0, 1, 1, 1, 1, 0};
+  auto xs = randn(A * L, 31), w1 = randn(E * L * F, 32, 0.6f), w3 = randn(E * L * F, 33, 0.6f),
+       w2 = randn(E * F * L, 34, 0.6f), b1 = randn(E * F, 35, 0.5f), b3 = randn(E * F, 36, 0.5f),
+       b2 = randn(E * L, 37, 0.5f), r = randn(A * L, 38);
+  ExpertOptions opt;
+  opt.act = SwiGluVariant{.alpha = 1.702f, .limit = 1.2f, .linear_offset = 1.0f};  // a limit the rows cross
+  opt.b1 = b1.data();
+  opt.b3 = b3.data();
+  opt.b2 = b2.data();
+  std::vector<float> ys(A * L), a1(A * F), a3(A * F), h(A * F);
+  auto loss = [&] {
+    experts_forward(ys.data(), a1.data(), a3.data(), h.data(), xs.data(), offsets.data(), keep.data(), w1.data(),
+                    w3.data(), w2.data(), A, E, L, F, opt);
+    return dot(ys, r);
+  };
+  loss();
+  for (int row : {1, 6})
+    for (int c = 0; c < L; ++c) CHECK(ys[row * L + c] == 0.0f);
+  // A kept row of expert 2, by hand: (g σ(αg) (u + 1))·W2 + b2 with the pre-activations biased.
+  {
+    const int row = 4, e = 2;
+    int clamped = 0;
+    std::vector<double> hr(F);
+    for (int f = 0; f < F; ++f) {
+      double p1 = b1[e * F + f], p3 = b3[e * F + f];
+      for (int i = 0; i < L; ++i) {
+        p1 += double(xs[row * L + i]) * w1[e * L * F + i * F + f];
+        p3 += double(xs[row * L + i]) * w3[e * L * F + i * F + f];
+      }
+      clamped += p1 > 1.2 || std::abs(p3) > 1.2;
+      const double g = std::min(p1, 1.2), u = std::clamp(p3, -1.2, 1.2);
+      hr[f] = g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+    }
+    for (int c = 0; c < L; ++c) {
+      double y = b2[e * L + c];
+      for (int f = 0; f < F; ++f) y += hr[f] * w2[e * F * L + f * L + c];
+      CHECK(ys[row * L + c] == Approx(y).margin(1e-5));
+    }
+    INFO("clamped elements in the row: " << clamped);
+  }
+  std::vector<float> dxs(A * L, 9.0f), dw1(E * L * F, 0.0f), dw3(E * L * F, 0.0f), dw2(E * F * L, 0.0f),
+      db1(E * F, 0.0f), db3(E * F, 0.0f), db2(E * L, 0.0f), scratch(experts_scratch_floats(A, L, F));
+  opt.db1 = db1.data();
+  opt.db3 = db3.data();
+  opt.db2 = db2.data();
+  experts_backward(dxs.data(), dw1.data(), dw3.data(), dw2.data(), r.data(), xs.data(), a1.data(), a3.data(),
+                   h.data(), offsets.data(), keep.data(), w1.data(), w3.data(), w2.data(), scratch.data(), A, E, L, F,
+                   opt);
+  for (int row : {1, 6})
+    for (int c = 0; c < L; ++c) CHECK(dxs[row * L + c] == 0.0f);
+  for (int f = 0; f < F; ++f) CHECK(db1[1 * F + f] == 0.0f);  // the idle expert's biases
+  for (int c = 0; c < L; ++c) CHECK(db2[1 * L + c] == 0.0f);
+  // db2 of expert 0 is the sum of its kept rows' output gradients (rows 0 and 2; row 1 dropped).
+  for (int c = 0; c < L; ++c) CHECK(db2[c] == Approx(double(r[0 * L + c]) + r[2 * L + c]).margin(1e-6));
+  check_gradient("dxs", xs, dxs, loss);
+  check_gradient("dw1", w1, dw1, loss);
+  check_gradient("dw3", w3, dw3, loss);
+  check_gradient("dw2", w2, dw2, loss);
+  check_gradient("db1", b1, db1, loss);
+  check_gradient("db3", b3, db3, loss);
+  check_gradient("db2", b2, db2, loss);
+}

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <thread>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -36,7 +38,6 @@ double loss_of(Model& m, const TestBatch& b) {
   return m.forward(b.inputs.data(), b.targets.data(), b.docs.data()).loss;
 }
 
-}  // namespace
 
 TEST_CASE("loss at init is about ln(vocab)", "[exec][model]") {
   const models::LayerGraph g = tiny_graph();
@@ -53,16 +54,20 @@ TEST_CASE("loss at init is about ln(vocab)", "[exec][model]") {
   CHECK(r.drops.dropped() == 0);
 }
 
-TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradcheck]") {
-  const models::LayerGraph g = tiny_graph();
+// A directional derivative along a +-1 direction over each named tensor: the
+// analytic value g.u against (L(w + h u) - L(w - h u)) / 2h, in double from
+// fp32 losses. Many elements at once keep the signal far above fp32 noise.
+void check_whole_model_gradients(const models::LayerGraph& g, uint64_t seed, const std::vector<std::string>& names,
+                                 const std::function<void(Model&)>& prepare = nullptr) {
   Model m(g, 1, 48);
-  m.init_params(3);
+  m.init_params(seed);
+  if (prepare) prepare(m);
   const TestBatch b = make_batch(1, 48, g.model.vocab, 11);
   auto routing = [&](const Model& model) {
     std::vector<int32_t> all;
     for (int l = 0; l < g.model.layers; ++l) {
       const int32_t* e = model.routed_experts(l);
-      all.insert(all.end(), e, e + 48 * g.model.moe.top_k);
+      if (e) all.insert(all.end(), e, e + 48 * g.model.moe.top_k);
     }
     return all;
   };
@@ -70,30 +75,7 @@ TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradc
   loss_of(m, b);
   const std::vector<int32_t> base_routing = routing(m);
   m.backward();
-  // A directional derivative along a +-1 direction over the whole tensor:
-  // the analytic value g.u against (L(w + h u) - L(w - h u)) / 2h, in double
-  // from fp32 losses. Many elements at once keep the signal far above fp32 noise.
-  const char* names[] = {"embedding.w",
-                         "embedding_norm_gate.w_down",
-                         "layers.0.attn_norm.gain",
-                         "layers.0.attn.q_proj.w",
-                         "layers.1.attn.k_proj.w",
-                         "layers.0.attn.v_proj.w",
-                         "layers.0.attn.k_sconv.kernel",
-                         "layers.1.attn.gate.w",
-                         "layers.0.attn.o_proj.w",
-                         "layers.2.attn.out_sconv.kernel",
-                         "layers.0.moe.router.w",
-                         "layers.1.moe.latent_down.w",
-                         "layers.1.moe.latent_norm.gain",
-                         "layers.0.moe.experts.w1",
-                         "layers.3.moe.experts.w2",
-                         "layers.2.moe.latent_up.w",
-                         "layers.0.moe.shared.w3",
-                         "layers.3.moe.out_sconv.kernel",
-                         "final_norm_gate.w_up",
-                         "lm_head.w"};
-  for (const char* name : names) {
+  for (const std::string& name : names) {
     INFO(name);
     TensorView w = m.params().view(name);
     const float* grad = m.grads().view(name).data;
@@ -130,6 +112,32 @@ TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradc
     CHECK(std::abs(gu) > 1e-6);  // the tensor matters to the loss
     CHECK(fd == Approx(gu).epsilon(0.03).margin(2e-4));
   }
+}
+
+}  // namespace
+
+TEST_CASE("whole-model gradients match finite differences", "[exec][model][gradcheck]") {
+  check_whole_model_gradients(tiny_graph(), 3,
+                              {"embedding.w",
+                               "embedding_norm_gate.w_down",
+                               "layers.0.attn_norm.gain",
+                               "layers.0.attn.q_proj.w",
+                               "layers.1.attn.k_proj.w",
+                               "layers.0.attn.v_proj.w",
+                               "layers.0.attn.k_sconv.kernel",
+                               "layers.1.attn.gate.w",
+                               "layers.0.attn.o_proj.w",
+                               "layers.2.attn.out_sconv.kernel",
+                               "layers.0.moe.router.w",
+                               "layers.1.moe.latent_down.w",
+                               "layers.1.moe.latent_norm.gain",
+                               "layers.0.moe.experts.w1",
+                               "layers.3.moe.experts.w2",
+                               "layers.2.moe.latent_up.w",
+                               "layers.0.moe.shared.w3",
+                               "layers.3.moe.out_sconv.kernel",
+                               "final_norm_gate.w_up",
+                               "lm_head.w"});
 }
 
 TEST_CASE("training on one batch drives its loss down", "[exec][model]") {
@@ -359,13 +367,75 @@ TEST_CASE("a backend outside host memory trains bitwise like the CPU (the driver
   }
 }
 
-TEST_CASE("a model with the experts' biases or a clamped SwiGLU is refused, not trained without them", "[exec][model]") {
-  nlohmann::json doc = load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
-  doc["moe"]["expert_bias"] = true;
-  const models::LayerGraph biased = models::build_layer_graph(models::parse_model(doc, "biased.json"));
-  CHECK_THROWS_WITH(Model(biased, 1, 16), Catch::Contains("biased.json") && Catch::Contains("/moe/expert_bias"));
-  doc["moe"]["expert_bias"] = false;
-  doc["moe"]["swiglu_limit"] = 7.0;
-  const models::LayerGraph clamped = models::build_layer_graph(models::parse_model(doc, "clamped.json"));
-  CHECK_THROWS_WITH(Model(clamped, 1, 16), Catch::Contains("/moe/swiglu_limit"));
+namespace {
+
+models::LayerGraph oss_graph() {
+  return models::build_layer_graph(
+      models::load_model(std::string(rackstep::source_dir()) + "/tests/models/tiny-gpt-oss-moe.json"));
+}
+
+}  // namespace
+
+TEST_CASE("gpt-oss's experts (biases, clamped SwiGLU): arena, init, optimizer group and parameter count",
+          "[exec][model]") {
+  const models::LayerGraph g = oss_graph();
+  REQUIRE(g.model.moe.expert_bias);
+  Model m(g, 1, 16);
+  m.init_params(1);
+  const Arena& p = m.params();
+  // Every learnable tensor of the layer graph is in the arena: the count `rackstep params` prints.
+  CHECK(static_cast<double>(p.layout().param_count()) == models::count_params(g).total);
+  const int64_t E = g.model.moe.experts, F = g.model.moe.expert_width, d = g.model.d_model;
+  for (const char* name : {"layers.0.moe.experts.b1", "layers.1.moe.experts.b3", "layers.1.moe.experts.b2"}) {
+    INFO(name);
+    const int64_t i = p.layout().find(name);
+    REQUIRE(i >= 0);
+    const auto b = p.view(static_cast<size_t>(i));
+    CHECK(b.numel == E * (std::string(name).back() == '2' ? d : F));
+    CHECK(b.spec->group == OptGroup::kAdam);  // a bias, updated elementwise like every other
+    for (int64_t j = 0; j < b.numel; ++j) CHECK(b.data[j] == 0.0f);  // biases start at 0
+  }
+  // A Muon or hyperball group for the biases is refused, naming the JSON path.
+  nlohmann::json doc = load_json_file(std::string(rackstep::source_dir()) + "/tests/models/tiny-gpt-oss-moe.json");
+  doc["recipe"]["optimizer"]["other"] = "muon";
+  const models::LayerGraph muon = models::build_layer_graph(models::parse_model(doc, "muon.json"));
+  CHECK_THROWS_WITH(Model(muon, 1, 16), Catch::Contains("muon.json") && Catch::Contains("/recipe/optimizer/other"));
+}
+
+TEST_CASE("gpt-oss's experts: whole-model gradients of the expert matrices and biases match finite differences",
+          "[exec][model][gradcheck]") {
+  // Non-zero biases (init gives 0) so that the forward's use of them is tested too.
+  check_whole_model_gradients(oss_graph(), 5,
+                              {"layers.0.moe.experts.w1", "layers.0.moe.experts.w3", "layers.1.moe.experts.w2",
+                               "layers.0.moe.experts.b1", "layers.1.moe.experts.b3", "layers.0.moe.experts.b2",
+                               "layers.0.moe.router.w", "layers.1.attn.sinks", "layers.0.attn.q_proj.b"},
+                              [](Model& m) {
+                                uint64_t s = 99;
+                                for (const char* name : {"b1", "b3", "b2"}) {
+                                  for (int l = 0; l < 2; ++l) {
+                                    TensorView b = m.params().view("layers." + std::to_string(l) + ".moe.experts." + name);
+                                    for (int64_t j = 0; j < b.numel; ++j) {
+                                      s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                                      b.data[j] = 0.3f * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) - 0.5f);
+                                    }
+                                  }
+                                }
+                              });
+}
+
+TEST_CASE("gpt-oss's experts: the model runs the variant it declares (its loss differs from the plain SwiGLU's)",
+          "[exec][model]") {
+  const models::LayerGraph g = oss_graph();
+  Model m(g, 2, 64);
+  m.init_params(2);
+  const TestBatch b = make_batch(2, 64, g.model.vocab, 7);
+  const double oss = loss_of(m, b);
+  nlohmann::json doc = load_json_file(std::string(rackstep::source_dir()) + "/tests/models/tiny-gpt-oss-moe.json");
+  doc["moe"]["swiglu_alpha"] = 1.0;
+  doc["moe"]["swiglu_limit"] = 0.0;
+  doc["moe"]["swiglu_linear_offset"] = 0.0;
+  const models::LayerGraph plain_g = models::build_layer_graph(models::parse_model(doc, "plain.json"));
+  Model plain(plain_g, 2, 64);
+  plain.init_params(2);  // the same weights: tensors are seeded by name
+  CHECK(loss_of(plain, b) != oss);
 }

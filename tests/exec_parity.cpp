@@ -46,7 +46,8 @@ models::ModelConfig tiny() {
 // The graphs whose ops the harness takes: tiny-moe has every OpKind; the
 // variants add the other bindings of an op (LayerNorm, a tied head, a dense
 // MLP, aux-loss balancing with a softmax router, an applied router z-loss;
-// linear biases, ALiBi and sinks, learned positions, MLP activations and biases).
+// linear biases, ALiBi and sinks, learned positions, gpt-oss's expert biases and
+// clamped SwiGLU, MLP activations and biases).
 std::vector<std::pair<std::string, models::ModelConfig>> variants() {
   std::vector<std::pair<std::string, models::ModelConfig>> v;
   v.emplace_back("", tiny());
@@ -84,6 +85,12 @@ std::vector<std::pair<std::string, models::ModelConfig>> variants() {
   c.position_embedding.learned = true;
   c.position_embedding.max_positions = c.seq_len;
   v.emplace_back("positions", c);
+  c = tiny();  // gpt-oss's experts: per-expert biases and the clamped SwiGLU (a limit the test's rows reach)
+  c.moe.expert_bias = true;
+  c.moe.swiglu_alpha = 1.702;
+  c.moe.swiglu_limit = 0.5;
+  c.moe.swiglu_linear_offset = 1.0;
+  v.emplace_back("oss-experts", c);
   for (const auto& [mlp, act, bias] : {std::tuple{"gelu-bias", models::MlpActivation::kGelu, true},
                                        std::tuple{"relu2", models::MlpActivation::kRelu2, false},
                                        std::tuple{"swiglu-bias", models::MlpActivation::kSwiGlu, true}}) {
@@ -403,6 +410,7 @@ std::vector<HostOp> all_cases() {
                            (name == "bias" && op.kind == OpKind::kLinear && op.params.size() == 2) ||
                            (name == "alibi-sinks" && op.kind == OpKind::kAttention) ||
                            (name == "positions" && op.kind == OpKind::kEmbedding) ||
+                           (name == "oss-experts" && op.kind == OpKind::kExpertMlp) ||
                            (name.find("-bias") != std::string::npos && op.kind == OpKind::kSharedMlp) ||
                            (name == "relu2" && op.kind == OpKind::kSharedMlp);
       if (!touched) continue;

@@ -1,4 +1,5 @@
 // Residual stream and elementwise activations (SwiGLU, GeLU, ReLU²).
+#include <algorithm>
 #include <cmath>
 
 #include "exec/cpu/kernel_util.h"
@@ -43,6 +44,41 @@ void swiglu_backward(float* da1, float* da3, const float* dh, const float* a1,
     const float x = a1[i];
     da3[i] = g * detail::siluf(x);
     da1[i] = g * a3[i] * detail::silu_gradf(x);
+  }
+}
+
+void swiglu_variant_forward(float* h, const float* a1, const float* a3, size_t n, const SwiGluVariant& v) {
+  if (v.plain()) {
+    swiglu_forward(h, a1, a3, n);
+    return;
+  }
+  const float lim = v.limit, alpha = v.alpha, off = v.linear_offset;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const float g = lim > 0.0f ? std::min(a1[i], lim) : a1[i];
+    const float u = lim > 0.0f ? std::clamp(a3[i], -lim, lim) : a3[i];
+    h[i] = g * detail::sigmoidf(alpha * g) * (u + off);
+  }
+}
+
+// d[g σ(αg)]/dg = σ(αg) + α g σ(αg) (1 − σ(αg)).
+void swiglu_variant_backward(float* da1, float* da3, const float* dh, const float* a1, const float* a3, size_t n,
+                             const SwiGluVariant& v) {
+  if (v.plain()) {
+    swiglu_backward(da1, da3, dh, a1, a3, n);
+    return;
+  }
+  const float lim = v.limit, alpha = v.alpha, off = v.linear_offset;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    const bool clamp = lim > 0.0f;
+    const float g = clamp ? std::min(a1[i], lim) : a1[i];
+    const float u = clamp ? std::clamp(a3[i], -lim, lim) : a3[i];
+    const float s = detail::sigmoidf(alpha * g);
+    const bool g_pass = !clamp || a1[i] <= lim;
+    const bool u_pass = !clamp || (a3[i] >= -lim && a3[i] <= lim);
+    da3[i] = u_pass ? dh[i] * (g * s) : 0.0f;
+    da1[i] = g_pass ? dh[i] * (u + off) * (s + alpha * g * s * (1.0f - s)) : 0.0f;
   }
 }
 

@@ -321,7 +321,7 @@ void dispatch_bwd(Scratch& s, const OpCall& c) {
 void experts_fwd(const OpCall& c) {  // rows (N*k, L) -> each row through its expert's SwiGLU (N*k, L)
   const Routing& r = *c.routing;
   experts_forward(c.out[0].value, c.saved[0].value, c.saved[1].value, c.saved[2].value, c.in[0].value, r.offsets,
-                  r.keep, c.w[0], c.w[1], c.w[2], I(c.N) * r.k, r.E, r.L, r.F);
+                  r.keep, c.w[0], c.w[1], c.w[2], I(c.N) * r.k, r.E, r.L, r.F, expert_options(c));
 }
 void experts_bwd(Scratch& s, const OpCall& c) {
   const Routing& r = *c.routing;
@@ -329,7 +329,7 @@ void experts_bwd(Scratch& s, const OpCall& c) {
   float* dxs = s.dst(c, c.in[0]);
   experts_backward(dxs, c.dw[0], c.dw[1], c.dw[2], c.out[0].grad, c.in[0].value, c.saved[0].value, c.saved[1].value,
                    c.saved[2].value, r.offsets, r.keep, c.w[0], c.w[1], c.w[2],
-                   s.kernel(experts_scratch_floats(A, r.L, r.F)), A, r.E, r.L, r.F);
+                   s.kernel(experts_scratch_floats(A, r.L, r.F)), A, r.E, r.L, r.F, expert_options(c));
   s.done(c, c.in[0]);
 }
 

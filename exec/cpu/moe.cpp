@@ -1,6 +1,6 @@
 // Mixture of experts: router (sigmoid / softmax, top-(k+1) threshold),
 // quantile balancing, grouping by expert, grouped SwiGLU experts with a keep
-// mask, combine, and the dense SwiGLU of the shared experts.
+// mask (optionally with per-expert biases and gpt-oss's clamped SwiGLU), combine, and the dense SwiGLU of the shared experts.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -172,11 +172,17 @@ namespace {
 
 long expert_rows(const int32_t* offsets, int e) { return offsets[e + 1] - offsets[e]; }
 
+// Expert e's row of a per-expert bias (E, width), or nullptr without one.
+template <typename T>
+T* at_row(T* bias, int e, int width) {
+  return bias ? bias + static_cast<long>(e) * width : nullptr;
+}
+
 }  // namespace
 
 void experts_forward(float* ys, float* a1, float* a3, float* h, const float* xs,
                      const int32_t* offsets, const uint8_t* keep, const float* w1,
-                     const float* w3, const float* w2, int A, int E, int L, int F) {
+                     const float* w3, const float* w2, int A, int E, int L, int F, const ExpertOptions& opt) {
   RS_CHECK(offsets[0] == 0 && offsets[E] == A, "experts: offsets must cover the A rows");
   const long LF = static_cast<long>(L) * F;
   // One expert at a time; OpenBLAS parallelises inside each GEMM.
@@ -184,10 +190,10 @@ void experts_forward(float* ys, float* a1, float* a3, float* h, const float* xs,
     const long n = expert_rows(offsets, e);
     if (n == 0) continue;
     const long r0 = offsets[e];
-    linear_forward(a1 + r0 * F, xs + r0 * L, w1 + e * LF, nullptr, static_cast<int>(n), L, F);
-    linear_forward(a3 + r0 * F, xs + r0 * L, w3 + e * LF, nullptr, static_cast<int>(n), L, F);
-    swiglu_forward(h + r0 * F, a1 + r0 * F, a3 + r0 * F, static_cast<size_t>(n * F));
-    linear_forward(ys + r0 * L, h + r0 * F, w2 + e * LF, nullptr, static_cast<int>(n), F, L);
+    linear_forward(a1 + r0 * F, xs + r0 * L, w1 + e * LF, at_row(opt.b1, e, F), static_cast<int>(n), L, F);
+    linear_forward(a3 + r0 * F, xs + r0 * L, w3 + e * LF, at_row(opt.b3, e, F), static_cast<int>(n), L, F);
+    swiglu_variant_forward(h + r0 * F, a1 + r0 * F, a3 + r0 * F, static_cast<size_t>(n * F), opt.act);
+    linear_forward(ys + r0 * L, h + r0 * F, w2 + e * LF, at_row(opt.b2, e, L), static_cast<int>(n), F, L);
   }
   if (!keep) return;
   // A dropped assignment never reached its expert: its output row is zero.
@@ -204,7 +210,7 @@ void experts_backward(float* dxs, float* dw1, float* dw3, float* dw2, const floa
                       const float* xs, const float* a1, const float* a3, const float* h,
                       const int32_t* offsets, const uint8_t* keep, const float* w1,
                       const float* w3, const float* w2, float* scratch, int A, int E, int L,
-                      int F) {
+                      int F, const ExpertOptions& opt) {
   RS_CHECK(offsets[0] == 0 && offsets[E] == A, "experts: offsets must cover the A rows");
   const long LF = static_cast<long>(L) * F;
   float* dy_kept = scratch;                          // (A, L) dys with dropped rows zeroed
@@ -220,13 +226,13 @@ void experts_backward(float* dxs, float* dw1, float* dw3, float* dw2, const floa
     const int n = static_cast<int>(expert_rows(offsets, e));
     if (n == 0) continue;
     const long r0 = offsets[e];
-    linear_backward(dh + r0 * F, dw2 + e * LF, nullptr, dy_kept + r0 * L, h + r0 * F,
+    linear_backward(dh + r0 * F, dw2 + e * LF, at_row(opt.db2, e, L), dy_kept + r0 * L, h + r0 * F,
                     w2 + e * LF, n, F, L);
-    swiglu_backward(da1 + r0 * F, da3 + r0 * F, dh + r0 * F, a1 + r0 * F, a3 + r0 * F,
-                    static_cast<size_t>(n) * F);
-    linear_backward(dxs + r0 * L, dw1 + e * LF, nullptr, da1 + r0 * F, xs + r0 * L,
+    swiglu_variant_backward(da1 + r0 * F, da3 + r0 * F, dh + r0 * F, a1 + r0 * F, a3 + r0 * F,
+                            static_cast<size_t>(n) * F, opt.act);
+    linear_backward(dxs + r0 * L, dw1 + e * LF, at_row(opt.db1, e, F), da1 + r0 * F, xs + r0 * L,
                     w1 + e * LF, n, L, F);
-    linear_backward(dxs + r0 * L, dw3 + e * LF, nullptr, da3 + r0 * F, xs + r0 * L,
+    linear_backward(dxs + r0 * L, dw3 + e * LF, at_row(opt.db3, e, F), da3 + r0 * F, xs + r0 * L,
                     w3 + e * LF, n, L, F, /*accumulate_dx=*/true);
   }
 }

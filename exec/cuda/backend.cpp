@@ -260,7 +260,8 @@ OpResult CudaBackend::forward(const OpCall& c) {
     case OpKind::kExpertMlp: {  // rows (N*k, L) through their experts' SwiGLU
       const Routing& rt = *c.routing;
       experts_forward(gemm_, out0.value, c.saved[0].value, c.saved[1].value, c.saved[2].value, in0.value,
-                      host_offsets(rt), rt.keep, c.w[0], c.w[1], c.w[2], N * rt.k, rt.E, rt.L, rt.F);
+                      host_offsets(rt), rt.keep, c.w[0], c.w[1], c.w[2], N * rt.k, rt.E, rt.L, rt.F,
+                      expert_options(c));
       return r;
     }
     case OpKind::kCombine: {  // rows (N*k, L), weights (N, k) -> (N, L)
@@ -353,7 +354,8 @@ void CudaBackend::backward(const OpCall& c) {
       float* dxs = grad_dst(c, in0, 0);
       experts_backward(gemm_, dxs, c.dw[0], c.dw[1], c.dw[2], out0.grad, in0.value, c.saved[0].value,
                        c.saved[1].value, c.saved[2].value, host_offsets(rt), rt.keep, c.w[0], c.w[1], c.w[2],
-                       work_.floats(experts_scratch_floats(A, rt.L, rt.F), s), A, rt.E, rt.L, rt.F);
+                       work_.floats(experts_scratch_floats(A, rt.L, rt.F), s), A, rt.E, rt.L, rt.F,
+                       expert_options(c));
       grad_done(c, in0, 0);
       return;
     }
@@ -488,7 +490,8 @@ size_t known_params(const models::Op& op) {
     case OpKind::kGatedNorm:   // W_down, W_up
     case OpKind::kRouter:      // W [, a learnable selection bias]
       return 2;
-    case OpKind::kExpertMlp:   // W1, W3, W2 per expert
+    case OpKind::kExpertMlp:   // W1, W3, W2 per expert [, b1, b3, b2 per expert]
+      return op.expert_bias ? 6 : 3;
     case OpKind::kSharedMlp:   // SwiGLU W1, W3, W2, no biases
       return 3;
     case OpKind::kQkNorm:

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "exec/kernels.h"
+
 namespace rackstep::exec::cuda::detail {
 
 void scale(float* x, size_t n, float s, cudaStream_t stream);                          // x *= s
@@ -14,6 +16,17 @@ void axpy(float* y, const float* x, size_t n, float a, cudaStream_t stream);    
 void transpose(float* out, const float* in, int64_t rows, int64_t cols, cudaStream_t stream);  // (rows, cols) -> (cols, rows)
 // dst[r] = keep[r] ? src[r] : 0 per row of L floats (dst may alias src).
 void zero_dropped_rows(float* dst, const float* src, const uint8_t* keep, int rows, int L, cudaStream_t stream);
+
+// The routed experts' variant (exec/cuda/moe.cu, formulas in element_math.h):
+// the clamped SwiGLU forward / backward (exec/kernels.h SwiGluVariant), a
+// per-expert bias added to each of its rows, y (rows, width) += bias (width),
+// and its gradient, db (width) += Σ_rows dy (columns summed in row order, double).
+void swiglu_variant_forward(float* h, const float* a1, const float* a3, size_t n, const SwiGluVariant& v,
+                            cudaStream_t stream);
+void swiglu_variant_backward(float* da1, float* da3, const float* dh, const float* a1, const float* a3, size_t n,
+                             const SwiGluVariant& v, cudaStream_t stream);
+void add_bias_rows(float* y, const float* bias, int rows, int width, cudaStream_t stream);
+void bias_grad_rows(float* db, const float* dy, int rows, int width, cudaStream_t stream);
 
 // Attention gate, elementwise part: z (N, H) becomes g = 2σ(z) in place, y = g·o.
 void attn_gate_apply(float* y, float* g, const float* o, int N, int H, int hd, cudaStream_t stream);

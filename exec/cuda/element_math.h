@@ -6,6 +6,7 @@
 // or computes angles in double) so fp32 parity holds to rounding.
 //
 //   float h = swiglu(a1, a3);                     // silu(a1) * a3
+//   float h = swiglu_variant(a1, a3, 1.702f, 7.f, 1.f);  // gpt-oss's clamped experts
 //   float r = rms_rstd(sum_sq, d, eps);           // 1/sqrt(mean(x²)+eps)
 //   rope_rotate(x1, x2, rope_angle(pos, i, rot, theta), +1.f, &y1, &y2);
 #pragma once
@@ -34,6 +35,29 @@ RS_HOST_DEVICE float swiglu(float a1, float a3) { return silu(a1) * a3; }
 RS_HOST_DEVICE void swiglu_grad(float dh, float a1, float a3, float* da1, float* da3) {
   *da3 = dh * silu(a1);
   *da1 = dh * a3 * silu_grad(a1);
+}
+
+// The routed experts' SwiGLU variant (exec/kernels.h SwiGluVariant; gpt-oss
+// alpha 1.702, limit 7, offset 1): g = min(a1, limit), u = clamp(a3, ±limit)
+// (limit 0: no clamp), h = g σ(alpha g) (u + offset).
+// The clamps keep a NaN (as std::min / std::clamp and torch.clamp; fminf would drop it).
+RS_HOST_DEVICE float clamp_max(float x, float hi) { return x > hi ? hi : x; }
+RS_HOST_DEVICE float clamp_range(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+RS_HOST_DEVICE float swiglu_variant(float a1, float a3, float alpha, float limit, float offset) {
+  const float g = limit > 0.0f ? clamp_max(a1, limit) : a1;
+  const float u = limit > 0.0f ? clamp_range(a3, -limit, limit) : a3;
+  return g * sigmoid(alpha * g) * (u + offset);
+}
+// da1 = dh (u + offset) (σ + α g σ (1 − σ)) where a1 <= limit, else 0;
+// da3 = dh g σ where −limit <= a3 <= limit, else 0 (torch.clamp's backward).
+RS_HOST_DEVICE void swiglu_variant_grad(float dh, float a1, float a3, float alpha, float limit, float offset,
+                                        float* da1, float* da3) {
+  const bool clamp = limit > 0.0f;
+  const float g = clamp ? clamp_max(a1, limit) : a1;
+  const float u = clamp ? clamp_range(a3, -limit, limit) : a3;
+  const float s = sigmoid(alpha * g);
+  *da3 = !clamp || (a3 >= -limit && a3 <= limit) ? dh * (g * s) : 0.0f;
+  *da1 = !clamp || a1 <= limit ? dh * (u + offset) * (s + alpha * g * s * (1.0f - s)) : 0.0f;
 }
 
 // RMSNorm's saved statistic from the row's sum of squares (summed in double).

@@ -1,5 +1,7 @@
 // The grouped SwiGLU experts on the GPU: one cuBLASLt GEMM per expert over its
-// rows (host offsets give the sizes), in the CPU kernel's order of operations.
+// rows (host offsets give the sizes), in the CPU kernel's order of operations,
+// with the experts' variant (per-expert biases, the clamped SwiGLU) where
+// ExpertOptions asks for it.
 // The grouped variants make each of those GEMMs one cuBLAS grouped-batched
 // call over all experts; the per-expert loop is the baseline they are measured
 // against (bench/cuda/kernels_timing.cpp).
@@ -23,6 +25,32 @@ struct BackwardScratch {
   float* da1;      // (A, F)
   float* da3;      // (A, F)
 };
+// The experts' variant (ExpertOptions, exec/kernels.h): expert e's bias row
+// added to its n rows, its gradient summed over them, and the SwiGLU (plain:
+// the templated kernels of ops.h, bitwise the bias-free path of before).
+void add_expert_bias(float* y, const float* bias, int e, int n, int width, cudaStream_t stream) {
+  if (bias) detail::add_bias_rows(y, bias + size_t(e) * width, n, width, stream);
+}
+void add_expert_bias_grad(float* db, const float* dy, int e, int n, int width, cudaStream_t stream) {
+  if (db) detail::bias_grad_rows(db + size_t(e) * width, dy, n, width, stream);
+}
+void expert_act_forward(float* h, const float* a1, const float* a3, size_t n, const SwiGluVariant& v,
+                        cudaStream_t stream) {
+  if (v.plain()) {
+    swiglu_forward(h, a1, a3, n, stream);
+    return;
+  }
+  detail::swiglu_variant_forward(h, a1, a3, n, v, stream);
+}
+void expert_act_backward(float* da1, float* da3, const float* dh, const float* a1, const float* a3, size_t n,
+                         const SwiGluVariant& v, cudaStream_t stream) {
+  if (v.plain()) {
+    swiglu_backward(da1, da3, dh, a1, a3, n, stream);
+    return;
+  }
+  detail::swiglu_variant_backward(da1, da3, dh, a1, a3, n, v, stream);
+}
+
 BackwardScratch carve_backward_scratch(float* scratch, int A, int L, int F) {
   BackwardScratch b;
   b.dy_kept = scratch;
@@ -36,7 +64,7 @@ BackwardScratch carve_backward_scratch(float* scratch, int A, int L, int F) {
 
 void experts_forward(Gemm& gemm, float* ys, float* a1, float* a3, float* h, const float* xs,
                      const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
-                     const float* w2, int A, int E, int L, int F) {
+                     const float* w2, int A, int E, int L, int F, const ExpertOptions& opt) {
   const cudaStream_t stream = gemm.stream();
   RS_CHECK(host_offsets[0] == 0 && host_offsets[E] == A, "experts: offsets must cover the A rows");
   const size_t LF = size_t(L) * F;
@@ -46,8 +74,11 @@ void experts_forward(Gemm& gemm, float* ys, float* a1, float* a3, float* h, cons
     const size_t r0 = host_offsets[e];
     gemm.run({.m = n, .n = F, .k = L}, DType::kF32, a1 + r0 * F, xs + r0 * L, w1 + e * LF);
     gemm.run({.m = n, .n = F, .k = L}, DType::kF32, a3 + r0 * F, xs + r0 * L, w3 + e * LF);
-    swiglu_forward(h + r0 * F, a1 + r0 * F, a3 + r0 * F, size_t(n) * F, stream);
+    add_expert_bias(a1 + r0 * F, opt.b1, e, n, F, stream);
+    add_expert_bias(a3 + r0 * F, opt.b3, e, n, F, stream);
+    expert_act_forward(h + r0 * F, a1 + r0 * F, a3 + r0 * F, size_t(n) * F, opt.act, stream);
     gemm.run({.m = n, .n = L, .k = F}, DType::kF32, ys + r0 * L, h + r0 * F, w2 + e * LF);
+    add_expert_bias(ys + r0 * L, opt.b2, e, n, L, stream);
   }
   if (!keep || A == 0) return;
   detail::zero_dropped_rows(ys, ys, keep, A, L, stream);
@@ -56,7 +87,7 @@ void experts_forward(Gemm& gemm, float* ys, float* a1, float* a3, float* h, cons
 void experts_backward(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2, const float* dys, const float* xs,
                       const float* a1, const float* a3, const float* h, const int32_t* host_offsets,
                       const uint8_t* keep, const float* w1, const float* w3, const float* w2, float* scratch, int A,
-                      int E, int L, int F) {
+                      int E, int L, int F, const ExpertOptions& opt) {
   const cudaStream_t stream = gemm.stream();
   RS_CHECK(host_offsets[0] == 0 && host_offsets[E] == A, "experts: offsets must cover the A rows");
   const size_t LF = size_t(L) * F;
@@ -75,7 +106,11 @@ void experts_backward(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2
     gemm.run({.m = n, .n = F, .k = L, .trans_b = true}, DType::kF32, dh + r0 * F, dy_kept + r0 * L, w2 + e * LF);
     gemm.run({.m = F, .n = L, .k = n, .trans_a = true, .beta = 1.0f}, DType::kF32, dw2 + e * LF, h + r0 * F,
              dy_kept + r0 * L);
-    swiglu_backward(da1 + r0 * F, da3 + r0 * F, dh + r0 * F, a1 + r0 * F, a3 + r0 * F, size_t(n) * F, stream);
+    expert_act_backward(da1 + r0 * F, da3 + r0 * F, dh + r0 * F, a1 + r0 * F, a3 + r0 * F, size_t(n) * F, opt.act,
+                        stream);
+    add_expert_bias_grad(opt.db2, dy_kept + r0 * L, e, n, L, stream);
+    add_expert_bias_grad(opt.db1, da1 + r0 * F, e, n, F, stream);
+    add_expert_bias_grad(opt.db3, da3 + r0 * F, e, n, F, stream);
     // dxs = da1·W1ᵀ + da3·W3ᵀ, dW1 += xsᵀ·da1, dW3 += xsᵀ·da3
     gemm.run({.m = n, .n = L, .k = F, .trans_b = true}, DType::kF32, dxs + r0 * L, da1 + r0 * F, w1 + e * LF);
     gemm.run({.m = n, .n = L, .k = F, .trans_b = true, .beta = 1.0f}, DType::kF32, dxs + r0 * L, da3 + r0 * F,
@@ -120,13 +155,24 @@ std::vector<GemmItem> per_expert_weight_grad(const int32_t* offsets, int E, int 
 
 void experts_forward_grouped(Gemm& gemm, float* ys, float* a1, float* a3, float* h, const float* xs,
                              const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
-                             const float* w2, int A, int E, int L, int F) {
+                             const float* w2, int A, int E, int L, int F, const ExpertOptions& opt) {
+  const cudaStream_t stream = gemm.stream();
   RS_CHECK(host_offsets[0] == 0 && host_offsets[E] == A, "experts: offsets must cover the A rows");
   const size_t LF = size_t(L) * F;
+  // Expert e's rows of buffer y (rows, width) get its bias row.
+  const auto add_biases = [&](float* y, const float* bias, int width) {
+    for (int e = 0; bias && e < E; ++e) {
+      const int r0 = host_offsets[e];
+      add_expert_bias(y + size_t(r0) * width, bias, e, host_offsets[e + 1] - r0, width, stream);
+    }
+  };
   gemm.run_grouped(per_expert(host_offsets, E, F, L, a1, F, xs, L, w1, LF), false, false, 1.0f, 0.0f, DType::kF32);
   gemm.run_grouped(per_expert(host_offsets, E, F, L, a3, F, xs, L, w3, LF), false, false, 1.0f, 0.0f, DType::kF32);
-  swiglu_forward(h, a1, a3, size_t(A) * F, gemm.stream());
+  add_biases(a1, opt.b1, F);
+  add_biases(a3, opt.b3, F);
+  expert_act_forward(h, a1, a3, size_t(A) * F, opt.act, stream);
   gemm.run_grouped(per_expert(host_offsets, E, L, F, ys, L, h, F, w2, LF), false, false, 1.0f, 0.0f, DType::kF32);
+  add_biases(ys, opt.b2, L);
   if (!keep || A == 0) return;
   detail::zero_dropped_rows(ys, ys, keep, A, L, gemm.stream());
 }
@@ -134,7 +180,7 @@ void experts_forward_grouped(Gemm& gemm, float* ys, float* a1, float* a3, float*
 void experts_backward_grouped(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2, const float* dys,
                               const float* xs, const float* a1, const float* a3, const float* h,
                               const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
-                              const float* w2, float* scratch, int A, int E, int L, int F) {
+                              const float* w2, float* scratch, int A, int E, int L, int F, const ExpertOptions& opt) {
   const cudaStream_t stream = gemm.stream();
   RS_CHECK(host_offsets[0] == 0 && host_offsets[E] == A, "experts: offsets must cover the A rows");
   const size_t LF = size_t(L) * F;
@@ -151,7 +197,13 @@ void experts_backward_grouped(Gemm& gemm, float* dxs, float* dw1, float* dw3, fl
                    DType::kF32);
   gemm.run_grouped(per_expert_weight_grad(host_offsets, E, F, L, dw2, h, dy_kept), true, false, 1.0f, 1.0f,
                    DType::kF32);
-  swiglu_backward(da1, da3, dh, a1, a3, size_t(A) * F, stream);
+  expert_act_backward(da1, da3, dh, a1, a3, size_t(A) * F, opt.act, stream);
+  for (int e = 0; e < E; ++e) {  // the biases' gradients: each expert's rows summed
+    const int r0 = host_offsets[e], n = host_offsets[e + 1] - r0;
+    add_expert_bias_grad(opt.db2, dy_kept + size_t(r0) * L, e, n, L, stream);
+    add_expert_bias_grad(opt.db1, da1 + size_t(r0) * F, e, n, F, stream);
+    add_expert_bias_grad(opt.db3, da3 + size_t(r0) * F, e, n, F, stream);
+  }
   // dxs = da1·W1ᵀ + da3·W3ᵀ, dW1 += xsᵀ·da1, dW3 += xsᵀ·da3
   gemm.run_grouped(per_expert(host_offsets, E, L, F, dxs, L, da1, F, w1, LF), false, true, 1.0f, 0.0f, DType::kF32);
   gemm.run_grouped(per_expert(host_offsets, E, L, F, dxs, L, da3, F, w3, LF), false, true, 1.0f, 1.0f, DType::kF32);

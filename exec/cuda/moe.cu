@@ -446,7 +446,65 @@ void combine_backward(float* dys, float* dweight, const float* dy, const float* 
   RS_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+__global__ void swiglu_variant_forward_kernel(float* h, const float* a1, const float* a3, size_t n, float alpha,
+                                              float limit, float offset) {
+  RS_GRID_STRIDE(i, n) { h[i] = swiglu_variant(a1[i], a3[i], alpha, limit, offset); }
+}
+
+__global__ void swiglu_variant_backward_kernel(float* da1, float* da3, const float* dh, const float* a1,
+                                               const float* a3, size_t n, float alpha, float limit, float offset) {
+  RS_GRID_STRIDE(i, n) { swiglu_variant_grad(dh[i], a1[i], a3[i], alpha, limit, offset, &da1[i], &da3[i]); }
+}
+
+__global__ void add_bias_rows_kernel(float* y, const float* bias, int rows, int width) {
+  const size_t n = size_t(rows) * width;
+  RS_GRID_STRIDE(i, n) { y[i] += bias[i % width]; }
+}
+
+// One thread per column walks the rows in order, in double (as the CPU's
+// reduce_rows): deterministic, no atomics.
+__global__ void bias_grad_rows_kernel(float* db, const float* dy, int rows, int width) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  double sum = 0.0;
+  for (int r = 0; r < rows; ++r) sum += dy[size_t(r) * width + c];
+  db[c] += static_cast<float>(sum);
+}
+
+}  // namespace
+
 namespace detail {
+
+void swiglu_variant_forward(float* h, const float* a1, const float* a3, size_t n, const SwiGluVariant& v,
+                            cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_variant_forward_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(h, a1, a3, n, v.alpha, v.limit,
+                                                                                   v.linear_offset);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu_variant_backward(float* da1, float* da3, const float* dh, const float* a1, const float* a3, size_t n,
+                             const SwiGluVariant& v, cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_variant_backward_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(da1, da3, dh, a1, a3, n, v.alpha,
+                                                                                    v.limit, v.linear_offset);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_bias_rows(float* y, const float* bias, int rows, int width, cudaStream_t stream) {
+  const size_t n = size_t(rows) * width;
+  if (n == 0) return;
+  add_bias_rows_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(y, bias, rows, width);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+void bias_grad_rows(float* db, const float* dy, int rows, int width, cudaStream_t stream) {
+  if (rows == 0 || width == 0) return;
+  bias_grad_rows_kernel<<<grid_blocks(size_t(width), kThreads), kThreads, 0, stream>>>(db, dy, rows, width);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
 
 void zero_dropped_rows(float* dst, const float* src, const uint8_t* keep, int rows, int L, cudaStream_t stream) {
   const size_t n = size_t(rows) * L;

@@ -64,15 +64,16 @@ void gather_forward(float* xs, const float* x, const int32_t* sorted_pos, int N,
 void gather_backward(float* dx, const float* dxs, const int32_t* sorted_pos, int N, int k, int L,
                      cudaStream_t stream);
 
-// host_offsets: (E + 1) on the host (the per-expert GEMM sizes); keep may be nullptr.
+// host_offsets: (E + 1) on the host (the per-expert GEMM sizes); keep may be nullptr;
+// opt: the experts' biases and SwiGLU variant (exec/kernels.h), as on the CPU.
 void experts_forward(Gemm& gemm, float* ys, float* a1, float* a3, float* h, const float* xs,
                      const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
-                     const float* w2, int A, int E, int L, int F);
+                     const float* w2, int A, int E, int L, int F, const ExpertOptions& opt = {});
 // scratch: experts_scratch_floats(A, L, F) floats on the device.
 void experts_backward(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2, const float* dys, const float* xs,
                       const float* a1, const float* a3, const float* h, const int32_t* host_offsets,
                       const uint8_t* keep, const float* w1, const float* w3, const float* w2, float* scratch, int A,
-                      int E, int L, int F);
+                      int E, int L, int F, const ExpertOptions& opt = {});
 
 // The same two, each GEMM of the per-expert loop replaced by one grouped GEMM
 // over the experts (Gemm::run_grouped): 3 launches forward, 6 backward,
@@ -80,11 +81,11 @@ void experts_backward(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2
 // faster at a shape is cuda_kernels_timing's "experts" row.
 void experts_forward_grouped(Gemm& gemm, float* ys, float* a1, float* a3, float* h, const float* xs,
                              const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
-                             const float* w2, int A, int E, int L, int F);
+                             const float* w2, int A, int E, int L, int F, const ExpertOptions& opt = {});
 void experts_backward_grouped(Gemm& gemm, float* dxs, float* dw1, float* dw3, float* dw2, const float* dys,
                               const float* xs, const float* a1, const float* a3, const float* h,
                               const int32_t* host_offsets, const uint8_t* keep, const float* w1, const float* w3,
-                              const float* w2, float* scratch, int A, int E, int L, int F);
+                              const float* w2, float* scratch, int A, int E, int L, int F, const ExpertOptions& opt = {});
 
 void combine_forward(float* y, const float* ys, const float* weight, const int32_t* sorted_pos, int N, int k, int L,
                      cudaStream_t stream);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # rackstep train on the zoo models of the mechanisms beyond the Marin block:
 # tiny-gpt-gelu (learned positions, biases, GeLU, dense, tied) and
-# tiny-alibi-sink-moe (ALiBi, attention sinks, biases, ReLU² shared expert, MoE).
+# tiny-alibi-sink-moe (ALiBi, attention sinks, biases, ReLU² shared expert, MoE),
+# and tests/models/tiny-gpt-oss-moe (gpt-oss's block: the routed experts' biases
+# and clamped SwiGLU beside sinks, attention biases, softmax router, aux loss).
 # A few steps each: every loss finite and the last below the first; a sequence
 # longer than the position table is one line naming the JSON path, exit 2.
 set -u
@@ -17,8 +19,9 @@ cp README.md models/*.h "$tmp/text/" 2>/dev/null || true
 "$bin" data build --from "$tmp/text" --out "$tmp/data" --split blank-lines --quiet --json >/dev/null
 check "data build exits 0" "[ $? -eq 0 ]"
 
-for m in tiny-gpt-gelu tiny-alibi-sink-moe; do
-  OMP_WAIT_POLICY=passive "$bin" train --model models/zoo/$m.json --data "$tmp/data" --batch 4 --seq 128 --threads 1 \
+for path in models/zoo/tiny-gpt-gelu.json models/zoo/tiny-alibi-sink-moe.json tests/models/tiny-gpt-oss-moe.json; do
+  m=$(basename "$path" .json)
+  OMP_WAIT_POLICY=passive "$bin" train --model "$path" --data "$tmp/data" --batch 4 --seq 128 --threads 1 \
     --steps 8 --seed 3 --out "$tmp/$m" --json >"$tmp/$m.json"
   check "$m: train exits 0" "[ $? -eq 0 ]"
   /usr/bin/python3 - "$tmp/$m.json" "$m" <<'PY' || fail=1

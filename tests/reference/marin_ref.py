@@ -95,6 +95,11 @@ class ModelConfig:
         self.aux_weight = m.get("aux_loss_weight", 0.01)
         self.router_z_applied = m.get("router_z_loss_applied", False)
         self.router_z_weight = m.get("router_z_loss_weight", 0.0)
+        # The routed experts' own variant (gpt-oss): biases and the clamped SwiGLU.
+        self.expert_bias = m.get("expert_bias", False)
+        self.swiglu_alpha = m.get("swiglu_alpha", 1.0)
+        self.swiglu_limit = m.get("swiglu_limit", 0.0)
+        self.swiglu_offset = m.get("swiglu_linear_offset", 0.0)
         r = doc.get("recipe", {})
         o = r.get("optimizer", {})
         self.opt_block = o.get("block_matrices", MUONH)
@@ -217,6 +222,10 @@ def param_specs(cfg):
         specs.append((p + "moe.experts.w1", (E, L, F), block))
         specs.append((p + "moe.experts.w3", (E, L, F), block))
         specs.append((p + "moe.experts.w2", (E, F, L), block))
+        if cfg.expert_bias:
+            specs.append((p + "moe.experts.b1", (E, F), cfg.opt_other))
+            specs.append((p + "moe.experts.b3", (E, F), cfg.opt_other))
+            specs.append((p + "moe.experts.b2", (E, L), cfg.opt_other))
         if cfg.latent > 0:
             specs.append((p + "moe.latent_up.w", (cfg.latent, d), block))
         if cfg.shared_experts > 0:
@@ -362,6 +371,18 @@ def xsa(o, v, eps):
     v = v.repeat_interleave(o.shape[2] // v.shape[2], dim=2)
     c = (o * v).sum(-1, keepdim=True) / ((v * v).sum(-1, keepdim=True) + eps)
     return o - c * v
+
+
+def expert_swiglu(a1, a3, cfg):
+    """The routed experts' activation: silu(a1) a3, or gpt-oss's variant (openai/gpt-oss
+    gpt_oss/torch/model.py swiglu): a1 clamped to at most limit, a3 to [-limit, limit]
+    (limit 0: none), a1 sigmoid(alpha a1) (a3 + offset)."""
+    if cfg.swiglu_alpha == 1.0 and cfg.swiglu_limit == 0.0 and cfg.swiglu_offset == 0.0:
+        return torch.nn.functional.silu(a1) * a3
+    if cfg.swiglu_limit > 0:
+        a1 = a1.clamp(max=cfg.swiglu_limit)
+        a3 = a3.clamp(min=-cfg.swiglu_limit, max=cfg.swiglu_limit)
+    return a1 * torch.sigmoid(cfg.swiglu_alpha * a1) * (a3 + cfg.swiglu_offset)
 
 
 def routed_experts(z, chosen, w, w1, w3, w2):
@@ -605,6 +626,7 @@ class MarinRef:
             z = self.norm(h @ P[p + "moe.latent_down.w"], P[p + "moe.latent_norm.gain"])
         w1, w3, w2 = P[p + "moe.experts.w1"], P[p + "moe.experts.w3"], P[p + "moe.experts.w2"]
         if self.c.get("moe_impl", "dense") == "routed":
+            assert not cfg.expert_bias and cfg.swiglu_limit == 0.0, "the routed form runs the plain experts only"
             comb = routed_experts(z, chosen, w, w1, w3, w2)
         else:
             # Every expert on every token, weighted by 0 where not chosen: the same sum
@@ -612,7 +634,12 @@ class MarinRef:
             dense_w = torch.zeros(N, cfg.experts, dtype=logits.dtype).scatter(1, chosen, w)  # (N, E)
             a1 = torch.einsum("nl,elf->enf", z, w1)
             a3 = torch.einsum("nl,elf->enf", z, w3)
-            ye = torch.einsum("enf,efl->enl", torch.nn.functional.silu(a1) * a3, w2)  # (E, N, L)
+            if cfg.expert_bias:  # per-expert biases, before the clamp (HF GptOssExperts)
+                a1 = a1 + P[p + "moe.experts.b1"].unsqueeze(1)
+                a3 = a3 + P[p + "moe.experts.b3"].unsqueeze(1)
+            ye = torch.einsum("enf,efl->enl", expert_swiglu(a1, a3, cfg), w2)  # (E, N, L)
+            if cfg.expert_bias:  # and on W2, before the routing weight
+                ye = ye + P[p + "moe.experts.b2"].unsqueeze(1)
             comb = torch.einsum("ne,enl->nl", dense_w, ye)
         y = comb @ P[p + "moe.latent_up.w"] if cfg.latent > 0 else comb
         if cfg.shared_experts > 0:

@@ -19,7 +19,8 @@ embeddings, LayerNorm, a leading dense layer, a softmax router with auxiliary-lo
 balancing and an applied router z-loss): its own ctest entry. --variant gpt-gelu and
 --variant alibi-sinks run the zoo models of the mechanisms beyond the Marin block instead
 (MODEL_VARIANTS: learned positions, biases, GeLU, dense; ALiBi, sinks, ReLU², MoE), and
---variant mla-mech puts them on the Marin block (MLA with biases and sinks).
+--variant mla-mech puts them on the Marin block (MLA with biases and sinks); --variant
+gpt-oss runs tests/models/tiny-gpt-oss-moe (the routed experts' biases and clamped SwiGLU).
 """
 
 import json
@@ -74,6 +75,7 @@ VARIANTS = {
 MODEL_VARIANTS = {
     "gpt-gelu": "tiny-gpt-gelu.json",          # learned positions, Q/K/V/O and MLP biases, GeLU, dense, tied
     "alibi-sinks": "tiny-alibi-sink-moe.json",  # ALiBi, attention sinks, biases, ReLU² shared expert, MoE
+    "gpt-oss": "../../tests/models/tiny-gpt-oss-moe.json",  # the experts' biases and clamped SwiGLU, sinks
 }
 
 
