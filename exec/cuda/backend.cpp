@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/detail.h"
 #include "exec/cuda/gemm.h"
 #include "exec/cuda/layers.h"
 #include "exec/cuda/moe.h"
@@ -176,9 +177,8 @@ class CudaBackend final : public Backend {
 OpResult CudaBackend::forward(const OpCall& c) {
   const models::Op& op = *c.op;
   const models::ModelConfig& m = *c.model;
-  if (const std::string why = unsupported(op); !why.empty()) {
-    throw UserError(m.source_file + ": the CUDA backend cannot run op " + op.name + " yet: " + why +
-                    "; run it on the cpu backend");
+  if (const Unsupported u = unsupported(op, m); !u.json_path.empty()) {
+    throw UserError(m.source_file, u.json_path, u.expected, u.found);
   }
   const cudaStream_t s = stream_;
   const int N = static_cast<int>(c.N), B = static_cast<int>(c.B), T = static_cast<int>(c.T);
@@ -203,8 +203,9 @@ OpResult CudaBackend::forward(const OpCall& c) {
       gated_norm_forward(gemm_, out0.value, c.saved[0].value, c.saved[1].value, in0.value, c.w[0], c.w[1],
                          work_.floats(size_t(N) * size_t(c.saved[0].width), s), N, w(in0), w(c.saved[0]));
       return r;
-    case OpKind::kLinear:  // (N, in) -> (N, out)
+    case OpKind::kLinear:  // (N, in) -> (N, out) [+ bias (out)]
       linear_forward(gemm_, out0.value, in0.value, c.w[0], N, w(in0), w(out0));
+      if (c.w[1]) detail::add_bias_rows(out0.value, c.w[1], N, w(out0), s);
       return r;
     case OpKind::kSConv:  // (B, T, C), causal inside each document
       sconv_forward(out0.value, in0.value, c.w[0], c.doc, B, T, w(in0), static_cast<int>(m.sconv.kernel), s);
@@ -448,7 +449,8 @@ void CudaBackend::backward(const OpCall& c) {
       grad_done(c, in0, 0);
       return;
     }
-    case OpKind::kLinear:
+    case OpKind::kLinear:  // dbias += Σ_rows dy
+      if (c.dw[1]) detail::bias_grad_rows(c.dw[1], out0.grad, N, w(out0), s);
       linear_backward(gemm_, in0.grad, c.dw[0], out0.grad, in0.value, c.w[0], N, w(in0), w(out0), in0.accumulate);
       return;
     case OpKind::kGatedNorm: {
@@ -482,11 +484,11 @@ size_t known_params(const models::Op& op) {
   switch (op.kind) {
     case OpKind::kEmbedding:   // the token table
     case OpKind::kRmsNorm:     // the gain
-    case OpKind::kLinear:      // W, no bias
     case OpKind::kSConv:       // the kernel
     case OpKind::kAttnGate:    // W_gate
     case OpKind::kLmHead:      // W (none when tied: the embedding table is shared)
       return 1;
+    case OpKind::kLinear:      // W [, bias]
     case OpKind::kGatedNorm:   // W_down, W_up
     case OpKind::kRouter:      // W [, a learnable selection bias]
       return 2;
@@ -515,20 +517,33 @@ bool device_present() {
 
 }  // namespace
 
-std::string unsupported(const models::Op& op) {
-  const size_t known = known_params(op);
-  if (op.params.size() > known) {
-    return "its parameter '" + op.params[known].name + "' (the CUDA backend runs " + std::to_string(known) +
-           " for a " + models::to_string(op.kind) + " op; exec/cpu runs it)";
+Unsupported unsupported(const models::Op& op, const models::ModelConfig& m) {
+  const std::string cpu = " (the cpu backend runs it)";
+  if (op.kind == OpKind::kAttention && op.sinks) {
+    return {"/attention/sinks", "false: the CUDA backend runs attention without sinks" + cpu, "true"};
   }
-  if (op.alibi) return "ALiBi scores (exec/cpu runs them)";
+  if (op.alibi) {
+    const bool local = m.attention.local.position == models::PositionKind::kAlibi;
+    return {local ? "/attention/local/position" : "/attention/global/position",
+            "rope or nope: the CUDA backend has no ALiBi scores" + cpu, "alibi"};
+  }
+  if (op.kind == OpKind::kEmbedding && op.params.size() > 1) {
+    return {"/position_embedding/kind", "none: the CUDA backend has no learned positions" + cpu, "learned"};
+  }
   if (op.kind == OpKind::kSharedMlp && op.activation != models::MlpActivation::kSwiGlu) {
-    return "a non-SwiGLU MLP activation (the CUDA backend runs SwiGLU only)";
+    return {"/mlp/activation", "swiglu: the CUDA backend runs SwiGLU MLPs only" + cpu,
+            op.activation == models::MlpActivation::kGelu ? "gelu" : "relu2"};
   }
-  if (op.kind == OpKind::kSharedMlp && op.params.size() < known) {
-    return "an MLP without SwiGLU's three matrices (the CUDA backend runs SwiGLU only)";
+  if (op.kind == OpKind::kSharedMlp && op.params.size() > 3) {
+    return {"/mlp/bias", "false: the CUDA backend runs MLPs without biases" + cpu, "true"};
   }
-  return "";
+  const size_t known = known_params(op);
+  if (op.params.size() > known) {  // a parameter no case above names: the op's, by name
+    return {"/", "at most " + std::to_string(known) + " parameters for a " + models::to_string(op.kind) +
+                     " op (op " + op.name + " on the CUDA backend)" + cpu,
+            "parameter '" + op.params[known].name + "'"};
+  }
+  return {};
 }
 
 std::unique_ptr<Backend> make_cuda_backend() {

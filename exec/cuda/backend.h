@@ -23,11 +23,18 @@
 
 namespace rackstep::exec::cuda {
 
-// "" when the CUDA backend runs `op`, else what it lacks. The op set grows
-// per backend (exec/cpu/ first): an op whose parameters this backend does not
-// know (a linear's bias, learned positions, attention sinks, a non-SwiGLU MLP)
-// is refused with a UserError at its first forward, never run without them.
-std::string unsupported(const models::Op& op);
+// What the CUDA backend lacks to run `op` of model `m`, as the model file's
+// setting that asks for it (json_path empty: it runs the op). The op set grows
+// per backend (exec/cpu/ first): an op this backend cannot run (learned
+// positions, attention sinks, ALiBi, a non-SwiGLU MLP or MLP biases) is
+// refused at its first forward with one UserError line (file, JSON path,
+// expected, found), never run without them.
+struct Unsupported {
+  std::string json_path;  // "/attention/sinks"
+  std::string expected;   // what the CUDA backend runs
+  std::string found;      // the model's setting
+};
+Unsupported unsupported(const models::Op& op, const models::ModelConfig& m);
 
 // The CUDA backend on device 0, or nullptr where no CUDA device is present.
 std::unique_ptr<Backend> make_cuda_backend();
