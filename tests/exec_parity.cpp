@@ -85,6 +85,9 @@ std::vector<std::pair<std::string, models::ModelConfig>> variants() {
   c.position_embedding.learned = true;
   c.position_embedding.max_positions = c.seq_len;
   v.emplace_back("positions", c);
+  c = tiny();  // sinks with RoPE (gpt-oss's attention)
+  c.attention.sinks = true;
+  v.emplace_back("sinks", c);
   c = tiny();  // gpt-oss's experts: per-expert biases and the clamped SwiGLU (a limit the test's rows reach)
   c.moe.expert_bias = true;
   c.moe.swiglu_alpha = 1.702;
@@ -411,6 +414,7 @@ std::vector<HostOp> all_cases() {
                            (name == "alibi-sinks" && op.kind == OpKind::kAttention) ||
                            (name == "positions" && op.kind == OpKind::kEmbedding) ||
                            (name == "oss-experts" && op.kind == OpKind::kExpertMlp) ||
+                           (name == "sinks" && op.kind == OpKind::kAttention) ||
                            (name.find("-bias") != std::string::npos && op.kind == OpKind::kSharedMlp) ||
                            (name == "relu2" && op.kind == OpKind::kSharedMlp);
       if (!touched) continue;

@@ -4,6 +4,9 @@
 // forward keeps an online softmax (running max m, sum l) as flash attention
 // does, so nothing of size T×T exists. The backward recomputes probabilities
 // from the saved lse: dq per query row, dk/dv per key row, no atomics.
+// Attention sinks (gpt-oss, exec/kernels.h AttentionExtras): a per-head logit
+// in every row's denominator (the online softmax takes it last) and its
+// gradient -Σ_rows exp(s_h - lse) delta.
 #include <cuda_bf16.h>
 
 #include "exec/cuda/check.h"
@@ -55,7 +58,8 @@ struct Dims {
 };
 
 template <typename T>
-__global__ void forward_kernel(T* o, float* lse, const T* q, const T* k, const T* v, const int32_t* doc, Dims dm) {
+__global__ void forward_kernel(T* o, float* lse, const T* q, const T* k, const T* v, const int32_t* doc,
+                               const float* sinks, Dims dm) {
   const int lane = threadIdx.x % 32;
   const size_t row = size_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;  // (b, h, t)
   if (row >= size_t(dm.B) * dm.H * dm.T) return;
@@ -81,6 +85,15 @@ __global__ void forward_kernel(T* o, float* lse, const T* q, const T* k, const T
     }
     m = m_new;
   }
+  if (sinks) {  // the head's sink logit joins the denominator and has no value (gpt-oss)
+    const float sk = sinks[h];
+    const float m_new = fmaxf(m, sk);
+    const float corr = expf(m - m_new);
+    l = l * corr + expf(sk - m_new);
+#pragma unroll
+    for (int e = 0; e < kMaxPerLane; ++e) acc[e] *= corr;
+    m = m_new;
+  }
   T* orow = o + dm.q_index(b, t, h);
 #pragma unroll
   for (int e = 0; e < kMaxPerLane; ++e) {
@@ -102,6 +115,21 @@ __global__ void delta_kernel(float* delta, const T* dout, const T* o, Dims dm) {
   load_row(r, dout + dm.q_index(b, t, h), dm.hd, lane);
   const float s = dot_row(r, o + dm.q_index(b, t, h), dm.hd, lane);
   if (lane == 0) delta[row] = s;
+}
+
+// dsinks[h] += -Σ_{b,t} exp(s_h - lse) delta: one thread per head walks its
+// rows in order, in double (deterministic; B·T exponentials per head).
+__global__ void sink_grad_kernel(float* dsinks, const float* sinks, const float* lse, const float* delta, Dims dm) {
+  const int h = blockIdx.x * blockDim.x + threadIdx.x;
+  if (h >= dm.H) return;
+  double sum = 0.0;
+  for (int b = 0; b < dm.B; ++b) {
+    for (int t = 0; t < dm.T; ++t) {
+      const size_t r = dm.row_index(b, h, t);
+      sum -= static_cast<double>(expf(sinks[h] - lse[r])) * delta[r];
+    }
+  }
+  dsinks[h] += static_cast<float>(sum);
 }
 
 template <typename T>
@@ -200,24 +228,31 @@ int blocks_for_rows(size_t rows) { return static_cast<int>((rows + kWarpsPerBloc
 
 template <typename T>
 void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const int32_t* doc, int B, int T_,
-                       int H, int kv_stored, int kv_used, int hd, int window, float scale, cudaStream_t stream) {
+                       int H, int kv_stored, int kv_used, int hd, int window, float scale, cudaStream_t stream,
+                       const float* sinks) {
   const Dims dm = make_dims(B, T_, H, kv_stored, kv_used, hd, window, scale);
   const size_t rows = size_t(B) * H * T_;
   if (rows == 0) return;
-  forward_kernel<<<blocks_for_rows(rows), 32 * kWarpsPerBlock, 0, stream>>>(o, lse, q, k, v, doc, dm);
+  forward_kernel<<<blocks_for_rows(rows), 32 * kWarpsPerBlock, 0, stream>>>(o, lse, q, k, v, doc, sinks, dm);
   RS_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* o,
                         const float* lse, const int32_t* doc, float* delta, int B, int T_, int H, int kv_stored,
-                        int kv_used, int hd, int window, float scale, bool accumulate_dkv, cudaStream_t stream) {
+                        int kv_used, int hd, int window, float scale, bool accumulate_dkv, cudaStream_t stream,
+                        const float* sinks, float* dsinks) {
+  RS_CHECK(!sinks || dsinks, "cuda attention_backward: sinks need their gradient buffer");
   const Dims dm = make_dims(B, T_, H, kv_stored, kv_used, hd, window, scale);
   const size_t rows = size_t(B) * H * T_;
   if (rows == 0) return;
   const int threads = 32 * kWarpsPerBlock;
   delta_kernel<<<blocks_for_rows(rows), threads, 0, stream>>>(delta, dout, o, dm);
   RS_CUDA_CHECK(cudaGetLastError());
+  if (sinks) {  // the probabilities (dq, dk, dv) already include the sink through the saved lse
+    sink_grad_kernel<<<(H + threads - 1) / threads, threads, 0, stream>>>(dsinks, sinks, lse, delta, dm);
+    RS_CUDA_CHECK(cudaGetLastError());
+  }
   dq_kernel<<<blocks_for_rows(rows), threads, 0, stream>>>(dq, dout, q, k, v, lse, delta, doc, dm);
   RS_CUDA_CHECK(cudaGetLastError());
   const size_t kv_rows = size_t(B) * T_ * kv_stored;
@@ -228,10 +263,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 
 #define RS_INSTANTIATE(T)                                                                                      \
   template void attention_forward<T>(T*, float*, const T*, const T*, const T*, const int32_t*, int, int, int, \
-                                     int, int, int, int, float, cudaStream_t);                               \
+                                     int, int, int, int, float, cudaStream_t, const float*);                 \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,            \
                                       const float*, const int32_t*, float*, int, int, int, int, int, int, int, \
-                                      float, bool, cudaStream_t);
+                                      float, bool, cudaStream_t, const float*, float*);
 RS_INSTANTIATE(float)
 RS_INSTANTIATE(__nv_bfloat16)
 #undef RS_INSTANTIATE

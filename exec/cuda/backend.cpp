@@ -225,7 +225,7 @@ OpResult CudaBackend::forward(const OpCall& c) {
     case OpKind::kAttention:  // q (N, H, qk), k and v (N, kv, qk) -> (N, H, qk); lse (B, H, T)
       attention_forward<float>(out0.value, c.saved[0].value, in0.value, in1.value, in2.value, c.doc, B, T, H,
                                w(in1) / qk, static_cast<int>(op.kv_heads), qk, static_cast<int>(op.window),
-                               1.0f / std::sqrt(static_cast<float>(qk)), s);
+                               1.0f / std::sqrt(static_cast<float>(qk)), s, op.sinks ? c.w[0] : nullptr);
       return r;
     case OpKind::kXsa: {  // o (N, H, hd), v (N, kv, hd)
       const int hd = w(in0) / H;
@@ -416,7 +416,8 @@ void CudaBackend::backward(const OpCall& c) {
       attention_backward<float>(dq, in1.grad, in2.grad, out0.grad, in0.value, in1.value, in2.value, out0.value,
                                 c.saved[0].value, c.doc, work_.floats(size_t(N) * size_t(H), s), B, T, H,
                                 w(in1) / qk, static_cast<int>(op.kv_heads), qk, static_cast<int>(op.window),
-                                1.0f / std::sqrt(static_cast<float>(qk)), acc_kv, s);
+                                1.0f / std::sqrt(static_cast<float>(qk)), acc_kv, s, op.sinks ? c.w[0] : nullptr,
+                                op.sinks ? c.dw[0] : nullptr);
       grad_done(c, in0, 0);
       return;
     }
@@ -488,6 +489,8 @@ size_t known_params(const models::Op& op) {
     case OpKind::kAttnGate:    // W_gate
     case OpKind::kLmHead:      // W (none when tied: the embedding table is shared)
       return 1;
+    case OpKind::kAttention:   // [sinks (H)]
+      return op.sinks ? 1 : 0;
     case OpKind::kLinear:      // W [, bias]
     case OpKind::kGatedNorm:   // W_down, W_up
     case OpKind::kRouter:      // W [, a learnable selection bias]
@@ -498,7 +501,6 @@ size_t known_params(const models::Op& op) {
       return 3;
     case OpKind::kQkNorm:
     case OpKind::kRope:
-    case OpKind::kAttention:   // no sinks
     case OpKind::kXsa:
     case OpKind::kTopK:
     case OpKind::kDispatch:
@@ -519,9 +521,6 @@ bool device_present() {
 
 Unsupported unsupported(const models::Op& op, const models::ModelConfig& m) {
   const std::string cpu = " (the cpu backend runs it)";
-  if (op.kind == OpKind::kAttention && op.sinks) {
-    return {"/attention/sinks", "false: the CUDA backend runs attention without sinks" + cpu, "true"};
-  }
   if (op.alibi) {
     const bool local = m.attention.local.position == models::PositionKind::kAlibi;
     return {local ? "/attention/local/position" : "/attention/global/position",

@@ -80,7 +80,7 @@ void rope_apply(T* y,                  // (N, heads, hd)
                 int N, int heads, int hd, int rot_dims, float theta, float sign, cudaStream_t stream);
 
 // Causal softmax attention with sliding window, GQA (kv_used of kv_stored
-// heads read) and document masking, as exec/kernels.h's attention_forward /
+// heads read), document masking and optional sinks, as exec/kernels.h's attention_forward /
 // attention_backward (same buffers and shapes; lse saved in fp32). hd ≤ 256.
 // One warp per query row (forward, dq) or key row (dk, dv): exact and
 // deterministic (no atomics), not yet fast — the tensor-core version is future work.
@@ -92,7 +92,8 @@ void attention_forward(Elem* o,             // (B, T, H, hd)
                        const Elem* v,       // (B, T, kv_stored, hd)
                        const int32_t* doc,  // (B, T) or nullptr
                        int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
-                       cudaStream_t stream);
+                       cudaStream_t stream,
+                       const float* sinks = nullptr);  // (H) one logit per head in every denominator, or nullptr
 // dq =; dk, dv = (or += with accumulate_dkv); heads ≥ kv_used of dk/dv get
 // zero (or are left as they are). `delta` is scratch of B·H·T floats.
 template <typename Elem>
@@ -103,7 +104,9 @@ void attention_backward(Elem* dq, Elem* dk, Elem* dv,  // as q, k, v
                         const int32_t* doc,            // (B, T) or nullptr
                         float* delta,                  // (B, H, T) scratch: Σ dout·o per query row
                         int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
-                        bool accumulate_dkv, cudaStream_t stream);
+                        bool accumulate_dkv, cudaStream_t stream,
+                        const float* sinks = nullptr,  // (H) or nullptr
+                        float* dsinks = nullptr);      // (H) += with sinks
 
 // XSA (exclusive self attention): y = o − (o·v / (v·v + eps)) v per token and
 // head, v the token's own value of the kv head the query head reads. fp32.
