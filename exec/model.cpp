@@ -61,7 +61,7 @@ Model::Model(const models::LayerGraph& graph, int64_t batch, int64_t seq, std::u
   const auto& m = graph_.model;
   if (m.recipe.other != models::OptimizerKind::kAdam) {
     throw UserError(m.source_file, "/recipe/optimizer/other",
-                    "adam (gains, biases, sinks and the router are vectors, updated elementwise)",
+                    "adam (the group holds the gains, biases and sinks: vectors, updated elementwise)",
                     models::to_string(m.recipe.other));
   }
   params_ = Arena(std::make_shared<const ArenaLayout>(arena_specs_from_graph(graph_)));
