@@ -12,6 +12,7 @@
 #     routing) equals the one-process run of the dispatch library on the same
 #     4 virtual GPUs
 #   - bad rank counts: one clear line, non-zero exit
+#   - gpt-oss's routed experts (biases, clamped SwiGLU) under EP 2 x DP 2
 # Skips (exit 77, CTest SKIP_RETURN_CODE) only when mpirun is not installed.
 set -u
 bin=${1:?usage: train_mpi.sh path/to/rackstep}
@@ -150,6 +151,26 @@ assert all(s["loss"] - s["ce"] - s["z_loss"] > 1e-3 for s in two), "the router l
 d = max(abs(x["loss"] - y["loss"]) for x, y in zip(one, two))
 assert d < 2e-4, d
 print(f"router losses under DP: max |loss diff| 2 vs 1 process {d:.2e}")
+PY
+
+# gpt-oss's routed experts (per-expert biases, clamped SwiGLU) under expert
+# parallelism: each rank runs its experts' rows of the biases and their
+# gradients (exec/dist.cpp), so EP 2 x DP 2 follows the one-process curve.
+oss="${common/models\/zoo\/tiny-moe.json/tests/models/tiny-gpt-oss-moe.json}"
+oss="${oss/--steps 6/--steps 3}"
+"$bin" train $oss >"$tmp/oss1.json"
+check "1 process gpt-oss experts exits 0" "[ $? -eq 0 ]"
+mpi 4 "$bin" train $oss --dispatch pooled --ep 2 $nodrop >"$tmp/oss4.json"
+check "4 processes EP 2 x DP 2 gpt-oss experts exit 0" "[ $? -eq 0 ]"
+/usr/bin/python3 - "$tmp/oss1.json" "$tmp/oss4.json" <<'PY' || fail=1
+import json, sys
+one, four = (json.load(open(p))["steps"] for p in sys.argv[1:])
+assert len(one) == len(four) == 3
+d = max(abs(x["loss"] - y["loss"]) for x, y in zip(one, four))
+g = max(abs(x["grad_norm"]["adam"] - y["grad_norm"]["adam"]) / x["grad_norm"]["adam"] for x, y in zip(one, four))
+print(f"gpt-oss experts under EP 2 x DP 2: max |loss diff| vs 1 process {d:.2e}, max rel adam grad-norm diff {g:.2e}")
+assert d < 2e-4, d
+assert g < 1e-3, g
 PY
 
 exit $fail
