@@ -26,6 +26,7 @@
 #include "exec/backend.h"
 #include "exec/kernels.h"
 #include "models/layer_graph.h"
+#include "sim/base/check.h"
 #include "sim/base/source_dir.h"
 #include "sim/calibration.h"
 #include "sim/cost.h"
@@ -576,7 +577,13 @@ TEST_CASE("every OpKind on every other backend matches the CPU reference", "[.][
     for (HostOp& h : all_cases()) {
       INFO(h.label << " on " << name);
       const Ran ref = Runner(*cpu, h).run(true);
-      const Ran got = Runner(*be, h).run(true);
+      Ran got;
+      try {
+        got = Runner(*be, h).run(true);
+      } catch (const UserError& e) {  // an op this backend refuses (one line naming the model setting): listed, not compared
+        std::printf("%-28s %-6s refused: %s\n", h.label.c_str(), name.c_str(), e.what());
+        continue;
+      }
       double fwd = 0, bwd = 0;
       for (int j = 0; j < h.n_out; ++j) fwd = std::max(fwd, norm_error(got.out[j], ref.out[j]));
       for (int j = 0; j < 3; ++j) fwd = std::max(fwd, norm_error(got.saved[j], ref.saved[j]));
