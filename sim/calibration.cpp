@@ -98,6 +98,18 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.grouped_anchor_peak_flops_per_s = sourced(gg, "anchor_peak_flops_per_s", pos);
   gg.finish();
 
+  if (r.has("dense_kernels")) {  // optional: a dense MLP's activation as a kernel of its own
+    JsonReader dk = r.object("dense_kernels");
+    if (dk.has("activation_fwd_bytes_per_fc1_elem")) {
+      c.dense_act_fwd_bytes = sourced(dk, "activation_fwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
+    }
+    if (dk.has("activation_bwd_bytes_per_fc1_elem")) {
+      c.dense_act_bwd_bytes = sourced(dk, "activation_bwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
+    }
+    dk.ignore("comment");
+    dk.finish();
+  }
+
   if (r.has("moe_kernels")) {  // optional: the trainer's MoE kernels beside the expert GEMMs
     JsonReader mk = r.object("moe_kernels");
     for (const auto& [key, field] : {std::pair{"sort_rows_by_local_expert", &c.moe_sort_rows_by_local_expert},

@@ -282,6 +282,15 @@ ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibrat
   return x;
 }
 
+DenseActivationBytes dense_activation_bytes(const OpEntry& e, const Calibration& cal, double rows, double n) {
+  DenseActivationBytes x;
+  if (e.kind != OpKind::kSharedMlp) return x;
+  const double fc1 = rows * (e.gemm_count == 3 ? 2.0 : 1.0) * n;
+  x.fwd = fc1 * cal.dense_act_fwd_bytes;
+  x.bwd = fc1 * cal.dense_act_bwd_bytes;
+  return x;
+}
+
 double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim) {
   if (points.empty()) return 1.0;
   if (head_dim <= points.front().first) return points.front().second;
@@ -471,10 +480,12 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double kernels = e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
       const Fp8QuantizeTime q = fp8_quantize(e, ctx);
       const double bwd_eff = eff * (fp8 ? fp8_backward_factor(ctx) : 1.0);
+      const DenseActivationBytes act = dense_activation_bytes(e, cal, rows, n);
+      const double act_bw = bw * cal.mem_eff_elementwise;
       t.fwd_flops = flops + e.ew_flops_per_token * tokens;
       t.bwd_flops = 2.0 * t.fwd_flops;
-      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s;
-      t.bwd_s = std::max(2.0 * flops / (peak * bwd_eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s + act.fwd / act_bw;
+      t.bwd_s = std::max(2.0 * flops / (peak * bwd_eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + act.bwd / act_bw;
       return t;
     }
     case OpClass::kGroupedGemm: {

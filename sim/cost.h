@@ -160,6 +160,16 @@ struct ExpertElementwiseBytes {
 };
 ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibration& cal, double rows, double n);
 
+// Bytes a dense MLP's activation moves through HBM as a kernel of its own between fc1
+// and fc2 (Megatron's fused bias-GeLU / bias-SwiGLU), in one forward and one backward,
+// for `rows` rows and `n` MLP width per GPU: cal.dense_act_*_bytes per fc1-output
+// element (2 n per row for a gated MLP, n for a plain one). 0 for ops that are not a
+// dense MLP (OpKind::kSharedMlp) and where the stack fuses the activation into a GEMM.
+struct DenseActivationBytes {
+  double fwd = 0, bwd = 0;
+};
+DenseActivationBytes dense_activation_bytes(const OpEntry& e, const Calibration& cal, double rows, double n);
+
 // Attention kernel efficiency at head dim `head_dim` relative to head dim 128 (the
 // calibration's head-dim points, linear between them, held beyond the ends; 1 without points).
 double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim);
