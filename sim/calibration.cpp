@@ -145,6 +145,13 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.attention_head_dim_fwd = head_dim_points("head_dim_fwd_factor");
   c.attention_head_dim_bwd = head_dim_points("head_dim_bwd_factor");
   if (att.has("tile_tokens")) c.attention_tile_tokens = sourced(att, "tile_tokens", nonneg);
+  if (att.has("unfused")) {  // optional: score matrices through HBM (no flash kernel)
+    JsonReader un = att.object("unfused");
+    c.attention_unfused_fwd_bytes = sourced(un, "fwd_bytes_per_score", {.min_exclusive = 0, .max = 64});
+    c.attention_unfused_bwd_bytes = sourced(un, "bwd_bytes_per_score", {.min_exclusive = 0, .max = 64});
+    un.ignore("comment");
+    un.finish();
+  }
   if (att.has("per_gpu")) {
     JsonReader per_gpu = att.object("per_gpu");
     for (auto it = per_gpu.raw().begin(); it != per_gpu.raw().end(); ++it) {

@@ -93,6 +93,12 @@ struct Calibration {
   // Query and key tile of the flash kernel: it computes whole tiles, so a causal
   // or sliding-window span is rounded out to tiles (attention_tiled_span). 0 = exact.
   double attention_tile_tokens = 0;
+  // Unfused attention (block attention.unfused; 0 = a fused flash kernel): the trainer
+  // materialises every head's seq x seq score matrix in HBM: a batched GEMM writes the
+  // scores, elementwise kernels (scale-mask-softmax, dropout) pass over them, a second
+  // batched GEMM reads them (sim/cost.cpp unfused_attention_time). Bytes per score of
+  // the elementwise kernels between the GEMMs, forward and backward.
+  double attention_unfused_fwd_bytes = 0, attention_unfused_bwd_bytes = 0;
   // The routed experts' elementwise passes that run as kernels of their own beside
   // the grouped GEMMs (sim/cost.h expert_elementwise_bytes), bytes through HBM per
   // element: the GLU activation and a clamped SwiGLU's clamps per fc1-output element

@@ -186,6 +186,16 @@ struct OpTime {
   double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU
 };
 
+// An attention op priced as unfused (cal.attention_unfused_fwd_bytes > 0: Megatron-LM
+// before flash attention): per head, a batched GEMM writes the seq x seq scores (Q K^T),
+// scale-mask-softmax and dropout pass over them in HBM, a second batched GEMM reads the
+// probabilities (P V); backward runs four batched GEMMs (dP, dV, dQ, dK) around the
+// dropout and softmax backward passes. Each GEMM is the roofline of its FLOPs at the
+// GEMM curve for its shape and its score bytes (2 B per score read or written); the
+// elementwise passes move cal.attention_unfused_*_bytes per score. The whole square is
+// computed (the causal mask is applied inside the softmax).
+OpTime unfused_attention_time(const OpEntry& e, const PriceContext& ctx);
+
 // Host issue time of one forward of an op: framework calls x ctx.op_issue_s plus
 // kernel launches x cal.launch_overhead_s (grouped GEMMs one launch per local expert
 // and matrix where cal.grouped_gemm_launch_per_expert); 0 when ctx.op_issue_s is 0
