@@ -98,6 +98,18 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.grouped_anchor_peak_flops_per_s = sourced(gg, "anchor_peak_flops_per_s", pos);
   gg.finish();
 
+  if (r.has("dense_kernels")) {  // optional: a dense MLP's activation as a kernel of its own
+    JsonReader dk = r.object("dense_kernels");
+    if (dk.has("activation_fwd_bytes_per_fc1_elem")) {
+      c.dense_act_fwd_bytes = sourced(dk, "activation_fwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
+    }
+    if (dk.has("activation_bwd_bytes_per_fc1_elem")) {
+      c.dense_act_bwd_bytes = sourced(dk, "activation_bwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
+    }
+    dk.ignore("comment");
+    dk.finish();
+  }
+
   if (r.has("moe_kernels")) {  // optional: the trainer's MoE kernels beside the expert GEMMs
     JsonReader mk = r.object("moe_kernels");
     for (const auto& [key, field] : {std::pair{"sort_rows_by_local_expert", &c.moe_sort_rows_by_local_expert},
@@ -133,6 +145,13 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.attention_head_dim_fwd = head_dim_points("head_dim_fwd_factor");
   c.attention_head_dim_bwd = head_dim_points("head_dim_bwd_factor");
   if (att.has("tile_tokens")) c.attention_tile_tokens = sourced(att, "tile_tokens", nonneg);
+  if (att.has("unfused")) {  // optional: score matrices through HBM (no flash kernel)
+    JsonReader un = att.object("unfused");
+    c.attention_unfused_fwd_bytes = sourced(un, "fwd_bytes_per_score", {.min_exclusive = 0, .max = 64});
+    c.attention_unfused_bwd_bytes = sourced(un, "bwd_bytes_per_score", {.min_exclusive = 0, .max = 64});
+    un.ignore("comment");
+    un.finish();
+  }
   if (att.has("per_gpu")) {
     JsonReader per_gpu = att.object("per_gpu");
     for (auto it = per_gpu.raw().begin(); it != per_gpu.raw().end(); ++it) {

@@ -70,6 +70,11 @@ struct Calibration {
   bool moe_fp8_pad_expert_rows = false;        // FP8 expert GEMMs copy each expert's rows to the FP8 alignment (TE Fp8Padding / Fp8Unpadding)
   bool moe_activation_kernel = false;          // the experts' activation is a kernel of its own between the two grouped GEMMs
   bool moe_fp8_quantize_per_expert = false;    // FP8 inputs of the grouped GEMMs are quantized expert by expert (TE split_quantize)
+  // A dense MLP's activation (GLU or GeLU) run as a kernel of its own between fc1 and fc2
+  // (calibration block `dense_kernels`, sim/cost.cpp dense_activation_bytes): bytes through
+  // HBM per fc1-output element (2 x width per row for a gated MLP) in forward and backward.
+  // 0: fused into the GEMMs or hidden by a compiler (Marin's XLA step).
+  double dense_act_fwd_bytes = 0, dense_act_bwd_bytes = 0;
   // Attention kernels (flash): fraction of peak in forward / backward.
   double attention_fwd_eff = 0.45;
   double attention_bwd_eff = 0.45;
@@ -88,6 +93,12 @@ struct Calibration {
   // Query and key tile of the flash kernel: it computes whole tiles, so a causal
   // or sliding-window span is rounded out to tiles (attention_tiled_span). 0 = exact.
   double attention_tile_tokens = 0;
+  // Unfused attention (block attention.unfused; 0 = a fused flash kernel): the trainer
+  // materialises every head's seq x seq score matrix in HBM: a batched GEMM writes the
+  // scores, elementwise kernels (scale-mask-softmax, dropout) pass over them, a second
+  // batched GEMM reads them (sim/cost.cpp unfused_attention_time). Bytes per score of
+  // the elementwise kernels between the GEMMs, forward and backward.
+  double attention_unfused_fwd_bytes = 0, attention_unfused_bwd_bytes = 0;
   // The routed experts' elementwise passes that run as kernels of their own beside
   // the grouped GEMMs (sim/cost.h expert_elementwise_bytes), bytes through HBM per
   // element: the GLU activation and a clamped SwiGLU's clamps per fc1-output element

@@ -282,6 +282,15 @@ ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibrat
   return x;
 }
 
+DenseActivationBytes dense_activation_bytes(const OpEntry& e, const Calibration& cal, double rows, double n) {
+  DenseActivationBytes x;
+  if (e.kind != OpKind::kSharedMlp) return x;
+  const double fc1 = rows * (e.gemm_count == 3 ? 2.0 : 1.0) * n;
+  x.fwd = fc1 * cal.dense_act_fwd_bytes;
+  x.bwd = fc1 * cal.dense_act_bwd_bytes;
+  return x;
+}
+
 double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim) {
   if (points.empty()) return 1.0;
   if (head_dim <= points.front().first) return points.front().second;
@@ -471,10 +480,12 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double kernels = e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
       const Fp8QuantizeTime q = fp8_quantize(e, ctx);
       const double bwd_eff = eff * (fp8 ? fp8_backward_factor(ctx) : 1.0);
+      const DenseActivationBytes act = dense_activation_bytes(e, cal, rows, n);
+      const double act_bw = bw * cal.mem_eff_elementwise;
       t.fwd_flops = flops + e.ew_flops_per_token * tokens;
       t.bwd_flops = 2.0 * t.fwd_flops;
-      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s;
-      t.bwd_s = std::max(2.0 * flops / (peak * bwd_eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s;
+      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s + act.fwd / act_bw;
+      t.bwd_s = std::max(2.0 * flops / (peak * bwd_eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + act.bwd / act_bw;
       return t;
     }
     case OpClass::kGroupedGemm: {
@@ -504,6 +515,7 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       return t;
     }
     case OpClass::kAttention: {
+      if (cal.attention_unfused_fwd_bytes > 0) return unfused_attention_time(e, ctx);
       // FLOPs the model does (the exact span) and those the kernel computes (whole tiles:
       // for a 128-token window, a 128-row query tile touches two 128-key tiles).
       const double span = exact_span(e.window, ctx.seq);
@@ -556,6 +568,36 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
 }
 
 }  // namespace
+
+OpTime unfused_attention_time(const OpEntry& e, const PriceContext& ctx) {
+  const Calibration& cal = *ctx.cal;
+  RS_CHECK(e.cls == OpClass::kAttention, "unfused attention prices attention ops");
+  const double seq = ctx.seq;
+  // This GPU's heads (heads / tp) over the micro-batch's tokens, every query against every key.
+  const double scores = ctx.tokens / ctx.tp * e.heads * seq;
+  const double bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_elementwise;
+  const double launch = cal.launch_overhead_s;
+  const double qk = e.qk_head_dim, v = e.head_dim;
+  // One batched GEMM over the heads: 2 FLOPs per score and contracted element; it writes
+  // or reads the fp16 scores once (2 B each); (m, n, k) of one head's product.
+  const auto gemm_s = [&](double contract, double m, double n, double k) {
+    const double eff = gemm_efficiency_at(cal, ctx.gemm_peak_eff, m, n, k);
+    return std::max(2.0 * scores * contract / (ctx.peak_flops_per_s * eff), 2.0 * scores / bw) + launch;
+  };
+  OpTime t;
+  const double fwd_gemm_s = gemm_s(qk, seq, seq, qk)    // S = Q K^T, writes the scores
+                            + gemm_s(v, seq, v, seq);   // O = P V, reads the probabilities
+  const double bwd_gemm_s = gemm_s(v, seq, seq, v)      // dP = dO V^T, writes dP
+                            + gemm_s(v, v, seq, seq)    // dV = P^T dO, reads P
+                            + gemm_s(qk, seq, qk, seq)  // dQ = dS K, reads dS
+                            + gemm_s(qk, qk, seq, seq);  // dK = dS^T Q, reads dS
+  // Softmax and dropout: one kernel each way and direction.
+  t.fwd_s = fwd_gemm_s + scores * cal.attention_unfused_fwd_bytes / bw + 2.0 * launch;
+  t.bwd_s = bwd_gemm_s + scores * cal.attention_unfused_bwd_bytes / bw + 2.0 * launch;
+  t.fwd_flops = 2.0 * scores * (qk + v) + 3.0 * scores;
+  t.bwd_flops = 2.0 * t.fwd_flops;
+  return t;
+}
 
 // A linear saves its input; a fused SwiGLU (gemm_count 3) saves x and h, the
 // inputs of w1|w3 and of w2, beside the bf16 h1, h3 that its activation

@@ -160,6 +160,16 @@ struct ExpertElementwiseBytes {
 };
 ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibration& cal, double rows, double n);
 
+// Bytes a dense MLP's activation moves through HBM as a kernel of its own between fc1
+// and fc2 (Megatron's fused bias-GeLU / bias-SwiGLU), in one forward and one backward,
+// for `rows` rows and `n` MLP width per GPU: cal.dense_act_*_bytes per fc1-output
+// element (2 n per row for a gated MLP, n for a plain one). 0 for ops that are not a
+// dense MLP (OpKind::kSharedMlp) and where the stack fuses the activation into a GEMM.
+struct DenseActivationBytes {
+  double fwd = 0, bwd = 0;
+};
+DenseActivationBytes dense_activation_bytes(const OpEntry& e, const Calibration& cal, double rows, double n);
+
 // Attention kernel efficiency at head dim `head_dim` relative to head dim 128 (the
 // calibration's head-dim points, linear between them, held beyond the ends; 1 without points).
 double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim);
@@ -175,6 +185,16 @@ struct OpTime {
   double fwd_s = 0, bwd_s = 0;
   double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU
 };
+
+// An attention op priced as unfused (cal.attention_unfused_fwd_bytes > 0: Megatron-LM
+// before flash attention): per head, a batched GEMM writes the seq x seq scores (Q K^T),
+// scale-mask-softmax and dropout pass over them in HBM, a second batched GEMM reads the
+// probabilities (P V); backward runs four batched GEMMs (dP, dV, dQ, dK) around the
+// dropout and softmax backward passes. Each GEMM is the roofline of its FLOPs at the
+// GEMM curve for its shape and its score bytes (2 B per score read or written); the
+// elementwise passes move cal.attention_unfused_*_bytes per score. The whole square is
+// computed (the causal mask is applied inside the softmax).
+OpTime unfused_attention_time(const OpEntry& e, const PriceContext& ctx);
 
 // Host issue time of one forward of an op: framework calls x ctx.op_issue_s plus
 // kernel launches x cal.launch_overhead_s (grouped GEMMs one launch per local expert

@@ -1,0 +1,141 @@
+// Dense-layer kernels an eager trainer runs beside its GEMMs (issue 13, calibration block
+// `dense_kernels`, sim/cost.cpp): Megatron's MLP runs its activation (fused bias-GeLU or
+// bias-SwiGLU) as a kernel of its own between fc1 and fc2, a pass over the fc1 output
+// that the GEMMs' roofline does not see. A compiled step (the base calibration) adds none.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "sim/base/check.h"
+#include "sim/base/source_dir.h"
+#include "sim/cost.h"
+#include "sim/stack.h"
+
+using namespace rackstep;
+using namespace rackstep::sim;
+
+namespace {
+
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
+
+const OpEntry& dense_op(const OpTable& t, models::OpKind kind) {
+  for (const auto& c : t.classes) {
+    for (const auto& e : c.ops) {
+      if (e.kind == kind) return e;
+    }
+  }
+  RS_CHECK(false, "the model has this op kind");
+  return t.classes.front().ops.front();
+}
+
+// Llama 3 8B (d_model 4096, SwiGLU width 14336) on a B200: one micro-batch of 16,384 tokens.
+struct Llama8b {
+  OpTable t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/dgx-b200.json"));
+
+  PriceContext ctx(const Calibration& cal, double tokens = 16384, double tp = 1) const {
+    PriceContext c;
+    c.gpu = &sys.gpu;
+    c.cal = &cal;
+    c.tokens = tokens;
+    c.seq = 8192;
+    c.tp = tp;
+    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
+    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
+    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
+    return c;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("The base calibration prices no dense activation pass; Megatron stacks do", "[dense_kernels]") {
+  const Calibration& base = default_calibration();
+  CHECK(base.dense_act_fwd_bytes == 0);
+  CHECK(base.dense_act_bwd_bytes == 0);
+  for (const char* s : {"megatron-bridge-2025", "megatron-lm", "megatron-lm-2021", "megatron-deepspeed-2021"}) {
+    const Calibration c = stack_calibration(load_stack(stack_path(s)));
+    INFO(s);
+    CHECK(c.dense_act_fwd_bytes > 0);
+    CHECK(c.dense_act_bwd_bytes > c.dense_act_fwd_bytes);  // the backward also reads the saved fc1 output
+  }
+}
+
+TEST_CASE("A dense MLP's activation kernel adds its HBM traffic over the fc1 output, per GPU", "[dense_kernels]") {
+  const Llama8b m;
+  Calibration off_cal = default_calibration();
+  Calibration on_cal = off_cal;
+  on_cal.dense_act_fwd_bytes = 3.0;  // bias_swiglu_impl: reads [h1|h3], writes h
+  on_cal.dense_act_bwd_bytes = 5.0;  // reads dh and [h1|h3], writes d[h1|h3]
+  const OpEntry& mlp = dense_op(m.t, models::OpKind::kSharedMlp);
+  const double width = 14336.0;
+  for (const double tp : {1.0, 4.0}) {
+    const PriceContext off = m.ctx(off_cal, 16384, tp), on = m.ctx(on_cal, 16384, tp);
+    const double bw = on.hbm_bw_bytes_per_s * on_cal.mem_eff_elementwise;
+    const double fc1 = 16384.0 * 2.0 * width / tp;  // gated: h1 and h3, split over tp
+    INFO("tp " << tp);
+    CHECK(price_op(mlp, on).fwd_s - price_op(mlp, off).fwd_s == Approx(fc1 * 3.0 / bw).epsilon(1e-9));
+    CHECK(price_op(mlp, on).bwd_s - price_op(mlp, off).bwd_s == Approx(fc1 * 5.0 / bw).epsilon(1e-9));
+  }
+  // It grows with the tokens: twice the micro-batch, twice the added time.
+  const PriceContext off2 = m.ctx(off_cal, 32768), on2 = m.ctx(on_cal, 32768);
+  const PriceContext off1 = m.ctx(off_cal), on1 = m.ctx(on_cal);
+  CHECK(price_op(mlp, on2).fwd_s - price_op(mlp, off2).fwd_s ==
+        Approx(2.0 * (price_op(mlp, on1).fwd_s - price_op(mlp, off1).fwd_s)).epsilon(1e-9));
+  // Linear layers (no activation) do not see it.
+  const OpEntry& lin = dense_op(m.t, models::OpKind::kLinear);
+  CHECK(price_op(lin, on1).fwd_s == price_op(lin, off1).fwd_s);
+  CHECK(price_op(lin, on1).bwd_s == price_op(lin, off1).bwd_s);
+}
+
+TEST_CASE("Unfused attention passes its score matrices through HBM: 2021 Megatron stacks only", "[dense_kernels]") {
+  CHECK(default_calibration().attention_unfused_fwd_bytes == 0);
+  CHECK(stack_calibration(load_stack(stack_path("megatron-bridge-2025"))).attention_unfused_fwd_bytes == 0);  // cuDNN fused attention
+  for (const char* s : {"megatron-lm-2021", "megatron-deepspeed-2021"}) {
+    const Calibration c = stack_calibration(load_stack(stack_path(s)));
+    INFO(s);
+    CHECK(c.attention_unfused_fwd_bytes > 0);
+    CHECK(c.attention_unfused_bwd_bytes > 0);
+  }
+
+  // GPT 1.7B of Narayanan et al. (24 heads of 96, sequence 2048) on an A100.
+  const OpTable t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/megatron-gpt-1.7b.json"))));
+  const topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/dgx-a100-80gb.json"));
+  const OpEntry& att = dense_op(t, models::OpKind::kAttention);
+  Calibration flash = default_calibration();
+  flash.attention_bwd_eff = flash.attention_fwd_eff;
+  Calibration unfused = flash;
+  unfused.attention_unfused_fwd_bytes = 8.0;
+  unfused.attention_unfused_bwd_bytes = 9.0;
+  Calibration heavier = unfused;
+  heavier.attention_unfused_fwd_bytes = 16.0;
+  heavier.attention_unfused_bwd_bytes = 18.0;
+  const auto ctx = [&](const Calibration& cal, double seq, double tp) {
+    PriceContext c;
+    c.gpu = &sys.gpu;
+    c.cal = &cal;
+    c.tokens = seq;
+    c.seq = seq;
+    c.tp = tp;
+    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
+    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
+    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
+    return c;
+  };
+  const PriceContext u = ctx(unfused, 2048, 1), h = ctx(heavier, 2048, 1), f = ctx(flash, 2048, 1);
+  // The elementwise passes move their bytes per score: heads x seq x seq on this GPU.
+  const double scores = 2048.0 * 24.0 * 2048.0;
+  const double bw = u.hbm_bw_bytes_per_s * unfused.mem_eff_elementwise;
+  CHECK(price_op(att, h).fwd_s - price_op(att, u).fwd_s == Approx(scores * 8.0 / bw).epsilon(1e-9));
+  CHECK(price_op(att, h).bwd_s - price_op(att, u).bwd_s == Approx(scores * 9.0 / bw).epsilon(1e-9));
+  // Slower than a flash kernel at the same shape, and it computes the whole square (no causal skip).
+  CHECK(price_op(att, u).fwd_s > 2.0 * price_op(att, f).fwd_s);
+  CHECK(price_op(att, u).fwd_flops == Approx(2.0 * scores * (96.0 + 96.0) + 3.0 * scores));
+  // Tensor parallelism splits the heads: a quarter of the scores per GPU at tp 4.
+  const PriceContext u4 = ctx(unfused, 2048, 4), h4 = ctx(heavier, 2048, 4);
+  CHECK(price_op(att, h4).fwd_s - price_op(att, u4).fwd_s == Approx(scores / 4.0 * 8.0 / bw).epsilon(1e-9));
+  // Per token the score passes grow with the sequence: twice the sequence (same tokens), twice the pass.
+  PriceContext u2 = u, h2 = h;
+  u2.seq = h2.seq = 4096;
+  CHECK(price_op(att, h2).fwd_s - price_op(att, u2).fwd_s == Approx(2.0 * scores * 8.0 / bw).epsilon(1e-9));
+}
