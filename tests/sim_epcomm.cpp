@@ -281,3 +281,36 @@ TEST_CASE("epcomm: HybridEP moves the flex dispatcher's rows at its kernels' sha
           FlexBackend::kDeepEp);
   }
 }
+
+TEST_CASE("epcomm: HybridEP is run and swept only under a stack that ships it", "[epcomm][sweep]") {
+  const Stack bridge = load_stack(stack_path("megatron-bridge-2025"));
+  Stack deepep_only = bridge;
+  deepep_only.supports.ep_flex_backends = {FlexBackend::kDeepEp};
+  const Layout hybrid = qwen_rack_flex(FlexBackend::kHybridEp);
+  CHECK(stack_runs(hybrid, bridge));
+  const std::vector<LayoutIssue> why = check_stack(hybrid, deepep_only);
+  REQUIRE(why.size() == 1);
+  CHECK(why[0].detail.find("HybridEP") != std::string::npos);
+  CHECK(stack_runs(qwen_rack_flex(FlexBackend::kDeepEp), deepep_only));
+
+  const Predictor& p = testing::qwen235b_h100_8_nodes();
+  SweepOptions opt;
+  opt.threads = 1;
+  opt.top = 200;
+  opt.stack = &bridge;
+  const SweepResult with = sweep(p, opt);
+  opt.stack = &deepep_only;
+  const SweepResult without = sweep(p, opt);
+  opt.stack = nullptr;
+  const SweepResult no_stack = sweep(p, opt);
+  CHECK(with.enumerated > without.enumerated);
+  const auto hybrid_count = [](const SweepResult& r) {
+    int n = 0;
+    for (const auto& e : r.top) n += e.layout.ep_flex_backend == FlexBackend::kHybridEp ? 1 : 0;
+    return n;
+  };
+  CHECK(hybrid_count(without) == 0);
+  CHECK(hybrid_count(no_stack) == 0);  // a library only a stack's file names
+  INFO("top layouts with HybridEP " << hybrid_count(with));
+  CHECK(hybrid_count(with) > 0);
+}
