@@ -51,6 +51,24 @@ std::vector<std::string> sourced_gpu_names(JsonReader& parent, const std::string
 
 double shape_factor(double x, double half) { return x / (x + half); }
 
+// A list of measured EP dispatch/combine points ({"ep", "dispatch", "combine"}, each
+// share sourced), sorted by EP size; at least one.
+std::vector<EpBandwidthPoint> ep_bandwidth_points(JsonReader& col, const std::string& key) {
+  const NumberRange frac{.min_exclusive = 0, .max = 1};
+  std::vector<EpBandwidthPoint> pts;
+  for (JsonReader& p : col.object_list(key)) {
+    EpBandwidthPoint pt;
+    pt.ep = p.integer("ep", {.min = 2});
+    pt.dispatch_eff = sourced(p, "dispatch", frac);
+    pt.combine_eff = sourced(p, "combine", frac);
+    p.finish();
+    pts.push_back(pt);
+  }
+  if (pts.empty()) col.fail(key, "at least one measured EP bandwidth point", "an empty list");
+  std::sort(pts.begin(), pts.end(), [](const auto& a, const auto& b) { return a.ep < b.ep; });
+  return pts;
+}
+
 }  // namespace
 
 Calibration parse_calibration(const nlohmann::json& doc, const std::string& file) {
@@ -198,16 +216,8 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.scale_out_eff = sourced(col, "scale_out_efficiency", frac);
   c.inter_domain_nics = sourced(col, "inter_domain_nics", nonneg);
   c.inter_domain_step_latency_s = sourced(col, "inter_domain_step_latency_s", nonneg);
-  for (JsonReader& p : col.object_list("ep_nvlink")) {
-    EpBandwidthPoint pt;
-    pt.ep = p.integer("ep", {.min = 2});
-    pt.dispatch_eff = sourced(p, "dispatch", frac);
-    pt.combine_eff = sourced(p, "combine", frac);
-    p.finish();
-    c.ep_nvlink.push_back(pt);
-  }
-  if (c.ep_nvlink.empty()) col.fail("ep_nvlink", "at least one measured EP bandwidth point", "an empty list");
-  std::sort(c.ep_nvlink.begin(), c.ep_nvlink.end(), [](const auto& a, const auto& b) { return a.ep < b.ep; });
+  c.ep_nvlink = ep_bandwidth_points(col, "ep_nvlink");
+  c.ep_hybridep_nvlink = ep_bandwidth_points(col, "ep_hybridep_nvlink");
   c.ep_a2a_latency_s = sourced(col, "ep_a2a_latency_s", nonneg);
   c.ep_ragged_sync_s = sourced(col, "ep_ragged_sync_s", nonneg);
   c.ep_wave_overlap_eff = sourced(col, "ep_wave_overlap_efficiency", {.min = 0, .max = 1});
@@ -381,5 +391,7 @@ double interp_ep(const std::vector<EpBandwidthPoint>& pts, int64_t ep, bool disp
 
 double ep_dispatch_eff(const Calibration& c, int64_t ep) { return interp_ep(c.ep_nvlink, ep, true); }
 double ep_combine_eff(const Calibration& c, int64_t ep) { return interp_ep(c.ep_nvlink, ep, false); }
+double ep_hybridep_dispatch_eff(const Calibration& c, int64_t ep) { return interp_ep(c.ep_hybridep_nvlink, ep, true); }
+double ep_hybridep_combine_eff(const Calibration& c, int64_t ep) { return interp_ep(c.ep_hybridep_nvlink, ep, false); }
 
 }  // namespace rackstep::sim

@@ -127,7 +127,8 @@ struct Calibration {
   double scale_out_eff = 0.85;                    // rail-aligned rings over the NICs
   double inter_domain_nics = 0;                   // NICs per domain one communicator drives (0 = all)
   double inter_domain_step_latency_s = 45e-6;     // per step of a chunked ring across domains
-  std::vector<EpBandwidthPoint> ep_nvlink;        // sorted by ep
+  std::vector<EpBandwidthPoint> ep_nvlink;        // sorted by ep: all-to-all and DeepEP
+  std::vector<EpBandwidthPoint> ep_hybridep_nvlink;  // sorted by ep: HybridEP's dispatch / combine kernels
   double ep_a2a_latency_s = 30e-6;                // per all-to-all call
   double ep_ragged_sync_s = 20e-6;                // ragged: size exchange before each call
   double ep_wave_overlap_eff = 0.5;               // pooled waves: achieved share of ideal overlap
@@ -252,5 +253,8 @@ double host_op_issue_s(const Calibration& c, const topologies::GpuSpec& gpu);
 // EP dispatch / combine efficiency vs NVLink measured bandwidth, interpolated in log(ep).
 double ep_dispatch_eff(const Calibration& c, int64_t ep);
 double ep_combine_eff(const Calibration& c, int64_t ep);
+// The same for the flex dispatcher's HybridEP backend (Layout::ep_flex_backend).
+double ep_hybridep_dispatch_eff(const Calibration& c, int64_t ep);
+double ep_hybridep_combine_eff(const Calibration& c, int64_t ep);
 
 }  // namespace rackstep::sim

@@ -350,6 +350,11 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_dispatcher = r.choice("ep_dispatcher", {"all_to_all", "flex"}, "all_to_all") == "flex" ? EpDispatcher::kFlex
                                                                                           : EpDispatcher::kAllToAll;
+  if (r.has("ep_flex_backend") && l.ep_dispatcher != EpDispatcher::kFlex) {
+    r.fail("ep_flex_backend", "ep_dispatcher \"flex\" (the backend is the flex dispatcher's)", "ep_dispatcher \"all_to_all\"");
+  }
+  l.ep_flex_backend = r.choice("ep_flex_backend", {"deepep", "hybridep"}, "deepep") == "hybridep" ? FlexBackend::kHybridEp
+                                                                                               : FlexBackend::kDeepEp;
   l.ep_a2a_overlap = r.boolean("ep_a2a_overlap", false);
   l.cuda_graphs = parse_cuda_graphs(r, l.recompute);
   r.finish();
@@ -423,6 +428,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   if (l.ep_dispatcher == EpDispatcher::kFlex) j["ep_dispatcher"] = "flex";
+  if (l.ep_dispatcher == EpDispatcher::kFlex && l.ep_flex_backend == FlexBackend::kHybridEp) j["ep_flex_backend"] = "hybridep";
   if (l.ep_a2a_overlap) j["ep_a2a_overlap"] = true;
   if (l.cuda_graphs != 0) {
     j["cuda_graphs"] = nlohmann::json::array();
@@ -457,7 +463,9 @@ std::string describe(const Layout& l) {
   if (l.grad_dtype != GradDtype::kAsMaster) s << " | grads " << (l.grad_dtype == GradDtype::kFp32 ? "fp32" : "bf16");
   s << " | opt " << (l.optimizer_state == StatePlacement::kHost ? "host" : "device");
   if (l.ep > 1) s << " | " << transport_name(l.ep_transport);
-  if (l.ep > 1 && l.ep_dispatcher == EpDispatcher::kFlex) s << " flex";
+  if (l.ep > 1 && l.ep_dispatcher == EpDispatcher::kFlex) {
+    s << " flex" << (l.ep_flex_backend == FlexBackend::kHybridEp ? " hybridep" : "");
+  }
   if (l.ep > 1 && l.ep_a2a_overlap) s << " +a2a overlap";
   if (l.cuda_graphs != 0) {
     s << " | graphs";

@@ -72,6 +72,12 @@ enum class Fp8Gemms { kNone, kExperts, kLinear };
 //               (token, destination domain) forwarded over NVLink there: DeepEP /
 //               HybridEP behind Megatron-Core's MoEFlexTokenDispatcher.
 enum class EpDispatcher { kAllToAll, kFlex };
+// Which library runs the flex dispatcher's dispatch and combine (Megatron-Core
+// moe_flex_dispatcher_backend, default 'deepep' in TransformerConfig): DeepEP, or
+// NVIDIA's HybridEP (TMA copies inside the NVLink domain, the registered buffer's copy
+// fused into the permute). They move the same rows; their kernels reach different
+// shares of the link (sim/calibration.json collectives.ep_nvlink / ep_hybridep_nvlink).
+enum class FlexBackend { kDeepEp, kHybridEp };
 // How FP8 GEMM inputs are scaled (Transformer Engine recipes): each sets the memory-bound
 // quantization passes before the GEMMs (sim/cost.cpp, fp8_quantize). Delayed is the
 // default: Megatron-LM's --fp8-recipe and Transformer Engine's fp8_autocast default.
@@ -150,6 +156,7 @@ struct Layout {
   double tp_comm_overlap = -1;   // share of TP collectives hidden (this run's setting); < 0 = the stack's
   double ep_comm_overlap = -1;   // share of ragged EP all-to-all hidden; < 0 = none (exposed)
   EpDispatcher ep_dispatcher = EpDispatcher::kAllToAll;  // what the EP all-to-all sends (above)
+  FlexBackend ep_flex_backend = FlexBackend::kDeepEp;     // flex only: whose kernels move the rows (above)
   // Megatron-Core's EP overlap (--overlap-moe-expert-parallel-comm; Megatron-Bridge
   // moe_a2a_overlap): in the 1F1B steady state one micro-batch's forward runs merged
   // with another's backward, each one's EP all-to-all hidden behind the other's compute.

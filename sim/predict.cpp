@@ -200,6 +200,15 @@ struct Groups {
   Group fsdp, ezero, ep, tp, cp;
   Group etp;  // expert tensor parallel (consecutive ranks), when a folded layout gathers over it
 };
+// Share of the measured NVLink rate an EP dispatch (or combine) reaches: HybridEP's
+// kernels under the flex dispatcher with that backend, else the all-to-all / DeepEP
+// figures (sim/calibration.json collectives.ep_hybridep_nvlink, ep_nvlink).
+double ep_link_eff(const Calibration& cal, const Layout& l, bool dispatch) {
+  if (l.ep_dispatcher == EpDispatcher::kFlex && l.ep_flex_backend == FlexBackend::kHybridEp) {
+    return dispatch ? ep_hybridep_dispatch_eff(cal, l.ep) : ep_hybridep_combine_eff(cal, l.ep);
+  }
+  return dispatch ? ep_dispatch_eff(cal, l.ep) : ep_combine_eff(cal, l.ep);
+}
 }  // namespace
 
 class StepModel {
@@ -281,8 +290,8 @@ class StepModel {
       const double fixed = cal_.ep_a2a_latency_s + (pooled ? 0.0 : cal_.ep_ragged_sync_s);
       const double calls = pooled ? static_cast<double>(l_.waves) : 1.0;
       const A2aTiers tiers = ep_tiers(bytes);
-      k.ep_dispatch_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_dispatch_eff(cal_, l_.ep)) + calls * fixed;
-      k.ep_combine_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_combine_eff(cal_, l_.ep)) + calls * fixed;
+      k.ep_dispatch_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_link_eff(cal_, l_, true)) + calls * fixed;
+      k.ep_combine_s = all_to_all_tiers_s(net_, g_.ep, tiers, ep_link_eff(cal_, l_, false)) + calls * fixed;
     }
     if (lc.moe && etp_gathers()) {
       k.ep_dispatch_s += all_gather_s(net_, g_.etp, etp_gathered_bytes());
@@ -436,11 +445,11 @@ class StepModel {
       if (l_.ep > 1) {
         const double bytes = ep_bytes();
         if (l_.ep_dispatcher == EpDispatcher::kFlex) {
-          dispatch = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_dispatch_eff(cal_, l_.ep));
-          combine = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_combine_eff(cal_, l_.ep));
+          dispatch = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_link_eff(cal_, l_, true));
+          combine = all_to_all_tiers_traffic(net_, g_.ep, ep_tiers(bytes), ep_link_eff(cal_, l_, false));
         } else {
-          dispatch = all_to_all_traffic(net_, g_.ep, bytes, ep_dispatch_eff(cal_, l_.ep));
-          combine = all_to_all_traffic(net_, g_.ep, bytes, ep_combine_eff(cal_, l_.ep));
+          dispatch = all_to_all_traffic(net_, g_.ep, bytes, ep_link_eff(cal_, l_, true));
+          combine = all_to_all_traffic(net_, g_.ep, bytes, ep_link_eff(cal_, l_, false));
         }
       }
       if (etp_gathers()) {

@@ -94,6 +94,9 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
   f.ep_dispatchers = choices<EpDispatcher>(sup, "ep_dispatchers",
                                            {{"all_to_all", EpDispatcher::kAllToAll}, {"flex", EpDispatcher::kFlex}},
                                            f.ep_dispatchers);
+  f.ep_flex_backends = choices<FlexBackend>(sup, "ep_flex_backends",
+                                            {{"deepep", FlexBackend::kDeepEp}, {"hybridep", FlexBackend::kHybridEp}},
+                                            f.ep_flex_backends);
   f.ep_a2a_overlap = flag(sup, "ep_a2a_overlap", f.ep_a2a_overlap);
   f.optimizer_offload = flag(sup, "optimizer_offload", f.optimizer_offload);
   f.residual_offload = flag(sup, "residual_offload", f.residual_offload);
@@ -172,6 +175,10 @@ std::vector<LayoutIssue> check_stack(const Layout& l, const Stack& s) {
   if (l.ep > 1 && !has(f.ep_dispatchers, l.ep_dispatcher)) {
     no(l.ep_dispatcher == EpDispatcher::kFlex ? "the flex EP dispatcher (DeepEP / HybridEP)"
                                               : "the all-to-all EP dispatcher");
+  }
+  if (l.ep > 1 && l.ep_dispatcher == EpDispatcher::kFlex && !has(f.ep_flex_backends, l.ep_flex_backend)) {
+    no(l.ep_flex_backend == FlexBackend::kHybridEp ? "the flex dispatcher's HybridEP backend (ep_flex_backend)"
+                                                   : "the flex dispatcher's DeepEP backend (ep_flex_backend)");
   }
   if (l.ep > 1 && l.ep_a2a_overlap && !f.ep_a2a_overlap) {
     no("EP all-to-all overlap across micro-batches (ep_a2a_overlap)");

@@ -41,6 +41,9 @@ struct StackSupport {
   // (Layout::ep_a2a_overlap): only what a stack's file names (Megatron-Core's flex
   // dispatcher with DeepEP / HybridEP, --overlap-moe-expert-parallel-comm).
   std::vector<EpDispatcher> ep_dispatchers{EpDispatcher::kAllToAll};
+  // The flex dispatcher's backends (Layout::ep_flex_backend) the stack ships: DeepEP,
+  // Megatron-Core's default, unless its file names more.
+  std::vector<FlexBackend> ep_flex_backends{FlexBackend::kDeepEp};
   bool ep_a2a_overlap = false;
   bool optimizer_offload = true;
   bool residual_offload = true;

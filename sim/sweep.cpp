@@ -170,17 +170,34 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
   if (o.ep > 1) transports.push_back(Transport::pooled);
   // EP dispatchers and Megatron's merged-1F1B EP overlap (Layout::ep_dispatcher,
   // ep_a2a_overlap): what the stack names, every kind without a stack.
-  std::vector<EpDispatcher> dispatchers{EpDispatcher::kAllToAll};
+  // A flex dispatcher is tried with each backend the stack ships (Layout::ep_flex_backend);
+  // without a stack, with DeepEP only (Megatron-Core's default backend: HybridEP is a
+  // library a stack's file must name).
+  struct Dispatch {
+    EpDispatcher dispatcher;
+    FlexBackend backend;
+  };
+  std::vector<Dispatch> dispatchers{{EpDispatcher::kAllToAll, FlexBackend::kDeepEp}};
   std::vector<bool> a2a_overlaps{false};
   if (o.ep > 1) {
-    if (opt.stack == nullptr) {
-      dispatchers = {EpDispatcher::kAllToAll, EpDispatcher::kFlex};
-      a2a_overlaps = {false, true};
-    } else {
-      dispatchers = opt.stack->supports.ep_dispatchers;
-      if (opt.stack->supports.ep_a2a_overlap) a2a_overlaps = {false, true};
+    std::vector<EpDispatcher> kinds{EpDispatcher::kAllToAll, EpDispatcher::kFlex};
+    std::vector<FlexBackend> backends{FlexBackend::kDeepEp};
+    a2a_overlaps = {false, true};
+    if (opt.stack != nullptr) {
+      kinds = opt.stack->supports.ep_dispatchers;
+      backends = opt.stack->supports.ep_flex_backends;
+      if (!opt.stack->supports.ep_a2a_overlap) a2a_overlaps = {false};
     }
-    RS_CHECK(!dispatchers.empty(), "a stack names at least one EP dispatcher");
+    RS_CHECK(!kinds.empty(), "a stack names at least one EP dispatcher");
+    dispatchers.clear();
+    for (EpDispatcher k : kinds) {
+      if (k != EpDispatcher::kFlex) {
+        dispatchers.push_back({k, FlexBackend::kDeepEp});
+        continue;
+      }
+      for (FlexBackend b : backends) dispatchers.push_back({k, b});
+    }
+    RS_CHECK(!dispatchers.empty(), "a stack with the flex dispatcher names at least one of its backends");
   }
   struct Policy {
     models::Recompute r;
@@ -222,7 +239,7 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
         for (StatePlacement place : {StatePlacement::kDevice, StatePlacement::kHost}) {
           for (Transport tr : transports) {
             for (int64_t zero : zero_stages) {
-              for (EpDispatcher disp : dispatchers) {
+              for (const Dispatch& disp : dispatchers) {
                 for (bool a2a_overlap : a2a_overlaps) {
                   Layout l = base;
                   l.zero_stage = zero;
@@ -233,7 +250,8 @@ void sweep_outer(const Predictor& p, const Outer& o, const SweepOptions& opt, Wo
                   l.offload_residual = pol.offload;
                   l.optimizer_state = place;
                   l.ep_transport = tr;
-                  l.ep_dispatcher = disp;
+                  l.ep_dispatcher = disp.dispatcher;
+                  l.ep_flex_backend = disp.backend;
                   l.ep_a2a_overlap = a2a_overlap;
                   evaluate(p, l, w, opt.top, opt.stack);
                 }

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "sim/base/check.h"
+#include "sim/calibration.h"
 #include "sim/collectives.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
@@ -47,6 +49,31 @@ Layout qwen_node_ep() {
   l.fsdp = 32;
   l.ep = 8;
   return l;
+}
+
+// Qwen3-235B on four GB200 NVL72 racks (64 GPUs each): PP 8 x data 32, EP 32 inside a
+// rack, the flex dispatcher, as the Megatron-Bridge GB200 rows run it.
+const Predictor& qwen235b_gb200() {
+  static const Predictor p(qwen235b_h100().graph(),
+                           topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/gb200-nvl72.json", 4));
+  return p;
+}
+
+Layout qwen_rack_flex(FlexBackend backend) {
+  Layout l = qwen_node_ep();
+  l.pp_virtual = 1;
+  l.schedule = PpSchedule::k1F1B;
+  l.fp8 = Fp8Gemms::kNone;
+  l.ep = 32;
+  l.ep_dispatcher = EpDispatcher::kFlex;
+  l.ep_flex_backend = backend;
+  return l;
+}
+
+size_t first_moe_layer(const StepPrice& sp) {
+  size_t moe = 0;
+  while (moe < sp.collectives.size() && sp.collectives[moe].ep_dispatch.nvlink_bytes <= 0) ++moe;
+  return moe;
 }
 
 }  // namespace
@@ -201,4 +228,89 @@ TEST_CASE("epcomm: the sweep tries flex dispatch and merged-1F1B overlap only un
   // Flex sends fewer bytes than the all-to-all for the same layout, so the fastest EP layouts use it.
   INFO("top layouts with flex " << count(with, true) << ", with overlap " << count(with, false));
   CHECK(count(with, true) > 0);
+}
+
+TEST_CASE("epcomm: HybridEP moves the flex dispatcher's rows at its kernels' share of the link", "[epcomm]") {
+  const Calibration& cal = default_calibration();
+  // Its kernels leave the registered buffer's copy to the permute, which the Torch-API
+  // figures (ep_nvlink) time with them: faster at every EP size measured, and slower at
+  // larger EP (more peers per token) like every measured dispatcher.
+  for (const int64_t ep : {8, 16, 32, 36}) {
+    CHECK(ep_hybridep_dispatch_eff(cal, ep) > ep_dispatch_eff(cal, ep));
+    CHECK(ep_hybridep_combine_eff(cal, ep) > ep_combine_eff(cal, ep));
+  }
+  CHECK(ep_hybridep_dispatch_eff(cal, 32) < ep_hybridep_dispatch_eff(cal, 8));
+
+  const Predictor& p = qwen235b_gb200();
+  const StepPrice deepep = p.price(qwen_rack_flex(FlexBackend::kDeepEp));
+  const StepPrice hybrid = p.price(qwen_rack_flex(FlexBackend::kHybridEp));
+  const size_t moe = first_moe_layer(deepep);
+  REQUIRE(moe < deepep.collectives.size());
+  // The same rows on the same tiers (one per token and destination GPU) ...
+  const CommCost& d = deepep.collectives[moe].ep_dispatch;
+  const CommCost& h = hybrid.collectives[moe].ep_dispatch;
+  CHECK(h.nvlink_bytes == Approx(d.nvlink_bytes));
+  CHECK(h.nic_bytes == Approx(d.nic_bytes));
+  // ... at the backend's rate: the bandwidth time scales with 1 / efficiency.
+  CHECK(h.bw_s / d.bw_s == Approx(ep_dispatch_eff(cal, 32) / ep_hybridep_dispatch_eff(cal, 32)));
+  const CommCost& dc = deepep.collectives[moe].ep_combine;
+  const CommCost& hc = hybrid.collectives[moe].ep_combine;
+  CHECK(hc.bw_s / dc.bw_s == Approx(ep_combine_eff(cal, 32) / ep_hybridep_combine_eff(cal, 32)));
+  CHECK(hybrid.prediction.breakdown.ep_comm_s < deepep.prediction.breakdown.ep_comm_s);
+  // Only the EP calls change.
+  CHECK(hybrid.prediction.breakdown.compute_fwd_s == Approx(deepep.prediction.breakdown.compute_fwd_s));
+  CHECK(hybrid.prediction.breakdown.compute_bwd_s == Approx(deepep.prediction.breakdown.compute_bwd_s));
+
+  SECTION("the all-to-all dispatcher has no backend: the field is the flex dispatcher's") {
+    Layout a2a = qwen_rack_flex(FlexBackend::kHybridEp);
+    a2a.ep_dispatcher = EpDispatcher::kAllToAll;
+    Layout a2a_deepep = a2a;
+    a2a_deepep.ep_flex_backend = FlexBackend::kDeepEp;
+    CHECK(p.predict(a2a).breakdown.ep_comm_s == Approx(p.predict(a2a_deepep).breakdown.ep_comm_s));
+    nlohmann::json j = layout_to_json(qwen_node_ep());
+    j["ep_flex_backend"] = "hybridep";
+    CHECK_THROWS_AS(parse_layout(j, "a2a.json"), UserError);
+  }
+
+  SECTION("the backend reads back as written; DeepEP, Megatron-Core's default, is not written") {
+    const Layout back = parse_layout(layout_to_json(qwen_rack_flex(FlexBackend::kHybridEp)), "<test>");
+    CHECK(back.ep_flex_backend == FlexBackend::kHybridEp);
+    CHECK(layout_to_json(qwen_rack_flex(FlexBackend::kHybridEp))["ep_flex_backend"] == "hybridep");
+    CHECK_FALSE(layout_to_json(qwen_rack_flex(FlexBackend::kDeepEp)).contains("ep_flex_backend"));
+    CHECK(parse_layout(layout_to_json(qwen_rack_flex(FlexBackend::kDeepEp)), "<test>").ep_flex_backend ==
+          FlexBackend::kDeepEp);
+  }
+}
+
+TEST_CASE("epcomm: HybridEP is run and swept only under a stack that ships it", "[epcomm][sweep]") {
+  const Stack bridge = load_stack(stack_path("megatron-bridge-2025"));
+  Stack deepep_only = bridge;
+  deepep_only.supports.ep_flex_backends = {FlexBackend::kDeepEp};
+  const Layout hybrid = qwen_rack_flex(FlexBackend::kHybridEp);
+  CHECK(stack_runs(hybrid, bridge));
+  const std::vector<LayoutIssue> why = check_stack(hybrid, deepep_only);
+  REQUIRE(why.size() == 1);
+  CHECK(why[0].detail.find("HybridEP") != std::string::npos);
+  CHECK(stack_runs(qwen_rack_flex(FlexBackend::kDeepEp), deepep_only));
+
+  const Predictor& p = testing::qwen235b_h100_8_nodes();
+  SweepOptions opt;
+  opt.threads = 1;
+  opt.top = 200;
+  opt.stack = &bridge;
+  const SweepResult with = sweep(p, opt);
+  opt.stack = &deepep_only;
+  const SweepResult without = sweep(p, opt);
+  opt.stack = nullptr;
+  const SweepResult no_stack = sweep(p, opt);
+  CHECK(with.enumerated > without.enumerated);
+  const auto hybrid_count = [](const SweepResult& r) {
+    int n = 0;
+    for (const auto& e : r.top) n += e.layout.ep_flex_backend == FlexBackend::kHybridEp ? 1 : 0;
+    return n;
+  };
+  CHECK(hybrid_count(without) == 0);
+  CHECK(hybrid_count(no_stack) == 0);  // a library only a stack's file names
+  INFO("top layouts with HybridEP " << hybrid_count(with));
+  CHECK(hybrid_count(with) > 0);
 }
