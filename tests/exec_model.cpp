@@ -369,3 +369,10 @@ TEST_CASE("a model with the experts' biases or a clamped SwiGLU is refused, not 
   const models::LayerGraph clamped = models::build_layer_graph(models::parse_model(doc, "clamped.json"));
   CHECK_THROWS_WITH(Model(clamped, 1, 16), Catch::Contains("/moe/swiglu_limit"));
 }
+
+TEST_CASE("a model with YaRN-scaled RoPE is refused, not trained with plain frequencies", "[exec][model]") {
+  nlohmann::json doc = load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  doc["attention"]["rope_scaling"] = "yarn";
+  const models::LayerGraph yarn = models::build_layer_graph(models::parse_model(doc, "yarn.json"));
+  CHECK_THROWS_WITH(Model(yarn, 1, 16), Catch::Contains("yarn.json") && Catch::Contains("/attention/rope_scaling"));
+}
