@@ -181,6 +181,12 @@ void Model::plan(const models::LayerGraph& g) {
         RS_CHECK(width(p.in) == op.params[0].shape[0], "SConv channels differ from its kernel: " + op.name);
         break;
       case OpKind::kRope: {
+        // YaRN changes the rotary frequencies: priced by predict, run by no backend yet.
+        if (op.rope_yarn) {
+          throw UserError(m.source_file, "/attention/rope_scaling",
+                          "\"none\" (the execution engine rotates by plain RoPE frequencies; predict prices YaRN)",
+                          "\"yarn\"");
+        }
         const double rot = op.rope_fraction * static_cast<double>(op.qk_head_dim);
         p.rot_dims = static_cast<int>(std::lround(rot));
         if (std::abs(rot - p.rot_dims) > 1e-9 || p.rot_dims % 2 != 0) {

@@ -349,6 +349,7 @@ class GraphBuilder {
       op.head_dim = hd;
       op.qk_head_dim = qk_hd;
       op.rope_fraction = kind.rope_fraction;
+      op.rope_yarn = a.rope_scaling == RopeScaling::kYarn;
       op.ew_flops_per_token = 3.0 * kind.rope_fraction * static_cast<double>((heads + kv_heads) * qk_hd);
       qk_flow(op, "_rot");
     }

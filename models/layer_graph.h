@@ -158,6 +158,7 @@ struct Op {
   int64_t qk_head_dim = 0;       // query/key dim per head (MLA adds the RoPE dims)
   int64_t window = 0;            // 0 = full causal
   double rope_fraction = 0.0;    // kRope: fraction of each head's dims rotated
+  bool rope_yarn = false;        // kRope: YaRN-scaled frequencies (AttentionConfig::rope_scaling)
 
   // kSharedMlp: its activation. Params: SwiGLU w1, w3, w2; GeLU / ReLU² w1, w2;
   // with mlp.bias then one bias per matrix in the same order (b1, [b3,] b2).

@@ -102,6 +102,7 @@ void parse_attention(JsonReader r, ModelConfig& m) {
   a.global_every = r.integer("global_every", 1, non_negative_at_most(kMaxLayers));
   a.last_layer_global = r.boolean("last_layer_global", false);
   a.rope_theta = r.number("rope_theta", 10000.0, kPositive);
+  a.rope_scaling = r.choice("rope_scaling", {"none", "yarn"}, "none") == "yarn" ? RopeScaling::kYarn : RopeScaling::kNone;
   a.qk_norm = r.boolean("qk_norm", false);
   a.qk_norm_multiplier = r.number("qk_norm_multiplier", 1.0, kPositive);
   a.xsa = r.boolean("xsa", false);

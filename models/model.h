@@ -24,6 +24,10 @@ enum class AttentionKind { kGqa, kMla };
 // (Press et al. 2022: a per-head linear penalty -slope_h * (i - j) on every
 // score, slopes 2^(-8(h+1)/H) for H a power of two).
 enum class PositionKind { kRope, kNope, kAlibi };
+// Rotary frequency scaling: none (plain RoPE, base rope_theta) or YaRN (Peng et al.
+// 2023, "YaRN: Efficient Context Window Extension of Large Language Models": the
+// frequencies interpolated per band and cos/sin scaled by an attention factor).
+enum class RopeScaling { kNone, kYarn };
 // MLP activation: SwiGLU (gated, three matrices; Shazeer 2020), or a plain
 // two-matrix MLP with GeLU (tanh approximation, as GPT-2) or ReLU² (So et al.
 // 2021, "Primer").
@@ -54,6 +58,7 @@ struct AttentionConfig {
   int64_t global_every = 1;
   bool last_layer_global = false;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling = RopeScaling::kNone;  // the rotary frequencies' scaling
   bool qk_norm = false;          // non-parametric RMSNorm on Q and K
   double qk_norm_multiplier = 1.0;
   bool xsa = false;              // exclusive self attention

@@ -195,6 +195,17 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     x.finish();
   }
 
+  if (r.has("yarn_rope_unfused")) {  // optional: a trainer that runs YaRN's rotation as eager ops
+    JsonReader y = r.object("yarn_rope_unfused");
+    y.ignore("comment");
+    c.rope_yarn_unfused = true;
+    c.rope_yarn_fwd_bytes = sourced(y, "fwd_bytes_per_elem", nonneg);
+    c.rope_yarn_bwd_bytes = sourced(y, "bwd_bytes_per_elem", nonneg);
+    c.rope_yarn_fwd_kernels = sourced(y, "fwd_kernels_per_tensor", nonneg);
+    c.rope_yarn_bwd_kernels = sourced(y, "bwd_kernels_per_tensor", nonneg);
+    y.finish();
+  }
+
   JsonReader mem = r.object("memory_bound");
   c.mem_eff_elementwise = sourced(mem, "elementwise", frac);
   c.mem_eff_norm = sourced(mem, "norm", frac);

@@ -106,6 +106,13 @@ struct Calibration {
   double expert_glu_fwd_bytes = 0, expert_glu_bwd_bytes = 0;
   double expert_clamp_fwd_bytes = 0, expert_clamp_bwd_bytes = 0;
   double expert_bias_fwd_bytes = 0, expert_bias_bwd_bytes = 0;
+  // YaRN-scaled RoPE run as eager framework ops, not one fused kernel (calibration
+  // block `yarn_rope_unfused`; absent: fused, rope_yarn_unfused false). Per rotated
+  // tensor (q, k): bytes through HBM per element, forward and backward, and the kernels
+  // each launches (each an eager call on the host: sim/cost.cpp op_host_issue_s).
+  bool rope_yarn_unfused = false;
+  double rope_yarn_fwd_bytes = 0, rope_yarn_bwd_bytes = 0;
+  double rope_yarn_fwd_kernels = 0, rope_yarn_bwd_kernels = 0;
   // Memory-bound op classes: fraction of measured HBM bandwidth.
   double mem_eff_elementwise = 0.7;
   double mem_eff_norm = 0.6;

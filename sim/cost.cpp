@@ -44,6 +44,7 @@ OpEntry make_entry(const models::Op& op, size_t index) {
   e.sinks = op.sinks;
   e.expert_bias = op.expert_bias;
   e.swiglu_limit = op.swiglu_limit;
+  e.rope_yarn = op.rope_yarn;
   e.model_flops = op.counts_in_model_flops;
   return e;
 }
@@ -345,6 +346,18 @@ namespace {
 // The device time of an op (the roofline below).
 OpTime price_op_device(const OpEntry& e, const PriceContext& ctx);
 
+// RoPE rotates two tensors, the queries and the keys (one call each in Megatron-Core's
+// attention.py: apply_rotary_pos_emb(query, ...), apply_rotary_pos_emb(key, ...)).
+constexpr double kRotatedTensors = 2.0;
+
+}  // namespace
+
+bool rope_runs_unfused(const OpEntry& e, const Calibration& cal) {
+  return e.kind == models::OpKind::kRope && e.rope_yarn && cal.rope_yarn_unfused;
+}
+
+namespace {
+
 // Kernels an op launches (the GPU-side launch count of price_op), with the grouped
 // expert GEMMs as one launch per local expert and matrix where the trainer loops over
 // experts (Transformer Engine's GroupedLinear runs one cuBLAS GEMM per expert).
@@ -353,7 +366,7 @@ double op_kernel_launches(const OpEntry& e, const PriceContext& ctx) {
     case OpClass::kGemm: return e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
     case OpClass::kGroupedGemm:
       return e.gemm_count * (ctx.cal->grouped_gemm_launch_per_expert ? ctx.local_experts : 1.0) + 1.0;
-    default: return 1.0;
+    default: return rope_runs_unfused(e, *ctx.cal) ? kRotatedTensors * ctx.cal->rope_yarn_fwd_kernels : 1.0;
   }
 }
 
@@ -364,6 +377,8 @@ double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
   if (ctx.op_issue_s <= 0) return 0.0;
   const auto it = cal.host_calls_per_op.find(std::string_view(models::to_string(e.kind)));  // no allocation per op
   double calls = it != cal.host_calls_per_op.end() ? it->second : 1.0;
+  // Eager RoPE: every kernel of the rotation is a framework call of its own.
+  if (rope_runs_unfused(e, cal)) calls = kRotatedTensors * cal.rope_yarn_fwd_kernels;
   if (e.cls == OpClass::kGroupedGemm) calls += cal.host_calls_per_local_expert * ctx.local_experts;
   return calls * ctx.op_issue_s + op_kernel_launches(e, ctx) * cal.launch_overhead_s;
 }
@@ -456,6 +471,21 @@ ExpertRowPasses expert_row_passes(const OpEntry& e, const PriceContext& ctx, dou
   return x;
 }
 
+// YaRN RoPE as eager framework ops (rope_runs_unfused): each pass of the rotation
+// reads and writes q and k through HBM, cal.rope_yarn_*_bytes per element in all,
+// and each is a kernel launch of its own, on both rotated tensors.
+OpTime price_unfused_rope(const OpEntry& e, const PriceContext& ctx) {
+  const Calibration& cal = *ctx.cal;
+  const double elems = e.in_elems * ctx.tokens / ctx.tp;  // q and k, (heads + kv_heads) x head dim per token
+  const double bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_elementwise;
+  OpTime t;
+  t.fwd_flops = e.ew_flops_per_token * ctx.tokens / ctx.tp;
+  t.bwd_flops = 2.0 * t.fwd_flops;
+  t.fwd_s = elems * cal.rope_yarn_fwd_bytes / bw + kRotatedTensors * cal.rope_yarn_fwd_kernels * cal.launch_overhead_s;
+  t.bwd_s = elems * cal.rope_yarn_bwd_bytes / bw + kRotatedTensors * cal.rope_yarn_bwd_kernels * cal.launch_overhead_s;
+  return t;
+}
+
 OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;
   const double peak_bf16 = ctx.peak_flops_per_s;
@@ -544,6 +574,7 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       return t;
     }
     default: {
+      if (rope_runs_unfused(e, cal)) return price_unfused_rope(e, ctx);
       // Memory-bound: read the input (and weights), write the output.
       const double bytes = (e.in_elems + e.out_elems) * tokens * 2.0 + e.param_elems * 2.0;
       const double s = bytes / (bw * mem_eff(cal, e.cls));

@@ -47,8 +47,13 @@ struct OpEntry {
   bool alibi = false, sinks = false;  // attention: ALiBi scores, sink logits (hardware FLOPs only)
   bool expert_bias = false;         // experts: biases (models::Op::expert_bias)
   double swiglu_limit = 0;          // experts: SwiGLU clamp, 0 = none
+  bool rope_yarn = false;           // rope: YaRN-scaled frequencies (models::Op::rope_yarn)
   bool model_flops = false;         // counts in Marin's MFU FLOPs
 };
+
+// Whether the stack runs this op as YaRN RoPE in eager framework ops rather than one
+// fused kernel (Calibration::rope_yarn_unfused): priced per pass and per kernel.
+bool rope_runs_unfused(const OpEntry& e, const Calibration& cal);
 
 // Blocks with identical op lists (same attention kind, MoE or dense).
 struct LayerClass {

@@ -272,3 +272,54 @@ TEST_CASE("the experts' biases and clamped SwiGLU are parameters and elementwise
   bad["moe"]["swiglu_limit"] = -1;
   CHECK_THROWS_WITH(models::parse_model(bad, "bad.json"), Catch::Contains("/moe/swiglu_limit"));
 }
+
+TEST_CASE("YaRN RoPE costs eager passes and calls only under a stack that runs it unfused", "[sim][mech][rope]") {
+  const std::string root = rackstep::source_dir();
+  json plain = zoo_json("tiny-moe");
+  json yarn = plain;
+  yarn["attention"]["rope_scaling"] = "yarn";
+  const sim::OpTable ty = table_of(yarn), tp = table_of(plain);
+  const sim::OpEntry& ey = entry(ty, models::OpKind::kRope);
+  const sim::OpEntry& ep = entry(tp, models::OpKind::kRope);
+  CHECK(ey.rope_yarn);
+  CHECK_FALSE(ep.rope_yarn);
+
+  // Marin's calibration fuses RoPE whatever its frequencies: YaRN prices as plain RoPE.
+  Context c;
+  sim::PriceContext ctx = c.ctx();
+  ctx.tp = 1;
+  CHECK_FALSE(sim::rope_runs_unfused(ey, c.cal));
+  CHECK(sim::price_op(ey, ctx).fwd_s == Approx(sim::price_op(ep, ctx).fwd_s));
+
+  // The megatron-bridge stack runs YaRN's rotation as eager PyTorch ops: the bytes per
+  // element of q and k and the kernels per rotated tensor its file gives.
+  const sim::Calibration mb = sim::parse_calibration(
+      [&] {
+        json doc = load_json_file(root + "/sim/calibration.json");
+        doc.merge_patch(load_json_file(root + "/sim/stacks/megatron-bridge-2025.json")["calibration"]);
+        return doc;
+      }(),
+      "stack");
+  REQUIRE(mb.rope_yarn_unfused);
+  ctx.cal = &mb;
+  CHECK(sim::rope_runs_unfused(ey, mb));
+  CHECK_FALSE(sim::rope_runs_unfused(ep, mb));  // plain RoPE keeps the fused kernel
+  const sim::OpTime unfused = sim::price_op(ey, ctx), fused = sim::price_op(ep, ctx);
+  const double elems = ey.in_elems * ctx.tokens;
+  const double bw = ctx.hbm_bw_bytes_per_s * mb.mem_eff_elementwise;
+  CHECK(unfused.fwd_s == Approx(elems * mb.rope_yarn_fwd_bytes / bw + 2 * mb.rope_yarn_fwd_kernels * mb.launch_overhead_s));
+  CHECK(unfused.bwd_s == Approx(elems * mb.rope_yarn_bwd_bytes / bw + 2 * mb.rope_yarn_bwd_kernels * mb.launch_overhead_s));
+  CHECK(unfused.fwd_s > 3 * fused.fwd_s);  // six passes over q and k where the fused kernel makes one
+  CHECK(unfused.fwd_flops == Approx(fused.fwd_flops));  // the same arithmetic
+
+  // Each eager kernel is a host call: 2 tensors x the kernels of one rotation.
+  ctx.op_issue_s = 10e-6;
+  const double calls_fused = mb.host_calls_per_op.at("rope");
+  CHECK(sim::op_host_issue_s(ey, ctx) == Approx(2 * mb.rope_yarn_fwd_kernels * (ctx.op_issue_s + mb.launch_overhead_s)));
+  CHECK(sim::op_host_issue_s(ep, ctx) == Approx(calls_fused * ctx.op_issue_s + mb.launch_overhead_s));
+
+  // An unknown scaling is one error naming its path.
+  json bad = plain;
+  bad["attention"]["rope_scaling"] = "ntk";
+  CHECK_THROWS_WITH(models::parse_model(bad, "bad.json"), Catch::Contains("/attention/rope_scaling"));
+}
