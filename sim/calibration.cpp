@@ -114,6 +114,9 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.grouped_anchor_n = sourced(gg, "anchor_n", pos);
   c.grouped_anchor_flop_multiple = sourced(gg, "anchor_flop_multiple", pos);
   c.grouped_anchor_peak_flops_per_s = sourced(gg, "anchor_peak_flops_per_s", pos);
+  if (gg.has("per_expert_dense_relative_efficiency")) {
+    c.grouped_per_expert_dense_relative_eff = sourced(gg, "per_expert_dense_relative_efficiency", {.min_exclusive = 0, .max = 1});
+  }
   gg.finish();
 
   if (r.has("dense_kernels")) {  // optional: a dense MLP's activation as a kernel of its own
@@ -331,6 +334,8 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   anchor_gpu.name = "GB200";
   const double dense = gemm_efficiency(c, anchor_gpu, rows_per_expert, c.grouped_anchor_n, c.grouped_anchor_k);
   c.grouped_factor = std::min(1.0, anchor_eff / dense);
+  // A stack that runs its experts as per-expert dense GEMMs states its own factor.
+  if (c.grouped_per_expert_dense_relative_eff > 0) c.grouped_factor = c.grouped_per_expert_dense_relative_eff;
   return c;
 }
 

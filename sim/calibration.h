@@ -63,6 +63,13 @@ struct Calibration {
   double grouped_anchor_flop_multiple = 3.0;     // fwd (1) + bwd (2) of the SwiGLU
   double grouped_anchor_peak_flops_per_s = 2.5e15;
   double grouped_factor = 0.65;                  // derived
+  // A stack whose expert GEMMs are per-expert dense library GEMMs (Transformer Engine
+  // GroupedLinear: one cuBLAS GEMM per local expert on several streams) sets
+  // grouped_gemm.per_expert_dense_relative_efficiency: the measured grouped rate over the
+  // dense curve (same precision) at the per-expert shape. > 0 replaces grouped_factor
+  // above, and FP8 expert GEMMs then take the dense FP8 factors (fp8_dense_relative_eff,
+  // block scaling, the non-TN backward) instead of fp8_gemm_relative_eff. 0 = the anchor.
+  double grouped_per_expert_dense_relative_eff = 0;
   // The trainer's MoE kernels beside the expert GEMMs (calibration block `moe_kernels`;
   // all false: a step whose compiler fuses or hides them, as the grouped anchor above
   // was measured). Megatron-Core's eager path (stacks megatron-lm, megatron-bridge-2025):

@@ -525,7 +525,14 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows / ctx.local_experts, e.gemm_k, n);
       const bool fp8 = (ctx.fp8_experts || ctx.fp8_linear) && ctx.fp8_peak_flops_per_s > 0;
       const double peak = fp8 ? ctx.fp8_peak_flops_per_s : peak_bf16;
-      if (fp8) eff *= cal.fp8_gemm_relative_eff;
+      // Per-expert dense GEMMs (cal.grouped_per_expert_dense_relative_eff) take the dense FP8
+      // factors; otherwise the grouped FP8 measurement (fp8_gemm_relative_eff).
+      const bool per_expert_dense = cal.grouped_per_expert_dense_relative_eff > 0;
+      if (fp8) {
+        eff *= per_expert_dense ? ctx.fp8_dense_rel_eff * fp8_block_scaled_factor(cal, ctx.fp8_recipe)
+                                : cal.fp8_gemm_relative_eff;
+      }
+      const double bwd_eff = eff * (fp8 && per_expert_dense ? fp8_backward_factor(ctx) : 1.0);
       const double operand_bytes = fp8 ? 1.0 : 2.0;  // FP8 operands (as for dense GEMMs)
       const double bytes = rows * (2.0 * e.gemm_k * operand_bytes + 3.0 * n * 2.0) +
                            ctx.local_experts * e.gemm_count * e.gemm_k * n * operand_bytes;
@@ -540,7 +547,7 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       t.fwd_flops = flops + ew;
       t.bwd_flops = 2.0 * t.fwd_flops;
       t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s + passes.fwd_s + x.fwd / ew_bw;
-      t.bwd_s = std::max(2.0 * flops / (peak * eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + passes.bwd_s +
+      t.bwd_s = std::max(2.0 * flops / (peak * bwd_eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + passes.bwd_s +
                 x.bwd / ew_bw;
       return t;
     }

@@ -1018,8 +1018,11 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
   const auto& measured = cal_.fp8_gemm_measured_gpus;
   bool dense_measured = false;
   fp8_dense_relative_efficiency(cal_, gpu, &dense_measured);
-  const bool grouped_unmeasured = table_.experts > 0 && std::find(measured.begin(), measured.end(), gpu.name) == measured.end();
-  if (l.fp8 == Fp8Gemms::kLinear && !dense_measured) {
+  // A stack running its experts as per-expert dense GEMMs prices FP8 ones with the dense factor.
+  const bool experts_dense = table_.experts > 0 && cal_.grouped_per_expert_dense_relative_eff > 0;
+  const bool grouped_unmeasured = table_.experts > 0 && !experts_dense &&
+                                  std::find(measured.begin(), measured.end(), gpu.name) == measured.end();
+  if ((l.fp8 == Fp8Gemms::kLinear || (l.fp8 != Fp8Gemms::kNone && experts_dense)) && !dense_measured) {
     p.warnings.push_back("dense FP8 GEMMs on '" + gpu.name + "' priced at gemm.fp8_relative_efficiency " +
                          std::to_string(cal_.fp8_gemm_relative_eff) + " of " + cal_.file +
                          ", measured on another GPU (an assumption here); add this GPU to gemm.fp8_dense_relative_efficiency with a measurement");

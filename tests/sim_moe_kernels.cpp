@@ -226,3 +226,54 @@ TEST_CASE("A bad moe_kernels entry is one user error naming the file and JSON pa
   unknown["moe_kernels"]["sort_rows"] = {{"value", true}, {"source", "typo"}};
   CHECK_THROWS_AS(parse_calibration(unknown, "cal.json"), UserError);
 }
+
+// Megatron-Core runs its routed experts through Transformer Engine GroupedLinear: one
+// cuBLAS GEMM per local expert (multi-stream). Its stacks state the measured grouped rate
+// over the dense curve (grouped_gemm.per_expert_dense_relative_efficiency), which replaces
+// the factor anchored on Marin's JAX kernel; the shape still follows the dense curve at
+// the per-expert rows, and FP8 experts take the dense FP8 factors.
+TEST_CASE("A per-expert dense GEMM stack prices its experts on the dense curve at the per-expert shape", "[moe_kernels]") {
+  const Calibration base = default_calibration();
+  const Calibration te = stack_calibration(load_stack(stack_path("megatron-bridge-2025")));
+  REQUIRE(base.grouped_per_expert_dense_relative_eff == 0);  // Marin's stacks keep the anchor
+  REQUIRE(te.grouped_per_expert_dense_relative_eff > 0);
+  CHECK(te.grouped_factor == te.grouped_per_expert_dense_relative_eff);
+  Calibration anchored = te;  // the same stack without the entry
+  anchored.grouped_per_expert_dense_relative_eff = 0;
+  anchored.grouped_factor = base.grouped_factor;
+  REQUIRE(te.grouped_factor != anchored.grouped_factor);
+
+  // Shape dependence as a formula: the factor times the dense curve; small experts lose.
+  const double peak = 0.7;
+  for (const double rows : {128.0, 1024.0, 8192.0}) {
+    CHECK(grouped_gemm_efficiency_at(te, peak, rows, 2048, 768) ==
+          Approx(te.grouped_factor * gemm_efficiency_at(te, peak, rows, 768, 2048)));
+  }
+  CHECK(grouped_gemm_efficiency_at(te, peak, 128, 2048, 768) < grouped_gemm_efficiency_at(te, peak, 1024, 2048, 768));
+  CHECK(grouped_gemm_efficiency_at(te, peak, 1024, 2048, 768) < grouped_gemm_efficiency_at(te, peak, 8192, 2048, 768));
+  CHECK(grouped_gemm_efficiency_at(te, peak, 8192, 2048, 256) < grouped_gemm_efficiency_at(te, peak, 8192, 2048, 768));
+
+  // The stack entry changes the priced expert GEMM time (BF16, compute-bound shape).
+  const SmallMoe m;
+  const OpEntry& e = moe_op(m.t, models::OpKind::kExpertMlp);
+  const OpTime with = price_op(e, m.ctx(te)), without = price_op(e, m.ctx(anchored));
+  CHECK((te.grouped_factor > anchored.grouped_factor ? with.fwd_s < without.fwd_s : with.fwd_s > without.fwd_s));
+  CHECK((te.grouped_factor > anchored.grouped_factor ? with.bwd_s < without.bwd_s : with.bwd_s > without.bwd_s));
+
+  // Fewer rows per expert (same FLOPs over more local experts): a lower rate, a longer time.
+  PriceContext many = m.ctx(te);
+  many.local_experts = 512;  // 128 rows per expert
+  CHECK(price_op(e, many).fwd_s > with.fwd_s);
+
+  // FP8 experts: the per-expert dense stack follows the dense FP8 factor; the anchor does not.
+  const auto fp8_ctx = [&](const Calibration& cal, double dense_rel) {
+    PriceContext c = m.ctx(cal);
+    c.fp8_experts = true;
+    c.fp8_recipe = Fp8Recipe::kMxfp8;
+    c.fp8_peak_flops_per_s = 2.0 * c.peak_flops_per_s;
+    c.fp8_dense_rel_eff = dense_rel;
+    return c;
+  };
+  CHECK(price_op(e, fp8_ctx(te, 0.5)).fwd_s > price_op(e, fp8_ctx(te, 0.99)).fwd_s);
+  CHECK(price_op(e, fp8_ctx(anchored, 0.5)).fwd_s == price_op(e, fp8_ctx(anchored, 0.99)).fwd_s);
+}
