@@ -10,6 +10,7 @@
 #include "sim/base/source_dir.h"
 #include "sim/cost.h"
 #include "sim/stack.h"
+#include "tests/sim_op_find.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
@@ -17,16 +18,6 @@ using namespace rackstep::sim;
 namespace {
 
 std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
-
-const OpEntry& dense_op(const OpTable& t, models::OpKind kind) {
-  for (const auto& c : t.classes) {
-    for (const auto& e : c.ops) {
-      if (e.kind == kind) return e;
-    }
-  }
-  RS_CHECK(false, "the model has this op kind");
-  return t.classes.front().ops.front();
-}
 
 // Llama 3 8B (d_model 4096, SwiGLU width 14336) on a B200: one micro-batch of 16,384 tokens.
 struct Llama8b {
@@ -67,7 +58,7 @@ TEST_CASE("A dense MLP's activation kernel adds its HBM traffic over the fc1 out
   Calibration on_cal = off_cal;
   on_cal.dense_act_fwd_bytes = 3.0;  // bias_swiglu_impl: reads [h1|h3], writes h
   on_cal.dense_act_bwd_bytes = 5.0;  // reads dh and [h1|h3], writes d[h1|h3]
-  const OpEntry& mlp = dense_op(m.t, models::OpKind::kSharedMlp);
+  const OpEntry& mlp = find_op(m.t, models::OpKind::kSharedMlp);
   const double width = 14336.0;
   for (const double tp : {1.0, 4.0}) {
     const PriceContext off = m.ctx(off_cal, 16384, tp), on = m.ctx(on_cal, 16384, tp);
@@ -83,7 +74,7 @@ TEST_CASE("A dense MLP's activation kernel adds its HBM traffic over the fc1 out
   CHECK(price_op(mlp, on2).fwd_s - price_op(mlp, off2).fwd_s ==
         Approx(2.0 * (price_op(mlp, on1).fwd_s - price_op(mlp, off1).fwd_s)).epsilon(1e-9));
   // Linear layers (no activation) do not see it.
-  const OpEntry& lin = dense_op(m.t, models::OpKind::kLinear);
+  const OpEntry& lin = find_op(m.t, models::OpKind::kLinear);
   CHECK(price_op(lin, on1).fwd_s == price_op(lin, off1).fwd_s);
   CHECK(price_op(lin, on1).bwd_s == price_op(lin, off1).bwd_s);
 }
@@ -101,7 +92,7 @@ TEST_CASE("Unfused attention passes its score matrices through HBM: 2021 Megatro
   // GPT 1.7B of Narayanan et al. (24 heads of 96, sequence 2048) on an A100.
   const OpTable t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/megatron-gpt-1.7b.json"))));
   const topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/dgx-a100-80gb.json"));
-  const OpEntry& att = dense_op(t, models::OpKind::kAttention);
+  const OpEntry& att = find_op(t, models::OpKind::kAttention);
   Calibration flash = default_calibration();
   flash.attention_bwd_eff = flash.attention_fwd_eff;
   Calibration unfused = flash;

@@ -9,6 +9,7 @@
 #include "sim/base/source_dir.h"
 #include "sim/cost.h"
 #include "sim/predict.h"
+#include "tests/sim_op_find.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
@@ -16,20 +17,6 @@ using namespace rackstep::sim;
 namespace {
 
 std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
-
-// The fused SwiGLU MLP of a block (gemm_count 3) and the LM head of a model's op table.
-const OpEntry& find_op(const OpTable& t, models::OpKind kind) {
-  for (const auto& c : t.classes) {
-    for (const auto& e : c.ops) {
-      if (e.kind == kind) return e;
-    }
-  }
-  for (const auto& e : t.head) {
-    if (e.kind == kind) return e;
-  }
-  RS_CHECK(false, "the model has this op kind");
-  return t.head.front();
-}
 
 PriceContext fp8_context(const topologies::GpuSpec& gpu, const Calibration& cal, Fp8Recipe recipe) {
   PriceContext ctx;

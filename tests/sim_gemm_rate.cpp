@@ -10,6 +10,7 @@
 #include "sim/base/source_dir.h"
 #include "sim/cost.h"
 #include "sim/predict.h"
+#include "tests/sim_op_find.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
@@ -17,16 +18,6 @@ using namespace rackstep::sim;
 namespace {
 
 std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
-
-const OpEntry& shared_mlp(const OpTable& t) {
-  for (const auto& c : t.classes) {
-    for (const auto& e : c.ops) {
-      if (e.kind == models::OpKind::kSharedMlp) return e;
-    }
-  }
-  RS_CHECK(false, "a dense model has a shared (dense) MLP op");
-  return t.head.front();
-}
 
 // One micro-batch of 16,384 tokens on one GPU, BF16 or FP8 (per-tensor current scaling) GEMMs.
 PriceContext gemm_context(const topologies::GpuSpec& gpu, const Calibration& cal, bool fp8) {
@@ -59,7 +50,7 @@ TEST_CASE("A GB300 runs the same GEMM faster than a GB200 at equal datasheet pea
   REQUIRE(gb300.peak_fp8_flops_per_s == gb200.peak_fp8_flops_per_s);
   REQUIRE(gb300.power_w > gb200.power_w);
 
-  const OpEntry& mlp = shared_mlp(t);
+  const OpEntry& mlp = find_op(t, models::OpKind::kSharedMlp);
   const OpTime bf16_200 = price_op(mlp, gemm_context(gb200, cal, false));
   const OpTime bf16_300 = price_op(mlp, gemm_context(gb300, cal, false));
   // The measured maximum cuBLAS rates at rated power: GB300 2,174 TF, GB200 1,822 TF

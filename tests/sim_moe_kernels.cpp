@@ -14,6 +14,7 @@
 #include "sim/cost.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
+#include "tests/sim_op_find.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
@@ -21,16 +22,6 @@ using namespace rackstep::sim;
 namespace {
 
 std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
-
-const OpEntry& moe_op(const OpTable& t, models::OpKind kind) {
-  for (const auto& c : t.classes) {
-    for (const auto& e : c.ops) {
-      if (e.kind == kind) return e;
-    }
-  }
-  RS_CHECK(false, "the model has this MoE op kind");
-  return t.classes.front().ops.front();
-}
 
 // Qwen3-30B-A3B (d_model 2048, 128 experts of width 768, top-8) on an H100: one
 // micro-batch of 8192 tokens, 65,536 routed rows over 16 local experts (EP 8).
@@ -94,21 +85,21 @@ TEST_CASE("The all-to-all dispatcher's sort by local expert is one more pass ove
   const double rows_elems = on.expert_rows * 2048.0;
   const double expected = m.pass_s(on, rows_elems) + cal.launch_overhead_s;
   for (const auto kind : {models::OpKind::kDispatch, models::OpKind::kCombine}) {
-    const OpEntry& e = moe_op(m.t, kind);
+    const OpEntry& e = find_op(m.t, kind);
     const OpTime a = price_op(e, off), b = price_op(e, on);
     CHECK(b.fwd_s - a.fwd_s == Approx(expected).epsilon(1e-9));
     // The backward sorts the gradient back: one pass, not the op's doubled backward.
     CHECK(b.bwd_s - a.bwd_s == Approx(expected).epsilon(1e-9));
   }
   // Other ops do not see it.
-  const OpEntry& ex = moe_op(m.t, models::OpKind::kExpertMlp);
+  const OpEntry& ex = find_op(m.t, models::OpKind::kExpertMlp);
   CHECK(price_op(ex, on).fwd_s == price_op(ex, off).fwd_s);
 }
 
 TEST_CASE("FP8 alignment copies add a pass over the experts' input and output rows, FP8 experts only", "[moe_kernels]") {
   const SmallMoe m;
   const Calibration cal = with_flags(false, true, false, false);
-  const OpEntry& ex = moe_op(m.t, models::OpKind::kExpertMlp);
+  const OpEntry& ex = find_op(m.t, models::OpKind::kExpertMlp);
   PriceContext fp8 = m.ctx(cal);
   fp8.fp8_peak_flops_per_s = m.sys.gpu.peak_fp8_flops_per_s;
   fp8.fp8_linear = true;
@@ -128,7 +119,7 @@ TEST_CASE("FP8 alignment copies add a pass over the experts' input and output ro
 
 TEST_CASE("A separate activation kernel adds its HBM traffic to the expert GEMMs' time", "[moe_kernels]") {
   const SmallMoe m;
-  const OpEntry& ex = moe_op(m.t, models::OpKind::kExpertMlp);
+  const OpEntry& ex = find_op(m.t, models::OpKind::kExpertMlp);
   const Calibration off_cal = with_flags(false, false, false, false);
   const Calibration on_cal = with_flags(false, false, true, false);
   const PriceContext off = m.ctx(off_cal), on = m.ctx(on_cal);
@@ -146,7 +137,7 @@ TEST_CASE("A separate activation kernel adds its HBM traffic to the expert GEMMs
 
 TEST_CASE("Per-expert FP8 quantization launches its kernels once per local expert, by recipe", "[moe_kernels]") {
   const SmallMoe m;
-  const OpEntry& ex = moe_op(m.t, models::OpKind::kExpertMlp);
+  const OpEntry& ex = find_op(m.t, models::OpKind::kExpertMlp);
   const Calibration whole = with_flags(false, false, false, false);
   const Calibration split = with_flags(false, false, false, true);
   auto quant = [&](const Calibration& cal, Fp8Recipe r) {
@@ -255,7 +246,7 @@ TEST_CASE("A per-expert dense GEMM stack prices its experts on the dense curve a
 
   // The stack entry changes the priced expert GEMM time (BF16, compute-bound shape).
   const SmallMoe m;
-  const OpEntry& e = moe_op(m.t, models::OpKind::kExpertMlp);
+  const OpEntry& e = find_op(m.t, models::OpKind::kExpertMlp);
   const OpTime with = price_op(e, m.ctx(te)), without = price_op(e, m.ctx(anchored));
   CHECK((te.grouped_factor > anchored.grouped_factor ? with.fwd_s < without.fwd_s : with.fwd_s > without.fwd_s));
   CHECK((te.grouped_factor > anchored.grouped_factor ? with.bwd_s < without.bwd_s : with.bwd_s > without.bwd_s));
