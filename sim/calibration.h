@@ -208,6 +208,7 @@ struct Calibration {
   bool grouped_gemm_launch_per_expert = false;     // one GEMM launch per local expert and matrix
   std::map<std::string, double, std::less<>> host_calls_per_op; // op kind (models::to_string) -> framework calls per forward; default 1
   double host_calls_per_local_expert = 0;          // expert_mlp: further calls per local expert (split, buffers)
+  bool host_issues_fp8_quantize = false;           // the host launches each FP8 quantize kernel (Fp8QuantizeTime launches)
   // CUDA graphs (Layout::cuda_graphs): a layer's captured ops cost the host one replay
   // per pass, graph_replay_calls framework calls plus one graph launch, instead of their
   // own calls and launches; the dispatch op's first moe_preprocess_calls calls (its

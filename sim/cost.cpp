@@ -239,8 +239,10 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   const double bw = ctx.hbm_bw_bytes_per_s * ctx.cal->mem_eff_elementwise;
   q.fwd_bytes = rows * fwd_elems * per_elem;
   q.bwd_bytes = rows * bwd_elems * per_elem;
-  q.fwd_s = q.fwd_bytes / bw + tensors_fwd * passes * ctx.cal->launch_overhead_s;
-  q.bwd_s = q.bwd_bytes / bw + tensors_bwd * passes * ctx.cal->launch_overhead_s;
+  q.fwd_launches = tensors_fwd * passes;
+  q.bwd_launches = tensors_bwd * passes;
+  q.fwd_s = q.fwd_bytes / bw + q.fwd_launches * ctx.cal->launch_overhead_s;
+  q.bwd_s = q.bwd_bytes / bw + q.bwd_launches * ctx.cal->launch_overhead_s;
   return q;
 }
 
@@ -391,6 +393,7 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
   h.op_bwd_s.assign(lc.ops.size(), 0.0);
   const Calibration& cal = *ctx.cal;
   double eager_s = 0, captured = 0;  // eager ops' forward host time; captured ops (any > 0: one replay)
+  double quantize_fwd_s = 0, quantize_bwd_s = 0;  // eager ops' FP8 quantize launches, per pass
   size_t first_captured = lc.ops.size();
   bool attention_half = true;        // up to the attention's residual add (TransformerLayer._forward_attention)
   for (size_t j = 0; j < lc.ops.size(); ++j) {
@@ -421,6 +424,16 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
     if (captured_op_s > 0 && first_captured == lc.ops.size()) first_captured = j;
     h.op_fwd_s[j] = eager_op_s;
     h.op_bwd_s[j] = 2.0 * eager_op_s;
+    // The op's FP8 quantize kernels are launched by the host one by one, per pass (not
+    // doubled in the backward: it quantizes its own count of gradients); a captured op's
+    // are replayed with its graph.
+    if (cal.host_issues_fp8_quantize && eager_op_s > 0) {
+      const Fp8QuantizeTime q = fp8_quantize(e, ctx);
+      h.op_fwd_s[j] += q.fwd_launches * cal.launch_overhead_s;
+      h.op_bwd_s[j] += q.bwd_launches * cal.launch_overhead_s;
+      quantize_fwd_s += q.fwd_launches * cal.launch_overhead_s;
+      quantize_bwd_s += q.bwd_launches * cal.launch_overhead_s;
+    }
     if (e.kind == models::OpKind::kResidualAdd) attention_half = false;
   }
   const double replay_s = captured > 0 ? cal.graph_replay_calls * ctx.op_issue_s + cal.launch_overhead_s : 0.0;
@@ -428,8 +441,8 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
     h.op_fwd_s[first_captured] += replay_s;
     h.op_bwd_s[first_captured] += replay_s;
   }
-  h.fwd_s = eager_s + replay_s;
-  h.bwd_s = 2.0 * eager_s + replay_s;
+  h.fwd_s = eager_s + quantize_fwd_s + replay_s;
+  h.bwd_s = 2.0 * eager_s + quantize_bwd_s + replay_s;
   return h;
 }
 

@@ -138,6 +138,10 @@ struct PriceContext {
 struct Fp8QuantizeTime {
   double fwd_s = 0, bwd_s = 0;
   double fwd_bytes = 0, bwd_bytes = 0;
+  // Kernels launched per pass (quantized tensors x kernels per tensor; for a grouped GEMM
+  // under cal.moe_fp8_quantize_per_expert, fp8_grouped_quantize_kernels per tensor: a + b x
+  // local experts). The host issues each (layer_host_issue, cal.host_issues_fp8_quantize).
+  double fwd_launches = 0, bwd_launches = 0;
 };
 Fp8QuantizeTime fp8_quantize(const OpEntry& op, const PriceContext& ctx);
 // HBM bytes per quantized element of a recipe (BF16 read, FP8 written, scales);
@@ -216,7 +220,8 @@ OpTime price_op(const OpEntry& op, const PriceContext& ctx);
 // transformer_layer.py _te_cuda_graph_replay; TE graph.py Graphed.forward / backward):
 // the captured ops cost the host cal.graph_replay_calls framework calls and one launch
 // per pass instead of their own calls and launches; the rest stays eager (backward 2x
-// its forward). full_iteration leaves no host issue at all. Without graphs this is the
+// its forward), plus, where cal.host_issues_fp8_quantize, each eager op's FP8 quantize launches
+// per pass (fp8_quantize: fwd_launches, bwd_launches). full_iteration leaves no host issue at all. Without graphs this is the
 // sum of op_host_issue_s over the class's ops. op_fwd_s / op_bwd_s split the same time
 // over the ops (a graph's replay on its first captured op), so the timeline issues
 // exactly what predict charges; both empty when the host issues nothing.

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <utility>
 
 #include "sim/base/check.h"
 #include "sim/base/source_dir.h"
@@ -202,4 +203,51 @@ TEST_CASE("Behind the sync a host-heavy experts' issue and device-heavy ops add 
   // More than the fill alone, at most the whole host issue of the forwards.
   CHECK(price.prediction.breakdown.host_issue_s > 2.0 * passes * fill_s);
   CHECK(price.prediction.breakdown.host_issue_s < passes * host_f);
+}
+
+TEST_CASE("The host launches TE's per-expert FP8 quantize kernels: a + b x local experts per pass, by recipe", "[moe_host][fp8]") {
+  const SmallMoe m;
+  const OpTable t = build_op_table(m.g);
+  const LayerClass& lc = t.classes.at(0);
+  REQUIRE(lc.moe);
+  Calibration cal = eager(10e-6, 1);
+  cal.moe_fp8_quantize_per_expert = true;
+  PriceContext ctx;
+  ctx.cal = &cal;
+  ctx.op_issue_s = 10e-6;
+  ctx.tokens = 4096;
+  ctx.expert_rows = 4096.0 * 8.0;
+  ctx.hbm_bw_bytes_per_s = 3.35e12;
+  ctx.fp8_peak_flops_per_s = 1.979e15;
+  ctx.fp8_experts = true;  // experts only: the dense linears stay BF16, so only the grouped GEMMs' kernels count
+  const auto extra = [&](Fp8Recipe r, double local_experts) {
+    ctx.fp8_recipe = r;
+    ctx.local_experts = local_experts;
+    cal.host_issues_fp8_quantize = false;
+    const LayerHostIssue off = layer_host_issue(lc, ctx, 0);
+    cal.host_issues_fp8_quantize = true;
+    const LayerHostIssue on = layer_host_issue(lc, ctx, 0);
+    return std::pair<double, double>{(on.fwd_s - off.fwd_s) / cal.launch_overhead_s, (on.bwd_s - off.bwd_s) / cal.launch_overhead_s};
+  };
+  // Two quantized tensors per pass (linear_fc1's and linear_fc2's input; their output gradients).
+  CHECK(extra(Fp8Recipe::kCurrent, 16).first == Approx(2.0 * 4.0 * 16.0));  // zero_amax, amax, scale, cast per expert
+  CHECK(extra(Fp8Recipe::kCurrent, 16).second == Approx(2.0 * 4.0 * 16.0));
+  CHECK(extra(Fp8Recipe::kCurrent, 4).first == Approx(2.0 * 4.0 * 4.0));
+  CHECK(extra(Fp8Recipe::kMxfp8, 16).first == Approx(2.0 * 16.0));
+  CHECK(extra(Fp8Recipe::kMxfp8, 16).second == Approx(2.0 * 16.0));
+  CHECK(extra(Fp8Recipe::kDelayed, 16).first == Approx(2.0));  // one fused multi-tensor cast per tensor
+  // BF16 experts launch no quantize kernels.
+  ctx.fp8_peak_flops_per_s = 0;
+  CHECK(extra(Fp8Recipe::kCurrent, 16).first == 0.0);
+  // A compiled step issues nothing.
+  ctx.fp8_peak_flops_per_s = 1.979e15;
+  ctx.op_issue_s = 0;
+  CHECK(extra(Fp8Recipe::kCurrent, 16).first == 0.0);
+}
+
+TEST_CASE("The Megatron-Bridge stack has its host launch the FP8 quantize kernels", "[moe_host][stack]") {
+  const Calibration cal = stack_calibration(load_stack(stack_path("megatron-bridge-2025")));
+  CHECK(cal.host_issues_fp8_quantize);
+  CHECK(cal.moe_fp8_quantize_per_expert);
+  CHECK_FALSE(default_calibration().host_issues_fp8_quantize);
 }
