@@ -206,13 +206,8 @@ TEST_CASE("epcomm: the sweep tries flex dispatch and merged-1F1B overlap only un
   Stack plain = bridge;
   plain.supports.ep_dispatchers = {EpDispatcher::kAllToAll};
   plain.supports.ep_a2a_overlap = false;
-  SweepOptions opt;
-  opt.threads = 1;
-  opt.top = 200;
-  opt.stack = &bridge;
-  const SweepResult with = sweep(p, opt);
-  opt.stack = &plain;
-  const SweepResult without = sweep(p, opt);
+  const SweepResult with = testing::sweep_under(p, &bridge, 200);
+  const SweepResult without = testing::sweep_under(p, &plain, 200);
   // Every EP layout is tried with 2 dispatchers x 2 overlap settings under the full stack.
   CHECK(with.enumerated > without.enumerated);
   CHECK(with.valid > without.valid);
@@ -294,15 +289,9 @@ TEST_CASE("epcomm: HybridEP is run and swept only under a stack that ships it", 
   CHECK(stack_runs(qwen_rack_flex(FlexBackend::kDeepEp), deepep_only));
 
   const Predictor& p = testing::qwen235b_h100_8_nodes();
-  SweepOptions opt;
-  opt.threads = 1;
-  opt.top = 200;
-  opt.stack = &bridge;
-  const SweepResult with = sweep(p, opt);
-  opt.stack = &deepep_only;
-  const SweepResult without = sweep(p, opt);
-  opt.stack = nullptr;
-  const SweepResult no_stack = sweep(p, opt);
+  const SweepResult with = testing::sweep_under(p, &bridge, 200);
+  const SweepResult without = testing::sweep_under(p, &deepep_only, 200);
+  const SweepResult no_stack = testing::sweep_under(p, nullptr, 200);
   CHECK(with.enumerated > without.enumerated);
   const auto hybrid_count = [](const SweepResult& r) {
     int n = 0;

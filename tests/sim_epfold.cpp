@@ -219,13 +219,8 @@ TEST_CASE("folding: the sweep tries etp 1 only under a stack that folds", "[epfo
   const Stack folds = load_stack(stack_path("megatron-bridge-2025"));
   Stack no_folding = folds;
   no_folding.supports.expert_folding = false;
-  SweepOptions opt;
-  opt.threads = 1;
-  opt.top = 50;
-  opt.stack = &folds;
-  const SweepResult with = sweep(p, opt);
-  opt.stack = &no_folding;
-  const SweepResult without = sweep(p, opt);
+  const SweepResult with = testing::sweep_under(p, &folds, 50);
+  const SweepResult without = testing::sweep_under(p, &no_folding, 50);
   CHECK(with.enumerated > without.enumerated);
   const auto any_folded = [](const SweepResult& r) {
     for (const auto& e : r.top) {

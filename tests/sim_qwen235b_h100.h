@@ -11,6 +11,8 @@
 #include "sim/base/source_dir.h"
 #include "sim/layout.h"
 #include "sim/predict.h"
+#include "sim/stack.h"
+#include "sim/sweep.h"
 #include "topologies/topology.h"
 
 namespace rackstep::sim::testing {
@@ -28,6 +30,16 @@ inline const Predictor& qwen235b_h100_8_nodes() {
   static const Predictor p(qwen235b_h100().graph(),
                            topologies::load_cluster(std::string(rackstep::source_dir()) + "/topologies/zoo/hgx-h100.json", 8));
   return p;
+}
+
+// One single-threaded sweep of p under a stack (nullptr: none), keeping the `top` fastest layouts:
+// the EP tests compare what a stack with and without a feature lets the sweep try.
+inline SweepResult sweep_under(const Predictor& p, const Stack* stack, size_t top) {
+  SweepOptions opt;
+  opt.threads = 1;
+  opt.top = top;
+  opt.stack = stack;
+  return sweep(p, opt);
 }
 
 inline Layout qwen235b_folded() {
