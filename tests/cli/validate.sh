@@ -81,7 +81,7 @@ json.dump(d, open('$tmp/cal.json', 'w'))"
 check "validate with an A100-less calibration exits 0" "[ $rc -eq 0 ]"
 check "every A100 row without a stack GEMM entry carries the no-calibration warning" "python3 -c '
 import json; d=json.load(open(\"$tmp/v3.json\"))
-rows=[r for r in d[\"runs\"] if r[\"stack\"] == \"megatron-lm\"]
+rows=[r for r in d[\"runs\"] if r[\"stack\"] == \"megatron-lm-2022\"]
 assert rows and all(any(\"no GEMM calibration for GPU\" in n and \"A100\" in n for n in r[\"notes\"]) for r in rows)'"
 
 # A row with a bad verification status is a one-line error naming file and path.
