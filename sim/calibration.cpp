@@ -177,7 +177,9 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     JsonReader per_gpu = att.object("per_gpu");
     for (auto it = per_gpu.raw().begin(); it != per_gpu.raw().end(); ++it) {
       JsonReader g = per_gpu.object(it.key());
-      c.attention_eff_by_gpu[it.key()] = {.fwd = sourced(g, "fwd_efficiency", frac), .bwd = sourced(g, "bwd_efficiency", frac)};
+      Calibration::AttentionEfficiency& a = c.attention_eff_by_gpu[it.key()];
+      a = {.fwd = sourced(g, "fwd_efficiency", frac), .bwd = sourced(g, "bwd_efficiency", frac)};
+      if (g.has("sustained_ratio")) a.sustained_ratio = sourced(g, "sustained_ratio", frac);
       g.finish();
     }
     per_gpu.finish();
@@ -356,7 +358,13 @@ double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu
 
 Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
   const auto it = c.attention_eff_by_gpu.find(gpu.name);
-  return it != c.attention_eff_by_gpu.end() ? it->second : Calibration::AttentionEfficiency{c.attention_fwd_eff, c.attention_bwd_eff};
+  if (it == c.attention_eff_by_gpu.end()) return {.fwd = c.attention_fwd_eff, .bwd = c.attention_bwd_eff};
+  // A kernel benchmark times a few milliseconds of back-to-back launches, at the boost clock;
+  // a training step holds the tensor cores busy for seconds, at the clock the power limit
+  // sustains: the burst rate times the kernel's measured sustained share (flashinfer PR #2899:
+  // a B200 drops from 1,965 to ~1,580 MHz after ~5 ms of FlashAttention-4, -14% TF/s).
+  const Calibration::AttentionEfficiency& burst = it->second;
+  return {.fwd = burst.fwd * burst.sustained_ratio, .bwd = burst.bwd * burst.sustained_ratio};
 }
 
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured) {

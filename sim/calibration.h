@@ -91,6 +91,12 @@ struct Calibration {
   // entry uses the two above (attention_efficiency).
   struct AttentionEfficiency {
     double fwd = 0.45, bwd = 0.45;
+    // Share of fwd / bwd the kernel keeps under a training step's continuous load, where
+    // those two were measured in a short benchmark (per_gpu `sustained_ratio`, optional):
+    // a GPU whose power limit is below what its tensor cores draw at the boost clock runs
+    // a burst at the boost clock and a sustained load at the lower clock the limit holds.
+    // 1 = the figures are sustained rates (or no throttling is known).
+    double sustained_ratio = 1.0;
   };
   std::map<std::string, AttentionEfficiency> attention_eff_by_gpu;
   // The efficiencies above hold at head dim 128; other head dims scale them by
@@ -251,8 +257,10 @@ const Calibration& default_calibration();
 
 // Efficiencies, 0..1 of the GPU's dense BF16 peak.
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);  // at 8192^3
-// Attention kernel efficiency (fraction of the BF16 peak) on `gpu` at head dim 128:
-// attention.per_gpu's entry, else the stack-wide fwd_efficiency / bwd_efficiency.
+// Attention kernel efficiency (fraction of the BF16 peak) on `gpu` at head dim 128 under a
+// training step's sustained load: attention.per_gpu's entry (its burst figures times its
+// sustained_ratio; the result's sustained_ratio is 1), else the stack-wide fwd_efficiency /
+// bwd_efficiency.
 Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);
 // Dense FP8 GEMM efficiency relative to the BF16 curve on this GPU (its measured entry,
 // else gemm.fp8_relative_efficiency); `measured` says which.
