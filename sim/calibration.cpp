@@ -86,6 +86,13 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   peaks.finish();
   c.gemm_peak_eff_default = sourced(gemm, "default_peak_efficiency", frac);
   c.gemm_half_dim = sourced(gemm, "half_dim", nonneg);
+  if (gemm.has("sustained_ratio")) {
+    JsonReader sustained = gemm.object("sustained_ratio");
+    for (auto it = sustained.raw().begin(); it != sustained.raw().end(); ++it) {
+      c.gemm_sustained_ratio[it.key()] = sourced(sustained, it.key(), frac);
+    }
+    sustained.finish();
+  }
   // Optional, so calibration files written before FP8 GEMMs existed still read.
   if (gemm.has("fp8_relative_efficiency")) c.fp8_gemm_relative_eff = sourced(gemm, "fp8_relative_efficiency", frac);
   if (gemm.has("fp8_measured_gpus")) {
@@ -353,7 +360,12 @@ const Calibration& default_calibration() {
 
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
   const auto it = c.gemm_peak_eff.find(gpu.name);
-  return it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+  const double peak = it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+  // A training step keeps the tensor cores busy for seconds; a GPU whose power limit is
+  // below their draw at the boost clock runs them at the lower clock the limit holds
+  // (flashinfer PR #2899: a B200 at its ~1 kW drops from 1,965 to ~1,580 MHz after ~5 ms).
+  const auto s = c.gemm_sustained_ratio.find(gpu.name);
+  return s != c.gemm_sustained_ratio.end() ? peak * s->second : peak;
 }
 
 Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {

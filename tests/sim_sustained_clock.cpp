@@ -99,3 +99,29 @@ TEST_CASE("A sustained share outside (0, 1] is one error naming its path", "[sus
   plain["attention"]["per_gpu"]["B200"].erase("sustained_ratio");
   CHECK(parse_calibration(plain, "plain.json").attention_eff_by_gpu.at("B200").sustained_ratio == 1.0);
 }
+
+TEST_CASE("A B200's GEMMs are priced at the share of their figure it sustains; other GPUs keep theirs", "[sustained_clock]") {
+  const Calibration& cal = default_calibration();
+  Calibration burst = cal;
+  burst.gemm_sustained_ratio.clear();
+  const topologies::GpuSpec b200 = gpu_of("dgx-b200"), gb200 = gpu_of("gb200-nvl72"), h100 = gpu_of("hgx-h100");
+  REQUIRE(cal.gemm_sustained_ratio.count("B200") == 1);
+  const double ratio = cal.gemm_sustained_ratio.at("B200");
+  CHECK(ratio < 1.0);
+  CHECK(gemm_peak_efficiency(cal, b200) == Approx(cal.gemm_peak_eff.at("B200") * ratio).epsilon(1e-12));
+  CHECK(gemm_peak_efficiency(burst, b200) == cal.gemm_peak_eff.at("B200"));
+  // GB200 and GB300 have more power than the part the share was measured on; Hopper none known.
+  CHECK(gemm_peak_efficiency(cal, gb200) == cal.gemm_peak_eff.at("GB200"));
+  CHECK(gemm_peak_efficiency(cal, h100) == cal.gemm_peak_eff.at("H100-SXM"));
+
+  // Priced: Llama 3 8B's query projection (16,384 x 4,096 x 4,096) is compute-bound,
+  // so its GEMM time (the launches aside) grows by 1 / ratio.
+  const OpTable t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const OpEntry& proj = find_op(t, models::OpKind::kLinear);
+  const OpTime with = price_op(proj, llama_ctx(cal, b200));
+  const OpTime without = price_op(proj, llama_ctx(burst, b200));
+  const double launches = cal.launch_overhead_s * (proj.gemm_count + (proj.ew_flops_per_token > 0 ? 1.0 : 0.0));
+  CHECK((with.fwd_s - launches) / (without.fwd_s - launches) == Approx(1.0 / ratio).epsilon(1e-9));
+  CHECK((with.bwd_s - 2.0 * launches) / (without.bwd_s - 2.0 * launches) == Approx(1.0 / ratio).epsilon(1e-9));
+  CHECK(with.fwd_flops == without.fwd_flops);
+}
