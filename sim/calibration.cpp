@@ -363,7 +363,8 @@ double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu
   const double peak = it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
   // A training step keeps the tensor cores busy for seconds; a GPU whose power limit is
   // below their draw at the boost clock runs them at the lower clock the limit holds
-  // (flashinfer PR #2899: a B200 at its ~1 kW drops from 1,965 to ~1,580 MHz after ~5 ms).
+  // (flashinfer PR #2899: a B200 at its ~1 kW drops from 1,965 to ~1,580 MHz after ~5 ms;
+  // Transformer Engine's GEMM profiling guide shows the same loss in long cuBLAS loops).
   const auto s = c.gemm_sustained_ratio.find(gpu.name);
   return s != c.gemm_sustained_ratio.end() ? peak * s->second : peak;
 }
