@@ -86,6 +86,13 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   peaks.finish();
   c.gemm_peak_eff_default = sourced(gemm, "default_peak_efficiency", frac);
   c.gemm_half_dim = sourced(gemm, "half_dim", nonneg);
+  if (gemm.has("sustained_ratio")) {
+    JsonReader sustained = gemm.object("sustained_ratio");
+    for (auto it = sustained.raw().begin(); it != sustained.raw().end(); ++it) {
+      c.gemm_sustained_ratio[it.key()] = sourced(sustained, it.key(), frac);
+    }
+    sustained.finish();
+  }
   // Optional, so calibration files written before FP8 GEMMs existed still read.
   if (gemm.has("fp8_relative_efficiency")) c.fp8_gemm_relative_eff = sourced(gemm, "fp8_relative_efficiency", frac);
   if (gemm.has("fp8_measured_gpus")) {
@@ -177,7 +184,9 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     JsonReader per_gpu = att.object("per_gpu");
     for (auto it = per_gpu.raw().begin(); it != per_gpu.raw().end(); ++it) {
       JsonReader g = per_gpu.object(it.key());
-      c.attention_eff_by_gpu[it.key()] = {.fwd = sourced(g, "fwd_efficiency", frac), .bwd = sourced(g, "bwd_efficiency", frac)};
+      Calibration::AttentionEfficiency& a = c.attention_eff_by_gpu[it.key()];
+      a = {.fwd = sourced(g, "fwd_efficiency", frac), .bwd = sourced(g, "bwd_efficiency", frac)};
+      if (g.has("sustained_ratio")) a.sustained_ratio = sourced(g, "sustained_ratio", frac);
       g.finish();
     }
     per_gpu.finish();
@@ -351,12 +360,24 @@ const Calibration& default_calibration() {
 
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
   const auto it = c.gemm_peak_eff.find(gpu.name);
-  return it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+  const double peak = it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+  // A training step keeps the tensor cores busy for seconds; a GPU whose power limit is
+  // below their draw at the boost clock runs them at the lower clock the limit holds
+  // (flashinfer PR #2899: a B200 at its ~1 kW drops from 1,965 to ~1,580 MHz after ~5 ms;
+  // Transformer Engine's GEMM profiling guide shows the same loss in long cuBLAS loops).
+  const auto s = c.gemm_sustained_ratio.find(gpu.name);
+  return s != c.gemm_sustained_ratio.end() ? peak * s->second : peak;
 }
 
 Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
   const auto it = c.attention_eff_by_gpu.find(gpu.name);
-  return it != c.attention_eff_by_gpu.end() ? it->second : Calibration::AttentionEfficiency{c.attention_fwd_eff, c.attention_bwd_eff};
+  if (it == c.attention_eff_by_gpu.end()) return {.fwd = c.attention_fwd_eff, .bwd = c.attention_bwd_eff};
+  // A kernel benchmark times a few milliseconds of back-to-back launches, at the boost clock;
+  // a training step holds the tensor cores busy for seconds, at the clock the power limit
+  // sustains: the burst rate times the kernel's measured sustained share (flashinfer PR #2899:
+  // a B200 drops from 1,965 to ~1,580 MHz after ~5 ms of FlashAttention-4, -14% TF/s).
+  const Calibration::AttentionEfficiency& burst = it->second;
+  return {.fwd = burst.fwd * burst.sustained_ratio, .bwd = burst.bwd * burst.sustained_ratio};
 }
 
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured) {

@@ -38,6 +38,11 @@ struct Calibration {
   // scaled by a saturating shape factor x / (x + gemm_half_dim) per dimension.
   std::map<std::string, double> gemm_peak_eff;   // GPU name -> eff at 8192^3
   double gemm_peak_eff_default = 0.7;
+  // Share of gemm_peak_eff a GPU keeps under a training step's continuous load where its
+  // power limit holds the tensor cores below the clock the figure was measured at (block
+  // gemm.sustained_ratio, optional; GPU name -> ratio, absent = 1). gemm_peak_efficiency
+  // applies it. The attention kernels carry their own (AttentionEfficiency::sustained_ratio).
+  std::map<std::string, double> gemm_sustained_ratio;
   double gemm_half_dim = 128;
   // FP8 GEMMs: efficiency relative to the BF16 curve, at the FP8 peak.
   double fp8_gemm_relative_eff = 0.83;
@@ -91,6 +96,12 @@ struct Calibration {
   // entry uses the two above (attention_efficiency).
   struct AttentionEfficiency {
     double fwd = 0.45, bwd = 0.45;
+    // Share of fwd / bwd the kernel keeps under a training step's continuous load, where
+    // those two were measured in a short benchmark (per_gpu `sustained_ratio`, optional):
+    // a GPU whose power limit is below what its tensor cores draw at the boost clock runs
+    // a burst at the boost clock and a sustained load at the lower clock the limit holds.
+    // 1 = the figures are sustained rates (or no throttling is known).
+    double sustained_ratio = 1.0;
   };
   std::map<std::string, AttentionEfficiency> attention_eff_by_gpu;
   // The efficiencies above hold at head dim 128; other head dims scale them by
@@ -250,9 +261,12 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
 const Calibration& default_calibration();
 
 // Efficiencies, 0..1 of the GPU's dense BF16 peak.
-double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);  // at 8192^3
-// Attention kernel efficiency (fraction of the BF16 peak) on `gpu` at head dim 128:
-// attention.per_gpu's entry, else the stack-wide fwd_efficiency / bwd_efficiency.
+// At 8192^3 under sustained load: the GPU's figure times its gemm_sustained_ratio.
+double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);
+// Attention kernel efficiency (fraction of the BF16 peak) on `gpu` at head dim 128 under a
+// training step's sustained load: attention.per_gpu's entry (its burst figures times its
+// sustained_ratio; the result's sustained_ratio is 1), else the stack-wide fwd_efficiency /
+// bwd_efficiency.
 Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);
 // Dense FP8 GEMM efficiency relative to the BF16 curve on this GPU (its measured entry,
 // else gemm.fp8_relative_efficiency); `measured` says which.

@@ -148,6 +148,7 @@ std::string fmt(const char* f, double x) {
 Calibration unit_calibration(const Calibration& base, const std::string& gpu, double h, double launch) {
   Calibration c = base;
   c.gemm_peak_eff[gpu] = 1.0;
+  c.gemm_sustained_ratio.erase(gpu);  // a profiled run's op times are sustained rates already
   c.gemm_half_dim = h;
   c.grouped_factor = 1.0;
   c.attention_fwd_eff = c.attention_bwd_eff = 1.0;
@@ -161,6 +162,7 @@ Calibration unit_calibration(const Calibration& base, const std::string& gpu, do
 void apply(Calibration& c, const std::string& gpu, double h, const std::array<double, kUnknowns>& u) {
   c.gemm_half_dim = h;
   c.gemm_peak_eff[gpu] = 1.0 / u[kGemm];
+  c.gemm_sustained_ratio.erase(gpu);
   c.grouped_factor = std::min(1.0, u[kGemm] / u[kGrouped]);
   c.attention_fwd_eff = 1.0 / u[kAttnFwd];
   c.attention_bwd_eff = 1.0 / u[kAttnBwd];
@@ -590,6 +592,7 @@ FitResult fit_measurements(const nlohmann::json& m, const std::string& base_topo
   const bool fitted = best_err < 1e300;
   if (fitted) {
     cj["gemm"]["peak_efficiency"][gpu_name] = sourced(cal.gemm_peak_eff[gpu_name], op_src);
+    if (cj["gemm"].contains("sustained_ratio")) cj["gemm"]["sustained_ratio"].erase(gpu_name);  // the fit is sustained
     cj["gemm"]["half_dim"] = sourced(best_h, "[F] grid search over half_dim, " + op_src);
     // The grouped factor is derived from the anchor at load; express the fitted
     // factor as an anchor on this device: iteration time at that factor.
