@@ -166,6 +166,14 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.attention_head_dim_fwd = head_dim_points("head_dim_fwd_factor");
   c.attention_head_dim_bwd = head_dim_points("head_dim_bwd_factor");
   if (att.has("tile_tokens")) c.attention_tile_tokens = sourced(att, "tile_tokens", nonneg);
+  if (att.has("masked_tile_cost")) {  // optional: needs the tile and the efficiencies' sequence
+    c.attention_masked_tile_cost = sourced(att, "masked_tile_cost", {.min = 1, .max = 64});
+    c.attention_efficiency_seq_tokens = sourced(att, "efficiency_seq_tokens", {.min_exclusive = 0});
+    if (c.attention_tile_tokens <= 0) {
+      throw UserError(file, "/attention/masked_tile_cost", "a tile (/attention/tile_tokens > 0) to count masked tiles in",
+                      "no tile_tokens");
+    }
+  }
   if (att.has("unfused")) {  // optional: score matrices through HBM (no flash kernel)
     JsonReader un = att.object("unfused");
     c.attention_unfused_fwd_bytes = sourced(un, "fwd_bytes_per_score", {.min_exclusive = 0, .max = 64});

@@ -100,6 +100,14 @@ struct Calibration {
   // Query and key tile of the flash kernel: it computes whole tiles, so a causal
   // or sliding-window span is rounded out to tiles (attention_tiled_span). 0 = exact.
   double attention_tile_tokens = 0;
+  // Cost of a key tile that needs the causal or window mask (the diagonal tile, a
+  // window's edge tiles) in unmasked tiles' work: flash kernels run those tiles in a loop
+  // of their own that evaluates the mask on every score (attention_tiled_span). 1 = a
+  // masked tile costs what an unmasked one does. Above 1 the efficiencies are rescaled
+  // to hold at attention_efficiency_seq_tokens, the causal sequence they were measured
+  // at (attention_masked_tile_scale), so only other sequences and windows move.
+  double attention_masked_tile_cost = 1;
+  double attention_efficiency_seq_tokens = 0;
   // Unfused attention (block attention.unfused; 0 = a fused flash kernel): the trainer
   // materialises every head's seq x seq score matrix in HBM: a batched GEMM writes the
   // scores, elementwise kernels (scale-mask-softmax, dropout) pass over them, a second
