@@ -91,6 +91,7 @@ struct Calibration {
   // entry uses the two above (attention_efficiency).
   struct AttentionEfficiency {
     double fwd = 0.45, bwd = 0.45;
+    double masked_tile_cost = 1;  // this GPU's attention_masked_tile_cost
   };
   std::map<std::string, AttentionEfficiency> attention_eff_by_gpu;
   // The efficiencies above hold at head dim 128; other head dims scale them by
@@ -103,9 +104,10 @@ struct Calibration {
   // Cost of a key tile that needs the causal or window mask (the diagonal tile, a
   // window's edge tiles) in unmasked tiles' work: flash kernels run those tiles in a loop
   // of their own that evaluates the mask on every score (attention_tiled_span). 1 = a
-  // masked tile costs what an unmasked one does. Above 1 the efficiencies are rescaled
-  // to hold at attention_efficiency_seq_tokens, the causal sequence they were measured
-  // at (attention_masked_tile_scale), so only other sequences and windows move.
+  // masked tile costs what an unmasked one does; a per_gpu entry may set its own.
+  // Above 1 the efficiencies are rescaled to hold at attention_efficiency_seq_tokens, the
+  // causal sequence they were measured at (attention_masked_tile_scale), so only other
+  // sequences and windows move.
   double attention_masked_tile_cost = 1;
   double attention_efficiency_seq_tokens = 0;
   // Unfused attention (block attention.unfused; 0 = a fused flash kernel): the trainer

@@ -337,10 +337,10 @@ double attention_tiled_span(int64_t window, double seq, double tile, double mask
   return scores / seq;
 }
 
-double attention_masked_tile_scale(const Calibration& cal) {
+double attention_masked_tile_scale(const Calibration& cal, double masked_tile_cost) {
   const double tile = cal.attention_tile_tokens, seq = cal.attention_efficiency_seq_tokens;
-  if (cal.attention_masked_tile_cost == 1.0 || tile <= 0 || seq <= 0) return 1.0;
-  return attention_tiled_span(0, seq, tile, cal.attention_masked_tile_cost) / attention_tiled_span(0, seq, tile);
+  if (masked_tile_cost == 1.0 || tile <= 0 || seq <= 0) return 1.0;
+  return attention_tiled_span(0, seq, tile, masked_tile_cost) / attention_tiled_span(0, seq, tile);
 }
 
 namespace {
@@ -588,10 +588,14 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       // FLOPs the model does (the exact span) and those the kernel computes (whole tiles:
       // for a 128-token window, a 128-row query tile touches two 128-key tiles), its masked
       // tiles weighted by their cost, held to the measured time at the efficiencies' sequence.
+      const Calibration::AttentionEfficiency at128 =
+          ctx.gpu != nullptr ? attention_efficiency(cal, *ctx.gpu)
+                             : Calibration::AttentionEfficiency{cal.attention_fwd_eff, cal.attention_bwd_eff,
+                                                                cal.attention_masked_tile_cost};
       const double span = exact_span(e.window, ctx.seq);
       const double kernel_span =
-          attention_tiled_span(e.window, ctx.seq, cal.attention_tile_tokens, cal.attention_masked_tile_cost) /
-          attention_masked_tile_scale(cal);
+          attention_tiled_span(e.window, ctx.seq, cal.attention_tile_tokens, at128.masked_tile_cost) /
+          attention_masked_tile_scale(cal, at128.masked_tile_cost);
       const double per_token = attention_flops_per_token(e, span);
       const double flops = per_token * ctx.tokens / ctx.tp;
       const double kernel_flops = attention_flops_per_token(e, kernel_span) * ctx.tokens / ctx.tp;
@@ -599,9 +603,6 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       // over / produce the head dim while the softmax work per score does not, so a smaller
       // head dim spends a larger share of the kernel outside the tensor cores.
       const double hd = std::min(e.qk_head_dim, e.head_dim);
-      const Calibration::AttentionEfficiency at128 =
-          ctx.gpu != nullptr ? attention_efficiency(cal, *ctx.gpu)
-                             : Calibration::AttentionEfficiency{cal.attention_fwd_eff, cal.attention_bwd_eff};
       const double fwd_eff = at128.fwd * attention_head_dim_factor(cal.attention_head_dim_fwd, hd);
       const double bwd_eff = at128.bwd * attention_head_dim_factor(cal.attention_head_dim_bwd, hd);
       // ALiBi and sinks: elementwise work inside the kernel (one more pass over the scores in backward).

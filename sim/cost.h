@@ -193,10 +193,10 @@ double attention_head_dim_factor(const std::vector<std::pair<double, double>>& p
 double attention_tiled_span(int64_t window, double seq, double tile, double masked_tile_cost = 1.0);
 
 // The factor that keeps a full causal sequence of the calibration's
-// attention_efficiency_seq_tokens at its measured time when masked tiles cost more
-// than unmasked ones: its span with masked tiles weighted over its span without. 1 when
-// masked tiles cost what unmasked ones do.
-double attention_masked_tile_scale(const Calibration& cal);
+// attention_efficiency_seq_tokens at its measured time when masked tiles cost
+// `masked_tile_cost` unmasked ones: its span with masked tiles weighted over its span
+// without. 1 when masked tiles cost what unmasked ones do.
+double attention_masked_tile_scale(const Calibration& cal, double masked_tile_cost);
 
 // An op's device time (its host issue is op_host_issue_s / layer_host_issue).
 struct OpTime {

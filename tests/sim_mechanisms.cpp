@@ -152,16 +152,23 @@ TEST_CASE("a flash kernel's masked tiles cost more: windows dearer, the measured
   REQUIRE(local != nullptr);
   REQUIRE(global != nullptr);
   const sim::OpTime local_plain = sim::price_op(*local, c.ctx()), global_plain = sim::price_op(*global, c.ctx());
-  c.cal.attention_masked_tile_cost = 3.6;
+  c.cal.attention_masked_tile_cost = 3.6;  // the H100 context has no per_gpu entry: the stack-wide value
   c.cal.attention_efficiency_seq_tokens = c.ctx().seq;
-  CHECK(sim::attention_masked_tile_scale(c.cal) > 1.0);
+  CHECK(sim::attention_masked_tile_scale(c.cal, 3.6) > 1.0);
+  CHECK(sim::attention_masked_tile_scale(c.cal, 1.0) == 1.0);
   const sim::OpTime local_masked = sim::price_op(*local, c.ctx()), global_masked = sim::price_op(*global, c.ctx());
   CHECK(global_masked.fwd_s == Approx(global_plain.fwd_s));
   CHECK(global_masked.bwd_s == Approx(global_plain.bwd_s));
   CHECK(local_masked.fwd_s > 1.5 * local_plain.fwd_s);
   CHECK(local_masked.bwd_s > 1.5 * local_plain.bwd_s);
   CHECK(local_masked.fwd_flops == local_plain.fwd_flops);  // the model's FLOPs are the same
-  // A shorter causal sequence than the measured one is dearer per token, a longer one cheaper.
+  // A GPU's own value wins over the stack-wide one.
+  c.cal.attention_eff_by_gpu[c.cluster.system.gpu.name] = {.fwd = c.cal.attention_fwd_eff,
+                                                           .bwd = c.cal.attention_bwd_eff,
+                                                           .masked_tile_cost = 1.0};
+  CHECK(sim::price_op(*local, c.ctx()).fwd_s == Approx(local_plain.fwd_s));
+  c.cal.attention_eff_by_gpu.clear();
+  // A shorter causal sequence than the measured one is dearer per token.
   c.cal.attention_efficiency_seq_tokens = 4.0 * c.ctx().seq;
   CHECK(sim::price_op(*global, c.ctx()).fwd_s > global_plain.fwd_s);
 }
@@ -201,7 +208,9 @@ TEST_CASE("the megatron-bridge stack's attention head-dim points and tile read f
   REQUIRE(cal.attention_head_dim_fwd.size() == 2);
   CHECK(cal.attention_head_dim_fwd.front().first == 64);
   CHECK(cal.attention_tile_tokens == 128);
-  CHECK(cal.attention_masked_tile_cost > 1.0);
+  // Masked tiles cost more on Blackwell, not on Hopper (H100 has no per_gpu entry).
+  CHECK(cal.attention_masked_tile_cost == 1.0);
+  CHECK(cal.attention_eff_by_gpu.at("GB200").masked_tile_cost > 1.0);
   CHECK(cal.attention_efficiency_seq_tokens == 8192);
   // The base calibration (Marin's stack) has neither: exact spans at every head dim.
   const sim::Calibration base = sim::load_calibration();
@@ -213,6 +222,14 @@ TEST_CASE("the megatron-bridge stack's attention head-dim points and tile read f
   untiled["attention"]["masked_tile_cost"] = {{"value", 3.6}, {"source", "x"}};
   untiled["attention"]["efficiency_seq_tokens"] = {{"value", 8192}, {"source", "x"}};
   CHECK_THROWS_WITH(sim::parse_calibration(untiled, "untiled.json"), Catch::Contains("/attention/masked_tile_cost"));
+  // ... and the sequence the efficiencies hold at, where a GPU sets its own.
+  json unanchored = load_json_file(root + "/sim/calibration.json");
+  unanchored["attention"]["tile_tokens"] = {{"value", 128}, {"source", "x"}};
+  unanchored["attention"]["per_gpu"]["B200"] = {{"fwd_efficiency", {{"value", 0.6}, {"source", "x"}}},
+                                                {"bwd_efficiency", {{"value", 0.45}, {"source", "x"}}},
+                                                {"masked_tile_cost", {{"value", 3.6}, {"source", "x"}}}};
+  CHECK_THROWS_WITH(sim::parse_calibration(unanchored, "unanchored.json"),
+                    Catch::Contains("/attention/per_gpu/B200/masked_tile_cost"));
   // A head dim that is not a number is one error naming its path.
   json bad = load_json_file(root + "/sim/calibration.json");
   bad["attention"]["head_dim_fwd_factor"] = {{"sixty-four", {{"value", 0.7}, {"source", "x"}}}};
