@@ -173,6 +173,24 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.attention_head_dim_fwd = head_dim_points("head_dim_fwd_factor");
   c.attention_head_dim_bwd = head_dim_points("head_dim_bwd_factor");
   if (att.has("tile_tokens")) c.attention_tile_tokens = sourced(att, "tile_tokens", nonneg);
+  const NumberRange masked_cost{.min = 1, .max = 64};
+  if (att.has("masked_tile_cost")) c.attention_masked_tile_cost = sourced(att, "masked_tile_cost", masked_cost);
+  if (att.has("efficiency_seq_tokens")) {
+    c.attention_efficiency_seq_tokens = sourced(att, "efficiency_seq_tokens", {.min_exclusive = 0});
+  }
+  // A masked-tile cost above 1 counts masked tiles (a tile) and holds the efficiencies at
+  // the sequence they were measured at.
+  const auto check_masked_cost = [&](double cost, const std::string& path) {
+    if (cost == 1.0) return;
+    if (c.attention_tile_tokens <= 0) {
+      throw UserError(file, path, "a tile (/attention/tile_tokens > 0) to count masked tiles in", "no tile_tokens");
+    }
+    if (c.attention_efficiency_seq_tokens <= 0) {
+      throw UserError(file, path, "the sequence the efficiencies hold at (/attention/efficiency_seq_tokens)",
+                      "no efficiency_seq_tokens");
+    }
+  };
+  check_masked_cost(c.attention_masked_tile_cost, "/attention/masked_tile_cost");
   if (att.has("unfused")) {  // optional: score matrices through HBM (no flash kernel)
     JsonReader un = att.object("unfused");
     c.attention_unfused_fwd_bytes = sourced(un, "fwd_bytes_per_score", {.min_exclusive = 0, .max = 64});
@@ -185,7 +203,11 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     for (auto it = per_gpu.raw().begin(); it != per_gpu.raw().end(); ++it) {
       JsonReader g = per_gpu.object(it.key());
       Calibration::AttentionEfficiency& a = c.attention_eff_by_gpu[it.key()];
-      a = {.fwd = sourced(g, "fwd_efficiency", frac), .bwd = sourced(g, "bwd_efficiency", frac)};
+      a = {.fwd = sourced(g, "fwd_efficiency", frac),
+           .bwd = sourced(g, "bwd_efficiency", frac),
+           .masked_tile_cost = c.attention_masked_tile_cost};
+      if (g.has("masked_tile_cost")) a.masked_tile_cost = sourced(g, "masked_tile_cost", masked_cost);
+      check_masked_cost(a.masked_tile_cost, "/attention/per_gpu/" + it.key() + "/masked_tile_cost");
       if (g.has("sustained_ratio")) a.sustained_ratio = sourced(g, "sustained_ratio", frac);
       g.finish();
     }
@@ -371,13 +393,18 @@ double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu
 
 Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
   const auto it = c.attention_eff_by_gpu.find(gpu.name);
-  if (it == c.attention_eff_by_gpu.end()) return {.fwd = c.attention_fwd_eff, .bwd = c.attention_bwd_eff};
+  if (it == c.attention_eff_by_gpu.end()) {
+    return {.fwd = c.attention_fwd_eff, .bwd = c.attention_bwd_eff, .masked_tile_cost = c.attention_masked_tile_cost};
+  }
   // A kernel benchmark times a few milliseconds of back-to-back launches, at the boost clock;
   // a training step holds the tensor cores busy for seconds, at the clock the power limit
   // sustains: the burst rate times the kernel's measured sustained share (flashinfer PR #2899:
   // a B200 drops from 1,965 to ~1,580 MHz after ~5 ms of FlashAttention-4, -14% TF/s).
-  const Calibration::AttentionEfficiency& burst = it->second;
-  return {.fwd = burst.fwd * burst.sustained_ratio, .bwd = burst.bwd * burst.sustained_ratio};
+  Calibration::AttentionEfficiency sustained = it->second;
+  sustained.fwd *= sustained.sustained_ratio;
+  sustained.bwd *= sustained.sustained_ratio;
+  sustained.sustained_ratio = 1.0;  // a sustained rate now: nothing downstream applies it again
+  return sustained;
 }
 
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured) {

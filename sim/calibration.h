@@ -102,6 +102,7 @@ struct Calibration {
     // a burst at the boost clock and a sustained load at the lower clock the limit holds.
     // 1 = the figures are sustained rates (or no throttling is known).
     double sustained_ratio = 1.0;
+    double masked_tile_cost = 1;  // this GPU's attention_masked_tile_cost
   };
   std::map<std::string, AttentionEfficiency> attention_eff_by_gpu;
   // The efficiencies above hold at head dim 128; other head dims scale them by
@@ -111,6 +112,15 @@ struct Calibration {
   // Query and key tile of the flash kernel: it computes whole tiles, so a causal
   // or sliding-window span is rounded out to tiles (attention_tiled_span). 0 = exact.
   double attention_tile_tokens = 0;
+  // Cost of a key tile that needs the causal or window mask (the diagonal tile, a
+  // window's edge tiles) in unmasked tiles' work: flash kernels run those tiles in a loop
+  // of their own that evaluates the mask on every score (attention_tiled_span). 1 = a
+  // masked tile costs what an unmasked one does; a per_gpu entry may set its own.
+  // Above 1 the efficiencies are rescaled to hold at attention_efficiency_seq_tokens, the
+  // causal sequence they were measured at (attention_masked_tile_scale), so only other
+  // sequences and windows move.
+  double attention_masked_tile_cost = 1;
+  double attention_efficiency_seq_tokens = 0;
   // Unfused attention (block attention.unfused; 0 = a fused flash kernel): the trainer
   // materialises every head's seq x seq score matrix in HBM: a batched GEMM writes the
   // scores, elementwise kernels (scale-mask-softmax, dropout) pass over them, a second

@@ -307,21 +307,40 @@ double attention_head_dim_factor(const std::vector<std::pair<double, double>>& p
   return points.back().second;
 }
 
-double attention_tiled_span(int64_t window, double seq, double tile) {
+double attention_tiled_span(int64_t window, double seq, double tile, double masked_tile_cost) {
   if (tile <= 0 || seq <= 0) {
     return models::mean_attention_span(static_cast<int64_t>(seq), window, models::FlopConvention::kExact);
   }
   // Query tile b holds rows [b T, min((b+1) T, seq)); its last row sees keys up to
   // itself, its first row back to max(0, b T - window + 1) (0 without a window).
+  // A key tile is unmasked when every row of the query tile sees every key in it: it
+  // ends at or before the first row (causal) and, with a window, starts no earlier than
+  // the last row's first key. flash-attention's forward runs the others in loops of
+  // their own that apply the mask to every score (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp:
+  // the causal/local masking iterations, the unmasked ones, then the local left-edge
+  // masking iterations; tile bounds in hopper/block.h get_n_block_min_causal_local_mask
+  // and get_n_block_min_before_local_mask).
   const double blocks = std::ceil(seq / tile);
+  const double w = static_cast<double>(window);
   double scores = 0;
   for (double b = 0; b < blocks; b += 1.0) {
     const double first_row = b * tile, last_row = std::min(seq, (b + 1.0) * tile) - 1.0;
-    const double first_key = window > 0 ? std::max(0.0, first_row - static_cast<double>(window) + 1.0) : 0.0;
-    const double key_tiles = std::floor(last_row / tile) - std::floor(first_key / tile) + 1.0;
-    scores += (last_row - first_row + 1.0) * key_tiles * tile;
+    const double first_key = window > 0 ? std::max(0.0, first_row - w + 1.0) : 0.0;
+    const double lo = std::floor(first_key / tile), hi = std::floor(last_row / tile);
+    const double unmasked_hi = std::min(hi, std::floor((first_row + 1.0) / tile) - 1.0);
+    const double unmasked_lo = window > 0 ? std::max(lo, std::ceil(std::max(0.0, last_row - w + 1.0) / tile)) : lo;
+    const double key_tiles = hi - lo + 1.0;
+    const double unmasked = std::max(0.0, unmasked_hi - unmasked_lo + 1.0);
+    const double masked = key_tiles - unmasked;
+    scores += (last_row - first_row + 1.0) * (unmasked + masked_tile_cost * masked) * tile;
   }
   return scores / seq;
+}
+
+double attention_masked_tile_scale(const Calibration& cal, double masked_tile_cost) {
+  const double tile = cal.attention_tile_tokens, seq = cal.attention_efficiency_seq_tokens;
+  if (masked_tile_cost == 1.0 || tile <= 0 || seq <= 0) return 1.0;
+  return attention_tiled_span(0, seq, tile, masked_tile_cost) / attention_tiled_span(0, seq, tile);
 }
 
 namespace {
@@ -567,9 +586,17 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
     case OpClass::kAttention: {
       if (cal.attention_unfused_fwd_bytes > 0) return unfused_attention_time(e, ctx);
       // FLOPs the model does (the exact span) and those the kernel computes (whole tiles:
-      // for a 128-token window, a 128-row query tile touches two 128-key tiles).
+      // for a 128-token window, a 128-row query tile touches two 128-key tiles), its masked
+      // tiles weighted by their cost, held to the measured time at the efficiencies' sequence.
+      const Calibration::AttentionEfficiency at128 =
+          ctx.gpu != nullptr ? attention_efficiency(cal, *ctx.gpu)
+                             : Calibration::AttentionEfficiency{.fwd = cal.attention_fwd_eff,
+                                                                .bwd = cal.attention_bwd_eff,
+                                                                .masked_tile_cost = cal.attention_masked_tile_cost};
       const double span = exact_span(e.window, ctx.seq);
-      const double kernel_span = attention_tiled_span(e.window, ctx.seq, cal.attention_tile_tokens);
+      const double kernel_span =
+          attention_tiled_span(e.window, ctx.seq, cal.attention_tile_tokens, at128.masked_tile_cost) /
+          attention_masked_tile_scale(cal, at128.masked_tile_cost);
       const double per_token = attention_flops_per_token(e, span);
       const double flops = per_token * ctx.tokens / ctx.tp;
       const double kernel_flops = attention_flops_per_token(e, kernel_span) * ctx.tokens / ctx.tp;
@@ -577,9 +604,6 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       // over / produce the head dim while the softmax work per score does not, so a smaller
       // head dim spends a larger share of the kernel outside the tensor cores.
       const double hd = std::min(e.qk_head_dim, e.head_dim);
-      const Calibration::AttentionEfficiency at128 =
-          ctx.gpu != nullptr ? attention_efficiency(cal, *ctx.gpu)
-                             : Calibration::AttentionEfficiency{cal.attention_fwd_eff, cal.attention_bwd_eff};
       const double fwd_eff = at128.fwd * attention_head_dim_factor(cal.attention_head_dim_fwd, hd);
       const double bwd_eff = at128.bwd * attention_head_dim_factor(cal.attention_head_dim_bwd, hd);
       // ALiBi and sinks: elementwise work inside the kernel (one more pass over the scores in backward).

@@ -186,8 +186,17 @@ double attention_head_dim_factor(const std::vector<std::pair<double, double>>& p
 // Mean keys per query a flash kernel computes over a causal sequence of `seq` tokens
 // (window 0 = full causal, else each query sees its last `window` keys) when it works
 // in whole tiles of `tile` queries x `tile` keys: every key tile a query tile touches
-// is computed for all its rows. tile 0 = the exact mean span.
-double attention_tiled_span(int64_t window, double seq, double tile);
+// is computed for all its rows. tile 0 = the exact mean span. A key tile that needs the
+// mask (some of its scores fall outside the causal band or the window) counts
+// `masked_tile_cost` unmasked tiles: the diagonal tile of a causal query tile, both
+// tiles of a 128-token window over 128-token tiles.
+double attention_tiled_span(int64_t window, double seq, double tile, double masked_tile_cost = 1.0);
+
+// The factor that keeps a full causal sequence of the calibration's
+// attention_efficiency_seq_tokens at its measured time when masked tiles cost
+// `masked_tile_cost` unmasked ones: its span with masked tiles weighted over its span
+// without. 1 when masked tiles cost what unmasked ones do.
+double attention_masked_tile_scale(const Calibration& cal, double masked_tile_cost);
 
 // An op's device time (its host issue is op_host_issue_s / layer_host_issue).
 struct OpTime {

@@ -124,6 +124,55 @@ TEST_CASE("a tiled flash kernel computes whole key tiles of the causal or window
   CHECK(sim::attention_tiled_span(2048, 8192, 128) >= models::mean_attention_span(8192, 2048, models::FlopConvention::kExact));
 }
 
+TEST_CASE("a flash kernel's masked tiles cost more: windows dearer, the measured causal sequence unchanged",
+          "[sim][mech][attention]") {
+  // Weight 1 is the plain tiled span.
+  CHECK(sim::attention_tiled_span(0, 4096, 128, 1.0) == sim::attention_tiled_span(0, 4096, 128));
+  CHECK(sim::attention_tiled_span(128, 4096, 128, 1.0) == sim::attention_tiled_span(128, 4096, 128));
+  // Full causal: query tile b runs b unmasked key tiles and the masked diagonal one.
+  CHECK(sim::attention_tiled_span(0, 4096, 128, 3.0) == Approx(128.0 * (15.5 + 3.0)));
+  // A 128-token window over 128-token tiles: both key tiles of every query tile but the first are masked.
+  CHECK(sim::attention_tiled_span(128, 4096, 128, 3.0) == Approx((3.0 * 128.0 + 31.0 * 2.0 * 3.0 * 128.0) / 32.0));
+  // A 2048-token window: once it is full (query tile 16 on) two edge tiles are masked, before it one.
+  CHECK(sim::attention_tiled_span(2048, 8192, 128, 3.0) - sim::attention_tiled_span(2048, 8192, 128) ==
+        Approx((16.0 * 1.0 + 48.0 * 2.0) / 64.0 * 2.0 * 128.0));
+
+  // Priced: the windowed layers of a local/global model get dearer, its full causal
+  // layers keep their time at the sequence the efficiencies were measured at.
+  Context c;
+  c.cal.attention_tile_tokens = 128;
+  const sim::OpTable t = table_of(zoo_json("tiny-alibi-sink-moe"));
+  const sim::OpEntry *local = nullptr, *global = nullptr;
+  for (const auto& cls : t.classes) {
+    for (const auto& e : cls.ops) {
+      if (e.kind != models::OpKind::kAttention) continue;
+      (e.window > 0 ? local : global) = &e;
+    }
+  }
+  REQUIRE(local != nullptr);
+  REQUIRE(global != nullptr);
+  const sim::OpTime local_plain = sim::price_op(*local, c.ctx()), global_plain = sim::price_op(*global, c.ctx());
+  c.cal.attention_masked_tile_cost = 3.6;  // the H100 context has no per_gpu entry: the stack-wide value
+  c.cal.attention_efficiency_seq_tokens = c.ctx().seq;
+  CHECK(sim::attention_masked_tile_scale(c.cal, 3.6) > 1.0);
+  CHECK(sim::attention_masked_tile_scale(c.cal, 1.0) == 1.0);
+  const sim::OpTime local_masked = sim::price_op(*local, c.ctx()), global_masked = sim::price_op(*global, c.ctx());
+  CHECK(global_masked.fwd_s == Approx(global_plain.fwd_s));
+  CHECK(global_masked.bwd_s == Approx(global_plain.bwd_s));
+  CHECK(local_masked.fwd_s > 1.5 * local_plain.fwd_s);
+  CHECK(local_masked.bwd_s > 1.5 * local_plain.bwd_s);
+  CHECK(local_masked.fwd_flops == local_plain.fwd_flops);  // the model's FLOPs are the same
+  // A GPU's own value wins over the stack-wide one.
+  c.cal.attention_eff_by_gpu[c.cluster.system.gpu.name] = {.fwd = c.cal.attention_fwd_eff,
+                                                           .bwd = c.cal.attention_bwd_eff,
+                                                           .masked_tile_cost = 1.0};
+  CHECK(sim::price_op(*local, c.ctx()).fwd_s == Approx(local_plain.fwd_s));
+  c.cal.attention_eff_by_gpu.clear();
+  // A shorter causal sequence than the measured one is dearer per token.
+  c.cal.attention_efficiency_seq_tokens = 4.0 * c.ctx().seq;
+  CHECK(sim::price_op(*global, c.ctx()).fwd_s > global_plain.fwd_s);
+}
+
 TEST_CASE("attention efficiency follows the calibration's head-dim points", "[sim][mech][attention]") {
   const std::vector<std::pair<double, double>> points{{64, 0.68}, {128, 1.0}};
   CHECK(sim::attention_head_dim_factor({}, 64) == 1.0);
@@ -159,10 +208,28 @@ TEST_CASE("the megatron-bridge stack's attention head-dim points and tile read f
   REQUIRE(cal.attention_head_dim_fwd.size() == 2);
   CHECK(cal.attention_head_dim_fwd.front().first == 64);
   CHECK(cal.attention_tile_tokens == 128);
+  // Masked tiles cost more on Blackwell, not on Hopper (H100 has no per_gpu entry).
+  CHECK(cal.attention_masked_tile_cost == 1.0);
+  CHECK(cal.attention_eff_by_gpu.at("GB200").masked_tile_cost > 1.0);
+  CHECK(cal.attention_efficiency_seq_tokens == 8192);
   // The base calibration (Marin's stack) has neither: exact spans at every head dim.
   const sim::Calibration base = sim::load_calibration();
   CHECK(base.attention_head_dim_fwd.empty());
   CHECK(base.attention_tile_tokens == 0);
+  CHECK(base.attention_masked_tile_cost == 1.0);
+  // A masked-tile cost needs a tile to count masked tiles in.
+  json untiled = load_json_file(root + "/sim/calibration.json");
+  untiled["attention"]["masked_tile_cost"] = {{"value", 3.6}, {"source", "x"}};
+  untiled["attention"]["efficiency_seq_tokens"] = {{"value", 8192}, {"source", "x"}};
+  CHECK_THROWS_WITH(sim::parse_calibration(untiled, "untiled.json"), Catch::Contains("/attention/masked_tile_cost"));
+  // ... and the sequence the efficiencies hold at, where a GPU sets its own.
+  json unanchored = load_json_file(root + "/sim/calibration.json");
+  unanchored["attention"]["tile_tokens"] = {{"value", 128}, {"source", "x"}};
+  unanchored["attention"]["per_gpu"]["B200"] = {{"fwd_efficiency", {{"value", 0.6}, {"source", "x"}}},
+                                                {"bwd_efficiency", {{"value", 0.45}, {"source", "x"}}},
+                                                {"masked_tile_cost", {{"value", 3.6}, {"source", "x"}}}};
+  CHECK_THROWS_WITH(sim::parse_calibration(unanchored, "unanchored.json"),
+                    Catch::Contains("/attention/per_gpu/B200/masked_tile_cost"));
   // A head dim that is not a number is one error naming its path.
   json bad = load_json_file(root + "/sim/calibration.json");
   bad["attention"]["head_dim_fwd_factor"] = {{"sixty-four", {{"value", 0.7}, {"source", "x"}}}};
