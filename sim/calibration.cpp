@@ -322,6 +322,9 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   }
   if (host.has("graph_replay_calls")) c.graph_replay_calls = sourced(host, "graph_replay_calls", {.min = 0, .max = 1e3});
   if (host.has("moe_preprocess_calls")) c.moe_preprocess_calls = sourced(host, "moe_preprocess_calls", {.min = 0, .max = 1e4});
+  if (host.has("merged_1f1b_calls_per_node")) {
+    c.merged_1f1b_calls_per_node = sourced(host, "merged_1f1b_calls_per_node", {.min = 0, .max = 1e3});
+  }
   if (host.has("calls_per_op")) {
     JsonReader calls = host.object("calls_per_op");
     for (auto it = calls.raw().begin(); it != calls.raw().end(); ++it) {

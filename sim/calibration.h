@@ -236,6 +236,12 @@ struct Calibration {
   // preprocess, before the host sync) are captured with the moe_preprocess scope.
   double graph_replay_calls = 0;
   double moe_preprocess_calls = 0;
+  // Merged-1F1B EP overlap (Layout::ep_a2a_overlap): Megatron-Core runs each layer as
+  // schedule nodes (attention, post-attention, dispatch, MLP, combine; attention and MLP
+  // for a dense layer), each pass of each node wrapped in stream and event handling and,
+  // in the backward, an autograd engine run of its own: further framework calls per node
+  // and pass, beside its ops' own.
+  double merged_1f1b_calls_per_node = 0;
 
   // Memory overheads.
   double allocator_fragmentation = 0.05;          // of live bytes

@@ -5,6 +5,7 @@
 #include <map>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "sim/base/check.h"
 
@@ -391,6 +392,34 @@ double op_kernel_launches(const OpEntry& e, const PriceContext& ctx) {
   }
 }
 
+// The ops that open each schedule node of Megatron-Core's merged-1F1B layer
+// (megatron/core/models/common/model_chunk_schedule_plan.py, TransformerLayerSchedulePlan
+// _build_callable_nodes, core_v0.15.0): attn from the layer's first op, post_attn (pre-MLP
+// norm and router) after the attention's residual add, then moe_dispatch, mlp (the
+// experts) and moe_combine; a dense layer has attn and mlp only (the others are no-ops).
+std::vector<size_t> schedule_node_ops(const LayerClass& lc) {
+  using models::OpKind;
+  std::vector<size_t> first;  // (5) for a MoE layer, (2) for a dense one
+  if (lc.ops.empty()) return first;
+  first.push_back(0);
+  for (size_t j = 0; j + 1 < lc.ops.size(); ++j) {
+    if (lc.ops[j].kind == OpKind::kResidualAdd) {
+      first.push_back(j + 1);
+      break;
+    }
+  }
+  if (!lc.moe) return first;
+  for (const OpKind k : {OpKind::kDispatch, OpKind::kExpertMlp, OpKind::kCombine}) {
+    for (size_t j = 0; j < lc.ops.size(); ++j) {
+      if (lc.ops[j].kind == k) {
+        first.push_back(j);
+        break;
+      }
+    }
+  }
+  return first;
+}
+
 }  // namespace
 
 double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
@@ -455,13 +484,28 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
     }
     if (e.kind == models::OpKind::kResidualAdd) attention_half = false;
   }
+  // Merged-1F1B EP overlap: each node's pass runs through ScheduleNode._forward / _backward
+  // (megatron/core/pipeline_parallel/utils.py, core_v0.15.0): event wait and record on its
+  // stream, the stream switch, NVTX, its inputs detached; a backward node runs an autograd
+  // engine pass of its own. Charged on the node's first op, once per pass (not doubled in
+  // the backward: a node's wrapper does the same work either way); eager whatever graphs
+  // its ops replay.
+  double node_s = 0;
+  if (ctx.merged_1f1b && cal.merged_1f1b_calls_per_node > 0) {
+    const double per_node_s = cal.merged_1f1b_calls_per_node * ctx.op_issue_s;
+    for (const size_t j : schedule_node_ops(lc)) {
+      h.op_fwd_s[j] += per_node_s;
+      h.op_bwd_s[j] += per_node_s;
+      node_s += per_node_s;
+    }
+  }
   const double replay_s = captured > 0 ? cal.graph_replay_calls * ctx.op_issue_s + cal.launch_overhead_s : 0.0;
   if (first_captured < lc.ops.size()) {
     h.op_fwd_s[first_captured] += replay_s;
     h.op_bwd_s[first_captured] += replay_s;
   }
-  h.fwd_s = eager_s + quantize_fwd_s + replay_s;
-  h.bwd_s = 2.0 * eager_s + quantize_bwd_s + replay_s;
+  h.fwd_s = eager_s + quantize_fwd_s + replay_s + node_s;
+  h.bwd_s = 2.0 * eager_s + quantize_bwd_s + replay_s + node_s;
   return h;
 }
 

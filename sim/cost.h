@@ -128,6 +128,9 @@ struct PriceContext {
   // of the expert GEMMs' input and output rows (FP8 experts behind that dispatcher).
   bool moe_sort_rows = false;
   bool moe_fp8_pad_rows = false;
+  // Megatron-Core's merged-1F1B EP overlap (Layout::ep_a2a_overlap): the host runs each
+  // layer's passes as schedule nodes (cal.merged_1f1b_calls_per_node, layer_host_issue).
+  bool merged_1f1b = false;
 };
 
 // The memory-bound passes that turn one FP8 GEMM op's BF16 inputs into FP8 for one

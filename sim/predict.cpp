@@ -238,6 +238,7 @@ class StepModel {
     const bool a2a_dispatch = l.ep_transport == Transport::ragged && l.ep_dispatcher == EpDispatcher::kAllToAll;
     ctx_.moe_sort_rows = cal.moe_sort_rows_by_local_expert && a2a_dispatch && s_.local_experts > 1.0;
     ctx_.moe_fp8_pad_rows = cal.moe_fp8_pad_expert_rows && a2a_dispatch && l.fp8 != Fp8Gemms::kNone;
+    ctx_.merged_1f1b = l.ep > 1 && l.ep_a2a_overlap;
     drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.

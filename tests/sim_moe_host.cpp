@@ -4,8 +4,10 @@
 // compiled step (op_issue_s 0) and sync-free dense layers keep their device time.
 #include <catch2/catch.hpp>
 
+#include <numeric>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "sim/base/check.h"
 #include "sim/base/source_dir.h"
@@ -250,4 +252,60 @@ TEST_CASE("The Megatron-Bridge stack has its host launch the FP8 quantize kernel
   CHECK(cal.host_issues_fp8_quantize);
   CHECK(cal.moe_fp8_quantize_per_expert);
   CHECK_FALSE(default_calibration().host_issues_fp8_quantize);
+}
+
+TEST_CASE("Merged-1F1B EP overlap: each schedule node's wrapper costs the host its calls per pass", "[moe_host]") {
+  const SmallMoe m;
+  const OpTable t = build_op_table(m.g);
+  Calibration cal = eager(10e-6, 1);
+  cal.merged_1f1b_calls_per_node = 10;
+  PriceContext ctx;
+  ctx.cal = &cal;
+  ctx.local_experts = 16;
+  ctx.op_issue_s = 10e-6;
+  const LayerClass& lc = t.classes.at(0);
+  REQUIRE(lc.moe);
+  const auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
+  const LayerHostIssue plain = layer_host_issue(lc, ctx, 0);
+  ctx.merged_1f1b = true;
+  const LayerHostIssue merged = layer_host_issue(lc, ctx, 0);
+  // Five nodes (attn, post_attn, moe_dispatch, mlp, moe_combine), 10 calls each, once per pass.
+  const double nodes_s = 5.0 * 10.0 * 10e-6;
+  CHECK(merged.fwd_s - plain.fwd_s == Approx(nodes_s));
+  CHECK(merged.bwd_s - plain.bwd_s == Approx(nodes_s));
+  CHECK(sum(merged.op_fwd_s) - sum(plain.op_fwd_s) == Approx(nodes_s));
+  CHECK(sum(merged.op_bwd_s) - sum(plain.op_bwd_s) == Approx(nodes_s));
+  // The dispatch node opens on the dispatch op; ops inside a node carry nothing more.
+  for (size_t j = 0; j < lc.ops.size(); ++j) {
+    const double added = merged.op_fwd_s[j] - plain.op_fwd_s[j];
+    if (lc.ops[j].kind == models::OpKind::kDispatch) CHECK(added == Approx(10.0 * 10e-6));
+    if (lc.ops[j].kind == models::OpKind::kRouter || lc.ops[j].kind == models::OpKind::kTopK) CHECK(added == 0.0);
+  }
+  // Without the calibration entry (or for a compiled step) the overlap costs the host nothing.
+  cal.merged_1f1b_calls_per_node = 0;
+  CHECK(layer_host_issue(lc, ctx, 0).fwd_s == Approx(plain.fwd_s));
+}
+
+TEST_CASE("A host-bound layout with the EP overlap pays its schedule nodes; without it, nothing changes", "[moe_host]") {
+  const SmallMoe m;
+  Calibration with_nodes = eager(60e-6, 1);
+  with_nodes.merged_1f1b_calls_per_node = 10;
+  const Calibration without_nodes = eager(60e-6, 1);
+  Layout overlap = m.layout(1);
+  overlap.ep_a2a_overlap = true;
+  const Layout plain = m.layout(1);
+  const Prediction a = Predictor(m.g, m.c, with_nodes).predict(overlap);
+  const Prediction b = Predictor(m.g, m.c, without_nodes).predict(overlap);
+  const Prediction c = Predictor(m.g, m.c, with_nodes).predict(plain);
+  const Prediction d = Predictor(m.g, m.c, without_nodes).predict(plain);
+  REQUIRE((a.valid && b.valid && c.valid && d.valid));
+  CHECK(a.breakdown.host_issue_s > b.breakdown.host_issue_s);
+  CHECK(a.step_time_s > b.step_time_s);
+  CHECK(c.step_time_s == Approx(d.step_time_s));  // the per-node calls only exist in the merged schedule
+}
+
+TEST_CASE("The Megatron-Bridge stack charges the merged-1F1B schedule nodes", "[moe_host][stack]") {
+  const Calibration cal = stack_calibration(load_stack(stack_path("megatron-bridge-2025")));
+  CHECK(cal.merged_1f1b_calls_per_node > 0.0);
+  CHECK(default_calibration().merged_1f1b_calls_per_node == 0.0);
 }
