@@ -304,3 +304,35 @@ TEST_CASE("FP8 GEMMs keep their saved inputs as FP8: one byte per GEMM-input ele
   l.fp8 = Fp8Gemms::kExperts;  // a dense model has no expert GEMMs
   CHECK(p.predict(l).memory.activations == Approx(bf16).epsilon(1e-12));
 }
+
+TEST_CASE("Megatron-LM 2021 reduces fp16 gradients in 16 bits across data ranks", "[stack][validation]") {
+  // Under --fp16 (examples/pretrain_gpt3_175B.sh of the paper's code) the 2021 local DDP
+  // buckets param.grad by the parameter type and all-reduces the fp16 buckets
+  // (megatron/model/distributed.py allreduce_gradients); fp32 reduction was opt-in
+  // (--accumulate-allreduce-grads-in-fp32, forced only by --bf16, megatron/arguments.py).
+  std::vector<ValidationRun> runs = load_validation_set();
+  int rows = 0;
+  for (const ValidationRun& v : runs) {
+    if (v.stack != "megatron-lm-2021") continue;
+    INFO(v.id);
+    const Layout l = parse_layout(v.layout_json, v.id);
+    CHECK(l.grad_dtype == GradDtype::kBf16);  // 2 B per gradient, as fp16
+    ++rows;
+  }
+  CHECK(rows >= 10);
+  // The 18.4B row (TP 8, PP 1, data 32): the exposed all-reduce carries half the bytes
+  // of the same layout with fp32 gradients, and the gradient buffers take half the memory.
+  const auto it = std::find_if(runs.begin(), runs.end(), [](const ValidationRun& v) { return v.id == "narayanan21-18.4b"; });
+  REQUIRE(it != runs.end());
+  const Predictor p(models::build_layer_graph(models::load_model(it->model_path)),
+                    topologies::load_cluster(it->cluster_path, it->domains),
+                    stack_calibration(load_stack(stack_path(it->stack))));
+  const Layout half = parse_layout(it->layout_json, it->id);
+  Layout full = half;
+  full.grad_dtype = GradDtype::kFp32;
+  const Prediction ph = p.predict(half), pf = p.predict(full);
+  REQUIRE(pf.breakdown.grad_sync_s > 0);
+  CHECK(ph.breakdown.grad_sync_s / pf.breakdown.grad_sync_s == Approx(0.5).margin(0.02));
+  CHECK(ph.memory.gradients == Approx(0.5 * pf.memory.gradients));
+  CHECK(ph.step_time_s < pf.step_time_s);
+}
