@@ -310,3 +310,12 @@ TEST_CASE("peak by phase: score gradients inside the attention's backward, with 
                        (b.master_weights + b.gradients + b.optimizer_states);
   CHECK(b560.device_total - b.device_total == Approx(state * (1.0 + phased.allocator_fragmentation)).epsilon(1e-9));
 }
+
+TEST_CASE("the PyTorch stacks peak by phase; Marin's and the default calibration sum the lines", "[zero3][stack][peak_by_phase]") {
+  for (const char* s : {"deepspeed", "megatron-deepspeed-2021", "megatron-lm-2021", "megatron-lm-2022", "megatron-lm",
+                        "megatron-bridge-2025", "pytorch-fsdp"}) {
+    CHECK(stack_calibration(load_stack(stack_path(s))).peak_by_phase == 1.0);
+  }
+  CHECK(stack_calibration(load_stack(stack_path("marin-july-2026"))).peak_by_phase == 0.0);
+  CHECK(default_calibration().peak_by_phase == 0.0);
+}
