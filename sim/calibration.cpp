@@ -357,6 +357,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (m.has("attention_score_bytes")) c.attention_score_bytes = sourced(m, "attention_score_bytes", {.min = 0, .max = 16});
   if (m.has("combine_saves_expert_outputs")) c.combine_saves_expert_outputs = sourced(m, "combine_saves_expert_outputs", {.min = 0, .max = 1});
   if (m.has("zero_shards_over_cp")) c.zero_shards_over_cp = sourced(m, "zero_shards_over_cp", {.min = 0, .max = 1});
+  if (m.has("peak_by_phase")) c.peak_by_phase = sourced(m, "peak_by_phase", {.min = 0, .max = 1});
   if (m.has("fp8_non_tn_gpus")) c.fp8_non_tn_gpus = sourced_gpu_names(m, "fp8_non_tn_gpus", file, "/memory/fp8_non_tn_gpus");
   m.finish();
   r.finish();

@@ -262,6 +262,13 @@ struct Calibration {
   // Megatron-Core's distributed optimizer uses the intra_dp_cp group) or over
   // the fsdp ranks only (0).
   double zero_shards_over_cp = 0.0;
+  // Whether device memory peaks at one moment of the step (1: a framework that
+  // frees each buffer after its last use, so the peak is the largest sum of what
+  // is live together: the loss's logits before the last layer's backward, one op's
+  // backward at a time) or holds every line at once (0: rackstep's own engine,
+  // whose activation arena is allocated for the whole step). Optional
+  // memory.peak_by_phase.
+  double peak_by_phase = 0.0;
   // GPUs whose FP8 GEMMs take either operand layout (Transformer Engine's
   // is_non_tn_fp8_gemm_supported: sm_100 and later), so an FP8 weight is one byte
   // per element; elsewhere it also keeps an FP8 transpose (two bytes).

@@ -88,32 +88,36 @@ bool recomputes(const Layout& l, const OpEntry& e, models::RecomputeModule m) {
 //   moe_act                   experts.py: the activation's output (fc2's input) is discarded
 //   layernorm                 the pre-norm outputs the next GEMMs save are discarded
 // and the combine keeps the k expert outputs only where the trainer weights them
-// there (cal.combine_saves_expert_outputs).
-double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double d_model) {
+// there (cal.combine_saves_expert_outputs). Per op of the class, what each op's
+// autograd node holds until its backward runs; a checkpoint's inputs (the MLA
+// up-projection's, the MoE module's) count with the op that keeps them.
+std::vector<double> kept_saved_op_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double d_model) {
   using models::RecomputeModule;
-  double kept = 0.0;
-  double mla_inputs = 0.0;  // the up-projection checkpoint's inputs
+  std::vector<double> kept(c.ops.size(), 0.0);
   bool moe_checkpoint = false;
   bool mla_up = false;      // the layer has MLA up-projections and the layout recomputes them
   for (const OpEntry& e : c.ops) mla_up = mla_up || recomputes(l, e, RecomputeModule::kMlaUpProj);
-  for (const OpEntry& e : c.ops) {
+  for (size_t i = 0; i < c.ops.size(); ++i) {
+    const OpEntry& e = c.ops[i];
+    double checkpoint_inputs = 0.0;  // the up-projection or MoE checkpoint's inputs kept here
     const double fp8_share = fp8_saved(e, l) ? 0.5 : 1.0;
     double saved = e.saved_elems - (fp8_saved(e, l) ? 0.5 * saved_gemm_input_elems(e) : 0.0);
     if (e.kind == models::OpKind::kCombine) saved *= cal.combine_saves_expert_outputs;
     if (recomputes(l, e, RecomputeModule::kMlaUpProj)) {
-      if (e.kind == models::OpKind::kRmsNorm) mla_inputs += e.in_elems;
+      if (e.kind == models::OpKind::kRmsNorm) checkpoint_inputs += e.in_elems;
       saved = 0.0;
     }
     if (e.kind == models::OpKind::kAttention) {
       const double qkv = e.heads * e.qk_head_dim + e.kv_heads * (e.qk_head_dim + e.head_dim);
       const bool up = mla_up;
       if (up) {
-        mla_inputs += e.qk_head_dim - e.head_dim;  // the RoPE key
+        checkpoint_inputs += e.qk_head_dim - e.head_dim;  // the RoPE key
         saved -= qkv;
       }
       if (recomputes(l, e, RecomputeModule::kCoreAttn)) saved = up ? 0.0 : qkv;
     }
     if (recomputes(l, e, RecomputeModule::kMoe)) {
+      if (!moe_checkpoint) checkpoint_inputs += d_model;  // the checkpoint's input, once a layer
       moe_checkpoint = true;
       saved = 0.0;
     } else if (recomputes(l, e, RecomputeModule::kMlp) || recomputes(l, e, RecomputeModule::kSharedExperts)) {
@@ -124,9 +128,15 @@ double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration&
         (l.recompute_modules & models::recompute_module_bit(RecomputeModule::kLayernorm)) && !fp8_saved(e, l)) {
       saved -= std::min(saved, e.gemm_k);
     }
-    kept += std::max(0.0, saved);
+    kept[i] = std::max(0.0, saved) + checkpoint_inputs;
   }
-  return kept + mla_inputs + (moe_checkpoint ? d_model : 0.0);
+  return kept;
+}
+
+double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double d_model) {
+  double kept = 0.0;
+  for (double k : kept_saved_op_elems(c, l, cal, d_model)) kept += k;
+  return kept;
 }
 
 // Attention scores one layer of class c keeps per token for its backward, in bf16
@@ -139,13 +149,21 @@ double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration&
 // the heads split over tp as the tokens do under sequence parallelism, so the
 // count per token of tokens_mb / tp is heads x seq. Recomputing the core attention
 // (selective core_attn) keeps none.
-double unfused_score_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double seq) {
-  if (cal.attention_score_bytes <= 0) return 0.0;
-  double elems = 0.0;
-  for (const OpEntry& e : c.ops) {
+// Per op of the class: the attention ops hold them.
+std::vector<double> unfused_score_op_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double seq) {
+  std::vector<double> elems(c.ops.size(), 0.0);
+  if (cal.attention_score_bytes <= 0) return elems;
+  for (size_t i = 0; i < c.ops.size(); ++i) {
+    const OpEntry& e = c.ops[i];
     if (e.kind != models::OpKind::kAttention || recomputes(l, e, models::RecomputeModule::kCoreAttn)) continue;
-    elems += e.heads * seq * cal.attention_score_bytes / 2.0;
+    elems[i] = e.heads * seq * cal.attention_score_bytes / 2.0;
   }
+  return elems;
+}
+
+double unfused_score_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double seq) {
+  double elems = 0.0;
+  for (double e : unfused_score_op_elems(c, l, cal, seq)) elems += e;
   return elems;
 }
 
@@ -173,62 +191,248 @@ double muon_expert_params(const LayerClass& c) {
   return n;
 }
 
-// DeepSpeed ZeRO-3's peak of gathered weights and unreduced gradients in one layer
-// (elements, each in the 2-byte working dtype), under the coordinator's rules
-// (stage3.py of the 2021 releases; cal.fsdp_max_live_params > 0):
+// One moment of a layer's backward (its recompute forward included) for the peak
+// by phase: the ops of the layer whose saved activations are still held (ops
+// [0, live_ops): autograd frees a node's saved tensors once its backward has run,
+// torch/csrc/autograd/engine.cpp, Engine::evaluate_function -> fn.release_variables()),
+// whether the unfused attention's score gradients are live (only inside the
+// attention op's own backward), and the gathered weights and unreduced gradients
+// then (elements of the 2-byte working dtype).
+struct LayerMoment {
+  size_t live_ops = 0;
+  bool score_grads = false;
+  double working_elems = 0;
+};
+
+// DeepSpeed ZeRO-3's gathered weights and unreduced gradients through one layer of
+// class lc, moment by moment, under the coordinator's rules (stage3.py of the 2021
+// releases; cal.fsdp_max_live_params > 0):
 //  - a module holds its own weights and, when they are under fsdp_max_live_params,
 //    the next whole parameters it prefetches (at least fsdp_prefetch_bucket_params);
 //    the tensor-list all-gather stages the prefetched parameter once more (PyTorch's
-//    flat output, copied out per rank) while it is in flight;
+//    flat output, copied out per rank) while it is in flight; release_sub_module
+//    frees the module after its backward, so the ops between two modules (the
+//    attention core, the norms) see only what was prefetched;
 //  - gradients wait in a bucket until the next one would pass grad_reduce_bucket_params;
 //    the bucket reduced before stays live until the next reduction (overlap_comm
 //    partitions it then), and the tensor-list reduce-scatter stages its largest
 //    parameter's gradient once more.
-// Walked through the backward of two layers (the bucket carries over), and the
-// recompute forward that starts each layer, whichever holds more.
-double deepspeed_zero3_working_elems(const OpTable& t, const Layout& l, const Calibration& cal) {
+// Walked through the backward of two layers (the bucket carries over) and, under full
+// recompute, the recompute forward of the layer below between them. Each module's
+// backward has two moments: before its gradient joins the bucket (its saved inputs
+// still held) and after (freed).
+std::vector<LayerMoment> deepspeed_zero3_moments(const LayerClass& lc, const Layout& l, const Calibration& cal,
+                                                 const std::vector<bool>& scored) {
   const double tp = static_cast<double>(l.tp);
   const bool staged = cal.fsdp_list_ops_per_rank > 0;
+  std::vector<double> p;   // gathered modules, forward order
+  std::vector<size_t> at;  // their op index
+  for (size_t i = 0; i < lc.ops.size(); ++i) {
+    const OpEntry& e = lc.ops[i];
+    const double elems = e.param_elems / tp;
+    if (e.param_elems > 0 && e.cls != models::OpClass::kGroupedGemm && elems >= cal.fsdp_persistence_threshold_params) {
+      p.push_back(elems);
+      at.push_back(i);
+    }
+  }
+  std::vector<LayerMoment> moments;
+  if (p.empty()) return moments;
+  const size_t n = p.size();
+  // The module the trace reaches i steps after module j (the coordinator prefetches
+  // along the recorded trace): in the backward (step -1) the modules before j, then the
+  // layer below's recompute forward (full recompute) or its backward; in the recompute
+  // forward (+1) the modules after j, then the layer's backward from its next-to-last
+  // module (the last one stays gathered for it, fsdp_max_reuse_distance_params).
+  const bool full = l.recompute == models::Recompute::kFull;
+  const auto upcoming = [&](size_t j, int step, size_t i) {
+    const auto wrap = [&](long k) { return p[static_cast<size_t>(((k % static_cast<long>(n)) + static_cast<long>(n)) %
+                                                                 static_cast<long>(n))]; };
+    if (step < 0) {
+      if (i <= j) return p[j - i];
+      const long below = static_cast<long>(i - j - 1);  // steps into the layer below
+      return full ? wrap(below) : wrap(static_cast<long>(n) - 1 - below);
+    }
+    if (j + i < n) return p[j + i];
+    return wrap(static_cast<long>(n) - 2 - static_cast<long>(j + i - n));
+  };
+  // Weights live at module j: its own, the prefetch and the prefetch's staging copy
+  // while under the live cap.
+  struct Gathered { double own = 0, prefetched = 0, staging = 0; };
+  const auto weights = [&](size_t j, int step) {
+    Gathered g{p[j], 0.0, 0.0};
+    if (p[j] >= cal.fsdp_max_live_params || cal.fsdp_prefetch_bucket_params <= 0) return g;
+    double largest = 0.0;
+    for (size_t i = 1; i < n && g.prefetched < cal.fsdp_prefetch_bucket_params; ++i) {
+      const double q = upcoming(j, step, i);
+      g.prefetched += q;
+      largest = std::max(largest, q);
+    }
+    g.staging = staged ? largest : 0.0;
+    return g;
+  };
+  double bucket = 0.0, bucket_largest = 0.0, previous = 0.0, rs_staging = 0.0;
+  const auto unreduced = [&] { return bucket + previous + rs_staging; };
+  const auto add = [&](size_t live_ops, bool score_grads, double working) {
+    moments.push_back({live_ops, score_grads, working});
+  };
+  for (int layer = 0; layer < 2; ++layer) {
+    double prefetched = 0.0;  // gathered ahead by the module done last
+    for (size_t op = lc.ops.size(); op-- > 0;) {
+      const auto it = std::find(at.begin(), at.end(), op);
+      if (it == at.end()) {
+        add(op + 1, scored[op], prefetched + unreduced());
+        continue;
+      }
+      const size_t jj = static_cast<size_t>(it - at.begin());
+      const Gathered g = weights(jj, -1);
+      const double w = g.own + g.prefetched + g.staging;
+      add(op + 1, false, w + unreduced());
+      if (bucket + p[jj] > cal.grad_reduce_bucket_params) {
+        previous = bucket;  // reduced now, freed at the next reduction
+        rs_staging = staged ? bucket_largest : 0.0;
+        bucket = bucket_largest = 0.0;
+      }
+      bucket += p[jj];
+      bucket_largest = std::max(bucket_largest, p[jj]);
+      add(op, false, w + unreduced());
+      prefetched = g.prefetched;
+    }
+    if (!full) continue;
+    for (size_t j = 0; j < n; ++j) {
+      const Gathered g = weights(j, +1);
+      add(at[j] + 1, false, g.own + g.prefetched + g.staging + unreduced());
+    }
+  }
+  return moments;
+}
+
+// The largest working set of those moments over the layer classes (elements).
+double deepspeed_zero3_working_elems(const OpTable& t, const Layout& l, const Calibration& cal) {
   double peak = 0.0;
   for (const LayerClass& lc : t.classes) {
-    std::vector<double> p;  // gathered modules, forward order
-    for (const OpEntry& e : lc.ops) {
-      const double elems = e.param_elems / tp;
-      if (e.param_elems > 0 && e.cls != models::OpClass::kGroupedGemm && elems >= cal.fsdp_persistence_threshold_params) {
-        p.push_back(elems);
-      }
-    }
-    if (p.empty()) continue;
-    const size_t n = p.size();
-    // Weights live at module j (step +1 forward, -1 backward): its own, plus the
-    // prefetch and its staging copy while under the live cap.
-    const auto weights = [&](size_t j, int step) {
-      if (p[j] >= cal.fsdp_max_live_params) return p[j];
-      double fetched = 0.0, largest = 0.0;
-      for (size_t i = 1; i < n && fetched < cal.fsdp_prefetch_bucket_params; ++i) {
-        const double q = p[(j + n + static_cast<size_t>(step) * i) % n];
-        fetched += q;
-        largest = std::max(largest, q);
-      }
-      if (cal.fsdp_prefetch_bucket_params <= 0) fetched = largest = 0.0;
-      return p[j] + fetched + (staged ? largest : 0.0);
-    };
-    double bucket = 0.0, bucket_largest = 0.0, previous = 0.0, rs_staging = 0.0;
-    for (int layer = 0; layer < 2; ++layer) {
-      for (size_t jj = n; jj-- > 0;) {
-        if (bucket + p[jj] > cal.grad_reduce_bucket_params) {
-          previous = bucket;  // reduced now, freed at the next reduction
-          rs_staging = staged ? bucket_largest : 0.0;
-          bucket = bucket_largest = 0.0;
-        }
-        bucket += p[jj];
-        bucket_largest = std::max(bucket_largest, p[jj]);
-        peak = std::max(peak, weights(jj, -1) + bucket + previous + rs_staging);
-      }
-      for (size_t j = 0; j < n; ++j) peak = std::max(peak, weights(j, +1) + bucket + previous + rs_staging);
+    for (const LayerMoment& mo : deepspeed_zero3_moments(lc, l, cal, std::vector<bool>(lc.ops.size(), false))) {
+      peak = std::max(peak, mo.working_elems);
     }
   }
   return peak;
+}
+
+// The lines live together at the step's memory peak (cal.peak_by_phase): a
+// framework that frees each buffer after its last use never holds the loss's
+// logits beside a layer's backward, nor every op's transients at once. The peak
+// is the larger of two phases (per stage under pipelining: the first stage holds
+// the most micro-batches, the last one the loss):
+//  - the loss: the activations held for the backward (under full recompute only
+//    the layer inputs the checkpoints keep: Megatron-LM's CheckpointFunction saves
+//    its inputs and runs the layers under no_grad, megatron/mpu/random.py) and
+//    the logits block, computed after the last layer's forward and freed by the
+//    loss's own backward before any layer's backward starts; the working set then
+//    is the LM head's weight (gathered, under DeepSpeed's walk);
+//  - one layer's backward, moment by moment (ops in reverse order): the activations
+//    held for the other layers, this layer's saved activations of the ops whose
+//    backward has not yet run (and, while the attention op's backward runs, the
+//    score gradients), the activation-gradient workspace, the working set at that
+//    moment (DeepSpeed's walk, or the fixed set of the other rules) and the EP and
+//    CP buffers.
+// `summed` carries the lines as each alone peaks (working set, EP, CP, loss).
+MemoryBreakdown peak_by_phase(const OpTable& t, const Layout& l, const Calibration& cal, const LayoutShape& s,
+                              const MemoryBreakdown& summed, bool deepspeed_walk) {
+  const double tp = static_cast<double>(l.tp);
+  const double tok = s.tokens_mb / tp;
+  const double act_bytes = 2.0 * cal.activation_bytes_factor;
+  const double elem_bytes = tok * act_bytes;  // one saved element per token, this micro-batch
+  const double carry_bytes = static_cast<double>(t.d_model) * elem_bytes;
+  const bool gemm_only = l.recompute == models::Recompute::kSelective && l.recompute_modules == 0;
+
+  // Per class: each op's saved elements (scores apart) in the layer being back-propagated.
+  struct ClassOps { std::vector<double> saved, scores; double own = 0, workspace = 0, score_grads = 0; };
+  std::vector<ClassOps> classes;
+  double worst_own = 0.0;
+  for (const LayerClass& lc : t.classes) {
+    ClassOps co;
+    const size_t n = lc.ops.size();
+    co.scores = gemm_only ? std::vector<double>(n, 0.0) : unfused_score_op_elems(lc, l, cal, static_cast<double>(s.seq));
+    if (l.recompute == models::Recompute::kFull || gemm_only) {
+      co.saved.assign(n, 0.0);
+      for (size_t i = 0; i < n; ++i) {
+        const OpEntry& e = lc.ops[i];
+        const bool gemm = e.cls == OpClass::kGemm || e.cls == OpClass::kGroupedGemm || e.cls == OpClass::kAttention;
+        if (gemm_only && !gemm) continue;
+        co.saved[i] = e.saved_elems - (fp8_saved(e, l) ? 0.5 * saved_gemm_input_elems(e) : 0.0);
+      }
+    } else {
+      co.saved = kept_saved_op_elems(lc, l, cal, static_cast<double>(t.d_model));
+    }
+    double score_total = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      co.own += co.saved[i] + co.scores[i];
+      score_total += co.scores[i];
+    }
+    co.workspace = cal.backward_workspace_factor * (lc.saved_elems_per_token - 0.5 * fp8_saved_elems(lc, l)) * elem_bytes;
+    co.score_grads = cal.attention_score_bytes > 0 ? score_total * 2.0 / cal.attention_score_bytes * elem_bytes : 0.0;
+    worst_own = std::max(worst_own, co.own);
+    classes.push_back(std::move(co));
+  }
+
+  // The LM head's weight, gathered for the loss under DeepSpeed's walk (tied: the embedding's).
+  double head_elems = 0.0;
+  for (const OpEntry& e : t.head) head_elems = std::max(head_elems, e.param_elems);
+  if (head_elems <= 0 && !l.replicate_embedding) head_elems = t.embedding_params;
+  head_elems /= tp;
+  const double loss_working = !deepspeed_walk                                        ? summed.working_weights
+                              : head_elems >= cal.fsdp_persistence_threshold_params ? head_elems * 2.0
+                                                                                     : 0.0;
+
+  MemoryBreakdown best;
+  double best_sum = -1.0;
+  const auto consider = [&](double activations, double workspace, double working, double ep, double cp, double loss) {
+    const double sum = activations + workspace + working + ep + cp + loss;
+    if (sum <= best_sum) return;
+    best_sum = sum;
+    best.activations = activations;
+    best.backward_workspace = workspace;
+    best.working_weights = working;
+    best.ep_buffers = ep;
+    best.cp_buffers = cp;
+    best.loss_workspace = loss;
+  };
+  // live_layers: layers x micro-batches whose activations the stage holds.
+  const auto phases = [&](double live_layers, bool with_loss) {
+    const double carries = l.offload_residual ? 2.0 * carry_bytes : live_layers * carry_bytes;
+    const bool full = l.recompute == models::Recompute::kFull;
+    if (with_loss) {
+      consider(full ? carries : live_layers * worst_own * elem_bytes, 0.0, loss_working, 0.0, 0.0,
+               summed.loss_workspace);
+    }
+    for (size_t c = 0; c < classes.size(); ++c) {
+      const ClassOps& co = classes[c];
+      const LayerClass& lc = t.classes[c];
+      const double others = full ? carries : std::max(0.0, live_layers * worst_own - co.own) * elem_bytes;
+      std::vector<bool> scored(lc.ops.size());
+      for (size_t i = 0; i < scored.size(); ++i) scored[i] = co.scores[i] > 0;
+      std::vector<LayerMoment> moments;
+      if (deepspeed_walk) {
+        moments = deepspeed_zero3_moments(lc, l, cal, scored);
+      } else {
+        for (size_t op = lc.ops.size(); op-- > 0;) moments.push_back({op + 1, scored[op], 0.0});
+      }
+      for (const LayerMoment& mo : moments) {
+        double held = 0.0;
+        for (size_t i = 0; i < mo.live_ops; ++i) held += co.saved[i] + co.scores[i];
+        const double working = deepspeed_walk ? mo.working_elems * 2.0 : summed.working_weights;
+        consider(others + held * elem_bytes, co.workspace + (mo.score_grads ? co.score_grads : 0.0), working,
+                 summed.ep_buffers, summed.cp_buffers, 0.0);
+      }
+    }
+  };
+  const double live_layers = s.layers_per_stage * s.in_flight;
+  if (l.pp > 1) {
+    phases(live_layers, false);          // the first stage
+    phases(s.layers_per_stage, true);    // the last stage: one micro-batch, the loss
+  } else {
+    phases(live_layers, true);
+  }
+  return best;
 }
 
 }  // namespace
@@ -337,11 +541,12 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const double expert_mesh = static_cast<double>(l.ep * l.expert_tp());  // ep × etp
   const double expert_layer_local = s.expert_stage_params / layers / expert_mesh;
   const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
+  const bool deepspeed_walk = !whole_weights && cal.fsdp_max_live_params > 0 && cal.grad_reduce_bucket_params > 0 &&
+                              l.fsdp > 1 && (t.experts == 0 || s.expert_zero <= 1.0);
   if (whole_weights) {
     m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
     if (m.working_weights > 0 && l.fp8_params) m.working_weights -= fp8_weight_savings(t, c, l, cal, s);
-  } else if (cal.fsdp_max_live_params > 0 && cal.grad_reduce_bucket_params > 0 && l.fsdp > 1 &&
-             (t.experts == 0 || s.expert_zero <= 1.0)) {
+  } else if (deepspeed_walk) {
     m.working_weights = deepspeed_zero3_working_elems(t, l, cal) * 2.0;
   } else {
     m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
@@ -422,6 +627,15 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
     } else {
       m.activations = first / std::max(1.0, s.in_flight);
     }
+  }
+  if (cal.peak_by_phase > 0) {
+    const MemoryBreakdown peak = peak_by_phase(t, l, cal, s, m, deepspeed_walk);
+    m.activations = peak.activations;
+    m.backward_workspace = peak.backward_workspace;
+    m.working_weights = peak.working_weights;
+    m.ep_buffers = peak.ep_buffers;
+    m.cp_buffers = peak.cp_buffers;
+    m.loss_workspace = peak.loss_workspace;
   }
   m.runtime_reserve = cal.runtime_reserved_bytes;
   const double live = m.master_weights + m.gradients + m.optimizer_states + m.working_weights + m.activations +

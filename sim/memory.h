@@ -34,6 +34,11 @@
 //   loss workspace     one block of logits: bf16 logits, fp32 softmax, bf16 grad
 //   runtime reserve    CUDA context, NCCL, cuBLAS workspaces (calibration)
 //   fragmentation      allocator slack, a share of the live bytes (calibration)
+// The device total sums the lines, each at its own peak, unless the calibration says
+// the framework frees buffers at their last use (cal.peak_by_phase, the PyTorch
+// stacks): then it is the largest set live at one moment (the loss, after the last
+// layer's forward, or one moment of a layer's backward, op by op) and the lines
+// are what is live at that moment (a line not live then is 0).
 // Uneven stages (Layout::uneven_stages): the most loaded stage holds ceil(layers/pp).
 // In-flight micro-batches per pipeline schedule: 1F1B / zero-bubble (H1) keep
 // min(M, pp) on the first stage; interleaved adds (pp-1)/(pp·v); DualPipeV pp+1.

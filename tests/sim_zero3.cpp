@@ -236,3 +236,86 @@ TEST_CASE("per-module ZeRO-3 reduce-scatters one call per parameter-holding op; 
   CHECK(comm(regather) - comm(kept) == Approx(96.0 * all_gather_s(net, all, mlp * 2.0)).epsilon(1e-6));
   CHECK(stack_calibration(load_stack(stack_path("megatron-deepspeed-2021"))).fsdp_max_reuse_distance_params == 1e9);
 }
+
+namespace {
+
+double device_lines(const MemoryBreakdown& m) {
+  double sum = 0.0;
+  for (const auto& [name, v] : m.lines()) {
+    if (name.rfind("host_", 0) != 0) sum += v;
+  }
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("peak by phase: the loss's logits are freed before any layer's backward", "[zero3][memory][peak_by_phase]") {
+  // Without recompute every layer's activations are held through the loss and the
+  // backward; the loss's logits block (the saved softmax) is freed by the loss's own
+  // backward, before the last layer's backward brings its activation gradients. The
+  // 175B block's workspace (half its 17h saved elements a token, 2 B each) is smaller
+  // than the block of logits (51200 x 8 B a token): the peak is the loss's moment.
+  Calibration summed = default_calibration();
+  Calibration phased = summed;
+  phased.peak_by_phase = 1.0;
+  const auto c = dgx(48);
+  Layout none = zero3(384, 1);
+  none.recompute = models::Recompute::kNone;
+  const MemoryBreakdown a = Predictor(gpt("175b"), c, summed).predict(none).memory;
+  const MemoryBreakdown b = Predictor(gpt("175b"), c, phased).predict(none).memory;
+  REQUIRE(a.backward_workspace > 0.0);
+  REQUIRE(a.loss_workspace > a.backward_workspace);
+  CHECK(b.loss_workspace == Approx(a.loss_workspace).epsilon(1e-12));
+  CHECK(b.activations == Approx(a.activations).epsilon(1e-12));
+  CHECK(b.backward_workspace == 0.0);
+  CHECK(b.device_total == Approx(a.device_total - a.backward_workspace * (1.0 + summed.allocator_fragmentation))
+                              .epsilon(1e-12));
+  CHECK(device_lines(b) == Approx(b.device_total).epsilon(1e-12));
+
+  // Under full recompute the loss sees only the layer inputs the checkpoints keep; one
+  // layer's recomputed activations and their gradients outweigh the logits: no loss line.
+  const MemoryBreakdown full = Predictor(gpt("175b"), c, phased).predict(zero3(384, 1)).memory;
+  CHECK(full.loss_workspace == 0.0);
+  CHECK(full.backward_workspace > 0.0);
+  CHECK(full.device_total < Predictor(gpt("175b"), c, summed).predict(zero3(384, 1)).memory.device_total);
+}
+
+TEST_CASE("peak by phase: score gradients inside the attention's backward, with the working set of that moment",
+          "[zero3][memory][peak_by_phase]") {
+  // The 529.6B block at micro-batch 4 under DeepSpeed's ZeRO-3 and 2021 Megatron-LM's
+  // unfused attention. Summed, every line is taken at its own peak: the working set at
+  // its largest module, the score gradients of the attention, the MLP's activations. At
+  // one moment, inside the attention's backward: the ops after it (o, the second norm,
+  // the MLP) have run their backward and freed their saved activations, the score
+  // gradients are live, and the working set is what o prefetched plus the gradients
+  // still unreduced, less than its own peak.
+  Calibration summed = deepspeed_2021(default_calibration());
+  summed.fsdp_list_ops_per_rank = 2.0;
+  summed.attention_score_bytes = 5.0;
+  Calibration phased = summed;
+  phased.peak_by_phase = 1.0;
+  const MemoryBreakdown a = run("530b", 80, 4, summed).memory;
+  const MemoryBreakdown b = run("530b", 80, 4, phased).memory;
+  const double h = 20480.0, tokens = 4.0 * 2048.0;
+  const double freed = (h + h + 9.0 * h) * tokens * 2.0;  // o's input, the norm's, the MLP's (h + 8h/3 x 3)
+  CHECK(a.activations - b.activations == Approx(freed).epsilon(1e-3));
+  CHECK(b.backward_workspace == Approx(a.backward_workspace).epsilon(1e-12));  // the score gradients are in it
+  CHECK(b.working_weights < a.working_weights);
+  CHECK(b.loss_workspace == 0.0);
+  CHECK(b.device_total < a.device_total - a.loss_workspace);
+  CHECK(device_lines(b) == Approx(b.device_total).epsilon(1e-12));
+  // The sharded state still separates the 560- and 640-GPU runs by what it shards.
+  const MemoryBreakdown b560 = run("530b", 70, 4, phased).memory;
+  const double state = [](const MemoryBreakdown& m) { return m.master_weights + m.gradients + m.optimizer_states; }(b560) -
+                       (b.master_weights + b.gradients + b.optimizer_states);
+  CHECK(b560.device_total - b.device_total == Approx(state * (1.0 + phased.allocator_fragmentation)).epsilon(1e-9));
+}
+
+TEST_CASE("the PyTorch stacks peak by phase; Marin's and the default calibration sum the lines", "[zero3][stack][peak_by_phase]") {
+  for (const char* s : {"deepspeed", "megatron-deepspeed-2021", "megatron-lm-2021", "megatron-lm-2022", "megatron-lm",
+                        "megatron-bridge-2025", "pytorch-fsdp"}) {
+    CHECK(stack_calibration(load_stack(stack_path(s))).peak_by_phase == 1.0);
+  }
+  CHECK(stack_calibration(load_stack(stack_path("marin-july-2026"))).peak_by_phase == 0.0);
+  CHECK(default_calibration().peak_by_phase == 0.0);
+}
