@@ -150,6 +150,13 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     mk.finish();
   }
 
+  if (r.has("recompute")) {  // optional: how the trainer's module recompute restores what it freed
+    JsonReader rc = r.object("recompute");
+    if (rc.has("restores_discarded_output")) c.recompute_restores_output = sourced_flag(rc, "restores_discarded_output");
+    rc.ignore("comment");
+    rc.finish();
+  }
+
   JsonReader att = r.object("attention");
   c.attention_fwd_eff = sourced(att, "fwd_efficiency", frac);
   c.attention_bwd_eff = sourced(att, "bwd_efficiency", frac);

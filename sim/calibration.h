@@ -134,6 +134,11 @@ struct Calibration {
   double expert_glu_fwd_bytes = 0, expert_glu_bwd_bytes = 0;
   double expert_clamp_fwd_bytes = 0, expert_clamp_bwd_bytes = 0;
   double expert_bias_fwd_bytes = 0, expert_bias_bwd_bytes = 0;
+  // Selective recompute of a module whose output the forward frees and the recompute
+  // copies back into the freed storage before the backward reads it (block
+  // recompute.restores_discarded_output: Megatron-Core's CheckpointWithoutOutput for
+  // layernorm and moe_act): one more read and write of that output per replay.
+  bool recompute_restores_output = false;
   // YaRN-scaled RoPE run as eager framework ops, not one fused kernel (calibration
   // block `yarn_rope_unfused`; absent: fused, rope_yarn_unfused false). Per rotated
   // tensor (q, k): bytes through HBM per element, forward and backward, and the kernels

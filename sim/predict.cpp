@@ -627,6 +627,21 @@ BlockTime module_recompute(const LayerClass& c, const Layout& l, const PriceCont
     const OpTime t = price_op(replay, ctx);
     b.fwd_s += t.fwd_s;
     b.fwd_flops += t.fwd_flops;
+    // layernorm and moe_act run under Megatron-Core's CheckpointWithoutOutput
+    // (transformer_layer.py, moe/experts.py): the forward frees the module's output
+    // (discard_output_and_register_recompute) and the recompute hook copies the
+    // recomputed output back into that storage, untyped_storage().copy_ in _recompute
+    // (megatron/core/tensor_parallel/random.py, core_v0.15.0 and core_v0.16.0), for the
+    // autograd nodes that saved it: a read and a write of the output.
+    const uint32_t discards = act | models::recompute_module_bit(models::RecomputeModule::kLayernorm);
+    if (ctx.cal->recompute_restores_output && (hit & discards) != 0) {
+      OpEntry copy{};
+      copy.kind = e.kind;
+      copy.cls = OpClass::kElementwise;
+      copy.in_elems = replay.out_elems;
+      copy.out_elems = replay.out_elems;
+      b.fwd_s += price_op(copy, ctx).fwd_s;
+    }
   }
   return b;
 }

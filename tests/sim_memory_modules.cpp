@@ -131,6 +131,34 @@ TEST_CASE("each module frees what Megatron-Core discards", "[memory][recompute_m
   CHECK(moe.breakdown.compute_recompute_s > act.breakdown.compute_recompute_s);
 }
 
+TEST_CASE("layernorm and moe_act pay a copy back into the storage the forward freed; ordinary checkpoints do not",
+          "[recompute_modules][time]") {
+  // CheckpointWithoutOutput frees the module's output in the forward and copies the
+  // recomputed one back into it (megatron/core/tensor_parallel/random.py _recompute).
+  Calibration off = dsv3().calibration();
+  REQUIRE(off.recompute_restores_output);  // megatron-bridge-2025 says it does
+  off.recompute_restores_output = false;
+  const Predictor p_off(models::build_layer_graph(models::load_model(src("tests/validation/models/deepseek-v3.json"))),
+                        topologies::load_cluster(src("topologies/zoo/gb200-nvl72.json"), 4), off);
+  using models::RecomputeModule;
+  const auto rec = [](const Predictor& p, RecomputeModule m) {
+    return p.predict(with_modules({m})).breakdown.compute_recompute_s;
+  };
+  // moe_act replays the activation: reads the fc1 output (2 x 2048 per routed row) and
+  // writes 2048; the copy reads and writes those 2048 again, 2/3 of the replay's bytes
+  // at the same elementwise bandwidth (each kernel's launch aside).
+  const double act_on = rec(dsv3(), RecomputeModule::kMoeAct), act_off = rec(p_off, RecomputeModule::kMoeAct);
+  CHECK(act_on > act_off);
+  CHECK((act_on - act_off) / act_off == Approx(2.0 / 3.0).epsilon(0.1));
+  // layernorm: a norm replay reads and writes 7168 per token at the norm bandwidth; the
+  // copy reads and writes the same 7168 at the elementwise one (0.6 / 0.7 of its time).
+  const double ln_on = rec(dsv3(), RecomputeModule::kLayernorm), ln_off = rec(p_off, RecomputeModule::kLayernorm);
+  CHECK((ln_on - ln_off) / ln_off == Approx(0.6 / 0.7).epsilon(0.1));
+  // moe and core_attn are ordinary checkpoints: the recomputed outputs are used in place.
+  CHECK(rec(dsv3(), RecomputeModule::kMoe) == Approx(rec(p_off, RecomputeModule::kMoe)));
+  CHECK(rec(dsv3(), RecomputeModule::kCoreAttn) == Approx(rec(p_off, RecomputeModule::kCoreAttn)));
+}
+
 TEST_CASE("recompute_modules in a layout: parsed, checked, written back", "[layout][recompute_modules]") {
   nlohmann::json j = layout_to_json(with_modules({models::RecomputeModule::kMlaUpProj, models::RecomputeModule::kMoeAct}));
   CHECK(j.at("recompute_modules") == nlohmann::json::array({"mla_up_proj", "moe_act"}));
