@@ -27,6 +27,17 @@ template <typename T>
 void swiglu_backward(T* da1, T* da3, const T* dh, const T* a1, const T* a3, size_t n,
                      cudaStream_t stream);                                           // (n) each
 
+// GeLU (tanh form) and ReLU², as exec/kernels.h's gelu_* / relu2_*: h = act(a);
+// da = dh · act'(a), overwritten.
+template <typename T>
+void gelu_forward(T* h, const T* a, size_t n, cudaStream_t stream);                   // (n) each
+template <typename T>
+void gelu_backward(T* da, const T* dh, const T* a, size_t n, cudaStream_t stream);    // (n) each
+template <typename T>
+void relu2_forward(T* h, const T* a, size_t n, cudaStream_t stream);                  // (n) each
+template <typename T>
+void relu2_backward(T* da, const T* dh, const T* a, size_t n, cudaStream_t stream);   // (n) each
+
 // y = x rounded to bf16 (exec/cuda/bf16_math.h: nearest, ties to even), the
 // bf16 mode's one cast (GEMM operands, bf16 copies of the fp32 masters).
 void to_bf16(__nv_bfloat16* y, const float* x, size_t n, cudaStream_t stream);  // (n) each
