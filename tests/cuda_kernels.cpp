@@ -184,6 +184,39 @@ TEST_CASE("cuda: dense MLPs (GeLU, ReLU², SwiGLU) with biases match the CPU's d
   }
 }
 
+TEST_CASE("cuda: learned positions forward and backward equal the CPU kernels bitwise", "[cuda][gpu]") {
+  // Forward: the token row, then one float add per element; backward: a thread
+  // per column adds the tokens' rows in token order, as the CPU's threads do.
+  const int N = 300, d = 64, V = 50, P = 128;
+  const auto tok_table = testing::randn(size_t(V) * d, 18), pos_table = testing::randn(size_t(P) * d, 19),
+             dout = testing::randn(size_t(N) * d, 20);
+  std::vector<int32_t> tokens(N), pos(N);
+  for (int t = 0; t < N; ++t) {
+    tokens[t] = (t * 7) % V;
+    pos[t] = t % 100;  // documents of 100 tokens: repeated positions
+  }
+  std::vector<float> out(size_t(N) * d), dpos(pos_table.size(), 0.5f);
+  embedding_forward(out.data(), tokens.data(), tok_table.data(), N, d, V);
+  position_embedding_forward(out.data(), pos.data(), pos_table.data(), N, d, P);
+  embedding_backward(dpos.data(), dout.data(), pos.data(), N, d, P);
+
+  int32_t *gtok = nullptr, *gpos = nullptr;
+  RS_CUDA_CHECK(cudaMalloc(&gtok, sizeof(int32_t) * N));
+  RS_CUDA_CHECK(cudaMalloc(&gpos, sizeof(int32_t) * N));
+  RS_CUDA_CHECK(cudaMemcpy(gtok, tokens.data(), sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+  RS_CUDA_CHECK(cudaMemcpy(gpos, pos.data(), sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+  DeviceBuffer<float> gtt(tok_table), gpt(pos_table), gdout(dout), gout(out.size()),
+      gdpos(std::vector<float>(pos_table.size(), 0.5f));
+  cuda::embedding_forward<float>(gout.ptr, gtok, gtt.ptr, N, d, nullptr);
+  cuda::position_embedding_forward<float>(gout.ptr, gpos, gpt.ptr, N, d, nullptr);
+  cuda::embedding_backward<float>(gdpos.ptr, gdout.ptr, gpos, N, d, nullptr);
+  const auto got = gout.download(), got_d = gdpos.download();
+  CHECK(std::memcmp(got.data(), out.data(), sizeof(float) * out.size()) == 0);
+  CHECK(std::memcmp(got_d.data(), dpos.data(), sizeof(float) * dpos.size()) == 0);
+  cudaFree(gtok);
+  cudaFree(gpos);
+}
+
 TEST_CASE("cuda: RMSNorm forward/backward match the CPU kernels", "[cuda][gpu]") {
   const int rows = 300, d = 1024;
   const auto x = testing::randn(size_t(rows) * d, 4, 3.0f), gain = testing::randn(d, 5), dy = testing::randn(x.size(), 6);
@@ -879,6 +912,14 @@ TEST_CASE("cuda backend: three training steps of tiny-moe equal the CPU backend'
           "[cuda][gpu][backend]") {
   check_training_parity(rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json"),
                         2, 64);
+}
+
+// GPT-2's block on the GPU: learned positions, Q/K/V, output and MLP biases,
+// the GeLU MLP, LayerNorm, a tied head (the model scripts/gpu-check.sh trains).
+TEST_CASE("cuda backend: three training steps of tiny-gpt-gelu equal the CPU backend's (fp32 parity)",
+          "[cuda][gpu][backend]") {
+  check_training_parity(
+      rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-gpt-gelu.json"), 2, 64);
 }
 
 // Residency: parameters, gradients and optimizer state stay on the device

@@ -198,6 +198,28 @@ TEST_CASE("cuda element math: dense MLPs with biases, composed as exec/cuda/laye
   }
 }
 
+TEST_CASE("cuda element math: learned positions added after the token row equal the CPU's bitwise", "[cuda][math]") {
+  // exec/cuda/loss.cu: the token row stored, then out + table[pos] (one float
+  // add, as the CPU's +=); the backward is the token table's scatter-add, over pos.
+  const int N = 10, d = 16, V = 7, P = 12;
+  const auto tok_table = randn(size_t(V) * d, 58), pos_table = randn(size_t(P) * d, 59);
+  std::vector<int32_t> tokens(N), pos(N);
+  for (int t = 0; t < N; ++t) {
+    tokens[t] = (t * 3) % V;
+    pos[t] = t % 6;  // two documents: positions restart
+  }
+  std::vector<float> out_cpu(size_t(N) * d), out(size_t(N) * d);
+  embedding_forward(out_cpu.data(), tokens.data(), tok_table.data(), N, d, V);
+  position_embedding_forward(out_cpu.data(), pos.data(), pos_table.data(), N, d, P);
+  for (int t = 0; t < N; ++t)
+    for (int c = 0; c < d; ++c) {
+      const size_t i = size_t(t) * d + c;
+      out[i] = tok_table[size_t(tokens[t]) * d + c];
+      out[i] = out[i] + pos_table[size_t(pos[t]) * d + c];
+    }
+  CHECK(std::memcmp(out.data(), out_cpu.data(), sizeof(float) * out.size()) == 0);
+}
+
 TEST_CASE("cuda element math: RMSNorm statistics and backward coefficient equal the CPU kernel", "[cuda][math]") {
   const int rows = 7, d = 96;
   const auto x = randn(size_t(rows) * d, 4, 2.0f), gain = randn(d, 5), dy = randn(x.size(), 6);

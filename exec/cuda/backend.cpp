@@ -189,8 +189,9 @@ OpResult CudaBackend::forward(const OpCall& c) {
   const auto w = [](const Bound& b) { return static_cast<int>(b.width); };
   OpResult r;
   switch (op.kind) {
-    case OpKind::kEmbedding:  // tokens (N) -> (N, d)
+    case OpKind::kEmbedding:  // tokens (N) -> (N, d) [+ the learned position table's row of each token]
       embedding_forward<float>(out0.value, c.tokens, c.w[0], N, w(out0), s);
+      if (c.w[1]) position_embedding_forward<float>(out0.value, c.pos, c.w[1], N, w(out0), s);
       return r;
     case OpKind::kRmsNorm:  // (N, width) -> (N, width)
       if (m.norm.kind == models::NormKind::kLayerNorm) {
@@ -473,8 +474,9 @@ void CudaBackend::backward(const OpCall& c) {
       grad_done(c, in0, 0);
       return;
     }
-    case OpKind::kEmbedding:
+    case OpKind::kEmbedding:  // the position table's rows gather their tokens' gradients as the token table's do
       embedding_backward<float>(c.dw[0], out0.grad, c.tokens, N, w(out0), s);
+      if (c.dw[1]) embedding_backward<float>(c.dw[1], out0.grad, c.pos, N, w(out0), s);
       return;
   }
   RS_CHECK(false, "cuda backend: an OpKind without a backward: " + op.name);
@@ -483,7 +485,6 @@ void CudaBackend::backward(const OpCall& c) {
 // Parameters each OpKind's CUDA forward/backward reads, in op.params order.
 size_t known_params(const models::Op& op) {
   switch (op.kind) {
-    case OpKind::kEmbedding:   // the token table
     case OpKind::kRmsNorm:     // the gain
     case OpKind::kSConv:       // the kernel
     case OpKind::kAttnGate:    // W_gate
@@ -491,6 +492,7 @@ size_t known_params(const models::Op& op) {
       return 1;
     case OpKind::kAttention:   // [sinks (H)]
       return op.sinks ? 1 : 0;
+    case OpKind::kEmbedding:   // the token table [, learned positions]
     case OpKind::kLinear:      // W [, bias]
     case OpKind::kGatedNorm:   // W_down, W_up
     case OpKind::kRouter:      // W [, a learnable selection bias]
@@ -525,9 +527,6 @@ Unsupported unsupported(const models::Op& op, const models::ModelConfig& m) {
     const bool local = m.attention.local.position == models::PositionKind::kAlibi;
     return {local ? "/attention/local/position" : "/attention/global/position",
             "rope or nope: the CUDA backend has no ALiBi scores" + cpu, "alibi"};
-  }
-  if (op.kind == OpKind::kEmbedding && op.params.size() > 1) {
-    return {"/position_embedding/kind", "none: the CUDA backend has no learned positions" + cpu, "learned"};
   }
   const size_t known = known_params(op);
   if (op.params.size() > known) {  // a parameter no case above names: the op's, by name

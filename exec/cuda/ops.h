@@ -145,6 +145,15 @@ void embedding_forward(Elem* out,              // (N, d)
                        const int32_t* tokens,  // (N), each in [0, V)
                        const float* table,     // (V, d)
                        int N, int d, cudaStream_t stream);
+// Learned absolute positions (GPT-2), as exec/kernels.h's position_embedding_forward:
+// out[t] += table[pos[t]] (fp32 master table). Positions are < P: the driver
+// refuses a run longer than the table (exec/model.cpp). The backward is
+// embedding_backward with pos in place of tokens.
+template <typename Elem>
+void position_embedding_forward(Elem* out,            // (N, d) +=
+                                const int32_t* pos,   // (N), each in [0, P)
+                                const float* table,   // (P, d)
+                                int N, int d, cudaStream_t stream);
 // dtable[tokens[t]] += dout[t]; deterministic: a thread per column walks the
 // tokens in order (as the CPU kernel's threads do), no atomics.
 template <typename Elem>
