@@ -25,6 +25,18 @@ Registry& registry() {
   return r;
 }
 
+// Where a dense MLP's tensors sit in OpCall::w / dw (the table in exec/backend.h); -1 = absent.
+struct MlpSlots {
+  int w1, w3, w2, b1, b3, b2;
+};
+MlpSlots mlp_slots(const models::Op& op) {
+  const bool gated = op.activation == models::MlpActivation::kSwiGlu;
+  const int n = gated ? 3 : 2;  // matrices, then as many biases when the model has them
+  const bool bias = op.params.size() > static_cast<size_t>(n);
+  return {0, gated ? 1 : -1, n - 1, bias ? n : -1, bias && gated ? n + 1 : -1, bias ? 2 * n - 1 : -1};
+}
+float* slot(float* const* p, int j) { return j < 0 ? nullptr : p[j]; }
+
 }  // namespace
 
 SwiGluVariant expert_activation(const models::MoeConfig& moe) {
@@ -48,6 +60,41 @@ ExpertOptions expert_options(const OpCall& c) {
   o.db3 = c.dw[4];
   o.db2 = c.dw[5];
   return o;
+}
+
+MlpActivation mlp_activation(const models::Op& op) {
+  switch (op.activation) {
+    case models::MlpActivation::kSwiGlu: return MlpActivation::kSwiGlu;
+    case models::MlpActivation::kGelu: return MlpActivation::kGelu;
+    case models::MlpActivation::kRelu2: return MlpActivation::kRelu2;
+  }
+  return MlpActivation::kSwiGlu;
+}
+
+MlpWeights mlp_weights(const OpCall& c) {
+  RS_CHECK(c.op->kind == models::OpKind::kSharedMlp, "dense MLP weights of a kSharedMlp op: " + c.op->name);
+  const MlpSlots s = mlp_slots(*c.op);
+  MlpWeights w;
+  w.w1 = slot(c.w, s.w1);
+  w.w3 = slot(c.w, s.w3);
+  w.w2 = slot(c.w, s.w2);
+  w.b1 = slot(c.w, s.b1);
+  w.b3 = slot(c.w, s.b3);
+  w.b2 = slot(c.w, s.b2);
+  return w;
+}
+
+MlpGrads mlp_grads(const OpCall& c) {
+  RS_CHECK(c.op->kind == models::OpKind::kSharedMlp, "dense MLP gradients of a kSharedMlp op: " + c.op->name);
+  const MlpSlots s = mlp_slots(*c.op);
+  MlpGrads g;
+  g.dw1 = slot(c.dw, s.w1);
+  g.dw3 = slot(c.dw, s.w3);
+  g.dw2 = slot(c.dw, s.w2);
+  g.db1 = slot(c.dw, s.b1);
+  g.db3 = slot(c.dw, s.b3);
+  g.db2 = slot(c.dw, s.b2);
+  return g;
 }
 
 std::vector<int64_t> saved_widths(const models::Op& op, const models::ModelConfig& m,

@@ -238,6 +238,12 @@ SwiGluVariant expert_activation(const models::MoeConfig& moe);
 // biases w3..5 = b1, b3, b2 with their gradients dw3..5.
 ExpertOptions expert_options(const OpCall& c);
 
+// A kSharedMlp call's activation, weights and gradients (+=), from its
+// parameters in op.params order (the table above; absent ones nullptr).
+MlpActivation mlp_activation(const models::Op& op);
+MlpWeights mlp_weights(const OpCall& c);
+MlpGrads mlp_grads(const OpCall& c);
+
 // Per-token widths of the buffers an op's forward keeps for its backward
 // (OpCall::saved, the table above), given its bound inputs' widths.
 std::vector<int64_t> saved_widths(const models::Op& op, const models::ModelConfig& m,

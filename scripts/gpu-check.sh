@@ -9,7 +9,8 @@
 #   3. `rackstep train --backend cuda` on tiny-moe against the CPU backend's loss curve
 #      (same seed, data and steps; the per-step relative difference of the loss; the GPU run is
 #      resident: parameters, gradients and optimizer on the device), and `--precision bf16`
-#      against that fp32 GPU curve;
+#      against that fp32 GPU curve; the same CPU/GPU comparison on tiny-gpt-gelu (GPT-2's block:
+#      learned positions, GeLU MLP, MLP and attention biases, LayerNorm; a few seconds each);
 #   4. a training step (forward, backward, resident optimizer) of the medium zoo MoE
 #      (marin-ladder-d768, 1.6 B total) on the GPU, per step and per op kind, fp32 then bf16
 #      (bench/cuda/model_step.cpp; arena bytes copied per step: 0 when resident);
@@ -128,6 +129,9 @@ if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
   # The bf16 mode (the cpu backend refuses it: a dry run records the refusal).
   json_step tiny_cuda_bf16 120 "$rs" train $tiny $backend_flag --precision bf16 --threads "$jobs" \
     --out "$out/tiny_cuda_bf16" --json
+  gelu="--model models/zoo/tiny-gpt-gelu.json --data $out/data --batch 2 --seq 128 --steps ${TINY_STEPS:-10} --seed 7"
+  json_step gelu_cpu 90 "$rs" train $gelu --threads "$jobs" --out "$out/gelu_cpu" --json
+  json_step gelu_cuda 90 "$rs" train $gelu $backend_flag --threads "$jobs" --out "$out/gelu_cuda" --json
 else
   printf 'tiny_cuda\tskipped\t0\n' >>"$steps_file"
 fi
@@ -203,6 +207,10 @@ cpu, gpu = losses(os.path.join(out, "tiny_cpu.json")), losses(os.path.join(out, 
 if cpu and gpu and len(cpu) == len(gpu):
     rel = [abs(g - c) / abs(c) for c, g in zip(cpu, gpu)]
     report["tiny_moe_loss"] = {"cpu": cpu, "cuda": gpu, "max_rel_diff": max(rel), "last_rel_diff": rel[-1]}
+gelu_cpu, gelu_gpu = losses(os.path.join(out, "gelu_cpu.json")), losses(os.path.join(out, "gelu_cuda.json"))
+if gelu_cpu and gelu_gpu and len(gelu_cpu) == len(gelu_gpu):
+    rel = [abs(g - c) / abs(c) for c, g in zip(gelu_cpu, gelu_gpu)]
+    report["tiny_gpt_gelu_loss"] = {"cpu": gelu_cpu, "cuda": gelu_gpu, "max_rel_diff": max(rel), "last_rel_diff": rel[-1]}
 b16 = losses(os.path.join(out, "tiny_cuda_bf16.json"))
 if gpu and b16 and len(gpu) == len(b16):
     rel = [abs(b - g) / abs(g) for g, b in zip(gpu, b16)]
@@ -246,6 +254,7 @@ report["targets"] = {
     "attention_fwd_vs_bf16_ceiling": target(at(t, "attention", "vs_measured_bf16_ceiling"), 0.50),
     "memory_bound_vs_copy_min": target(min(mem) if mem else None, 0.70),
     "tiny_moe_loss_max_rel_diff": target(at(report, "tiny_moe_loss", "max_rel_diff"), 1e-4, higher=False),
+    "tiny_gpt_gelu_loss_max_rel_diff": target(at(report, "tiny_gpt_gelu_loss", "max_rel_diff"), 1e-4, higher=False),
     "medium_moe_mfu_bf16": target(at(report, "medium_moe_step_bf16", "mfu_bf16"), 0.40),
     # bf16 mode within bf16 tolerance of fp32 over the tiny run (the loss, per step).
     "tiny_moe_bf16_vs_fp32_max_rel_diff": target(at(report, "tiny_moe_bf16_loss", "max_rel_diff"), 2e-2, higher=False),

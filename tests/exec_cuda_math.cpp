@@ -20,6 +20,7 @@ namespace {
 
 using namespace rackstep::exec;
 
+using testing::normalised_error;
 using testing::randn;
 
 // Largest |a − b| / (|b| + 1e-6) over the two buffers.
@@ -75,6 +76,148 @@ TEST_CASE("cuda element math: the experts' clamped SwiGLU (gpt-oss) equals the C
     CHECK(std::isnan(h[3]));  // a NaN is not clamped away
     CHECK(std::isnan(h[4]));
   }
+}
+
+TEST_CASE("cuda element math: GeLU and ReLU² forward and backward equal the CPU kernels bitwise", "[cuda][math]") {
+  // The same float operations in the same order as exec/cpu/activations.cpp:
+  // bitwise on the host. Edge values: 0 and −0, the tanh saturation (|x| ≥ 10),
+  // GeLU's negative tail where 1 + tanh cancels, a cube past fp32's range, NaN.
+  const size_t n = 4096;
+  auto a = randn(n, 14, 3.0f);
+  const auto dh = randn(n, 15);
+  const float edges[] = {0.0f, -0.0f, 10.0f, -10.0f, -5.5f, 1e-20f, -1e-20f, 3e13f, -3e13f, std::nanf("")};
+  std::copy(std::begin(edges), std::end(edges), a.begin());
+  std::vector<float> h_cpu(n), da_cpu(n), h(n), da(n);
+
+  gelu_forward(h_cpu.data(), a.data(), n);
+  gelu_backward(da_cpu.data(), dh.data(), a.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = cuda::gelu(a[i]);
+    da[i] = cuda::gelu_grad(dh[i], a[i]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    INFO("GeLU, element " << i << " a " << a[i]);
+    CHECK(std::memcmp(&h[i], &h_cpu[i], sizeof(float)) == 0);
+    CHECK(std::memcmp(&da[i], &da_cpu[i], sizeof(float)) == 0);
+  }
+  CHECK(std::isnan(h[9]));
+
+  relu2_forward(h_cpu.data(), a.data(), n);
+  relu2_backward(da_cpu.data(), dh.data(), a.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = cuda::relu2(a[i]);
+    da[i] = cuda::relu2_grad(dh[i], a[i]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    INFO("ReLU², element " << i << " a " << a[i]);
+    CHECK(std::memcmp(&h[i], &h_cpu[i], sizeof(float)) == 0);
+    CHECK(std::memcmp(&da[i], &da_cpu[i], sizeof(float)) == 0);
+  }
+  CHECK(h[9] == 0.0f);  // max(NaN, 0)² is 0 on both, as `x > 0 ? x : 0` gives
+}
+
+TEST_CASE("cuda element math: dense MLPs with biases, composed as exec/cuda/layers.cpp does, equal the CPU's",
+          "[cuda][math]") {
+  // The CUDA composition: bias-free GEMMs (CPU linear layers here), each bias
+  // added to every row after its GEMM (detail::add_bias_rows; the CPU starts
+  // the GEMM from the bias), the shared activation formulas, and bias
+  // gradients as column sums in row order in double (detail::bias_grad_rows;
+  // the CPU sums per-thread partials): equal to fp32 rounding.
+  const int N = 13, d = 24, F = 40;
+  const auto x = randn(size_t(N) * d, 50), dy = randn(size_t(N) * d, 51);
+  const auto w1 = randn(size_t(d) * F, 52, 0.3f), w3 = randn(size_t(d) * F, 53, 0.3f),
+             w2 = randn(size_t(F) * d, 54, 0.3f), b1 = randn(F, 55), b3 = randn(F, 56), b2 = randn(d, 57);
+  const auto add_bias = [](std::vector<float>& y, const std::vector<float>& b) {
+    for (size_t i = 0; i < y.size(); ++i) y[i] += b[i % b.size()];
+  };
+  const auto bias_grad = [](std::vector<float>& db, const std::vector<float>& g) {
+    const size_t width = db.size(), rows = g.size() / width;
+    for (size_t c = 0; c < width; ++c) {
+      double sum = 0.0;
+      for (size_t r = 0; r < rows; ++r) sum += g[r * width + c];
+      db[c] += static_cast<float>(sum);
+    }
+  };
+  for (const MlpActivation act : {MlpActivation::kGelu, MlpActivation::kRelu2, MlpActivation::kSwiGlu}) {
+    const bool gated = act == MlpActivation::kSwiGlu;
+    INFO("activation " << static_cast<int>(act));
+    const MlpWeights w{.w1 = w1.data(), .w3 = gated ? w3.data() : nullptr, .w2 = w2.data(), .b1 = b1.data(),
+                       .b3 = gated ? b3.data() : nullptr, .b2 = b2.data()};
+    const size_t nf = size_t(N) * F;
+    std::vector<float> y_cpu(x.size()), a1_cpu(nf), a3_cpu(nf), h_cpu(nf), dx_cpu(x.size());
+    std::vector<float> dw1_cpu(w1.size(), 0.0f), dw3_cpu(w3.size(), 0.0f), dw2_cpu(w2.size(), 0.0f),
+        db1_cpu(F, 0.0f), db3_cpu(F, 0.0f), db2_cpu(d, 0.0f), scratch(dense_mlp_scratch_floats(N, F));
+    dense_mlp_forward(y_cpu.data(), a1_cpu.data(), gated ? a3_cpu.data() : nullptr, h_cpu.data(), x.data(), w, act, N,
+                      d, F);
+    const MlpGrads g_cpu{.dw1 = dw1_cpu.data(), .dw3 = gated ? dw3_cpu.data() : nullptr, .dw2 = dw2_cpu.data(),
+                         .db1 = db1_cpu.data(), .db3 = gated ? db3_cpu.data() : nullptr, .db2 = db2_cpu.data()};
+    dense_mlp_backward(dx_cpu.data(), g_cpu, dy.data(), x.data(), a1_cpu.data(), a3_cpu.data(), h_cpu.data(), w, act,
+                       scratch.data(), N, d, F);
+
+    std::vector<float> a1(nf), a3(nf), h(nf), y(x.size());
+    linear_forward(a1.data(), x.data(), w1.data(), nullptr, N, d, F);
+    add_bias(a1, b1);
+    if (gated) {
+      linear_forward(a3.data(), x.data(), w3.data(), nullptr, N, d, F);
+      add_bias(a3, b3);
+    }
+    for (size_t i = 0; i < nf; ++i)
+      h[i] = act == MlpActivation::kGelu ? cuda::gelu(a1[i])
+             : act == MlpActivation::kRelu2 ? cuda::relu2(a1[i])
+                                            : cuda::swiglu(a1[i], a3[i]);
+    linear_forward(y.data(), h.data(), w2.data(), nullptr, N, F, d);
+    add_bias(y, b2);
+    CHECK(normalised_error(a1, a1_cpu) < 1e-6);
+    CHECK(normalised_error(h, h_cpu) < 1e-6);
+    CHECK(normalised_error(y, y_cpu) < 1e-6);
+
+    std::vector<float> dh(nf), da1(nf), da3(nf), dx(x.size()), dw1(w1.size(), 0.0f), dw3(w3.size(), 0.0f),
+        dw2(w2.size(), 0.0f), db1(F, 0.0f), db3(F, 0.0f), db2(d, 0.0f);
+    bias_grad(db2, dy);
+    linear_backward(dh.data(), dw2.data(), nullptr, dy.data(), h_cpu.data(), w2.data(), N, F, d);
+    for (size_t i = 0; i < nf; ++i) {
+      if (act == MlpActivation::kGelu) da1[i] = cuda::gelu_grad(dh[i], a1_cpu[i]);
+      if (act == MlpActivation::kRelu2) da1[i] = cuda::relu2_grad(dh[i], a1_cpu[i]);
+      if (gated) cuda::swiglu_grad(dh[i], a1_cpu[i], a3_cpu[i], &da1[i], &da3[i]);
+    }
+    bias_grad(db1, da1);
+    linear_backward(dx.data(), dw1.data(), nullptr, da1.data(), x.data(), w1.data(), N, d, F);
+    if (gated) {
+      bias_grad(db3, da3);
+      linear_backward(dx.data(), dw3.data(), nullptr, da3.data(), x.data(), w3.data(), N, d, F, true);
+    }
+    CHECK(normalised_error(dx, dx_cpu) < 1e-6);
+    CHECK(normalised_error(dw1, dw1_cpu) < 1e-6);
+    CHECK(normalised_error(dw2, dw2_cpu) < 1e-6);
+    CHECK(normalised_error(db1, db1_cpu) < 1e-6);
+    CHECK(normalised_error(db2, db2_cpu) < 1e-6);
+    if (gated) {
+      CHECK(normalised_error(dw3, dw3_cpu) < 1e-6);
+      CHECK(normalised_error(db3, db3_cpu) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("cuda element math: learned positions added after the token row equal the CPU's bitwise", "[cuda][math]") {
+  // exec/cuda/loss.cu: the token row stored, then out + table[pos] (one float
+  // add, as the CPU's +=); the backward is the token table's scatter-add, over pos.
+  const int N = 10, d = 16, V = 7, P = 12;
+  const auto tok_table = randn(size_t(V) * d, 58), pos_table = randn(size_t(P) * d, 59);
+  std::vector<int32_t> tokens(N), pos(N);
+  for (int t = 0; t < N; ++t) {
+    tokens[t] = (t * 3) % V;
+    pos[t] = t % 6;  // two documents: positions restart
+  }
+  std::vector<float> out_cpu(size_t(N) * d), out(size_t(N) * d);
+  embedding_forward(out_cpu.data(), tokens.data(), tok_table.data(), N, d, V);
+  position_embedding_forward(out_cpu.data(), pos.data(), pos_table.data(), N, d, P);
+  for (int t = 0; t < N; ++t)
+    for (int c = 0; c < d; ++c) {
+      const size_t i = size_t(t) * d + c;
+      out[i] = tok_table[size_t(tokens[t]) * d + c];
+      out[i] = out[i] + pos_table[size_t(pos[t]) * d + c];
+    }
+  CHECK(std::memcmp(out.data(), out_cpu.data(), sizeof(float) * out.size()) == 0);
 }
 
 TEST_CASE("cuda element math: RMSNorm statistics and backward coefficient equal the CPU kernel", "[cuda][math]") {

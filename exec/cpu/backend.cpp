@@ -346,49 +346,6 @@ void combine_bwd(Scratch& s, const OpCall& c) {
   s.done(c, c.in[1], 1);
 }
 
-MlpActivation mlp_activation(const models::Op& op) {
-  switch (op.activation) {
-    case models::MlpActivation::kSwiGlu: return MlpActivation::kSwiGlu;
-    case models::MlpActivation::kGelu: return MlpActivation::kGelu;
-    case models::MlpActivation::kRelu2: return MlpActivation::kRelu2;
-  }
-  return MlpActivation::kSwiGlu;
-}
-
-// Where a dense MLP's tensors sit in OpCall::w / dw (exec/backend.h); -1 = absent.
-struct MlpSlots {
-  int w1, w3, w2, b1, b3, b2;
-};
-MlpSlots mlp_slots(const models::Op& op) {
-  const bool gated = op.activation == models::MlpActivation::kSwiGlu;
-  const int n = gated ? 3 : 2;  // matrices, then as many biases when the model has them
-  const bool bias = op.params.size() > static_cast<size_t>(n);
-  return {0, gated ? 1 : -1, n - 1, bias ? n : -1, bias && gated ? n + 1 : -1, bias ? 2 * n - 1 : -1};
-}
-float* slot(float* const* p, int j) { return j < 0 ? nullptr : p[j]; }
-MlpWeights mlp_weights(const OpCall& c) {
-  const MlpSlots s = mlp_slots(*c.op);
-  MlpWeights w;
-  w.w1 = slot(c.w, s.w1);
-  w.w3 = slot(c.w, s.w3);
-  w.w2 = slot(c.w, s.w2);
-  w.b1 = slot(c.w, s.b1);
-  w.b3 = slot(c.w, s.b3);
-  w.b2 = slot(c.w, s.b2);
-  return w;
-}
-MlpGrads mlp_grads(const OpCall& c) {
-  const MlpSlots s = mlp_slots(*c.op);
-  MlpGrads g;
-  g.dw1 = slot(c.dw, s.w1);
-  g.dw3 = slot(c.dw, s.w3);
-  g.dw2 = slot(c.dw, s.w2);
-  g.db1 = slot(c.dw, s.b1);
-  g.db3 = slot(c.dw, s.b3);
-  g.db2 = slot(c.dw, s.b2);
-  return g;
-}
-
 void shared_mlp_fwd(const OpCall& c) {  // x (N, d) [, added (N, d)] -> MLP(x) [+ added] (N, d)
   const int d = I(c.in[0].width);
   dense_mlp_forward(c.out[0].value, c.saved[0].value, c.saved[1].value, c.saved[2].value, c.in[0].value,

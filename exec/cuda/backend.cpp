@@ -189,8 +189,9 @@ OpResult CudaBackend::forward(const OpCall& c) {
   const auto w = [](const Bound& b) { return static_cast<int>(b.width); };
   OpResult r;
   switch (op.kind) {
-    case OpKind::kEmbedding:  // tokens (N) -> (N, d)
+    case OpKind::kEmbedding:  // tokens (N) -> (N, d) [+ the learned position table's row of each token]
       embedding_forward<float>(out0.value, c.tokens, c.w[0], N, w(out0), s);
+      if (c.w[1]) position_embedding_forward<float>(out0.value, c.pos, c.w[1], N, w(out0), s);
       return r;
     case OpKind::kRmsNorm:  // (N, width) -> (N, width)
       if (m.norm.kind == models::NormKind::kLayerNorm) {
@@ -270,9 +271,9 @@ OpResult CudaBackend::forward(const OpCall& c) {
       combine_forward(out0.value, in0.value, in1.value, rt.sorted_pos, N, rt.k, rt.L, s);
       return r;
     }
-    case OpKind::kSharedMlp:  // x (N, d) [, routed (N, d)] -> SwiGLU(x) [+ routed]
-      dense_swiglu_forward(gemm_, out0.value, c.saved[0].value, c.saved[1].value, c.saved[2].value, in0.value, c.w[0],
-                           c.w[1], c.w[2], N, w(in0), w(c.saved[0]));
+    case OpKind::kSharedMlp:  // x (N, d) [, routed (N, d)] -> MLP(x) [+ routed]; SwiGLU, GeLU or ReLU², [biases]
+      dense_mlp_forward(gemm_, out0.value, c.saved[0].value, c.saved[1].value, c.saved[2].value, in0.value,
+                        mlp_weights(c), mlp_activation(op), N, w(in0), w(c.saved[0]));
       if (in1.value) add_inplace(out0.value, in1.value, size_t(N) * size_t(out0.width), s);
       return r;
     case OpKind::kResidualAdd:
@@ -335,10 +336,10 @@ void CudaBackend::backward(const OpCall& c) {
         zero_if_first(c, in1);
         add_inplace(in1.grad, out0.grad, size_t(N) * size_t(out0.width), s);
       }
-      dense_swiglu_backward(gemm_, in0.grad, c.dw[0], c.dw[1], c.dw[2], out0.grad, in0.value, c.saved[0].value,
-                            c.saved[1].value, c.saved[2].value, c.w[0], c.w[1], c.w[2],
-                            work_.floats(3 * size_t(N) * size_t(c.saved[0].width), s), N, w(in0), w(c.saved[0]),
-                            in0.accumulate);
+      dense_mlp_backward(gemm_, in0.grad, mlp_grads(c), out0.grad, in0.value, c.saved[0].value, c.saved[1].value,
+                         c.saved[2].value, mlp_weights(c), mlp_activation(op),
+                         work_.floats(dense_mlp_scratch_floats(N, w(c.saved[0])), s), N, w(in0), w(c.saved[0]),
+                         in0.accumulate);
       return;
     case OpKind::kCombine: {
       const Routing& rt = *c.routing;
@@ -473,8 +474,9 @@ void CudaBackend::backward(const OpCall& c) {
       grad_done(c, in0, 0);
       return;
     }
-    case OpKind::kEmbedding:
+    case OpKind::kEmbedding:  // the position table's rows gather their tokens' gradients as the token table's do
       embedding_backward<float>(c.dw[0], out0.grad, c.tokens, N, w(out0), s);
+      if (c.dw[1]) embedding_backward<float>(c.dw[1], out0.grad, c.pos, N, w(out0), s);
       return;
   }
   RS_CHECK(false, "cuda backend: an OpKind without a backward: " + op.name);
@@ -483,7 +485,6 @@ void CudaBackend::backward(const OpCall& c) {
 // Parameters each OpKind's CUDA forward/backward reads, in op.params order.
 size_t known_params(const models::Op& op) {
   switch (op.kind) {
-    case OpKind::kEmbedding:   // the token table
     case OpKind::kRmsNorm:     // the gain
     case OpKind::kSConv:       // the kernel
     case OpKind::kAttnGate:    // W_gate
@@ -491,14 +492,15 @@ size_t known_params(const models::Op& op) {
       return 1;
     case OpKind::kAttention:   // [sinks (H)]
       return op.sinks ? 1 : 0;
+    case OpKind::kEmbedding:   // the token table [, learned positions]
     case OpKind::kLinear:      // W [, bias]
     case OpKind::kGatedNorm:   // W_down, W_up
     case OpKind::kRouter:      // W [, a learnable selection bias]
       return 2;
     case OpKind::kExpertMlp:   // W1, W3, W2 per expert [, b1, b3, b2 per expert]
       return op.expert_bias ? 6 : 3;
-    case OpKind::kSharedMlp:   // SwiGLU W1, W3, W2, no biases
-      return 3;
+    case OpKind::kSharedMlp:   // W1 [, W3 for SwiGLU], W2 [, as many biases]
+      return op.activation == models::MlpActivation::kSwiGlu ? 6 : 4;
     case OpKind::kQkNorm:
     case OpKind::kRope:
     case OpKind::kXsa:
@@ -525,16 +527,6 @@ Unsupported unsupported(const models::Op& op, const models::ModelConfig& m) {
     const bool local = m.attention.local.position == models::PositionKind::kAlibi;
     return {local ? "/attention/local/position" : "/attention/global/position",
             "rope or nope: the CUDA backend has no ALiBi scores" + cpu, "alibi"};
-  }
-  if (op.kind == OpKind::kEmbedding && op.params.size() > 1) {
-    return {"/position_embedding/kind", "none: the CUDA backend has no learned positions" + cpu, "learned"};
-  }
-  if (op.kind == OpKind::kSharedMlp && op.activation != models::MlpActivation::kSwiGlu) {
-    return {"/mlp/activation", "swiglu: the CUDA backend runs SwiGLU MLPs only" + cpu,
-            op.activation == models::MlpActivation::kGelu ? "gelu" : "relu2"};
-  }
-  if (op.kind == OpKind::kSharedMlp && op.params.size() > 3) {
-    return {"/mlp/bias", "false: the CUDA backend runs MLPs without biases" + cpu, "true"};
   }
   const size_t known = known_params(op);
   if (op.params.size() > known) {  // a parameter no case above names: the op's, by name

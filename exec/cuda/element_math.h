@@ -7,6 +7,8 @@
 //
 //   float h = swiglu(a1, a3);                     // silu(a1) * a3
 //   float h = swiglu_variant(a1, a3, 1.702f, 7.f, 1.f);  // gpt-oss's clamped experts
+//   float h = gelu(a), da = gelu_grad(dh, a);    // GPT-2's MLP (tanh form)
+//   float h = relu2(a), da = relu2_grad(dh, a);  // ReLU² (Primer)
 //   float r = rms_rstd(sum_sq, d, eps);           // 1/sqrt(mean(x²)+eps)
 //   rope_rotate(x1, x2, rope_angle(pos, i, rot, theta), +1.f, &y1, &y2);
 #pragma once
@@ -59,6 +61,31 @@ RS_HOST_DEVICE void swiglu_variant_grad(float dh, float a1, float a3, float alph
   *da3 = !clamp || (a3 >= -limit && a3 <= limit) ? dh * (g * s) : 0.0f;
   *da1 = !clamp || a1 <= limit ? dh * (u + offset) * (s + alpha * g * s * (1.0f - s)) : 0.0f;
 }
+
+// GeLU, tanh approximation (Hendrycks & Gimpel 2016, eq. in §2; GPT-2 and
+// llm.c's gelu_forward): h = ½ x (1 + tanh(c (x + 0.044715 x³))), c = √(2/π).
+// Written as exec/cpu/activations.cpp writes it (same constants, same
+// association), so the host result is bitwise the CPU kernel's; on the device
+// tanhf is CUDA's (≤ 2 ulp, CUDA Programming Guide, "Mathematical Functions").
+constexpr float kGeluC = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluCubic = 0.044715f;
+RS_HOST_DEVICE float gelu(float x) { return 0.5f * x * (1.0f + tanhf(kGeluC * (x + kGeluCubic * x * x * x))); }
+// da = dh · gelu'(x), gelu'(x) = ½ (1 + t) + ½ x (1 − t²) c (1 + 3·0.044715 x²),
+// t = tanh(c (x + 0.044715 x³)).
+RS_HOST_DEVICE float gelu_grad(float dh, float x) {
+  const float t = tanhf(kGeluC * (x + kGeluCubic * x * x * x));
+  const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluCubic * x * x);
+  return dh * grad;
+}
+
+// ReLU² (So et al. 2021, Primer): h = max(x, 0)²; a NaN input gives 0, as the
+// CPU kernel's `x > 0 ? x : 0` does.
+RS_HOST_DEVICE float relu2(float x) {
+  const float r = x > 0.0f ? x : 0.0f;
+  return r * r;
+}
+// da = 2 x dh where x > 0, else 0 (associated as the CPU kernel: (2 x) dh).
+RS_HOST_DEVICE float relu2_grad(float dh, float x) { return x > 0.0f ? 2.0f * x * dh : 0.0f; }
 
 // RMSNorm's saved statistic from the row's sum of squares (summed in double).
 RS_HOST_DEVICE float rms_rstd(double sum_sq, int d, float eps) {

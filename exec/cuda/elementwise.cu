@@ -1,5 +1,5 @@
 // Memory-bound kernels of the CUDA backend (exec/cuda/ops.h): one thread per
-// element (grid-stride) for SwiGLU, residual, RoPE, the gated norm's
+// element (grid-stride) for SwiGLU, GeLU, ReLU², residual, RoPE, the gated norm's
 // elementwise parts and the MLA column plumbing; one block per row for RMSNorm
 // and LayerNorm forward/backward with a warp-shuffle + shared-memory reduction.
 #include <cuda_bf16.h>
@@ -36,6 +36,30 @@ __global__ void swiglu_backward_kernel(T* da1, T* da3, const T* dh, const T* a1,
     store(da1, i, g1);
     store(da3, i, g3);
   }
+}
+
+template <typename T>
+__global__ void gelu_forward_kernel(T* h, const T* a, size_t n) {
+  RS_GRID_STRIDE(i, n)
+    store(h, i, gelu(load(a, i)));
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(T* da, const T* dh, const T* a, size_t n) {
+  RS_GRID_STRIDE(i, n)
+    store(da, i, gelu_grad(load(dh, i), load(a, i)));
+}
+
+template <typename T>
+__global__ void relu2_forward_kernel(T* h, const T* a, size_t n) {
+  RS_GRID_STRIDE(i, n)
+    store(h, i, relu2(load(a, i)));
+}
+
+template <typename T>
+__global__ void relu2_backward_kernel(T* da, const T* dh, const T* a, size_t n) {
+  RS_GRID_STRIDE(i, n)
+    store(da, i, relu2_grad(load(dh, i), load(a, i)));
 }
 
 template <typename T>
@@ -279,6 +303,34 @@ void swiglu_backward(T* da1, T* da3, const T* dh, const T* a1, const T* a3, size
 }
 
 template <typename T>
+void gelu_forward(T* h, const T* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gelu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(h, a, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void gelu_backward(T* da, const T* dh, const T* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(da, dh, a, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void relu2_forward(T* h, const T* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  relu2_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(h, a, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+void relu2_backward(T* da, const T* dh, const T* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  relu2_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(da, dh, a, n);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
 void residual_forward(T* y, const T* a, const T* b, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   residual_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, a, b, n);
@@ -427,6 +479,10 @@ void mul_silu_grad(float* ds, const float* a, size_t n, cudaStream_t stream) {
   template void swiglu_forward<T>(T*, const T*, const T*, size_t, cudaStream_t);                                \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, size_t, cudaStream_t);                 \
   template void residual_forward<T>(T*, const T*, const T*, size_t, cudaStream_t);                              \
+  template void gelu_forward<T>(T*, const T*, size_t, cudaStream_t);                                           \
+  template void gelu_backward<T>(T*, const T*, const T*, size_t, cudaStream_t);                                 \
+  template void relu2_forward<T>(T*, const T*, size_t, cudaStream_t);                                          \
+  template void relu2_backward<T>(T*, const T*, const T*, size_t, cudaStream_t);                                \
   template void rmsnorm_forward<T>(T*, float*, const T*, const float*, float, float, int, int, cudaStream_t);   \
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const float*, const float*, float, int, int, \
                                     cudaStream_t);                                                              \

@@ -4,6 +4,7 @@
 
 #include "exec/cuda/detail.h"
 #include "exec/cuda/ops.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 
@@ -68,25 +69,70 @@ void attn_gate_backward(Gemm& gemm, float* d_o, float* dx, float* dw_gate, const
   linear_backward(gemm, dx, dw_gate, scratch, x, w_gate, N, d, H, accumulate_dx);
 }
 
+namespace {
+
+// y (N, out) = x·W [+ bias]: the GEMM, then the bias added to every row.
+void linear_bias_forward(Gemm& gemm, float* y, const float* x, const float* w, const float* bias, int N, int in,
+                         int out) {
+  linear_forward(gemm, y, x, w, N, in, out);
+  if (bias) detail::add_bias_rows(y, bias, N, out, gemm.stream());
+}
+
+// dbias += Σ_rows dy, then linear_backward (every output reads dy only).
+void linear_bias_backward(Gemm& gemm, float* dx, float* dw, float* dbias, const float* dy, const float* x,
+                          const float* w, int N, int in, int out, bool accumulate_dx) {
+  if (dbias) detail::bias_grad_rows(dbias, dy, N, out, gemm.stream());
+  linear_backward(gemm, dx, dw, dy, x, w, N, in, out, accumulate_dx);
+}
+
+}  // namespace
+
+void dense_mlp_forward(Gemm& gemm, float* y, float* a1, float* a3, float* h, const float* x, const MlpWeights& w,
+                       MlpActivation act, int N, int d, int F) {
+  const size_t nf = size_t(N) * F;
+  linear_bias_forward(gemm, a1, x, w.w1, w.b1, N, d, F);
+  switch (act) {
+    case MlpActivation::kSwiGlu:
+      RS_CHECK(w.w3 && a3, "cuda::dense_mlp_forward: SwiGLU needs W3 and a3");
+      linear_bias_forward(gemm, a3, x, w.w3, w.b3, N, d, F);
+      swiglu_forward(h, a1, a3, nf, gemm.stream());
+      break;
+    case MlpActivation::kGelu: gelu_forward(h, a1, nf, gemm.stream()); break;
+    case MlpActivation::kRelu2: relu2_forward(h, a1, nf, gemm.stream()); break;
+  }
+  linear_bias_forward(gemm, y, h, w.w2, w.b2, N, F, d);
+}
+
+void dense_mlp_backward(Gemm& gemm, float* dx, const MlpGrads& g, const float* dy, const float* x, const float* a1,
+                        const float* a3, const float* h, const MlpWeights& w, MlpActivation act, float* scratch, int N,
+                        int d, int F, bool accumulate_dx) {
+  const size_t nf = size_t(N) * F;
+  float* dh = scratch;    // (N, F)
+  float* da1 = dh + nf;   // (N, F)
+  float* da3 = da1 + nf;  // (N, F) SwiGLU
+  linear_bias_backward(gemm, dh, g.dw2, g.db2, dy, h, w.w2, N, F, d, /*accumulate_dx=*/false);
+  switch (act) {
+    case MlpActivation::kSwiGlu: swiglu_backward(da1, da3, dh, a1, a3, nf, gemm.stream()); break;
+    case MlpActivation::kGelu: gelu_backward(da1, dh, a1, nf, gemm.stream()); break;
+    case MlpActivation::kRelu2: relu2_backward(da1, dh, a1, nf, gemm.stream()); break;
+  }
+  linear_bias_backward(gemm, dx, g.dw1, g.db1, da1, x, w.w1, N, d, F, accumulate_dx);
+  if (act == MlpActivation::kSwiGlu) {
+    linear_bias_backward(gemm, dx, g.dw3, g.db3, da3, x, w.w3, N, d, F, /*accumulate_dx=*/true);
+  }
+}
+
+// The bias-free SwiGLU case of dense_mlp_*: the same calls in the same order.
 void dense_swiglu_forward(Gemm& gemm, float* y, float* a1, float* a3, float* h, const float* x, const float* w1,
                           const float* w3, const float* w2, int N, int d, int F) {
-  linear_forward(gemm, a1, x, w1, N, d, F);
-  linear_forward(gemm, a3, x, w3, N, d, F);
-  swiglu_forward(h, a1, a3, size_t(N) * F, gemm.stream());
-  linear_forward(gemm, y, h, w2, N, F, d);
+  dense_mlp_forward(gemm, y, a1, a3, h, x, {.w1 = w1, .w3 = w3, .w2 = w2}, MlpActivation::kSwiGlu, N, d, F);
 }
 
 void dense_swiglu_backward(Gemm& gemm, float* dx, float* dw1, float* dw3, float* dw2, const float* dy, const float* x,
                            const float* a1, const float* a3, const float* h, const float* w1, const float* w3,
                            const float* w2, float* scratch, int N, int d, int F, bool accumulate_dx) {
-  const size_t nf = size_t(N) * F;
-  float* dh = scratch;
-  float* da1 = dh + nf;
-  float* da3 = da1 + nf;
-  linear_backward(gemm, dh, dw2, dy, h, w2, N, F, d);
-  swiglu_backward(da1, da3, dh, a1, a3, nf, gemm.stream());
-  linear_backward(gemm, dx, dw1, da1, x, w1, N, d, F, accumulate_dx);
-  linear_backward(gemm, dx, dw3, da3, x, w3, N, d, F, /*accumulate_dx=*/true);
+  dense_mlp_backward(gemm, dx, {.dw1 = dw1, .dw3 = dw3, .dw2 = dw2}, dy, x, a1, a3, h, {.w1 = w1, .w3 = w3, .w2 = w2},
+                     MlpActivation::kSwiGlu, scratch, N, d, F, accumulate_dx);
 }
 
 }  // namespace rackstep::exec::cuda

@@ -1,15 +1,19 @@
 // The CUDA backend's GEMM-bearing layers, composed from cuBLASLt GEMMs and the
 // elementwise kernels, in the shapes and gradient rule of exec/kernels.h
-// (fp32 parity mode): linear layers (no bias yet), the tied LM head, the gated
-// norm, the attention gate and the dense SwiGLU (shared experts). Everything runs on gemm.stream().
+// (fp32 parity mode): linear layers (a bias is the backend's separate add), the
+// tied LM head, the gated norm, the attention gate and the dense MLPs (dense
+// layers and shared experts: SwiGLU, GeLU, ReLU², with or without biases).
+// Everything runs on gemm.stream().
 //
 //   cuda::linear_forward(gemm, y, x, w, N, in, out);
 //   cuda::attn_gate_forward(gemm, y, g, o, x, w_gate, N, d, H, hd);
+//   cuda::dense_mlp_forward(gemm, y, a1, nullptr, h, x, weights, MlpActivation::kGelu, N, d, F);
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "exec/cuda/gemm.h"
+#include "exec/kernels.h"
 
 namespace rackstep::exec::cuda {
 
@@ -49,5 +53,30 @@ void dense_swiglu_forward(Gemm& gemm, float* y, float* a1, float* a3, float* h, 
 void dense_swiglu_backward(Gemm& gemm, float* dx, float* dw1, float* dw3, float* dw2, const float* dy, const float* x,
                            const float* a1, const float* a3, const float* h, const float* w1, const float* w3,
                            const float* w2, float* scratch, int N, int d, int F, bool accumulate_dx);
+
+// Any dense MLP, as exec/kernels.h's dense_mlp_forward / _backward (same
+// buffers, weights and calls in the same order): a1 = x·W1 [+ b1]
+// (a3 = x·W3 [+ b3] for SwiGLU), h = act(a1[, a3]), y = h·W2 [+ b2]. A bias is
+// added after its GEMM (the CPU starts the GEMM from it: fp32 rounding apart).
+void dense_mlp_forward(Gemm& gemm,
+                       float* y,         // (N, d)
+                       float* a1,        // (N, F) saved
+                       float* a3,        // (N, F) saved (SwiGLU), else unused / nullptr
+                       float* h,         // (N, F) saved
+                       const float* x,   // (N, d)
+                       const MlpWeights& w, MlpActivation act, int N, int d, int F);
+// dx = (or += with accumulate_dx); every weight and bias gradient +=
+// (bias gradients: column sums in row order, in double, detail::bias_grad_rows).
+void dense_mlp_backward(Gemm& gemm,
+                        float* dx,          // (N, d)
+                        const MlpGrads& g,
+                        const float* dy,    // (N, d)
+                        const float* x,     // (N, d)
+                        const float* a1,    // (N, F)
+                        const float* a3,    // (N, F) SwiGLU only
+                        const float* h,     // (N, F)
+                        const MlpWeights& w, MlpActivation act,
+                        float* scratch,     // (exec::dense_mlp_scratch_floats(N, F))
+                        int N, int d, int F, bool accumulate_dx);
 
 }  // namespace rackstep::exec::cuda

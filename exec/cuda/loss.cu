@@ -1,4 +1,4 @@
-// Cross-entropy with z-loss (one block per token row) and the embedding lookup.
+// Cross-entropy with z-loss (one block per token row), the embedding lookup and learned positions.
 #include <cuda_bf16.h>
 
 #include "exec/cuda/check.h"
@@ -82,6 +82,14 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const fl
 }
 
 template <typename T>
+__global__ void position_embedding_forward_kernel(T* out, const int32_t* pos, const float* table, int N, int d) {
+  RS_GRID_STRIDE(i, size_t(N) * d) {
+    const size_t t = i / d;
+    store(out, i, load(out, i) + table[size_t(pos[t]) * d + i % d]);
+  }
+}
+
+template <typename T>
 __global__ void embedding_backward_kernel(float* dtable, const T* dout, const int32_t* tokens, int N, int d) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= d) return;
@@ -129,6 +137,14 @@ void embedding_forward(T* out, const int32_t* tokens, const float* table, int N,
 }
 
 template <typename T>
+void position_embedding_forward(T* out, const int32_t* pos, const float* table, int N, int d, cudaStream_t stream) {
+  const size_t n = size_t(N) * d;
+  if (n == 0) return;
+  position_embedding_forward_kernel<<<grid_blocks(n, kThreads), kThreads, 0, stream>>>(out, pos, table, N, d);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
 void embedding_backward(float* dtable, const T* dout, const int32_t* tokens, int N, int d, cudaStream_t stream) {
   if (N == 0 || d == 0) return;
   embedding_backward_kernel<<<(d + kThreads - 1) / kThreads, kThreads, 0, stream>>>(dtable, dout, tokens, N, d);
@@ -141,6 +157,7 @@ void embedding_backward(float* dtable, const T* dout, const int32_t* tokens, int
   template void cross_entropy_backward<T>(T*, const T*, const float*, const int32_t*, int, int, float, int64_t,    \
                                           cudaStream_t);                                                          \
   template void embedding_forward<T>(T*, const int32_t*, const float*, int, int, cudaStream_t);                    \
+  template void position_embedding_forward<T>(T*, const int32_t*, const float*, int, int, cudaStream_t);           \
   template void embedding_backward<T>(float*, const T*, const int32_t*, int, int, cudaStream_t);
 RS_INSTANTIATE(float)
 RS_INSTANTIATE(__nv_bfloat16)

@@ -27,6 +27,17 @@ template <typename T>
 void swiglu_backward(T* da1, T* da3, const T* dh, const T* a1, const T* a3, size_t n,
                      cudaStream_t stream);                                           // (n) each
 
+// GeLU (tanh form) and ReLU², as exec/kernels.h's gelu_* / relu2_*: h = act(a);
+// da = dh · act'(a), overwritten.
+template <typename T>
+void gelu_forward(T* h, const T* a, size_t n, cudaStream_t stream);                   // (n) each
+template <typename T>
+void gelu_backward(T* da, const T* dh, const T* a, size_t n, cudaStream_t stream);    // (n) each
+template <typename T>
+void relu2_forward(T* h, const T* a, size_t n, cudaStream_t stream);                  // (n) each
+template <typename T>
+void relu2_backward(T* da, const T* dh, const T* a, size_t n, cudaStream_t stream);   // (n) each
+
 // y = x rounded to bf16 (exec/cuda/bf16_math.h: nearest, ties to even), the
 // bf16 mode's one cast (GEMM operands, bf16 copies of the fp32 masters).
 void to_bf16(__nv_bfloat16* y, const float* x, size_t n, cudaStream_t stream);  // (n) each
@@ -134,6 +145,15 @@ void embedding_forward(Elem* out,              // (N, d)
                        const int32_t* tokens,  // (N), each in [0, V)
                        const float* table,     // (V, d)
                        int N, int d, cudaStream_t stream);
+// Learned absolute positions (GPT-2), as exec/kernels.h's position_embedding_forward:
+// out[t] += table[pos[t]] (fp32 master table). Positions are < P: the driver
+// refuses a run longer than the table (exec/model.cpp). The backward is
+// embedding_backward with pos in place of tokens.
+template <typename Elem>
+void position_embedding_forward(Elem* out,            // (N, d) +=
+                                const int32_t* pos,   // (N), each in [0, P)
+                                const float* table,   // (P, d)
+                                int N, int d, cudaStream_t stream);
 // dtable[tokens[t]] += dout[t]; deterministic: a thread per column walks the
 // tokens in order (as the CPU kernel's threads do), no atomics.
 template <typename Elem>
