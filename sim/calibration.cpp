@@ -278,6 +278,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.fsdp_prefetch_overlap = sourced(col, "fsdp_prefetch_overlap", {.min = 0, .max = 1});
   // Optional, so calibration files written before them still read (default: Marin's, per layer, no re-gather).
   if (col.has("fsdp_gather_per_module")) c.fsdp_gather_per_module = sourced_flag(col, "fsdp_gather_per_module");
+  if (col.has("fsdp_megatron_modules")) c.fsdp_megatron_modules = sourced_flag(col, "fsdp_megatron_modules");
   if (col.has("fsdp_prefetch_bucket_params")) {
     c.fsdp_prefetch_bucket_params = sourced(col, "fsdp_prefetch_bucket_params", {.min = 0});
   }

@@ -179,6 +179,11 @@ struct Calibration {
   // JAX scan) or one per parameter-holding module (DeepSpeed's per-submodule fetch),
   // each call paying the ring's latency.
   bool fsdp_gather_per_module = false;
+  // What a module is under per-module gathers (sim/cost.h fsdp_modules): false, each
+  // parameter-holding op of the layer graph; true, Megatron-LM's modules: the
+  // projections of one input fused into one Linear (ParallelAttention.query_key_value)
+  // and a dense MLP as its two Linears (ParallelMLP.dense_h_to_4h, dense_4h_to_h).
+  bool fsdp_megatron_modules = false;
   // ZeRO-3 with full recompute: the recompute forward gathers the layer again (the
   // trainer releases a module's weights after each forward), so the backward
   // gathers a third time instead of reusing the recompute's gather.

@@ -33,6 +33,7 @@ OpEntry make_entry(const models::Op& op, size_t index) {
     e.in_elems = static_cast<double>(op.heads * op.qk_head_dim + op.kv_heads * (op.qk_head_dim + op.head_dim));
   }
   for (const auto& p : op.params) e.param_elems += static_cast<double>(p.numel());
+  e.param_tensors = static_cast<double>(op.params.size());
   e.saved_elems = op.saved_elems_per_token;
   e.recompute_modules = op.recompute_modules;
   e.saves_norm_output = op.saves_norm_output;
@@ -118,6 +119,9 @@ OpTable build_op_table(const models::LayerGraph& g) {
     for (size_t i = b; i < e; ++i) {
       const models::Op& op = g.ops[i];
       OpEntry entry = make_entry(op, i);
+      entry.same_input_as_prev = i > b && op.kind == OpKind::kLinear && g.ops[i - 1].kind == OpKind::kLinear &&
+                                 !op.inputs.empty() && !g.ops[i - 1].inputs.empty() &&
+                                 op.inputs[0].name == g.ops[i - 1].inputs[0].name;
       c.saved_elems_per_token += entry.saved_elems;
       if (op.op_class == OpClass::kGemm || op.op_class == OpClass::kGroupedGemm || op.op_class == OpClass::kAttention) {
         c.saved_gemm_elems_per_token += entry.saved_elems;
@@ -147,6 +151,47 @@ OpTable build_op_table(const models::LayerGraph& g) {
     }
   }
   return t;
+}
+
+std::vector<FsdpModule> fsdp_modules(const LayerClass& lc, const Calibration& cal) {
+  std::vector<FsdpModule> modules;
+  for (size_t i = 0; i < lc.ops.size(); ++i) {
+    const OpEntry& e = lc.ops[i];
+    if (e.param_elems <= 0 || e.cls == OpClass::kGroupedGemm) continue;
+    if (!cal.fsdp_megatron_modules) {
+      modules.push_back({.first_op = i, .last_op = i, .param_elems = e.param_elems, .param_tensors = e.param_tensors});
+      continue;
+    }
+    // query_key_value: the projections of one input (q, then k and v) are one Linear
+    // (one weight and, with biases, one bias).
+    if (e.same_input_as_prev && !modules.empty() && modules.back().last_op + 1 == i) {
+      modules.back().last_op = i;
+      modules.back().param_elems += e.param_elems;
+      continue;
+    }
+    if (e.kind == OpKind::kSharedMlp && e.gemm_count >= 2) {
+      // fc1 (gemm_count - 1 matrices of k x n) and fc2 (n x k), the biases split with
+      // them in proportion. fc2's backward (first) frees its input, the activation's
+      // output (n wide); fc1's frees the rest with the op.
+      const double fc1_share = (e.gemm_count - 1.0) / e.gemm_count;
+      // fc1's weights (and biases) are one tensor in Megatron (linear_fc1), fc2's one and its bias.
+      const double tensors = e.param_tensors > e.gemm_count ? 2.0 : 1.0;
+      modules.push_back({.first_op = i,
+                         .last_op = i,
+                         .param_elems = e.param_elems * fc1_share,
+                         .param_tensors = tensors,
+                         .op_share = fc1_share});
+      modules.push_back({.first_op = i,
+                         .last_op = i,
+                         .param_elems = e.param_elems * (1.0 - fc1_share),
+                         .param_tensors = tensors,
+                         .op_share = 1.0 - fc1_share,
+                         .freed_saved_elems = e.gemm_n});
+      continue;
+    }
+    modules.push_back({.first_op = i, .last_op = i, .param_elems = e.param_elems, .param_tensors = e.param_tensors});
+  }
+  return modules;
 }
 
 double model_flops_per_token(const OpTable& t, int64_t seq) {

@@ -38,6 +38,7 @@ struct OpEntry {
   double ew_flops_per_token = 0;
   double in_elems = 0, out_elems = 0;  // activation elements per token (read / written)
   double param_elems = 0;
+  double param_tensors = 0;         // parameter tensors (a weight, a bias ...)
   double saved_elems = 0;           // kept for backward, per token, no recompute
   uint32_t recompute_modules = 0;   // models::Op::recompute_modules
   bool saves_norm_output = false;   // models::Op::saves_norm_output
@@ -49,6 +50,7 @@ struct OpEntry {
   double swiglu_limit = 0;          // experts: SwiGLU clamp, 0 = none
   bool rope_yarn = false;           // rope: YaRN-scaled frequencies (models::Op::rope_yarn)
   bool model_flops = false;         // counts in Marin's MFU FLOPs
+  bool same_input_as_prev = false;  // a projection of the input the op before it projects (k, v after q)
 };
 
 // Whether the stack runs this op as YaRN RoPE in eager framework ops rather than one
@@ -93,6 +95,28 @@ struct OpTable {
 };
 
 OpTable build_op_table(const models::LayerGraph& g);
+
+// A module ZeRO-3 gathers, releases and reduce-scatters as one (the parameters of one
+// nn.Module of the trainer's model code): over ops [first_op, last_op] of a layer
+// class, `op_share` of each of those ops' parameters and backward work (an op holding
+// several modules: part of it). `freed_saved_elems`: the op's saved activations
+// (elements per token) its backward frees while the op's other modules still run.
+struct FsdpModule {
+  size_t first_op = 0, last_op = 0;
+  double param_elems = 0;           // whole model (per GPU: / tp)
+  double param_tensors = 1;         // its parameter tensors (a weight and its bias: 2)
+  double op_share = 1.0;
+  double freed_saved_elems = 0;
+};
+
+// The modules of one layer of class lc whose parameters ZeRO-3 shards (dense
+// parameter-holding ops; the grouped expert GEMMs are not), forward order. With
+// cal.fsdp_megatron_modules, Megatron-LM's: the projections of one input are one
+// Linear (megatron/model/transformer.py ParallelAttention.query_key_value, 3h x h),
+// and a dense MLP is two, dense_h_to_4h and dense_4h_to_h (ParallelMLP; a gated
+// MLP's fc1 holds both input matrices, Megatron-Core's linear_fc1); otherwise each
+// parameter-holding op is one.
+std::vector<FsdpModule> fsdp_modules(const LayerClass& lc, const Calibration& cal);
 
 // Marin-convention training FLOPs per token (3 × forward) at a sequence length;
 // equals models::count_flops(g, seq, kMarin).training.

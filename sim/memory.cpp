@@ -202,11 +202,13 @@ struct LayerMoment {
   size_t live_ops = 0;
   bool score_grads = false;
   double working_elems = 0;
+  double freed_elems = 0;  // of op live_ops - 1's saved activations, freed by its modules done (per token)
 };
 
 // DeepSpeed ZeRO-3's gathered weights and unreduced gradients through one layer of
 // class lc, moment by moment, under the coordinator's rules (stage3.py of the 2021
-// releases; cal.fsdp_max_live_params > 0):
+// releases; cal.fsdp_max_live_params > 0), over the modules of fsdp_modules (the
+// time walk's, sim/predict.cpp deepspeed_zero3_exposed):
 //  - a module holds its own weights and, when they are under fsdp_max_live_params,
 //    the next whole parameters it prefetches (at least fsdp_prefetch_bucket_params);
 //    the tensor-list all-gather stages the prefetched parameter once more (PyTorch's
@@ -220,20 +222,17 @@ struct LayerMoment {
 // Walked through the backward of two layers (the bucket carries over) and, under full
 // recompute, the recompute forward of the layer below between them. Each module's
 // backward has two moments: before its gradient joins the bucket (its saved inputs
-// still held) and after (freed).
+// still held) and after (freed: the ops from its first on, or, while other modules
+// of its op still run, the activations it frees).
 std::vector<LayerMoment> deepspeed_zero3_moments(const LayerClass& lc, const Layout& l, const Calibration& cal,
                                                  const std::vector<bool>& scored) {
   const double tp = static_cast<double>(l.tp);
   const bool staged = cal.fsdp_list_ops_per_rank > 0;
-  std::vector<double> p;   // gathered modules, forward order
-  std::vector<size_t> at;  // their op index
-  for (size_t i = 0; i < lc.ops.size(); ++i) {
-    const OpEntry& e = lc.ops[i];
-    const double elems = e.param_elems / tp;
-    if (e.param_elems > 0 && e.cls != models::OpClass::kGroupedGemm && elems >= cal.fsdp_persistence_threshold_params) {
-      p.push_back(elems);
-      at.push_back(i);
-    }
+  const std::vector<FsdpModule> all = fsdp_modules(lc, cal);  // forward order
+  const auto is_gathered = [&](const FsdpModule& m) { return m.param_elems / tp >= cal.fsdp_persistence_threshold_params; };
+  std::vector<double> p;   // the gathered modules' elements per GPU, forward order
+  for (const FsdpModule& m : all) {
+    if (is_gathered(m)) p.push_back(m.param_elems / tp);
   }
   std::vector<LayerMoment> moments;
   if (p.empty()) return moments;
@@ -272,35 +271,66 @@ std::vector<LayerMoment> deepspeed_zero3_moments(const LayerClass& lc, const Lay
   };
   double bucket = 0.0, bucket_largest = 0.0, previous = 0.0, rs_staging = 0.0;
   const auto unreduced = [&] { return bucket + previous + rs_staging; };
-  const auto add = [&](size_t live_ops, bool score_grads, double working) {
-    moments.push_back({live_ops, score_grads, working});
+  // A parameter's gradient arrives (stage3.py create_reduce_and_remove_grad_hooks hooks
+  // every parameter, persistent ones too; reduce_independent_p_g_buckets_and_remove_grads
+  // reduces the bucket first when the gradient would pass reduce_bucket_size, and the
+  // reduction partitions the bucket reduced before, partition_previous_reduced_grads).
+  const auto join = [&](double elems) {
+    if (bucket + elems > cal.grad_reduce_bucket_params) {
+      previous = bucket;  // reduced now, freed at the next reduction
+      rs_staging = staged ? bucket_largest : 0.0;
+      bucket = bucket_largest = 0.0;
+    }
+    bucket += elems;
+    bucket_largest = std::max(bucket_largest, elems);
+  };
+  const auto add = [&](size_t live_ops, bool score_grads, double working, double freed = 0.0) {
+    moments.push_back({live_ops, score_grads, working, freed});
   };
   for (int layer = 0; layer < 2; ++layer) {
     double prefetched = 0.0;  // gathered ahead by the module done last
+    size_t mi = all.size();   // modules [mi, end) done
+    size_t jj = n;            // gathered modules [jj, n) done
     for (size_t op = lc.ops.size(); op-- > 0;) {
-      const auto it = std::find(at.begin(), at.end(), op);
-      if (it == at.end()) {
-        add(op + 1, scored[op], prefetched + unreduced());
+      if (mi == 0 || all[mi - 1].last_op < op) {
+        // Inside the span of the module done last (its other projections) its moments stand for the op.
+        const bool inside = mi < all.size() && all[mi].first_op <= op;
+        if (!inside) add(op + 1, scored[op], prefetched + unreduced());
         continue;
       }
-      const size_t jj = static_cast<size_t>(it - at.begin());
-      const Gathered g = weights(jj, -1);
-      const double w = g.own + g.prefetched + g.staging;
-      add(op + 1, false, w + unreduced());
-      if (bucket + p[jj] > cal.grad_reduce_bucket_params) {
-        previous = bucket;  // reduced now, freed at the next reduction
-        rs_staging = staged ? bucket_largest : 0.0;
-        bucket = bucket_largest = 0.0;
+      double freed = 0.0;  // of this op's saved activations, freed by its modules done
+      while (mi > 0 && all[mi - 1].last_op == op) {
+        const FsdpModule& m = all[--mi];
+        const bool more_of_op = mi > 0 && all[mi - 1].last_op == op;
+        if (!is_gathered(m)) {  // whole on every GPU (a norm's gain): only its gradient joins the bucket
+          add(op + 1, scored[op], prefetched + unreduced(), freed);
+          join(m.param_elems / tp);
+          continue;
+        }
+        const Gathered g = weights(--jj, -1);
+        const double w = g.own + g.prefetched + g.staging;
+        add(op + 1, false, w + unreduced(), freed);
+        // Megatron's Linears return their bias to the fused op after them (skip_bias_add:
+        // bias_gelu after dense_h_to_4h, bias_dropout_add after dense and dense_4h_to_h,
+        // megatron/model/transformer.py), whose backward runs first: a bias's gradient
+        // arrives before its weight's and, over a full bucket, reduces it.
+        if (m.param_tensors > 1) join(0.0);
+        join(p[jj]);
+        freed += m.freed_saved_elems;
+        if (more_of_op) {
+          add(op + 1, false, w + unreduced(), freed);
+        } else {
+          add(m.first_op, false, w + unreduced());
+        }
+        prefetched = g.prefetched;
       }
-      bucket += p[jj];
-      bucket_largest = std::max(bucket_largest, p[jj]);
-      add(op, false, w + unreduced());
-      prefetched = g.prefetched;
     }
     if (!full) continue;
-    for (size_t j = 0; j < n; ++j) {
-      const Gathered g = weights(j, +1);
-      add(at[j] + 1, false, g.own + g.prefetched + g.staging + unreduced());
+    size_t j = 0;
+    for (const FsdpModule& m : all) {
+      if (!is_gathered(m)) continue;
+      const Gathered g = weights(j++, +1);
+      add(m.last_op + 1, false, g.own + g.prefetched + g.staging + unreduced());
     }
   }
   return moments;
@@ -414,11 +444,12 @@ MemoryBreakdown peak_by_phase(const OpTable& t, const Layout& l, const Calibrati
       if (deepspeed_walk) {
         moments = deepspeed_zero3_moments(lc, l, cal, scored);
       } else {
-        for (size_t op = lc.ops.size(); op-- > 0;) moments.push_back({op + 1, scored[op], 0.0});
+        for (size_t op = lc.ops.size(); op-- > 0;) moments.push_back({op + 1, scored[op], 0.0, 0.0});
       }
       for (const LayerMoment& mo : moments) {
         double held = 0.0;
         for (size_t i = 0; i < mo.live_ops; ++i) held += co.saved[i] + co.scores[i];
+        if (mo.live_ops > 0) held -= std::min(mo.freed_elems, co.saved[mo.live_ops - 1]);
         const double working = deepspeed_walk ? mo.working_elems * 2.0 : summed.working_weights;
         consider(others + held * elem_bytes, co.workspace + (mo.score_grads ? co.score_grads : 0.0), working,
                  summed.ep_buffers, summed.cp_buffers, 0.0);

@@ -317,19 +317,19 @@ class StepModel {
   }
 
   // One pass of ZeRO-3 gathers of a layer's dense weights (bf16): one call per layer,
-  // or one per parameter-holding module, each at its own bytes and ring latency.
+  // or one per parameter-holding module (fsdp_modules), each at its own bytes and ring latency.
   double dense_gather_s(const LayerClass& lc) const {
     const double tp = static_cast<double>(l_.tp);
     if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
     double t = 0.0;
-    for (const OpEntry& e : lc.ops) {
-      if (gathered_module(e)) t += all_gather_s(net_, g_.fsdp, e.param_elems / tp * 2.0);
+    for (const FsdpModule& m : fsdp_modules(lc, cal_)) {
+      if (gathered_module(m)) t += all_gather_s(net_, g_.fsdp, m.param_elems / tp * 2.0);
     }
     return t;
   }
 
   // One pass of ZeRO-3 reduce-scatters of a layer's dense gradients: one call per
-  // layer, or, with per-module gathers, one per parameter-holding op, persistent ones
+  // layer, or, with per-module gathers, one per parameter-holding module, persistent ones
   // included (DeepSpeed hooks every parameter's gradient and _reduce_scatter_gradients
   // issues one torch.distributed.reduce_scatter per parameter: stage3.py
   // create_reduce_and_remove_grad_hooks, partition_parameters.py).
@@ -337,12 +337,18 @@ class StepModel {
     const double tp = static_cast<double>(l_.tp);
     if (!cal_.fsdp_gather_per_module) return reduce_scatter_s(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     double t = 0.0;
-    for (const OpEntry& e : lc.ops) {
-      if (e.param_elems > 0 && e.cls != OpClass::kGroupedGemm) {
-        t += reduce_scatter_s(net_, g_.fsdp, e.param_elems / tp * s_.grad_bytes);
-      }
-    }
+    for (const FsdpModule& m : fsdp_modules(lc, cal_)) t += module_reduce_scatter_s(m);
     return t;
+  }
+
+  // A module's gradient reduce-scatters: one call per parameter tensor (stage3.py hooks
+  // each parameter's gradient; partition_parameters.py _reduce_scatter_gradients loops
+  // over the parameters, one _reduce_scatter_gradient each): the weight at its bytes, a
+  // bias (under 1e-4 of them) at the ring's latency.
+  double module_reduce_scatter_s(const FsdpModule& m) const {
+    const double tp = static_cast<double>(l_.tp);
+    return reduce_scatter_s(net_, g_.fsdp, m.param_elems / tp * s_.grad_bytes) +
+           std::max(0.0, m.param_tensors - 1.0) * ring_pass_latency_s(net_, g_.fsdp);
   }
 
   // Gathers the backward skips under full recompute with a re-gathering trainer: the
@@ -352,8 +358,9 @@ class StepModel {
   double kept_from_recompute_s(const LayerClass& lc) const {
     if (cal_.fsdp_max_reuse_distance_params <= 0 || !cal_.fsdp_gather_per_module) return 0.0;
     const double tp = static_cast<double>(l_.tp);
+    const std::vector<FsdpModule> modules = fsdp_modules(lc, cal_);
     double later = 0.0, kept = 0.0;  // elements of the modules after this one
-    for (auto it = lc.ops.rbegin(); it != lc.ops.rend(); ++it) {
+    for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
       if (!gathered_module(*it)) continue;
       if (later >= cal_.fsdp_max_reuse_distance_params) break;
       kept += all_gather_s(net_, g_.fsdp, it->param_elems / tp * 2.0);
@@ -362,15 +369,15 @@ class StepModel {
     return kept;
   }
 
-  // A module whose weights ZeRO-3 gathers: dense parameters at or above the
-  // persistence threshold (smaller ones stay whole on every GPU).
-  bool gathered_module(const OpEntry& e) const {
-    return e.param_elems > 0 && e.cls != OpClass::kGroupedGemm &&
-           e.param_elems / static_cast<double>(l_.tp) >= cal_.fsdp_persistence_threshold_params;
+  // A module whose weights ZeRO-3 gathers: at or above the persistence threshold
+  // (smaller ones stay whole on every GPU).
+  bool gathered_module(const FsdpModule& m) const {
+    return m.param_elems / static_cast<double>(l_.tp) >= cal_.fsdp_persistence_threshold_params;
   }
 
   // DeepSpeed ZeRO-3's coordinator, module by module (stage3.py and
-  // partition_parameters.py of v0.3.13-0.3.16, 2021; cal.fsdp_max_live_params > 0):
+  // partition_parameters.py of v0.3.13-0.3.16, 2021; cal.fsdp_max_live_params > 0;
+  // the modules of fsdp_modules, the memory walk's):
   //  - no gather overlaps compute: every _allgather_param first calls
   //    torch.cuda.synchronize(), so the "async" prefetch is not (DeepSpeed PR #1188,
   //    June 2021, which made fetch_sub_module synchronous for that reason), and the
@@ -380,30 +387,31 @@ class StepModel {
   //    for gathers and reduce-scatters alike;
   //  - full recompute: the recompute forward gathers again; the backward re-uses the
   //    modules kept from it (kept_from_recompute_s);
-  //  - one reduce-scatter per parameter-holding op, beside the next module's backward
-  //    on the reduction stream (overlap_comm); the next gather's synchronisation waits
-  //    for it, so what it takes beyond that backward is exposed.
+  //  - one reduce-scatter per module, beside the next module's backward on the
+  //    reduction stream (overlap_comm); the next gather's synchronisation waits for
+  //    it, so what it takes beyond that backward is exposed.
   struct Zero3Exposed {
     double fwd_s = 0, recompute_s = 0, bwd_s = 0;
   };
   Zero3Exposed deepspeed_zero3_exposed(const LayerClass& lc) const {
     const double tp = static_cast<double>(l_.tp);
     const double host_s = cal_.fsdp_list_ops_per_rank * static_cast<double>(g_.fsdp.size) * cal_.launch_overhead_s;
+    const std::vector<FsdpModule> modules = fsdp_modules(lc, cal_);
     Zero3Exposed z;
-    double bwd_s = 0.0;  // backward compute of the ops after the last reduce-scatter's op
+    double bwd_s = 0.0;  // backward compute of the ops after the last reduce-scatter's module
     double later = 0.0;  // gathered elements of the layer's modules after this one
-    for (auto it = lc.ops.rbegin(); it != lc.ops.rend(); ++it) {
-      const OpEntry& e = *it;
-      const OpTime t = price_op(e, ctx_);
-      if (e.param_elems <= 0 || e.cls == OpClass::kGroupedGemm) {
-        bwd_s += t.bwd_s;
-        continue;
-      }
-      const double elems = e.param_elems / tp;
-      const double rs = reduce_scatter_s(net_, g_.fsdp, elems * s_.grad_bytes) + host_s;
+    size_t next_op = lc.ops.size();  // ops [next_op, end) walked
+    for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+      const FsdpModule& m = *it;
+      for (size_t op = m.last_op + 1; op < next_op; ++op) bwd_s += price_op(lc.ops[op], ctx_).bwd_s;
+      next_op = std::min(next_op, m.first_op);
+      double own_bwd_s = 0.0;
+      for (size_t op = m.first_op; op <= m.last_op; ++op) own_bwd_s += m.op_share * price_op(lc.ops[op], ctx_).bwd_s;
+      const double elems = m.param_elems / tp;
+      const double rs = module_reduce_scatter_s(m) + std::max(1.0, m.param_tensors) * host_s;
       z.bwd_s += std::max(0.0, rs - bwd_s);
-      bwd_s = t.bwd_s;
-      if (!gathered_module(e)) continue;
+      bwd_s = own_bwd_s;
+      if (!gathered_module(m)) continue;
       const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s;
       z.fwd_s += gather;
       const bool kept = l_.recompute == models::Recompute::kFull && later < cal_.fsdp_max_reuse_distance_params;
@@ -838,9 +846,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     double ovl_fsdp = cal_.fsdp_prefetch_overlap;
     if (cal_.fsdp_prefetch_bucket_params > 0) {
       double largest = 0.0;
-      for (const OpEntry& e : lc.ops) {
-        if (e.cls != OpClass::kGroupedGemm) largest = std::max(largest, e.param_elems / static_cast<double>(l.tp));
-      }
+      for (const FsdpModule& m : fsdp_modules(lc, cal_)) largest = std::max(largest, m.param_elems / static_cast<double>(l.tp));
       if (largest > 0) ovl_fsdp *= std::min(1.0, cal_.fsdp_prefetch_bucket_params / largest);
     }
     // A trainer that releases weights after every forward gathers again for the

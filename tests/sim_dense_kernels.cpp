@@ -79,6 +79,32 @@ TEST_CASE("A dense MLP's activation kernel adds its HBM traffic over the fc1 out
   CHECK(price_op(lin, on1).bwd_s == price_op(lin, off1).bwd_s);
 }
 
+TEST_CASE("Megatron's GeLU MLP: two GEMMs of h x 4h, its fused bias-GeLU over the 4h fc1 output", "[dense_kernels]") {
+  // Megatron-LM 2021 (megatron/model/transformer.py ParallelMLP): dense_h_to_4h, bias_gelu
+  // (megatron/model/fused_bias_gelu.py: reads the 4h fc1 output, writes the 4h activation;
+  // backward reads the gradient and the saved input, writes the input gradient, and the
+  // bias gradient sums it), dense_4h_to_h. GPT 1.7B: h 2304.
+  const OpTable t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/megatron-gpt-1.7b.json"))));
+  const OpEntry& mlp = find_op(t, models::OpKind::kSharedMlp);
+  const double h = 2304.0;
+  CHECK(mlp.gemm_count == 2);
+  CHECK(mlp.gemm_k == h);
+  CHECK(mlp.gemm_n == 4.0 * h);
+  CHECK(mlp.param_elems == 2.0 * h * 4.0 * h + 4.0 * h + h);  // two matrices and their biases
+  // The stacks' bytes per fc1 element: 4 forward (2 read, 2 written), 8 backward (2 + 2 read,
+  // 2 written, the bias gradient's 2-B read): 16h and 32h B per token at one fc1 element
+  // per GeLU element.
+  for (const char* s : {"megatron-lm-2021", "megatron-lm-2022", "megatron-deepspeed-2021"}) {
+    const Calibration c = stack_calibration(load_stack(stack_path(s)));
+    INFO(s);
+    for (const double tp : {1.0, 8.0}) {
+      const DenseActivationBytes x = dense_activation_bytes(mlp, c, 2048.0, 4.0 * h / tp);
+      CHECK(x.fwd == Approx(2048.0 * 16.0 * h / tp).epsilon(1e-12));
+      CHECK(x.bwd == Approx(2048.0 * 32.0 * h / tp).epsilon(1e-12));
+    }
+  }
+}
+
 TEST_CASE("Unfused attention passes its score matrices through HBM: 2021-22 Megatron stacks only", "[dense_kernels]") {
   CHECK(default_calibration().attention_unfused_fwd_bytes == 0);
   CHECK(stack_calibration(load_stack(stack_path("megatron-bridge-2025"))).attention_unfused_fwd_bytes == 0);  // cuDNN fused attention

@@ -233,8 +233,8 @@ TEST_CASE("FP8 GEMMs run at the topology's FP8 peak, only where the layout puts 
   const Prediction bf16 = h100.predict(l), fp8 = h100.predict(f);
   REQUIRE(bf16.valid);
   REQUIRE(fp8.valid);
-  // Faster GEMMs, but less than 2x overall: attention, norms and the LM head stay BF16.
-  CHECK(fp8.breakdown.compute_fwd_s < 0.8 * bf16.breakdown.compute_fwd_s);
+  // Faster GEMMs, but less than 2x overall: attention, norms, the biases, the GeLU and the LM head stay BF16.
+  CHECK(fp8.breakdown.compute_fwd_s < 0.85 * bf16.breakdown.compute_fwd_s);
   CHECK(fp8.breakdown.compute_fwd_s > 0.5 * bf16.breakdown.compute_fwd_s);
   // MFU stays quoted against the BF16 peak: same model FLOPs, shorter step.
   CHECK(fp8.mfu / bf16.mfu == Approx(bf16.step_time_s / fp8.step_time_s).epsilon(1e-9));

@@ -16,6 +16,7 @@
 #include "sim/base/json_io.h"
 #include "sim/base/source_dir.h"
 #include "sim/collectives.h"
+#include "sim/cost.h"
 #include "sim/predict.h"
 #include "sim/stack.h"
 
@@ -94,36 +95,37 @@ TEST_CASE("DeepSpeed's coordinator: no gather hides behind compute; list work pe
   const Calibration ds = deepspeed_2021(default_calibration());
   const Prediction p = run("175b", 48, 4, ds);
   REQUIRE(p.valid);
-  // The layer graph's GPT-175B block gathers 5 modules (q, k, v, o at h^2, the MLP at
-  // 3 x h x 32768; the norms stay whole): forward, recompute and backward (the MLP, used
-  // last, kept from the recompute), each gather exposed in full; the 7 reduce-scatters
-  // (norms included) show only beyond the backward beside them.
+  // The layer graph's GPT-175B block, one module per op, gathers 5 modules (q, k, v, o at
+  // h^2 + h, the GeLU MLP at 2 x h x 4h + 5h; the norms stay whole): forward, recompute and
+  // backward (the MLP, used last, kept from the recompute), each gather exposed in full;
+  // the 14 reduce-scatters (one per parameter tensor: the norms' gains, the weights and
+  // their biases) show only beyond the backward beside them.
   const Network net = make_network(dgx(48), ds);
   const Group all = group_of(net, 384, 1);
   const double h = 12288.0;
-  const double qkvo = 4.0 * all_gather_s(net, all, h * h * 2.0);
-  const double mlp = all_gather_s(net, all, 3.0 * h * 32768.0 * 2.0);
+  const double qkvo = 4.0 * all_gather_s(net, all, (h * h + h) * 2.0);
+  const double mlp = all_gather_s(net, all, (8.0 * h * h + 5.0 * h) * 2.0);
   const double gathers = 96.0 * (2.0 * (qkvo + mlp) + qkvo);
-  double rs = 2.0 * reduce_scatter_s(net, all, h * 4.0) + 4.0 * reduce_scatter_s(net, all, h * h * 4.0) +
-              reduce_scatter_s(net, all, 3.0 * h * 32768.0 * 4.0);
+  double rs = 2.0 * reduce_scatter_s(net, all, h * 4.0) + 4.0 * reduce_scatter_s(net, all, (h * h + h) * 4.0) +
+              reduce_scatter_s(net, all, (8.0 * h * h + 5.0 * h) * 4.0) + 7.0 * ring_pass_latency_s(net, all);
   CHECK(p.breakdown.fsdp_comm_s >= gathers * (1.0 - 1e-9));
   CHECK(p.breakdown.fsdp_comm_s <= gathers + 96.0 * rs);
   // Host list work: ranks x ops x launch overhead per call, with the GPU idle: 14
-  // gathers a layer in full, the reduce-scatters' share only beyond the backward.
+  // gathers a layer in full, the 14 reduce-scatters' share only beyond the backward.
   Calibration listed = ds;
   listed.fsdp_list_ops_per_rank = 2.0;
   const double per_call = 384.0 * 2.0 * ds.launch_overhead_s;
   const double added = run("175b", 48, 4, listed).breakdown.fsdp_comm_s - p.breakdown.fsdp_comm_s;
   CHECK(added >= 96.0 * 14.0 * per_call * (1.0 - 1e-9));
-  CHECK(added <= 96.0 * 21.0 * per_call * (1.0 + 1e-9));
+  CHECK(added <= 96.0 * 28.0 * per_call * (1.0 + 1e-9));
 }
 
 TEST_CASE("DeepSpeed's ZeRO-3 working set: a module and its prefetch, two gradient buckets", "[zero3][memory]") {
   const Calibration two_layers = default_calibration();
   Calibration ds = deepspeed_2021(default_calibration());
   ds.fsdp_list_ops_per_rank = 2.0;
-  // The layer graph's 529.6B block (h 20480): q, k, v, o at 4.2e8 elements, the MLP at
-  // 3.36e9 (one op). The rule of two gathered layers and one fp32 layer gradient holds
+  // The layer graph's 529.6B block (h 20480), one module per op: q, k, v, o at 4.2e8
+  // elements, the GeLU MLP at 3.36e9 (one op). The rule of two gathered layers and one fp32 layer gradient holds
   // 4 x 5.03e9 elements' bytes; DeepSpeed holds at most o with the MLP it prefetches (o is
   // under the live cap) and that prefetch's staging copy, plus the gradients: the bucket
   // reduced before (not yet partitioned), the current one and a reduce-scatter staging copy.
@@ -213,12 +215,14 @@ TEST_CASE("per-module ZeRO-3 reduce-scatters one call per parameter-holding op; 
     REQUIRE(!sp.layers.empty());
     return sp.layers[0].grad_reduce_scatter_s;
   };
-  // GPT-175B's block holds parameters in 7 ops (2 norms, q, k, v, o, MLP): per module,
-  // 7 reduce-scatters of the same total bytes instead of 1, so 6 more ring latencies.
+  // GPT-175B's block holds 14 parameter tensors in 7 ops (2 norms' gains; q, k, v, o and
+  // their biases; the MLP's two matrices and two biases): per module, one reduce-scatter
+  // per tensor (the weights at their bytes, the biases at the latency) instead of 1 call
+  // for the layer, so 13 more ring latencies.
   Calibration per_layer = default_calibration();
   Calibration per_module = per_layer;
   per_module.fsdp_gather_per_module = true;
-  CHECK(rs_of_layer(per_module) - rs_of_layer(per_layer) == Approx(6.0 * latency).epsilon(1e-6));
+  CHECK(rs_of_layer(per_module) - rs_of_layer(per_layer) == Approx(13.0 * latency).epsilon(1e-6));
 
   // Re-gathering for the backward skips the MLP (the last module, used again at once);
   // o is not kept (the MLP's 1.2e9 elements lie between its two uses, over 1e9).
@@ -227,7 +231,7 @@ TEST_CASE("per-module ZeRO-3 reduce-scatters one call per parameter-holding op; 
   regather.fsdp_prefetch_overlap = 0.0;  // every gather exposed
   Calibration kept = regather;
   kept.fsdp_max_reuse_distance_params = 1e9;
-  const double mlp = 3.0 * 12288.0 * 32768.0;
+  const double mlp = 8.0 * 12288.0 * 12288.0 + 5.0 * 12288.0;  // 2 x h x 4h and the biases
   const auto comm = [&](const Calibration& cal) {
     const Prediction p = Predictor(gpt("175b"), c, cal).predict(zero3(128, 1));
     REQUIRE(p.valid);
@@ -297,7 +301,7 @@ TEST_CASE("peak by phase: score gradients inside the attention's backward, with 
   const MemoryBreakdown a = run("530b", 80, 4, summed).memory;
   const MemoryBreakdown b = run("530b", 80, 4, phased).memory;
   const double h = 20480.0, tokens = 4.0 * 2048.0;
-  const double freed = (h + h + 9.0 * h) * tokens * 2.0;  // o's input, the norm's, the MLP's (h + 8h/3 x 3)
+  const double freed = (h + h + 9.0 * h) * tokens * 2.0;  // o's input, the norm's, the MLP's (h + 4h x 2)
   CHECK(a.activations - b.activations == Approx(freed).epsilon(1e-3));
   CHECK(b.backward_workspace == Approx(a.backward_workspace).epsilon(1e-12));  // the score gradients are in it
   CHECK(b.working_weights < a.working_weights);
@@ -318,4 +322,80 @@ TEST_CASE("the PyTorch stacks peak by phase; Marin's and the default calibration
   }
   CHECK(stack_calibration(load_stack(stack_path("marin-july-2026"))).peak_by_phase == 0.0);
   CHECK(default_calibration().peak_by_phase == 0.0);
+}
+
+TEST_CASE("Megatron's modules under ZeRO-3: one query_key_value, the MLP as two Linears, in time and memory",
+          "[zero3][memory][stack]") {
+  // DeepSpeed gathers, releases and reduces module by module; Megatron-LM's 2021 block
+  // (megatron/model/transformer.py) has query_key_value (3h x h, q, k and v fused), dense
+  // (h x h) and the MLP's dense_h_to_4h and dense_4h_to_h (4h x h each), each with a bias;
+  // the layer graph has three projections and one MLP op.
+  const double h = 20480.0;
+  Calibration ops = deepspeed_2021(default_calibration());
+  ops.fsdp_list_ops_per_rank = 2.0;
+  ops.attention_score_bytes = 5.0;
+  ops.peak_by_phase = 1.0;
+  Calibration megatron = ops;
+  megatron.fsdp_megatron_modules = true;
+  const OpTable t = build_op_table(gpt("530b"));
+  REQUIRE(t.classes.size() == 1);
+  const auto gathered = [&](const Calibration& cal) {
+    std::vector<double> elems;
+    for (const FsdpModule& m : fsdp_modules(t.classes[0], cal)) {
+      if (m.param_elems >= cal.fsdp_persistence_threshold_params) elems.push_back(m.param_elems);
+    }
+    return elems;
+  };
+  const std::vector<double> per_op = gathered(ops), per_module = gathered(megatron);
+  REQUIRE(per_op.size() == 5);  // q, k, v, o, the MLP
+  REQUIRE(per_module.size() == 4);
+  CHECK(per_module[0] == Approx(3.0 * h * h + 3.0 * h));  // query_key_value and its bias
+  CHECK(per_module[1] == Approx(h * h + h));              // dense
+  CHECK(per_module[2] == Approx(4.0 * h * h + 2.5 * h));  // the MLP's biases split in proportion
+  CHECK(per_module[3] == Approx(4.0 * h * h + 2.5 * h));
+  CHECK(per_module[2] + per_module[3] == Approx(per_op[4]).epsilon(1e-12));
+
+  // Time: one reduce-scatter per parameter tensor either way, one gather per module: the
+  // fused projections gather once (2 calls fewer a pass), the MLP twice (1 more).
+  const auto c = dgx(16);
+  const Network net = make_network(c, megatron);
+  const Group all = group_of(net, 128, 1);
+  Calibration ops_gathers = ops, megatron_gathers = megatron;
+  for (Calibration* cal : {&ops_gathers, &megatron_gathers}) {
+    cal->fsdp_max_live_params = 0.0;  // the plain per-module timing: no coordinator walk
+    cal->fsdp_prefetch_overlap = 0.0;
+    cal->fsdp_regather_for_recompute = false;
+    cal->fsdp_max_reuse_distance_params = 0.0;
+  }
+  const auto layer = [&](const Calibration& cal) {
+    const StepPrice sp = Predictor(gpt("530b"), c, cal).price(zero3(128, 1), Predictor::PriceDetail::kFull);
+    REQUIRE(!sp.layers.empty());
+    return sp.layers[0];
+  };
+  const double fused = all_gather_s(net, all, 2.0 * per_module[0]) - 3.0 * all_gather_s(net, all, 2.0 * per_op[0]);
+  const double split = 2.0 * all_gather_s(net, all, 2.0 * per_module[2]) - all_gather_s(net, all, 2.0 * per_op[4]);
+  CHECK(layer(megatron_gathers).fsdp_gather_s - layer(ops_gathers).fsdp_gather_s ==
+        Approx(fused + split).epsilon(1e-6));
+  // 2 gains, 2 tensors for each of the 4 Linears, against 2 gains, 2 each for q, k, v, o
+  // and 4 for the MLP: 4 calls fewer, 3 of them latency-only (the biases).
+  CHECK(layer(ops_gathers).grad_reduce_scatter_s - layer(megatron_gathers).grad_reduce_scatter_s ==
+        Approx(3.0 * ring_pass_latency_s(net, all) + reduce_scatter_s(net, all, 4.0 * per_op[0]) +
+               reduce_scatter_s(net, all, 4.0 * per_op[1]) + reduce_scatter_s(net, all, 4.0 * per_op[2]) +
+               reduce_scatter_s(net, all, 4.0 * per_op[4]) - reduce_scatter_s(net, all, 4.0 * per_module[0]) -
+               reduce_scatter_s(net, all, 4.0 * per_module[2]) - reduce_scatter_s(net, all, 4.0 * per_module[3]))
+            .epsilon(1e-6));
+
+  // Memory at micro-batch 4, at its peak moment: with one MLP module its 3.4e9-element
+  // gradient and staging copy sit beside o's backward. With Megatron's, each bias's and
+  // gain's gradient (hooked like any parameter's) reduces a full bucket as it arrives:
+  // fc2's gradient is reduced when fc1's bias arrives and partitioned when fc1's weight
+  // does, fc1's reduced when o's bias arrives. Inside the attention's backward (the score
+  // gradients live) the set is qkv, prefetched by o, o's gradient in the bucket and fc1's
+  // reduced gradient with its staging copy.
+  const MemoryBreakdown a = run("530b", 80, 4, ops).memory;
+  const MemoryBreakdown b = run("530b", 80, 4, megatron).memory;
+  const double scores = 128.0 * 2048.0 * 2048.0 * 4.0;
+  CHECK(b.backward_workspace >= 2.0 * scores);  // the score gradients' moment (fp16, one per score)
+  CHECK(b.working_weights == Approx(2.0 * (per_module[0] + per_module[1] + 2.0 * per_module[2])).epsilon(1e-3));
+  CHECK(b.device_total < a.device_total - per_module[3] * 2.0);  // fc2's gradient no longer beside o's backward
 }
