@@ -50,6 +50,15 @@ Calibration eager(double op_issue_s, double syncs) {
   return cal;
 }
 
+// Pricing context of one host-issued MoE layer: 16 local experts, 10 us per framework call.
+PriceContext eager_ctx(const Calibration& cal) {
+  PriceContext ctx;
+  ctx.cal = &cal;
+  ctx.local_experts = 16;
+  ctx.op_issue_s = 10e-6;
+  return ctx;
+}
+
 }  // namespace
 
 TEST_CASE("A compiled step (no host issue cost) prices no host wait", "[moe_host]") {
@@ -118,10 +127,7 @@ TEST_CASE("Host issue of one op: framework calls and launches, per local expert 
   const SmallMoe m;
   const OpTable t = build_op_table(m.g);
   Calibration cal = eager(10e-6, 1);
-  PriceContext ctx;
-  ctx.cal = &cal;
-  ctx.local_experts = 16;
-  ctx.op_issue_s = 10e-6;
+  PriceContext ctx = eager_ctx(cal);
   const LayerClass& lc = t.classes.at(0);
   REQUIRE(lc.moe);
   const OpEntry* experts = nullptr;
@@ -259,10 +265,7 @@ TEST_CASE("Merged-1F1B EP overlap: each schedule node's wrapper costs the host i
   const OpTable t = build_op_table(m.g);
   Calibration cal = eager(10e-6, 1);
   cal.merged_1f1b_calls_per_node = 10;
-  PriceContext ctx;
-  ctx.cal = &cal;
-  ctx.local_experts = 16;
-  ctx.op_issue_s = 10e-6;
+  PriceContext ctx = eager_ctx(cal);
   const LayerClass& lc = t.classes.at(0);
   REQUIRE(lc.moe);
   const auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };

@@ -22,6 +22,15 @@ constexpr int kThreads = 256;
 
 int blocks_for(size_t n) { return grid_blocks(n, kThreads); }
 
+// Launches an elementwise kernel over n elements on the stream (nothing for n = 0) and
+// checks the launch.
+template <typename... Params, typename... Args>
+void launch_elementwise(void (*kernel)(Params...), size_t n, cudaStream_t stream, Args... args) {
+  if (n == 0) return;
+  kernel<<<blocks_for(n), kThreads, 0, stream>>>(args...);
+  RS_CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename T>
 __global__ void swiglu_forward_kernel(T* h, const T* a1, const T* a3, size_t n) {
   RS_GRID_STRIDE(i, n)
@@ -290,51 +299,37 @@ __global__ void to_bf16_kernel(uint16_t* y, const float* x, size_t n) {
 
 template <typename T>
 void swiglu_forward(T* h, const T* a1, const T* a3, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  swiglu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(h, a1, a3, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(swiglu_forward_kernel<T>, n, stream, h, a1, a3, n);
 }
 
 template <typename T>
 void swiglu_backward(T* da1, T* da3, const T* dh, const T* a1, const T* a3, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  swiglu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(da1, da3, dh, a1, a3, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(swiglu_backward_kernel<T>, n, stream, da1, da3, dh, a1, a3, n);
 }
 
 template <typename T>
 void gelu_forward(T* h, const T* a, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  gelu_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(h, a, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(gelu_forward_kernel<T>, n, stream, h, a, n);
 }
 
 template <typename T>
 void gelu_backward(T* da, const T* dh, const T* a, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(da, dh, a, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(gelu_backward_kernel<T>, n, stream, da, dh, a, n);
 }
 
 template <typename T>
 void relu2_forward(T* h, const T* a, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  relu2_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(h, a, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(relu2_forward_kernel<T>, n, stream, h, a, n);
 }
 
 template <typename T>
 void relu2_backward(T* da, const T* dh, const T* a, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  relu2_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(da, dh, a, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(relu2_backward_kernel<T>, n, stream, da, dh, a, n);
 }
 
 template <typename T>
 void residual_forward(T* y, const T* a, const T* b, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  residual_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, a, b, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(residual_forward_kernel<T>, n, stream, y, a, b, n);
 }
 
 template <typename T>
@@ -398,17 +393,13 @@ void layernorm_backward(T* dx, float* dgain, const T* dy, const T* x, const floa
 void copy_columns(float* y, int64_t wy, const float* x, int64_t wx, int64_t rows, bool accumulate,
                   cudaStream_t stream) {
   const size_t n = size_t(rows) * size_t(accumulate ? std::min(wx, wy) : wy);
-  if (n == 0) return;
-  copy_columns_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, wy, x, wx, rows, accumulate);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(copy_columns_kernel, n, stream, y, wy, x, wx, rows, accumulate);
 }
 
 void assemble_key(float* k, const float* k_nope, const float* k_rope, int64_t N, int64_t H, int64_t hd, int64_t r,
                   cudaStream_t stream) {
   const size_t n = size_t(N) * H * (hd + r);
-  if (n == 0) return;
-  assemble_key_kernel<<<blocks_for(n), kThreads, 0, stream>>>(k, k_nope, k_rope, N, H, hd, r);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(assemble_key_kernel, n, stream, k, k_nope, k_rope, N, H, hd, r);
 }
 
 void split_key_grad(float* dk_nope, bool acc_nope, float* dk_rope, bool acc_rope, const float* dk, int64_t N,
@@ -421,9 +412,7 @@ void split_key_grad(float* dk_nope, bool acc_nope, float* dk_rope, bool acc_rope
 }
 
 void add_inplace(float* dst, const float* src, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  add_inplace_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dst, src, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(add_inplace_kernel, n, stream, dst, src, n);
 }
 
 bool all_finite(const float* x, size_t n, cudaStream_t stream) {
@@ -449,28 +438,20 @@ void to_bf16(__nv_bfloat16* y, const float* x, size_t n, cudaStream_t stream) {
 namespace detail {
 
 void silu(float* s, const float* a, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  silu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(s, a, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(silu_kernel, n, stream, s, a, n);
 }
 
 void gate_sigmoid_mul(float* y, float* g, const float* x, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  gate_sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, g, x, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(gate_sigmoid_mul_kernel, n, stream, y, g, x, n);
 }
 
 void gated_norm_grad(float* db, float* dx, const float* dy, const float* x, const float* g, size_t n,
                      cudaStream_t stream) {
-  if (n == 0) return;
-  gated_norm_grad_kernel<<<blocks_for(n), kThreads, 0, stream>>>(db, dx, dy, x, g, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(gated_norm_grad_kernel, n, stream, db, dx, dy, x, g, n);
 }
 
 void mul_silu_grad(float* ds, const float* a, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  mul_silu_grad_kernel<<<blocks_for(n), kThreads, 0, stream>>>(ds, a, n);
-  RS_CUDA_CHECK(cudaGetLastError());
+  launch_elementwise(mul_silu_grad_kernel, n, stream, ds, a, n);
 }
 
 }  // namespace detail
