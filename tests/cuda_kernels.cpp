@@ -355,7 +355,8 @@ TEST_CASE("cuda backend: the bf16 mode trains tiny-moe within bf16 tolerance of 
                          std::vector<float>(g32.data(), g32.data() + g32.total_floats())) < 5e-2);
 }
 
-TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, documents, GQA, sinks)", "[cuda][gpu]") {
+TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, documents, GQA, sinks, ALiBi)",
+          "[cuda][gpu]") {
   const int B = 2, T = 200, H = 8, kv_stored = 4, kv_used = 2, hd = 64, window = 48;
   const float scale = 0.125f;
   const auto q = testing::randn(size_t(B) * T * H * hd, 40), k = testing::randn(size_t(B) * T * kv_stored * hd, 41),
@@ -363,9 +364,12 @@ TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, d
   std::vector<int32_t> doc(size_t(B) * T);
   for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<int32_t>(i % T / 70);
   const auto sinks = testing::randn(size_t(H), 44, 2.0f);
+  std::vector<float> slopes;  // (H) the CPU backend's ALiBi slopes
+  for (const double s : rackstep::models::alibi_slopes(H)) slopes.push_back(static_cast<float>(s));
   for (int w : {0, window})
-  for (const bool with_sinks : {false, true}) {  // gpt-oss's learned sinks (one logit per head)
-    INFO("window " << w << (with_sinks ? ", sinks" : ""));
+  for (const bool with_sinks : {false, true})  // gpt-oss's learned sinks (one logit per head)
+  for (const bool with_alibi : {false, true}) {
+    INFO("window " << w << (with_sinks ? ", sinks" : "") << (with_alibi ? ", alibi" : ""));
     std::vector<float> o(q.size()), lse(size_t(B) * H * T), dq(q.size()), dk(k.size()), dv(v.size()),
         dsinks(size_t(H), 0.5f);
     AttentionExtras extras;
@@ -373,20 +377,23 @@ TEST_CASE("cuda: attention forward and backward match the CPU kernels (window, d
       extras.sinks = sinks.data();
       extras.dsinks = dsinks.data();
     }
+    if (with_alibi) extras.alibi_slopes = slopes.data();
     attention_forward(o.data(), lse.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kv_stored, kv_used, hd,
                       w, scale, extras);
     attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), o.data(),
                        lse.data(), doc.data(), B, T, H, kv_stored, kv_used, hd, w, scale, false, extras);
     DeviceBuffer<float> gq(q), gk(k), gv(v), gdout(dout), go(q.size()), glse(lse.size()), gdq(q.size()),
-        gdk(k.size()), gdv(v.size()), gdelta(lse.size()), gsinks(sinks), gdsinks(std::vector<float>(size_t(H), 0.5f));
+        gdk(k.size()), gdv(v.size()), gdelta(lse.size()), gsinks(sinks), gdsinks(std::vector<float>(size_t(H), 0.5f)),
+        gslopes(slopes);
     int32_t* gdoc = nullptr;
     RS_CUDA_CHECK(cudaMalloc(&gdoc, sizeof(int32_t) * doc.size()));
     RS_CUDA_CHECK(cudaMemcpy(gdoc, doc.data(), sizeof(int32_t) * doc.size(), cudaMemcpyHostToDevice));
     cuda::attention_forward(go.ptr, glse.ptr, gq.ptr, gk.ptr, gv.ptr, gdoc, B, T, H, kv_stored, kv_used, hd, w, scale,
-                            nullptr, with_sinks ? gsinks.ptr : nullptr);
+                            nullptr, with_sinks ? gsinks.ptr : nullptr, with_alibi ? gslopes.ptr : nullptr);
     cuda::attention_backward(gdq.ptr, gdk.ptr, gdv.ptr, gdout.ptr, gq.ptr, gk.ptr, gv.ptr, go.ptr, glse.ptr, gdoc,
                              gdelta.ptr, B, T, H, kv_stored, kv_used, hd, w, scale, false, nullptr,
-                             with_sinks ? gsinks.ptr : nullptr, with_sinks ? gdsinks.ptr : nullptr);
+                             with_sinks ? gsinks.ptr : nullptr, with_sinks ? gdsinks.ptr : nullptr,
+                             with_alibi ? gslopes.ptr : nullptr);
     CHECK(normalised_error(go.download(), o) < 1e-5);
     CHECK(normalised_error(glse.download(), lse) < 1e-5);
     CHECK(normalised_error(gdq.download(), dq) < 1e-4);
@@ -920,6 +927,16 @@ TEST_CASE("cuda backend: three training steps of tiny-gpt-gelu equal the CPU bac
           "[cuda][gpu][backend]") {
   check_training_parity(
       rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-gpt-gelu.json"), 2, 64);
+}
+
+// ALiBi on every layer (a 64-token local window, shorter than the 96-token
+// sequences, and full global layers), with sinks and attention biases: the
+// slopes the backend uploads are the CPU's.
+TEST_CASE("cuda backend: three training steps of tiny-alibi-sink-moe equal the CPU backend's (fp32 parity)",
+          "[cuda][gpu][backend]") {
+  check_training_parity(
+      rackstep::models::load_model(std::string(rackstep::source_dir()) + "/models/zoo/tiny-alibi-sink-moe.json"), 2,
+      96);
 }
 
 // Residency: parameters, gradients and optimizer state stay on the device

@@ -3,6 +3,7 @@
 // of the CUDA kernels that drifts from exec/cpu/ is caught.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "exec/cuda/element_math.h"
 #include "exec/kernels.h"
 #include "exec/optim.h"
+#include "models/layer_graph.h"
 #include "tests/exec_kernels_testutil.h"
 
 namespace {
@@ -340,6 +342,131 @@ TEST_CASE("cuda element math: attention visibility and GQA mapping reproduce the
       }
   CHECK(max_rel_error(o, o_cpu) < 1e-3);  // relative per element: near-zero outputs dominate
   CHECK(testing::normalised_error(o, o_cpu) < 1e-5);
+}
+
+// The attention kernels of exec/cuda/attention.cu replayed on the host in their
+// own order and precision (fp32; an online softmax per query row in the
+// forward; probabilities recomputed from the saved lse in the backward, dq per
+// query row, dk and dv per key row), every score through alibi_score.
+namespace {
+
+struct HostAttention {
+  int B, T, H, kv_stored, kv_used, hd, window;
+  float scale;
+  const std::vector<float>& slopes;  // (H) models::alibi_slopes(H) as floats
+  const std::vector<int32_t>& doc;   // (B, T)
+  size_t qi(int b, int t, int h) const { return ((size_t(b) * T + t) * H + h) * hd; }
+  size_t ki(int b, int t, int g) const { return ((size_t(b) * T + t) * kv_stored + g) * hd; }
+  size_t ri(int b, int h, int t) const { return (size_t(b) * H + h) * T + t; }
+  bool seen(int b, int i, int j) const {
+    return cuda::attention_visible(i, j, window, doc[size_t(b) * T + i], doc[size_t(b) * T + j]);
+  }
+  static float dot(const float* a, const float* c, int n) {
+    float s = 0.0f;
+    for (int d = 0; d < n; ++d) s += a[d] * c[d];
+    return s;
+  }
+  float score(const float* q, const float* k, int h, int i, int j) const {
+    return cuda::alibi_score(scale * dot(q, k, hd), slopes[size_t(h)], i, j);
+  }
+
+  void forward(std::vector<float>& o, std::vector<float>& lse, const std::vector<float>& q, const std::vector<float>& k,
+               const std::vector<float>& v) const {
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) {
+          const int g = cuda::kv_head_of(h, H, kv_used);
+          float m = -INFINITY, l = 0.0f;
+          std::vector<float> acc(size_t(hd), 0.0f);
+          for (int j = 0; j <= t; ++j) {
+            if (!seen(b, t, j)) continue;
+            const float s = score(&q[qi(b, t, h)], &k[ki(b, j, g)], h, t, j);
+            const float m_new = std::max(m, s), corr = std::exp(m - m_new), p = std::exp(s - m_new);
+            l = l * corr + p;
+            for (int d = 0; d < hd; ++d) acc[size_t(d)] = acc[size_t(d)] * corr + p * v[ki(b, j, g) + size_t(d)];
+            m = m_new;
+          }
+          for (int d = 0; d < hd; ++d) o[qi(b, t, h) + size_t(d)] = acc[size_t(d)] / l;
+          lse[ri(b, h, t)] = m + std::log(l);
+        }
+  }
+
+  void backward(std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv, const std::vector<float>& dout,
+                const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                const std::vector<float>& o, const std::vector<float>& lse) const {
+    std::vector<float> delta(lse.size());
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) delta[ri(b, h, t)] = dot(&dout[qi(b, t, h)], &o[qi(b, t, h)], hd);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < T; ++t) {
+          const int g = cuda::kv_head_of(h, H, kv_used);
+          std::vector<float> acc(size_t(hd), 0.0f);
+          for (int j = 0; j <= t; ++j) {
+            if (!seen(b, t, j)) continue;
+            const float p = std::exp(score(&q[qi(b, t, h)], &k[ki(b, j, g)], h, t, j) - lse[ri(b, h, t)]);
+            const float ds = p * (dot(&dout[qi(b, t, h)], &v[ki(b, j, g)], hd) - delta[ri(b, h, t)]);
+            for (int d = 0; d < hd; ++d) acc[size_t(d)] += scale * ds * k[ki(b, j, g) + size_t(d)];
+          }
+          std::copy(acc.begin(), acc.end(), dq.begin() + long(qi(b, t, h)));
+        }
+    const int group = H / kv_used;
+    std::fill(dk.begin(), dk.end(), 0.0f);
+    std::fill(dv.begin(), dv.end(), 0.0f);
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < T; ++j)
+        for (int g = 0; g < kv_used; ++g)
+          for (int h = g * group; h < (g + 1) * group; ++h)
+            for (int i = j; i < T; ++i) {
+              if (!seen(b, i, j)) continue;
+              const float p = std::exp(score(&q[qi(b, i, h)], &k[ki(b, j, g)], h, i, j) - lse[ri(b, h, i)]);
+              const float ds = p * (dot(&v[ki(b, j, g)], &dout[qi(b, i, h)], hd) - delta[ri(b, h, i)]);
+              for (int d = 0; d < hd; ++d) {
+                dv[ki(b, j, g) + size_t(d)] += p * dout[qi(b, i, h) + size_t(d)];
+                dk[ki(b, j, g) + size_t(d)] += scale * ds * q[qi(b, i, h) + size_t(d)];
+              }
+            }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cuda element math: ALiBi scores, forward and backward as the CUDA kernels run them, equal the CPU kernel",
+          "[cuda][math]") {
+  // Six heads: not a power of two, so the slopes include the interleaved half
+  // of alibi_slopes(8) (Press et al.'s rule); window, documents and GQA as well.
+  const int B = 2, T = 24, H = 6, kv_stored = 3, kv_used = 2, hd = 8;
+  const float scale = 0.35f;
+  std::vector<float> slopes;
+  for (const double s : rackstep::models::alibi_slopes(H)) slopes.push_back(static_cast<float>(s));
+  const auto q = randn(size_t(B) * T * H * hd, 50), k = randn(size_t(B) * T * kv_stored * hd, 51),
+             v = randn(size_t(B) * T * kv_stored * hd, 52), dout = randn(q.size(), 53);
+  std::vector<int32_t> doc(size_t(B) * T);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) doc[size_t(b) * T + t] = (t + 5 * b) / 11;
+  for (const int window : {0, 7}) {
+    INFO("window " << window);
+    AttentionExtras extras;
+    extras.alibi_slopes = slopes.data();
+    std::vector<float> o_cpu(q.size()), lse_cpu(size_t(B) * H * T), dq_cpu(q.size()), dk_cpu(k.size()),
+        dv_cpu(v.size());
+    attention_forward(o_cpu.data(), lse_cpu.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kv_stored,
+                      kv_used, hd, window, scale, extras);
+    attention_backward(dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), dout.data(), q.data(), k.data(), v.data(),
+                       o_cpu.data(), lse_cpu.data(), doc.data(), B, T, H, kv_stored, kv_used, hd, window, scale, false,
+                       extras);
+
+    const HostAttention cu{B, T, H, kv_stored, kv_used, hd, window, scale, slopes, doc};
+    std::vector<float> o(q.size()), lse(lse_cpu.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    cu.forward(o, lse, q, k, v);
+    cu.backward(dq, dk, dv, dout, q, k, v, o_cpu, lse_cpu);
+    CHECK(normalised_error(o, o_cpu) < 1e-5);
+    CHECK(normalised_error(lse, lse_cpu) < 1e-5);
+    CHECK(normalised_error(dq, dq_cpu) < 1e-4);
+    CHECK(normalised_error(dk, dk_cpu) < 1e-4);
+    CHECK(normalised_error(dv, dv_cpu) < 1e-4);
+  }
 }
 
 TEST_CASE("cuda element math: LayerNorm forward and backward equal the CPU kernel", "[cuda][math]") {

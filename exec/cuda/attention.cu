@@ -7,6 +7,8 @@
 // Attention sinks (gpt-oss, exec/kernels.h AttentionExtras): a per-head logit
 // in every row's denominator (the online softmax takes it last) and its
 // gradient -Σ_rows exp(s_h - lse) delta.
+// ALiBi: the per-head linear bias -slope_h (i - j) on every score (Dims::score,
+// element_math.h alibi_score); the backward recomputes the same biased scores.
 #include <cuda_bf16.h>
 
 #include "exec/cuda/check.h"
@@ -51,6 +53,12 @@ __device__ __forceinline__ float dot_row(const float (&r)[kMaxPerLane], const T*
 struct Dims {
   int B, T, H, kv_stored, kv_used, hd, window;
   float scale;
+  const float* alibi_slopes;  // (H) ALiBi slopes, or nullptr
+  // The logit of query i against key j in head h from their dot product qk.
+  __device__ float score(float qk, int h, int i, int j) const {
+    const float s = scale * qk;
+    return alibi_slopes ? alibi_score(s, alibi_slopes[h], i, j) : s;
+  }
   __device__ size_t q_index(int b, int t, int h) const { return ((size_t(b) * T + t) * H + h) * hd; }
   __device__ size_t kv_index(int b, int t, int g) const { return ((size_t(b) * T + t) * kv_stored + g) * hd; }
   __device__ size_t row_index(int b, int h, int t) const { return (size_t(b) * H + h) * T + t; }
@@ -73,7 +81,7 @@ __global__ void forward_kernel(T* o, float* lse, const T* q, const T* k, const T
   float m = -INFINITY, l = 0.0f;
   for (int j = lo; j <= t; ++j) {
     if (!attention_visible(t, j, dm.window, doc_t, dm.doc_of(doc, b, j))) continue;
-    const float s = dm.scale * dot_row(qr, k + dm.kv_index(b, j, g), dm.hd, lane);
+    const float s = dm.score(dot_row(qr, k + dm.kv_index(b, j, g), dm.hd, lane), h, t, j);
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), p = expf(s - m_new);
     l = l * corr + p;
@@ -150,7 +158,7 @@ __global__ void dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T*
   for (int j = lo; j <= t; ++j) {
     if (!attention_visible(t, j, dm.window, doc_t, dm.doc_of(doc, b, j))) continue;
     const T* kj = k + dm.kv_index(b, j, g);
-    const float p = expf(dm.scale * dot_row(qr, kj, dm.hd, lane) - lse_t);
+    const float p = expf(dm.score(dot_row(qr, kj, dm.hd, lane), h, t, j) - lse_t);
     const float ds = p * (dot_row(dor, v + dm.kv_index(b, j, g), dm.hd, lane) - delta_t);
 #pragma unroll
     for (int e = 0; e < kMaxPerLane; ++e) {
@@ -190,7 +198,7 @@ __global__ void dkv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k, 
         const T* qi = q + dm.q_index(b, i, h);
         const T* doi = dout + dm.q_index(b, i, h);
         const size_t r = dm.row_index(b, h, i);
-        const float p = expf(dm.scale * dot_row(kr, qi, dm.hd, lane) - lse[r]);
+        const float p = expf(dm.score(dot_row(kr, qi, dm.hd, lane), h, i, j) - lse[r]);
         const float ds = p * (dot_row(vr, doi, dm.hd, lane) - delta[r]);
 #pragma unroll
         for (int e = 0; e < kMaxPerLane; ++e) {
@@ -216,10 +224,11 @@ __global__ void dkv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k, 
   }
 }
 
-Dims make_dims(int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale) {
+Dims make_dims(int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
+               const float* alibi_slopes) {
   RS_CHECK(hd > 0 && hd <= 32 * kMaxPerLane, "cuda attention: head dim must be in 1..256");
   RS_CHECK(kv_used > 0 && kv_used <= kv_stored && H % kv_used == 0, "cuda attention: GQA groups must be whole");
-  return Dims{B, T, H, kv_stored, kv_used, hd, window, scale};
+  return Dims{B, T, H, kv_stored, kv_used, hd, window, scale, alibi_slopes};
 }
 
 int blocks_for_rows(size_t rows) { return static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
@@ -229,8 +238,8 @@ int blocks_for_rows(size_t rows) { return static_cast<int>((rows + kWarpsPerBloc
 template <typename T>
 void attention_forward(T* o, float* lse, const T* q, const T* k, const T* v, const int32_t* doc, int B, int T_,
                        int H, int kv_stored, int kv_used, int hd, int window, float scale, cudaStream_t stream,
-                       const float* sinks) {
-  const Dims dm = make_dims(B, T_, H, kv_stored, kv_used, hd, window, scale);
+                       const float* sinks, const float* alibi_slopes) {
+  const Dims dm = make_dims(B, T_, H, kv_stored, kv_used, hd, window, scale, alibi_slopes);
   const size_t rows = size_t(B) * H * T_;
   if (rows == 0) return;
   forward_kernel<<<blocks_for_rows(rows), 32 * kWarpsPerBlock, 0, stream>>>(o, lse, q, k, v, doc, sinks, dm);
@@ -241,9 +250,9 @@ template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* o,
                         const float* lse, const int32_t* doc, float* delta, int B, int T_, int H, int kv_stored,
                         int kv_used, int hd, int window, float scale, bool accumulate_dkv, cudaStream_t stream,
-                        const float* sinks, float* dsinks) {
+                        const float* sinks, float* dsinks, const float* alibi_slopes) {
   RS_CHECK(!sinks || dsinks, "cuda attention_backward: sinks need their gradient buffer");
-  const Dims dm = make_dims(B, T_, H, kv_stored, kv_used, hd, window, scale);
+  const Dims dm = make_dims(B, T_, H, kv_stored, kv_used, hd, window, scale, alibi_slopes);
   const size_t rows = size_t(B) * H * T_;
   if (rows == 0) return;
   const int threads = 32 * kWarpsPerBlock;
@@ -263,10 +272,10 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 
 #define RS_INSTANTIATE(T)                                                                                      \
   template void attention_forward<T>(T*, float*, const T*, const T*, const T*, const int32_t*, int, int, int, \
-                                     int, int, int, int, float, cudaStream_t, const float*);                 \
+                                     int, int, int, int, float, cudaStream_t, const float*, const float*);   \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,            \
                                       const float*, const int32_t*, float*, int, int, int, int, int, int, int, \
-                                      float, bool, cudaStream_t, const float*, float*);
+                                      float, bool, cudaStream_t, const float*, float*, const float*);
 RS_INSTANTIATE(float)
 RS_INSTANTIATE(__nv_bfloat16)
 #undef RS_INSTANTIATE

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -158,6 +159,19 @@ class CudaBackend final : public Backend {
     if (b.accumulate) return;
     fill_zero(b.grad, c.N * b.width);
   }
+  // ALiBi slopes of an attention with `heads` query heads, on the device: the
+  // CPU backend's values (models::alibi_slopes rounded to float), uploaded at
+  // the first attention that asks for them and kept for the backend's life.
+  const float* alibi_slopes(int64_t heads) {
+    std::unique_ptr<DeviceBuffer>& slopes = alibi_slopes_[heads];
+    if (!slopes) {
+      std::vector<float> host;  // (heads)
+      for (const double v : models::alibi_slopes(heads)) host.push_back(static_cast<float>(v));
+      slopes = std::make_unique<DeviceBuffer>(sizeof(float) * host.size(), stream_);
+      copy_to_backend(slopes->data(), host.data(), sizeof(float) * host.size());
+    }
+    return static_cast<const float*>(slopes->data());
+  }
   // Expert e's rows, on the host: the per-expert GEMM sizes.
   const int32_t* host_offsets(const Routing& r) {
     offsets_.resize(size_t(r.E) + 1);
@@ -172,6 +186,7 @@ class CudaBackend final : public Backend {
   Scratch doubles_;   // loss row terms, router-loss work
   Scratch bytes_;     // grouping (CUB)
   std::vector<int32_t> offsets_;
+  std::map<int64_t, std::unique_ptr<DeviceBuffer>> alibi_slopes_;  // heads -> (heads) slopes
 };
 
 OpResult CudaBackend::forward(const OpCall& c) {
@@ -226,7 +241,8 @@ OpResult CudaBackend::forward(const OpCall& c) {
     case OpKind::kAttention:  // q (N, H, qk), k and v (N, kv, qk) -> (N, H, qk); lse (B, H, T)
       attention_forward<float>(out0.value, c.saved[0].value, in0.value, in1.value, in2.value, c.doc, B, T, H,
                                w(in1) / qk, static_cast<int>(op.kv_heads), qk, static_cast<int>(op.window),
-                               1.0f / std::sqrt(static_cast<float>(qk)), s, op.sinks ? c.w[0] : nullptr);
+                               1.0f / std::sqrt(static_cast<float>(qk)), s, op.sinks ? c.w[0] : nullptr,
+                               op.alibi ? alibi_slopes(op.heads) : nullptr);
       return r;
     case OpKind::kXsa: {  // o (N, H, hd), v (N, kv, hd)
       const int hd = w(in0) / H;
@@ -418,7 +434,7 @@ void CudaBackend::backward(const OpCall& c) {
                                 c.saved[0].value, c.doc, work_.floats(size_t(N) * size_t(H), s), B, T, H,
                                 w(in1) / qk, static_cast<int>(op.kv_heads), qk, static_cast<int>(op.window),
                                 1.0f / std::sqrt(static_cast<float>(qk)), acc_kv, s, op.sinks ? c.w[0] : nullptr,
-                                op.sinks ? c.dw[0] : nullptr);
+                                op.sinks ? c.dw[0] : nullptr, op.alibi ? alibi_slopes(op.heads) : nullptr);
       grad_done(c, in0, 0);
       return;
     }
@@ -521,13 +537,8 @@ bool device_present() {
 
 }  // namespace
 
-Unsupported unsupported(const models::Op& op, const models::ModelConfig& m) {
+Unsupported unsupported(const models::Op& op, const models::ModelConfig& /*m*/) {
   const std::string cpu = " (the cpu backend runs it)";
-  if (op.alibi) {
-    const bool local = m.attention.local.position == models::PositionKind::kAlibi;
-    return {local ? "/attention/local/position" : "/attention/global/position",
-            "rope or nope: the CUDA backend has no ALiBi scores" + cpu, "alibi"};
-  }
   const size_t known = known_params(op);
   if (op.params.size() > known) {  // a parameter no case above names: the op's, by name
     return {"/", "at most " + std::to_string(known) + " parameters for a " + models::to_string(op.kind) +

@@ -25,11 +25,11 @@ namespace rackstep::exec::cuda {
 
 // What the CUDA backend lacks to run `op` of model `m`, as the model file's
 // setting that asks for it (json_path empty: it runs the op). The op set grows
-// per backend (exec/cpu/ first): an op this backend cannot run (ALiBi
-// scores) is refused at its first forward with one UserError line (file, JSON path,
-// expected, found), never run without them.
+// per backend (exec/cpu/ first): an op this backend cannot run (today: an op
+// with more parameters than its case binds) is refused at its first forward with
+// one UserError line (file, JSON path, expected, found), never run without them.
 struct Unsupported {
-  std::string json_path;  // "/attention/global/position"
+  std::string json_path;  // the model file's setting ("/" where no one setting names it)
   std::string expected;   // what the CUDA backend runs
   std::string found;      // the model's setting
 };

@@ -11,6 +11,7 @@
 //   float h = relu2(a), da = relu2_grad(dh, a);  // ReLU² (Primer)
 //   float r = rms_rstd(sum_sq, d, eps);           // 1/sqrt(mean(x²)+eps)
 //   rope_rotate(x1, x2, rope_angle(pos, i, rot, theta), +1.f, &y1, &y2);
+//   float s = alibi_score(scale * qk, slope_h, i, j);  // ALiBi's linear bias
 #pragma once
 
 #include <cmath>
@@ -145,6 +146,15 @@ RS_HOST_DEVICE bool attention_visible(int i, int j, int window, int doc_i, int d
 }
 // The kv head query head h reads: GQA groups of H / kv_used query heads.
 RS_HOST_DEVICE int kv_head_of(int h, int H, int kv_used) { return h / (H / kv_used); }
+
+// ALiBi (Press et al. 2022, "Train Short, Test Long", §3): the score of query i
+// against key j (positions in the sequence, j ≤ i) is the scaled q·k minus the
+// head's slope times their distance; the slope is models::alibi_slopes(H)[h]
+// rounded to float. Written as exec/cpu/attention.cpp writes it (the distance
+// converted to float, then one product and one subtraction), forward and backward.
+RS_HOST_DEVICE float alibi_score(float scaled_qk, float slope, int i, int j) {
+  return scaled_qk - slope * static_cast<float>(i - j);
+}
 
 // Adam moments of one element (exec/optim.cpp): m ← β1 m + (1−β1) g, v ← β2 v + (1−β2) g².
 RS_HOST_DEVICE void adam_moments(float g, float b1, float b2, float* m, float* v) {

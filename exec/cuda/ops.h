@@ -91,7 +91,8 @@ void rope_apply(T* y,                  // (N, heads, hd)
                 int N, int heads, int hd, int rot_dims, float theta, float sign, cudaStream_t stream);
 
 // Causal softmax attention with sliding window, GQA (kv_used of kv_stored
-// heads read), document masking and optional sinks, as exec/kernels.h's attention_forward /
+// heads read), document masking, optional sinks and optional ALiBi slopes
+// (device memory, models::alibi_slopes(H) as floats), as exec/kernels.h's attention_forward /
 // attention_backward (same buffers and shapes; lse saved in fp32). hd ≤ 256.
 // One warp per query row (forward, dq) or key row (dk, dv): exact and
 // deterministic (no atomics), not yet fast — the tensor-core version is future work.
@@ -104,7 +105,8 @@ void attention_forward(Elem* o,             // (B, T, H, hd)
                        const int32_t* doc,  // (B, T) or nullptr
                        int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
                        cudaStream_t stream,
-                       const float* sinks = nullptr);  // (H) one logit per head in every denominator, or nullptr
+                       const float* sinks = nullptr,          // (H) one logit per head in every denominator, or nullptr
+                       const float* alibi_slopes = nullptr);  // (H) score_ij -= slope_h (i - j), or nullptr
 // dq =; dk, dv = (or += with accumulate_dkv); heads ≥ kv_used of dk/dv get
 // zero (or are left as they are). `delta` is scratch of B·H·T floats.
 template <typename Elem>
@@ -117,7 +119,8 @@ void attention_backward(Elem* dq, Elem* dk, Elem* dv,  // as q, k, v
                         int B, int T, int H, int kv_stored, int kv_used, int hd, int window, float scale,
                         bool accumulate_dkv, cudaStream_t stream,
                         const float* sinks = nullptr,  // (H) or nullptr
-                        float* dsinks = nullptr);      // (H) += with sinks
+                        float* dsinks = nullptr,       // (H) += with sinks
+                        const float* alibi_slopes = nullptr);  // (H) the forward's slopes, or nullptr
 
 // XSA (exclusive self attention): y = o − (o·v / (v·v + eps)) v per token and
 // head, v the token's own value of the kv head the query head reads. fp32.
