@@ -172,6 +172,29 @@ class BackendOptimizer {
   virtual void step(float* params, const float* grads, int64_t step) = 0;
 };
 
+// Data parallelism over arenas in a backend's memory (ZeRO stage 1/2, the
+// shards of exec/dist.h's ShardPlan): the gradients reduce-scattered into the
+// owner's shard, the owner's optimizer step (BackendOptimizer over the shard's
+// layout, on its range of the parameter arena), the parameters all-gathered.
+// Rank r's range is [offsets[r], offsets[r] + counts[r]) of the arena, in
+// floats; ranges tile it in rank order. The calls are queued in the backend's
+// stream order (exec/cuda: NCCL on its own stream, fenced by events).
+//
+//   auto dp = backend.make_collectives(world, plan.float_offsets(), plan.float_counts(), why);
+//   dp->reduce_scatter(shard_grads, model.backend_grads());
+//   opt->step(model.backend_params() + my.offset, shard_grads, step);
+//   dp->all_gather(model.backend_params());
+class BackendCollectives {
+ public:
+  virtual ~BackendCollectives() = default;
+  // shard (counts[rank]) = Σ_ranks grads[offsets[rank], +counts[rank]).
+  virtual void reduce_scatter(float* shard, const float* grads) = 0;
+  // params[offsets[r], +counts[r]) = rank r's own range, for every rank r (in place).
+  virtual void all_gather(float* params) = 0;
+};
+
+class Comm;  // exec/dist.h: the ranks (MPI, or one process)
+
 // Scalars an op's forward returns to the driver's loss bookkeeping.
 struct OpResult {
   double ce = 0, z_loss = 0;  // kCrossEntropy
@@ -203,6 +226,16 @@ class Backend {
   // (the host runs exec::Optimizer on the host arenas). The backend outlives it.
   virtual std::unique_ptr<BackendOptimizer> make_optimizer(const OptimizerConfig& /*config*/,
                                                            std::shared_ptr<const ArenaLayout> /*layout*/) {
+    return nullptr;
+  }
+  // Data-parallel collectives over `ranks` in this backend's memory, or nullptr
+  // with `why` set (the trainer then reduces host copies over MPI, exec/dist.h).
+  // Every rank of `ranks` calls it (a collective: exec/cuda shares the NCCL id).
+  virtual std::unique_ptr<BackendCollectives> make_collectives(const Comm& /*ranks*/,
+                                                               const std::vector<int64_t>& /*offsets*/,
+                                                               const std::vector<int64_t>& /*counts*/,
+                                                               std::string& why) {
+    why = "collectives in the " + name() + " backend's memory (it has none: its ranks reduce host copies over MPI)";
     return nullptr;
   }
 

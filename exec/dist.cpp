@@ -38,6 +38,17 @@ int launcher_world_size() {
   return 1;
 }
 
+int launcher_local_rank() {
+  // OpenMPI, Slurm's srun, MPICH (Hydra)
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
+    if (const char* v = std::getenv(name)) {
+      const int n = std::atoi(v);
+      if (n >= 0) return n;
+    }
+  }
+  return 0;
+}
+
 #ifdef RACKSTEP_HAVE_MPI
 
 namespace {
@@ -171,6 +182,10 @@ void Comm::allgather(const int32_t* send, int count, int32_t* recv) const {
   RS_MPI_COLLECTIVE(MPI_Allgather(send, count, MPI_INT32_T, recv, count, MPI_INT32_T, mpi(comm_)));
 }
 
+void Comm::broadcast(void* bytes, int n, int root) const {
+  if (comm_) RS_MPI_COLLECTIVE(MPI_Bcast(bytes, n, MPI_BYTE, root, mpi(comm_)));
+}
+
 void Comm::alltoall(const float* send, float* recv, int count) const {
   if (!comm_) {
     std::copy(send, send + count, recv);
@@ -241,6 +256,7 @@ void Comm::gatherv(const double* send, double* recv, const std::vector<int>& cou
   std::copy(send, send + counts[0], recv);
 }
 void Comm::allgather(const int32_t* send, int count, int32_t* recv) const { std::copy(send, send + count, recv); }
+void Comm::broadcast(void*, int, int) const {}
 void Comm::alltoall(const float* send, float* recv, int count) const { std::copy(send, send + count, recv); }
 void Comm::alltoall(const int32_t* send, int32_t* recv, int count) const { std::copy(send, send + count, recv); }
 void Comm::alltoallv(const float* send, const std::vector<int>& send_counts, float* recv,
@@ -280,6 +296,16 @@ std::vector<int> ints(const std::vector<ParamShard>& shards, int64_t ParamShard:
 std::vector<int> ShardPlan::floats() const { return ints(shards, &ParamShard::floats); }
 std::vector<int> ShardPlan::v_floats() const { return ints(shards, &ParamShard::v_floats); }
 std::vector<int> ShardPlan::w0_counts() const { return ints(shards, &ParamShard::w0_count); }
+std::vector<int64_t> ShardPlan::float_offsets() const {
+  std::vector<int64_t> v;
+  for (const ParamShard& s : shards) v.push_back(s.offset);
+  return v;
+}
+std::vector<int64_t> ShardPlan::float_counts() const {
+  std::vector<int64_t> v;
+  for (const ParamShard& s : shards) v.push_back(s.floats);
+  return v;
+}
 
 ShardPlan make_shard_plan(const ArenaLayout& layout, int world) {
   const auto parts = partition_tensors(layout, world);

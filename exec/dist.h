@@ -64,6 +64,9 @@ bool mpi_available();
 // Rank count announced by an MPI launcher's environment (OMPI_COMM_WORLD_SIZE,
 // PMI_SIZE), 1 when none.
 int launcher_world_size();
+// This process's rank among those on its node (OMPI_COMM_WORLD_LOCAL_RANK,
+// SLURM_LOCALID, MPI_LOCALRANKID), 0 when none: which GPU it drives.
+int launcher_local_rank();
 
 // A communicator: MPI_COMM_WORLD (or a split of it), or a single process
 // without MPI. Every collective is a plain copy on one rank.
@@ -98,6 +101,8 @@ class Comm {
   void gatherv(const float* send, float* recv, const std::vector<int>& counts) const;
   void gatherv(const double* send, double* recv, const std::vector<int>& counts) const;
   void allgather(const int32_t* send, int count, int32_t* recv) const;
+  // bytes (n) = root's bytes on every rank (a communicator's bootstrap id).
+  void broadcast(void* bytes, int n, int root) const;
   // Fixed blocks of `count` floats to every rank.
   void alltoall(const float* send, float* recv, int count) const;
   void alltoall(const int32_t* send, int32_t* recv, int count) const;
@@ -131,6 +136,10 @@ struct ShardPlan {
   std::vector<int> floats() const;    // per rank, for the collectives
   std::vector<int> v_floats() const;
   std::vector<int> w0_counts() const;
+  // Each rank's float range in the params (and gradient) arena, for collectives
+  // in a backend's memory (exec/backend.h, BackendCollectives).
+  std::vector<int64_t> float_offsets() const;
+  std::vector<int64_t> float_counts() const;
 };
 ShardPlan make_shard_plan(const ArenaLayout& layout, int world);
 // The layout of just one shard's tensors (its own arena and optimizer state).

@@ -127,6 +127,9 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   if (o_.dispatch.enabled) o_.dispatch.config = with_model_experts(o_.dispatch.config, graph_);
   if (batch < 1) throw UserError(o_.model_path, "/recipe/batch_seqs", "a batch (or one given for this run)", "none");
   global_batch_ = batch;
+  if (o_.dp_collectives != "host" && o_.dp_collectives != "backend") {
+    throw ValueError("train", "dp_collectives", "host or backend", o_.dp_collectives);
+  }
   const auto [first_seq, end_seq] = sequence_slice(batch, world(), comm_ ? comm_->rank() : 0);
   check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
   // UserError for what this backend cannot run
@@ -186,7 +189,8 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   optimizer_ = std::make_unique<Optimizer>(cfg);
 
   model_->init_params(o_.seed);
-  if (distributed()) {
+  if (o_.dp_collectives == "backend") make_backend_collectives();
+  if (sharded()) {
     setup_shards();
   } else {
     opt_state_ = init_optimizer_state(model_->params());
@@ -213,7 +217,13 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
       throw UserError(o_.out_dir, "", "an empty run directory (or resume from it)", "checkpoint " + existing);
     }
   }
-  if (!distributed()) {  // the backend's own optimizer, where it has one, from the state just set up or resumed
+  if (dp_) {  // this rank's shard, stepped where the collectives leave it
+    backend_opt_ = model_->backend().make_optimizer(cfg, shard_params_.layout_ptr());
+    if (!backend_opt_) {
+      throw ValueError("train", "dp_collectives", "a backend whose optimizer runs in its memory (or host)", "backend");
+    }
+    backend_opt_->load_state(opt_state_);
+  } else if (!distributed()) {  // the backend's own optimizer, where it has one, from the state just set up or resumed
     backend_opt_ = model_->backend().make_optimizer(cfg, std::as_const(*model_).params().layout_ptr());
     if (backend_opt_) backend_opt_->load_state(opt_state_);
   }
@@ -246,9 +256,20 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
 
 // --- data parallel -----------------------------------------------------------------
 
+// The backend's collectives over the world's ZeRO shards (the CPU engine's
+// boundaries, so checkpoints stay interchangeable), or ValueError saying why not.
+void Trainer::make_backend_collectives() {
+  shards_ = make_shard_plan(model_->params().layout(), world());
+  std::string why;
+  dp_ = model_->backend().make_collectives(ranks(), shards_.float_offsets(), shards_.float_counts(), why);
+  if (!dp_) throw ValueError("train", "dp_collectives", why.empty() ? "host" : why, "backend");
+  const ParamShard& my = shards_.shards[static_cast<size_t>(rank())];
+  dp_shard_grads_ = model_->backend().allocate(sizeof(float) * static_cast<size_t>(std::max<int64_t>(my.floats, 1)));
+}
+
 void Trainer::setup_shards() {
   shards_ = make_shard_plan(model_->params().layout(), world());
-  const ParamShard& my = shards_.shards[static_cast<size_t>(comm_->rank())];
+  const ParamShard& my = shards_.shards[static_cast<size_t>(rank())];
   const auto layout = shard_layout(model_->params().layout(), my);
   shard_params_ = Arena(layout);
   shard_grads_ = Arena(layout);
@@ -287,17 +308,40 @@ void Trainer::reduce_and_step(GroupNorms& norms, int64_t step_no) {
   }
   comm_->allreduce_sum(sq, 4);
   for (int g = 0; g < 4; ++g) norms.by_group[g] = std::sqrt(sq[g]);
+  check_global_norms(norms, step_no);
+  const ParamShard& my = shards_.shards[static_cast<size_t>(comm_->rank())];
+  std::copy_n(model_->params().data() + my.offset, my.floats, shard_params_.data());
+  optimizer_->step(shard_params_, shard_grads_, opt_state_);
+  comm_->allgatherv(shard_params_.data(), model_->params().data(), counts);
+}
+
+void Trainer::check_global_norms(const GroupNorms& norms, int64_t step_no) {
   for (int g = 0; g < 4; ++g) {
     if (std::isfinite(norms.by_group[g])) continue;
     const std::string op = model_->find_nonfinite_backward();  // every rank: the backward's exchanges are collective
     throw NonFiniteError("train: step " + std::to_string(step_no) + ": " + to_string(static_cast<OptGroup>(g)) +
                          " gradient norm is not finite; first op with a non-finite gradient on rank " +
-                         std::to_string(comm_->rank()) + ": " + (op.empty() ? "none found" : op));
+                         std::to_string(rank()) + ": " + (op.empty() ? "none found" : op));
   }
-  const ParamShard& my = shards_.shards[static_cast<size_t>(comm_->rank())];
-  std::copy_n(model_->params().data() + my.offset, my.floats, shard_params_.data());
-  optimizer_->step(shard_params_, shard_grads_, opt_state_);
-  comm_->allgatherv(shard_params_.data(), model_->params().data(), counts);
+}
+
+// reduce_and_step in the backend's memory: the same shards, sums and update,
+// no arena crosses to the host. The group norms' squares add over ranks (the
+// shards tile the tensors), as the host path's per-tensor Σ g² do.
+void Trainer::reduce_and_step_on_backend(GroupNorms& norms, int64_t step_no) {
+  auto* shard_grads = dp_shard_grads_->as<float>();
+  dp_->reduce_scatter(shard_grads, model_->backend_grads());
+  const GroupNorms mine = backend_opt_->grad_norms(shard_grads);
+  double sq[4];
+  for (int g = 0; g < 4; ++g) sq[g] = mine.by_group[g] * mine.by_group[g];
+  ranks().allreduce_sum(sq, 4);
+  for (int g = 0; g < 4; ++g) norms.by_group[g] = std::sqrt(sq[g]);
+  check_global_norms(norms, step_no);
+  const ParamShard& my = shards_.shards[static_cast<size_t>(rank())];
+  float* params = model_->backend_params();  // the host copy is stale from here on
+  backend_opt_->step(params + my.offset, shard_grads, opt_state_.step);
+  ++opt_state_.step;
+  dp_->all_gather(params);
 }
 
 void Trainer::check_and_step(GroupNorms& gn, int64_t step_no, Clock::time_point& t_opt) {
@@ -345,13 +389,13 @@ void Trainer::resume_from(const std::string& path) {
     }
   }
   CheckpointMeta meta;
-  if (!distributed()) {
+  if (!sharded()) {
     load_checkpoint(path, model_->params(), opt_state_, meta);  // validates everything before writing
   } else {
     // Every rank reads the whole (single-process format) file and keeps its shard.
     OptimizerState full = init_optimizer_state(model_->params());
     load_checkpoint(path, model_->params(), full, meta);
-    const ParamShard& my = shards_.shards[static_cast<size_t>(comm_->rank())];
+    const ParamShard& my = shards_.shards[static_cast<size_t>(rank())];
     std::copy_n(model_->params().data() + my.offset, my.floats, shard_params_.data());
     opt_state_.step = full.step;
     std::copy_n(full.momentum.data() + my.offset, my.floats, opt_state_.momentum.data());
@@ -472,7 +516,9 @@ StepLog Trainer::step() {
   }
   GroupNorms gn;
   auto t_opt = Clock::now();
-  if (distributed()) {
+  if (dp_) {
+    reduce_and_step_on_backend(gn, step_no);  // checks the norms itself
+  } else if (distributed()) {
     reduce_and_step(gn, step_no);  // checks the norms itself
   } else {
     check_and_step(gn, step_no, t_opt);
@@ -524,17 +570,18 @@ std::string Trainer::save_checkpoint() {
   if (o_.out_dir.empty()) throw ValueError("train", "out_dir", "a run directory for the checkpoints", "none");
   std::unique_ptr<OptimizerState> gathered;
   const OptimizerState* state = &opt_state_;
-  if (distributed()) {
+  if (backend_opt_) backend_opt_->save_state(opt_state_);  // this rank's moments (its shard's, when sharded)
+  if (sharded()) {
     // Rank 0 assembles the single-process state: shards tile every arena in rank order.
     if (is_root()) gathered = std::make_unique<OptimizerState>(init_optimizer_state(model_->params()));
-    comm_->gatherv(opt_state_.momentum.data(), gathered ? gathered->momentum.data() : nullptr, shards_.floats());
-    comm_->gatherv(opt_state_.second_moment.data(), gathered ? gathered->second_moment.data() : nullptr,
-                   shards_.v_floats());
-    comm_->gatherv(opt_state_.w0_norm.data(), gathered ? gathered->w0_norm.data() : nullptr, shards_.w0_counts());
+    const Comm& c = ranks();
+    c.gatherv(opt_state_.momentum.data(), gathered ? gathered->momentum.data() : nullptr, shards_.floats());
+    c.gatherv(opt_state_.second_moment.data(), gathered ? gathered->second_moment.data() : nullptr,
+              shards_.v_floats());
+    c.gatherv(opt_state_.w0_norm.data(), gathered ? gathered->w0_norm.data() : nullptr, shards_.w0_counts());
     if (gathered) gathered->step = opt_state_.step;
     state = gathered.get();
   }
-  if (backend_opt_) backend_opt_->save_state(opt_state_);
   CheckpointMeta meta;
   meta.step = opt_state_.step;
   meta.rng_state = to_bytes(&o_.seed, sizeof o_.seed);

@@ -70,6 +70,11 @@ struct TrainOptions {
   std::string out_dir;          // "" = no run directory: no log, checkpoints or profile
   std::string backend = "cpu";  // where the ops run: a name of exec/backend.h's registry ("cpu", "cuda")
   std::string precision = "fp32";  // the heavy ops' arithmetic (Backend::set_precision): fp32, or bf16 on cuda
+  // Data parallel's gradient reduce-scatter and parameter all-gather: "host"
+  // (MPI over host copies of the arenas, the owner steps its host shard) or
+  // "backend" (the backend's collectives in its memory, the owner steps its
+  // shard there: NCCL on cuda; at one process too, a one-rank communicator).
+  std::string dp_collectives = "host";
   int64_t steps = 0;            // schedule length; 0 = the model recipe's steps
   int64_t stop_after = 0;       // end this invocation after this many steps (schedule unchanged); 0 = at `steps`
   int64_t batch = 0;            // sequences per step; 0 = the recipe's batch_seqs
@@ -163,14 +168,23 @@ class Trainer {
   void fall_back_past_invalid(const std::string& valid, const std::vector<std::string>& notes);
   void write_run_json() const;
   bool distributed() const { return world() > 1; }
+  // The optimizer steps a ZeRO shard: several processes, or the backend's collectives.
+  bool sharded() const { return distributed() || dp_ != nullptr; }
+  int rank() const { return comm_ ? comm_->rank() : 0; }
+  const Comm& ranks() const { return comm_ ? *comm_ : solo_; }
+  void make_backend_collectives();
   Batch my_slice(const Batch& global) const;       // this rank's sequences
   static int64_t target_count(const Batch& b);
   void setup_shards();
   void reduce_and_step(GroupNorms& norms, int64_t step_no);  // DP: reduce-scatter, owner step, all-gather
+  void reduce_and_step_on_backend(GroupNorms& norms, int64_t step_no);  // the same in the backend's memory
+  // NonFiniteError naming the first op with a non-finite gradient, unless every global group norm is finite.
+  void check_global_norms(const GroupNorms& norms, int64_t step_no);
   // One process: the group norms (NonFiniteError naming the op when one is not finite), then the update.
   void check_and_step(GroupNorms& norms, int64_t step_no, std::chrono::steady_clock::time_point& t_opt);
 
   const Comm* comm_ = nullptr;
+  Comm solo_;  // ranks() of a run without a communicator: one process
   int64_t global_batch_ = 0;
   std::vector<std::string> placement_only_;  // layout fields not applied (exec/train_layout.h)
   std::unique_ptr<MpiExperts> experts_;
@@ -183,9 +197,14 @@ class Trainer {
   std::unique_ptr<TokenLoader> train_, eval_;
   std::unique_ptr<Optimizer> optimizer_;
   OptimizerState opt_state_;   // with backend_opt_: its checkpoint form, current after save_checkpoint
-  // The optimizer in the backend's memory (exec/backend.h), one process only;
-  // nullptr = optimizer_ on the host arenas. Declared after model_: it goes first.
+  // The optimizer in the backend's memory (exec/backend.h): one process, or
+  // this rank's shard under the backend's collectives; nullptr = optimizer_ on the host arenas. Declared after model_: it goes first.
   std::unique_ptr<BackendOptimizer> backend_opt_;
+  // dp_collectives "backend": the collectives, and this rank's reduced
+  // gradient shard (shards_ range floats) in backend memory; backend_opt_ then
+  // steps the shard's layout. Declared after model_ (its backend outlives them).
+  std::unique_ptr<BackendCollectives> dp_;
+  std::unique_ptr<Buffer> dp_shard_grads_;
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<RoutingTraceRecorder> trace_train_, trace_eval_;
   int64_t total_steps_ = 0;

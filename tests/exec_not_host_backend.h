@@ -6,15 +6,20 @@
 // With `resident`, it also offers an optimizer in its memory
 // (Backend::make_optimizer), exec::Optimizer run over its own copies of the
 // state: what the CUDA backend's does on the GPU, here bitwise the host's, so
-// a resident run must train bitwise like the CPU one.
+// a resident run must train bitwise like the CPU one. With `collectives`
+// (resident too), it offers data-parallel collectives in its memory
+// (Backend::make_collectives) on exec::Comm's MPI calls: the trainer's
+// backend-collectives path (the one NCCL takes on the GPU) checked on the CPU.
 #pragma once
 
 #include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "exec/backend.h"
+#include "exec/dist.h"
 #include "exec/optim.h"
 #include "sim/base/check.h"
 
@@ -52,10 +57,44 @@ class NotHostOptimizer final : public BackendOptimizer {
   OptimizerState state_;
 };
 
+// BackendCollectives on exec::Comm: MPI_Reduce_scatter and MPI_Allgatherv of
+// the ranges, as the trainer's host path calls them.
+class CommCollectives final : public BackendCollectives {
+ public:
+  CommCollectives(const Comm& ranks, std::vector<int64_t> offsets, const std::vector<int64_t>& counts)
+      : ranks_(ranks), offsets_(std::move(offsets)), counts_(counts.begin(), counts.end()) {
+    int64_t at = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      RS_CHECK(offsets_[r] == at, "collectives: ranges must tile the arena in rank order");
+      at += counts[r];
+    }
+  }
+  void reduce_scatter(float* shard, const float* grads) override { ranks_.reduce_scatter_sum(grads, shard, counts_); }
+  void all_gather(float* params) override {
+    const auto me = static_cast<size_t>(ranks_.rank());
+    const std::vector<float> mine(params + offsets_[me], params + offsets_[me] + counts_[me]);
+    ranks_.allgatherv(mine.data(), params, counts_);
+  }
+
+ private:
+  const Comm& ranks_;  // the trainer's, which outlives this
+  std::vector<int64_t> offsets_;
+  std::vector<int> counts_;
+};
+
 class NotHostBackend final : public Backend {
  public:
-  explicit NotHostBackend(bool resident = false) : resident_(resident) {}
-  std::string name() const override { return resident_ ? "cpu-resident" : "cpu-as-device"; }
+  explicit NotHostBackend(bool resident = false, bool collectives = false)
+      : resident_(resident || collectives), collectives_(collectives) {}
+  std::string name() const override {
+    if (collectives_) return "cpu-collectives";
+    return resident_ ? "cpu-resident" : "cpu-as-device";
+  }
+  std::unique_ptr<BackendCollectives> make_collectives(const Comm& ranks, const std::vector<int64_t>& offsets,
+                                                       const std::vector<int64_t>& counts, std::string& why) override {
+    if (!collectives_) return Backend::make_collectives(ranks, offsets, counts, why);
+    return std::make_unique<CommCollectives>(ranks, offsets, counts);
+  }
   std::unique_ptr<Buffer> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
   void copy_to_backend(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_backend(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_host(dst, src, bytes); }
@@ -86,14 +125,15 @@ class NotHostBackend final : public Backend {
   }
 
  private:
-  bool resident_ = false;
+  bool resident_ = false, collectives_ = false;
   std::unique_ptr<Backend> cpu_ = make_backend("cpu");
 };
 
-// Registers both in exec/backend.h's registry (idempotent).
+// Registers the three in exec/backend.h's registry (idempotent).
 inline void register_not_host_backends() {
   register_backend("cpu-as-device", [] { return std::make_unique<NotHostBackend>(false); });
   register_backend("cpu-resident", [] { return std::make_unique<NotHostBackend>(true); });
+  register_backend("cpu-collectives", [] { return std::make_unique<NotHostBackend>(true, true); });
 }
 
 }  // namespace rackstep::exec::testing

@@ -20,6 +20,7 @@
 #include "tests/exec_not_host_backend.h"
 #include "sim/base/check.h"
 #include "sim/base/json_io.h"
+#include "sim/base/value_error.h"
 
 using namespace rackstep;
 using namespace rackstep::exec;
@@ -305,4 +306,84 @@ TEST_CASE("a resident backend trains, checkpoints and resumes bitwise like the C
   CHECK(dev.copy_bytes[1] - dev.copy_bytes[0] == 2 * dev.arena_bytes);
   // Resident: the initial parameters in, then nothing.
   CHECK(res.copy_bytes == std::vector<size_t>(2, res.arena_bytes));
+}
+
+TEST_CASE("the backend's data-parallel collectives train, checkpoint and resume like the host path",
+          "[exec][train][dp]") {
+  // One process: the shard plan of one rank covers the arena, the owner's step
+  // runs in the backend's optimizer over it, and the collectives copy; the run
+  // must be the host run bit for bit (the grad norms to the rounding of one
+  // square root and its square), and its checkpoints interchangeable.
+  testing::register_not_host_backends();
+  auto options = [](const std::string& dir, const std::string& backend, const std::string& collectives) {
+    TrainOptions o = small_options(dir);
+    o.backend = backend;
+    o.dp_collectives = collectives;
+    o.steps = 4;
+    return o;
+  };
+  struct Run {
+    std::vector<StepLog> logs;
+    std::vector<char> checkpoint;
+    std::vector<float> params;
+  };
+  auto train = [&](const std::string& backend, const std::string& collectives, const std::string& resume_with) {
+    const std::string dir = fresh_dir("dp-" + backend + "-" + collectives + "-" + resume_with);
+    Run r;
+    {
+      TrainOptions o = options(dir, backend, collectives);
+      o.stop_after = 2;
+      Trainer t(o);
+      while (!t.done()) r.logs.push_back(t.step());
+      r.checkpoint = read_bytes(t.save_checkpoint());
+    }
+    TrainOptions o = options(dir, resume_with, resume_with == "cpu" ? "host" : collectives);
+    o.resume = true;
+    Trainer t(o);
+    while (!t.done()) r.logs.push_back(t.step());
+    const Arena& p = std::as_const(t.model()).params();
+    r.params.assign(p.data(), p.data() + p.total_floats());
+    return r;
+  };
+  const Run host = train("cpu", "host", "cpu");
+  const Run dp = train("cpu-collectives", "backend", "cpu-collectives");
+  const Run across = train("cpu-collectives", "backend", "cpu");  // a backend-collectives checkpoint, resumed on the host
+  REQUIRE(host.logs.size() == 4);
+  for (const Run* r : {&dp, &across}) {
+    REQUIRE(r->logs.size() == host.logs.size());
+    for (size_t i = 0; i < host.logs.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(same_bits(r->logs[i].loss, host.logs[i].loss));
+      for (int g = 0; g < 4; ++g) {
+        CHECK(r->logs[i].grad_norm[g] == Approx(host.logs[i].grad_norm[g]).epsilon(1e-14).margin(1e-300));
+      }
+    }
+    CHECK(r->checkpoint == host.checkpoint);
+    CHECK(r->params == host.params);
+  }
+}
+
+TEST_CASE("backend collectives are refused where the backend has none, and the setting is checked",
+          "[exec][train][dp]") {
+  testing::register_not_host_backends();
+  TrainOptions o = small_options("");
+  o.dp_collectives = "backend";
+  for (const char* backend : {"cpu", "cpu-resident"}) {
+    o.backend = backend;
+    INFO(backend);
+    REQUIRE_THROWS_AS(Trainer(o), ValueError);
+    try {
+      Trainer t(o);
+    } catch (const ValueError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("dp_collectives") && Catch::Contains("reduce host copies over MPI"));
+    }
+  }
+  o.backend = "cpu";
+  o.dp_collectives = "nccl";
+  try {
+    Trainer t(o);
+    FAIL("dp_collectives nccl accepted");
+  } catch (const ValueError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("host or backend"));
+  }
 }

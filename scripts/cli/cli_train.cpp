@@ -63,6 +63,7 @@ std::vector<std::pair<std::string, std::string>> flags_of(const TrainArgs& a) {
                                                         {"data_dir", "--data"},
                                                         {"steps", "--steps"},
                                                         {"precision", "--precision"},
+                                                        {"dp_collectives", "--dp-collectives"},
                                                         {"out_dir", "--out"},
                                                         {"verify_dispatch", "--verify-dispatch"},
                                                         {"routing_trace", "--routing-trace"},
@@ -152,6 +153,10 @@ rackstep::cli::Registration reg{
       app.add_option("--precision", a->o.precision,
                      "arithmetic of the GEMMs: fp32 (the parity mode), or bf16 on --backend cuda (bf16 operands, "
                      "fp32 accumulation, fp32 master weights, gradients and optimizer state)")
+          ->capture_default_str();
+      app.add_option("--dp-collectives", a->o.dp_collectives,
+                     "data parallel's gradient reduce-scatter and parameter all-gather: host (MPI over host copies) "
+                     "or backend (in the backend's memory: NCCL on --backend cuda; one process too)")
           ->capture_default_str();
       app.add_option("--threads", a->o.threads, "OpenMP / OpenBLAS threads (results are bitwise reproducible per count)")
           ->check(CLI::NonNegativeNumber);

@@ -1,0 +1,196 @@
+// Data parallel through the backend's collectives (exec/backend.h,
+// BackendCollectives) against the host path (MPI over host copies, exec/dist.h),
+// N processes under mpirun:
+//
+//   mpirun -np 2 build/tests/test_dp_ranks           (CTest: exec_dp_ranks; CPU, in CI)
+//   mpirun -np 2 build/tests/test_cuda_dp_ranks      (CTest: cuda_dp_ranks, label gpu)
+//
+// The CPU build trains tiny-moe on "cpu-collectives" (the CPU backend dressed
+// as a device whose collectives are exec::Comm's MPI calls and whose optimizer
+// steps its shard in "its" memory: tests/exec_not_host_backend.h) and on
+// "cpu" with the host path: the same sums in the same order, so losses,
+// checkpoint and parameters must be bitwise equal. The CUDA build trains on
+// "cuda" with NCCL (reduce-scatter into the owner's device shard, the device
+// optimizer, all-gather) and with the host path (the host optimizer): the same
+// run to the rounding of the reduction order and of Newton–Schulz's GEMMs.
+// Both stop after 2 of 3 steps, checkpoint, and resume the third step.
+//
+// Needs >= 2 ranks (the CUDA build: a GPU per rank); otherwise every rank
+// prints why and exits 77, which CTest reports as skipped, never as passed.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/data.h"
+#include "exec/dist.h"
+#include "exec/train.h"
+#include "sim/base/source_dir.h"
+#if defined(RACKSTEP_TEST_CUDA)
+#include <cuda_runtime.h>
+
+#include "exec/cuda/backend.h"
+#else
+#include "tests/exec_not_host_backend.h"
+#endif
+
+namespace {
+
+using namespace rackstep;
+using namespace rackstep::exec;
+namespace fs = std::filesystem;
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what, int rank) {
+  if (ok) return;
+  ++failures;
+  std::printf("rank %d: FAIL: %s\n", rank, what.c_str());
+}
+
+// Generated text built into a dataset by rank 0; every rank reads it.
+std::string dataset(const Comm& world, const fs::path& root) {
+  if (world.root()) {
+    fs::create_directories(root / "text");
+    const char* words[] = {"the", "model", "trains", "on", "text", "and", "its", "loss", "falls", "while",
+                           "experts", "route", "tokens", "to", "layers", "of", "a", "rack"};
+    uint64_t s = 7;
+    for (int f = 0; f < 40; ++f) {
+      std::ofstream out(root / "text" / ("doc" + std::to_string(f) + ".txt"));
+      for (int w = 0; w < 90; ++w) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        out << words[(s >> 33) % 18] << ((w % 11 == 10) ? ".\n" : " ");
+      }
+    }
+    BuildOptions o;
+    o.from = {(root / "text").string()};
+    o.out_dir = (root / "data").string();
+    o.eval_fraction = 0.2;
+    build_dataset(o);
+  }
+  world.barrier();
+  return (root / "data").string();
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<char> checkpoint;  // rank 0's file
+  std::vector<float> params;
+};
+
+Run train(const Comm& world, const std::string& data, const std::string& dir, const std::string& backend,
+          const std::string& collectives) {
+  TrainOptions o;
+  o.model_path = std::string(source_dir()) + "/models/zoo/tiny-moe.json";
+  o.data_dir = data;
+  o.out_dir = dir;
+  o.backend = backend;
+  o.dp_collectives = collectives;
+  o.steps = 3;
+  o.batch = 4;
+  o.seq = 64;
+  o.seed = 5;
+  o.threads = 1;
+  o.eval_batches = 1;
+  Run r;
+  std::string path;
+  {
+    TrainOptions first = o;
+    first.stop_after = 2;
+    Trainer t(first, &world);
+    while (!t.done()) r.losses.push_back(t.step().loss);
+    path = t.save_checkpoint();
+  }
+  if (world.root()) {
+    std::ifstream f(path, std::ios::binary);
+    r.checkpoint.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  o.resume = true;
+  Trainer t(o, &world);
+  while (!t.done()) r.losses.push_back(t.step().loss);
+  const Arena& p = std::as_const(t.model()).params();
+  r.params.assign(p.data(), p.data() + p.total_floats());
+  return r;
+}
+
+// ||a - b|| / ||b|| over two equally long vectors (1 when a is empty or not finite).
+template <typename T>
+double rel_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size() || a.empty()) return 1;
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    n += double(b[i]) * double(b[i]);
+  }
+  const double r = std::sqrt(d / std::max(n, 1e-300));
+  return std::isfinite(r) ? r : 1;
+}
+
+}  // namespace
+
+int main() {
+  const int ranks = launcher_world_size();
+#if defined(RACKSTEP_TEST_CUDA)
+  const char* name = "test_cuda_dp_ranks";
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  const bool can = ranks >= 2 && devices >= ranks;
+  const std::string device_backend = "cuda";
+#else
+  const char* name = "test_dp_ranks";
+  const int devices = 0;
+  const bool can = ranks >= 2;
+  const std::string device_backend = "cpu-collectives";
+#endif
+  if (!can) {
+    std::printf("%s: skipped: needs >= 2 ranks under mpirun%s (ranks %d, GPUs %d)\n", name,
+                device_backend == "cuda" ? " and a GPU per rank" : "", ranks, devices);
+    return 77;
+  }
+#if defined(RACKSTEP_TEST_CUDA)
+  cuda::register_cuda_backend();
+#else
+  testing::register_not_host_backends();
+#endif
+  Comm world = Comm::world();
+  int root_pid = world.root() ? static_cast<int>(::getpid()) : 0;
+  world.broadcast(&root_pid, sizeof root_pid, 0);
+  const fs::path root = fs::temp_directory_path() / ("rackstep-dp-ranks-" + std::to_string(root_pid));
+  const std::string data = dataset(world, root);
+  const std::string host_backend = device_backend == "cuda" ? "cuda" : "cpu";
+  const Run host = train(world, data, (root / "host").string(), host_backend, "host");
+  const Run dev = train(world, data, (root / "backend").string(), device_backend, "backend");
+  const int r = world.rank();
+  expect(host.losses.size() == 3 && dev.losses.size() == 3, "3 steps each", r);
+  const bool bitwise = device_backend != "cuda";
+  if (bitwise) {
+    expect(std::memcmp(host.losses.data(), dev.losses.data(), sizeof(double) * host.losses.size()) == 0,
+           "losses bitwise equal", r);
+    expect(host.params == dev.params, "parameters after resume bitwise equal", r);
+    expect(host.checkpoint == dev.checkpoint, "checkpoints bitwise equal", r);
+  } else {
+    // Reduction order (NCCL's against MPI's) and the device Newton–Schulz against the host's.
+    expect(rel_diff(dev.losses, host.losses) < 1e-4, "losses within 1e-4", r);
+    expect(rel_diff(dev.params, host.params) < 1e-4, "parameters within 1e-4 (relative norm)", r);
+  }
+  if (world.root()) {
+    for (size_t i = 0; i < host.losses.size() && i < dev.losses.size(); ++i) {
+      std::printf("%s: step %zu loss host %.9g backend %.9g\n", name, i + 1, host.losses[i], dev.losses[i]);
+    }
+  }
+  int64_t failed = failures;
+  world.allreduce_sum(&failed, 1);
+  world.barrier();
+  if (world.root()) {
+    fs::remove_all(root);
+    std::printf("%s: %d ranks: %s\n", name, world.size(), failed == 0 ? "passed" : "FAILED");
+  }
+  return failed == 0 ? 0 : 1;
+}
