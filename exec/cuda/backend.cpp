@@ -15,12 +15,16 @@
 #include <vector>
 
 #include "exec/cuda/check.h"
+#if defined(RACKSTEP_HAVE_NCCL)
+#include "exec/cuda/comm.h"
+#endif
 #include "exec/cuda/detail.h"
 #include "exec/cuda/gemm.h"
 #include "exec/cuda/layers.h"
 #include "exec/cuda/moe.h"
 #include "exec/cuda/ops.h"
 #include "exec/cuda/optimizer.h"
+#include "exec/dist.h"
 #include "exec/kernels.h"
 #include "sim/base/check.h"
 
@@ -95,6 +99,18 @@ class CudaBackend final : public Backend {
   std::unique_ptr<BackendOptimizer> make_optimizer(const OptimizerConfig& config,
                                                    std::shared_ptr<const ArenaLayout> layout) override {
     return make_device_optimizer(stream_, config, std::move(layout));
+  }
+  // Data parallel on the device: NCCL where this backend was built with it.
+  std::unique_ptr<BackendCollectives> make_collectives(const Comm& ranks, const std::vector<int64_t>& offsets,
+                                                       const std::vector<int64_t>& counts, std::string& why) override {
+#if defined(RACKSTEP_HAVE_NCCL)
+    why.clear();
+    return make_nccl_collectives(ranks, offsets, counts, stream_);
+#else
+    (void)ranks, (void)offsets, (void)counts;
+    why = "NCCL (this CUDA backend was built without it: its ranks reduce host copies over MPI)";
+    return nullptr;
+#endif
   }
   // bf16: every GEMM of the op set rounds its operands to bf16 (exec/cuda/gemm.h);
   // the optimizer's Newton–Schulz keeps its own fp32 GEMMs.
@@ -530,9 +546,9 @@ size_t known_params(const models::Op& op) {
   return 0;
 }
 
-bool device_present() {
+int device_count() {
   int devices = 0;
-  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess ? devices : 0;
 }
 
 }  // namespace
@@ -549,10 +565,13 @@ Unsupported unsupported(const models::Op& op, const models::ModelConfig& /*m*/) 
 }
 
 std::unique_ptr<Backend> make_cuda_backend() {
-  if (!device_present()) {
+  const int devices = device_count();
+  if (devices < 1) {
     cudaGetLastError();  // clear the sticky "no device" error
     return nullptr;
   }
+  // One process per GPU: the launcher's node-local rank picks it (device 0 alone).
+  RS_CUDA_CHECK(cudaSetDevice(launcher_local_rank() % devices));
   return std::make_unique<CudaBackend>();
 }
 

@@ -18,7 +18,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+#include "exec/backend.h"
 
 #if defined(RACKSTEP_HAVE_MPI)
 #include <mpi.h>
@@ -34,6 +37,9 @@ class NcclComm {
   // Every rank of `mpi` calls this with the GPU it drives.
   static NcclComm from_mpi(MPI_Comm mpi, int device);
 #endif
+  // Rank `rank` of `size` on `device`, every rank with rank 0's `id` (shared
+  // by whatever the launcher offers: MPI_Bcast, exec::Comm::broadcast).
+  static NcclComm from_unique_id(const ncclUniqueId& id, int rank, int size, int device);
   // A communicator of one rank on `device` (tests; a one-GPU run).
   static NcclComm single(int device);
   ~NcclComm();
@@ -50,6 +56,15 @@ class NcclComm {
   void reduce_scatter(float* out, const float* in, size_t n, cudaStream_t stream);
   // out (size·n) = concatenation over ranks of in (n).
   void all_gather(float* out, const float* in, size_t n, cudaStream_t stream);
+  // ZeRO shards of unequal sizes, ranges [offsets[r], +counts[r]) of one arena
+  // in rank order (exec/dist.h ShardPlan): grouped ncclReduce / ncclBroadcast
+  // rooted at each range's owner, so no range is padded.
+  // shard (counts[rank]) = Σ_ranks in[offsets[rank], +counts[rank]).
+  void reduce_scatter_v(float* shard, const float* in, const std::vector<int64_t>& offsets,
+                        const std::vector<int64_t>& counts, cudaStream_t stream);
+  // buf[offsets[r], +counts[r]) = rank r's, for every r, in place.
+  void all_gather_v(float* buf, const std::vector<int64_t>& offsets, const std::vector<int64_t>& counts,
+                    cudaStream_t stream);
   // Uniform all-to-all (one pooled wave): send/recv are (size, bytes_per_peer).
   void all_to_all(void* recv, const void* send, size_t bytes_per_peer, cudaStream_t stream);
   // Ragged all-to-all: peer p gets send_bytes[p] from send + send_offset[p],
@@ -63,6 +78,14 @@ class NcclComm {
   ncclComm_t comm_ = nullptr;
   int rank_ = 0, size_ = 1;
 };
+
+// The CUDA backend's data-parallel collectives (exec/backend.h,
+// BackendCollectives) over `ranks`: one NCCL communicator on the current
+// device (its unique id broadcast over `ranks`; one rank: a one-rank
+// communicator, the same code path), reduce_scatter_v / all_gather_v on a
+// stream of their own that waits for `compute` and that `compute` then waits for.
+std::unique_ptr<BackendCollectives> make_nccl_collectives(const Comm& ranks, std::vector<int64_t> offsets,
+                                                          std::vector<int64_t> counts, cudaStream_t compute);
 
 }  // namespace rackstep::exec::cuda
 
