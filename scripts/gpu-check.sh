@@ -9,7 +9,8 @@
 #   3. `rackstep train --backend cuda` on tiny-moe against the CPU backend's loss curve
 #      (same seed, data and steps; the per-step relative difference of the loss; the GPU run is
 #      resident: parameters, gradients and optimizer on the device), and `--precision bf16`
-#      against that fp32 GPU curve; the same CPU/GPU comparison on tiny-gpt-gelu (GPT-2's block:
+#      against that fp32 GPU curve, 3 steps of data parallel on NCCL (--dp-collectives backend, one rank)
+#      against its first 3; the same CPU/GPU comparison on tiny-gpt-gelu (GPT-2's block:
 #      learned positions, GeLU MLP, MLP and attention biases, LayerNorm; a few seconds each);
 #   4. a training step (forward, backward, resident optimizer) of the medium zoo MoE
 #      (marin-ladder-d768, 1.6 B total) on the GPU, per step and per op kind, fp32 then bf16
@@ -129,6 +130,10 @@ if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
   # The bf16 mode (the cpu backend refuses it: a dry run records the refusal).
   json_step tiny_cuda_bf16 120 "$rs" train $tiny $backend_flag --precision bf16 --threads "$jobs" \
     --out "$out/tiny_cuda_bf16" --json
+  # Data parallel through NCCL (--dp-collectives backend) on a one-rank communicator: reduce-scatter
+  # into the shard, the device optimizer on it, all-gather; 3 steps must equal tiny_cuda's first 3.
+  json_step tiny_cuda_dp 60 "$rs" train $tiny $backend_flag --dp-collectives backend --stop-after 3 \
+    --threads "$jobs" --out "$out/tiny_cuda_dp" --json
   gelu="--model models/zoo/tiny-gpt-gelu.json --data $out/data --batch 2 --seq 128 --steps ${TINY_STEPS:-10} --seed 7"
   json_step gelu_cpu 90 "$rs" train $gelu --threads "$jobs" --out "$out/gelu_cpu" --json
   json_step gelu_cuda 90 "$rs" train $gelu $backend_flag --threads "$jobs" --out "$out/gelu_cuda" --json
@@ -211,6 +216,11 @@ gelu_cpu, gelu_gpu = losses(os.path.join(out, "gelu_cpu.json")), losses(os.path.
 if gelu_cpu and gelu_gpu and len(gelu_cpu) == len(gelu_gpu):
     rel = [abs(g - c) / abs(c) for c, g in zip(gelu_cpu, gelu_gpu)]
     report["tiny_gpt_gelu_loss"] = {"cpu": gelu_cpu, "cuda": gelu_gpu, "max_rel_diff": max(rel), "last_rel_diff": rel[-1]}
+dp = losses(os.path.join(out, "tiny_cuda_dp.json"))
+if gpu and dp and len(dp) <= len(gpu):
+    rel = [abs(d - g) / abs(g) for g, d in zip(gpu, dp)]
+    report["tiny_moe_nccl_dp_loss"] = {"cuda": gpu[:len(dp)], "cuda_nccl_dp": dp, "max_rel_diff": max(rel),
+                                       "bitwise": dp == gpu[:len(dp)]}
 b16 = losses(os.path.join(out, "tiny_cuda_bf16.json"))
 if gpu and b16 and len(gpu) == len(b16):
     rel = [abs(b - g) / abs(g) for g, b in zip(gpu, b16)]
