@@ -443,6 +443,7 @@ TEST_CASE("gpt-oss's experts: the model runs the variant it declares (its loss d
 TEST_CASE("a model with YaRN-scaled RoPE is refused, not trained with plain frequencies", "[exec][model]") {
   nlohmann::json doc = load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
   doc["attention"]["rope_scaling"] = "yarn";
+  doc["attention"]["yarn"] = {{"factor", 32.0}, {"original_max_position_embeddings", 4096}};
   const models::LayerGraph yarn = models::build_layer_graph(models::parse_model(doc, "yarn.json"));
   CHECK_THROWS_WITH(Model(yarn, 1, 16), Catch::Contains("yarn.json") && Catch::Contains("/attention/rope_scaling"));
 }
