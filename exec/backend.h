@@ -73,6 +73,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,18 @@ struct OpCall {
   Routing* routing = nullptr;        // the MoE ops' layer state
   bool training = true;              // kRouter: add this step's logits to routing->hist
 };
+
+// A kRope op's YaRN parameters for the kernels (exec/kernels.h RopeYarn);
+// std::nullopt for plain RoPE.
+inline std::optional<RopeYarn> rope_yarn_of(const OpCall& c) {
+  if (!c.op->rope_yarn) return std::nullopt;
+  const models::YarnConfig& y = c.model->attention.yarn;
+  return RopeYarn{.factor = y.factor,
+                  .original_positions = static_cast<double>(y.original_max_position_embeddings),
+                  .beta_fast = y.beta_fast,
+                  .beta_slow = y.beta_slow,
+                  .truncate = y.truncate};
+}
 
 // The optimizer of exec/optim.h in a backend's memory, over arenas of one
 // layout (the parameters' and gradients', exec/arena.h) that the backend holds.

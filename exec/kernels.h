@@ -226,15 +226,23 @@ void gated_norm_backward(float* dx,             // (N, d) =
 // (x[i], x[i + rot_dims/2]) rotates by angle pos * theta^(-2i/rot_dims).
 // Dims [rot_dims, hd) pass through unchanged; rot_dims = 0 is NoPE (identity).
 // Rows are tokens; each token has `heads` heads of width hd. y may alias x.
+// yarn (nullptr = plain RoPE): YaRN's frequencies and cos/sin scale, as
+// models::YarnConfig describes them (HF transformers _compute_yarn_parameters).
+struct RopeYarn {
+  double factor = 1.0;                // s
+  double original_positions = 0.0;    // L, the context before extension
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;               // floor/ceil the ramp's ends
+};
 void rope_forward(float* y,            // (N, heads, hd)
                   const float* x,      // (N, heads, hd)
                   const int32_t* pos,  // (N) position of each token
-                  int N, int heads, int hd, int rot_dims, float theta);
-// dx = Rᵀ·dy (the inverse rotation). dx may alias dy.
+                  int N, int heads, int hd, int rot_dims, float theta, const RopeYarn* yarn = nullptr);
+// dx = Rᵀ·dy (the inverse rotation; with YaRN, its scale times Rᵀ). dx may alias dy.
 void rope_backward(float* dx,           // (N, heads, hd) =
                    const float* dy,     // (N, heads, hd)
                    const int32_t* pos,  // (N)
-                   int N, int heads, int hd, int rot_dims, float theta);
+                   int N, int heads, int hd, int rot_dims, float theta, const RopeYarn* yarn = nullptr);
 
 // ---------------------------------------------------------------------------
 // attention.cpp: causal softmax attention, sliding window, GQA, doc masking.

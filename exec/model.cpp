@@ -181,10 +181,11 @@ void Model::plan(const models::LayerGraph& g) {
         RS_CHECK(width(p.in) == op.params[0].shape[0], "SConv channels differ from its kernel: " + op.name);
         break;
       case OpKind::kRope: {
-        // YaRN changes the rotary frequencies: priced by predict, run by no backend yet.
-        if (op.rope_yarn) {
+        // DeepSeek's MLA YaRN scales the softmax by mscale² instead of cos and sin, and the
+        // schema carries no mscale: the kernels run the GQA form (gpt-oss) only.
+        if (op.rope_yarn && m.attention.kind == models::AttentionKind::kMla) {
           throw UserError(m.source_file, "/attention/rope_scaling",
-                          "\"none\" (the execution engine rotates by plain RoPE frequencies; predict prices YaRN)",
+                          "\"none\" with kind \"mla\" (the execution engine runs YaRN as gpt-oss's GQA has it)",
                           "\"yarn\"");
         }
         const double rot = op.rope_fraction * static_cast<double>(op.qk_head_dim);

@@ -82,6 +82,21 @@ AttentionLayerKind parse_layer_kind(JsonReader r, int64_t stored_kv, int64_t hea
   return k;
 }
 
+YarnConfig parse_yarn(JsonReader r) {
+  YarnConfig y;
+  y.factor = r.number("factor", {.min = 1.0});
+  y.original_max_position_embeddings = r.integer("original_max_position_embeddings", positive_at_most(kMaxSeq));
+  y.beta_fast = r.number("beta_fast", 32.0, kPositive);
+  y.beta_slow = r.number("beta_slow", 1.0, kPositive);
+  y.truncate = r.boolean("truncate", true);
+  if (y.beta_slow >= y.beta_fast) {
+    r.fail("beta_slow", "less than beta_fast (" + nlohmann::json(y.beta_fast).dump() + ")",
+           nlohmann::json(y.beta_slow).dump());
+  }
+  r.finish();
+  return y;
+}
+
 void parse_attention(JsonReader r, ModelConfig& m) {
   auto& a = m.attention;
   std::string kind = r.choice("kind", {"gqa", "mla"}, "gqa");
@@ -103,6 +118,11 @@ void parse_attention(JsonReader r, ModelConfig& m) {
   a.last_layer_global = r.boolean("last_layer_global", false);
   a.rope_theta = r.number("rope_theta", 10000.0, kPositive);
   a.rope_scaling = r.choice("rope_scaling", {"none", "yarn"}, "none") == "yarn" ? RopeScaling::kYarn : RopeScaling::kNone;
+  if (a.rope_scaling == RopeScaling::kYarn) {
+    a.yarn = parse_yarn(r.object("yarn"));
+  } else if (r.has("yarn")) {
+    r.fail("yarn", "no yarn object unless rope_scaling is \"yarn\"", "a yarn object");
+  }
   a.qk_norm = r.boolean("qk_norm", false);
   a.qk_norm_multiplier = r.number("qk_norm_multiplier", 1.0, kPositive);
   a.xsa = r.boolean("xsa", false);

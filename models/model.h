@@ -28,6 +28,22 @@ enum class PositionKind { kRope, kNope, kAlibi };
 // 2023, "YaRN: Efficient Context Window Extension of Large Language Models": the
 // frequencies interpolated per band and cos/sin scaled by an attention factor).
 enum class RopeScaling { kNone, kYarn };
+// YaRN's parameters (rope_scaling "yarn"), named as HF transformers' rope_scaling
+// names them (modeling_rope_utils._compute_yarn_parameters). Over the rotated dims
+// d, pair i's frequency θ^(−2i/d) is kept (extrapolated) below the ramp's low end,
+// divided by factor (interpolated) above its high end, blended linearly between;
+// the ends are the pair indices that turn beta_fast and beta_slow times over
+// original_max_position_embeddings positions. cos and sin are scaled by
+// 0.1 ln(factor) + 1. gpt-oss (openai/gpt-oss torch/model.py RotaryEmbedding,
+// config.json): factor 32, original_max_position_embeddings 4096, beta_fast 32,
+// beta_slow 1, truncate false.
+struct YarnConfig {
+  double factor = 0.0;                            // context extension s (required, >= 1)
+  int64_t original_max_position_embeddings = 0;   // the context L before extension (required)
+  double beta_fast = 32.0;                        // HF's default
+  double beta_slow = 1.0;                         // HF's default
+  bool truncate = true;                           // floor/ceil the ramp's ends (HF's default)
+};
 // MLP activation: SwiGLU (gated, three matrices; Shazeer 2020), or a plain
 // two-matrix MLP with GeLU (tanh approximation, as GPT-2) or ReLU² (So et al.
 // 2021, "Primer").
@@ -59,6 +75,7 @@ struct AttentionConfig {
   bool last_layer_global = false;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling = RopeScaling::kNone;  // the rotary frequencies' scaling
+  YarnConfig yarn;                                 // rope_scaling == kYarn
   bool qk_norm = false;          // non-parametric RMSNorm on Q and K
   double qk_norm_multiplier = 1.0;
   bool xsa = false;              // exclusive self attention

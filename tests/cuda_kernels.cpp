@@ -252,6 +252,28 @@ TEST_CASE("cuda: partial RoPE matches the CPU kernel, and the backward inverts i
   cudaFree(gpos);
 }
 
+TEST_CASE("cuda: YaRN RoPE matches the CPU kernel forward and backward", "[cuda][gpu]") {
+  const int N = 512, heads = 4, hd = 64, rot = 64;
+  const RopeYarn yarn{.factor = 32.0, .original_positions = 4096.0, .beta_fast = 32.0, .beta_slow = 1.0,
+                      .truncate = false};  // gpt-oss's
+  const auto x = testing::randn(size_t(N) * heads * hd, 7);
+  std::vector<int32_t> pos(N);
+  for (int i = 0; i < N; ++i) pos[i] = (i * 37) % 16384;
+  std::vector<float> y(x.size()), dx(x.size());
+  rope_forward(y.data(), x.data(), pos.data(), N, heads, hd, rot, 150000.0f, &yarn);
+  rope_backward(dx.data(), x.data(), pos.data(), N, heads, hd, rot, 150000.0f, &yarn);
+
+  DeviceBuffer<float> gx(x), gy(x.size()), gdx(x.size());
+  int32_t* gpos = nullptr;
+  RS_CUDA_CHECK(cudaMalloc(&gpos, sizeof(int32_t) * N));
+  RS_CUDA_CHECK(cudaMemcpy(gpos, pos.data(), sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+  cuda::rope_apply(gy.ptr, gx.ptr, gpos, N, heads, hd, rot, 150000.0f, 1.0f, nullptr, &yarn);
+  cuda::rope_apply(gdx.ptr, gx.ptr, gpos, N, heads, hd, rot, 150000.0f, -1.0f, nullptr, &yarn);
+  CHECK(normalised_error(gy.download(), y) < 1e-6);
+  CHECK(normalised_error(gdx.download(), dx) < 1e-6);
+  cudaFree(gpos);
+}
+
 TEST_CASE("cuda: cuBLASLt GEMMs in the three training orientations match the CPU linear layer", "[cuda][gpu]") {
   const int N = 192, in = 320, out = 256;
   const auto x = testing::randn(size_t(N) * in, 8), w = testing::randn(size_t(in) * out, 9, 0.05f),

@@ -266,6 +266,37 @@ TEST_CASE("cuda element math: partial RoPE rotation equals the CPU kernel forwar
   }
 }
 
+TEST_CASE("cuda element math: YaRN RoPE (frequencies, ramp, scale) equals the CPU kernel forward and backward",
+          "[cuda][math]") {
+  const int N = 5, heads = 3, hd = 64, rot = 48;
+  const float theta = 150000.0f;
+  const auto x = randn(size_t(N) * heads * hd, 7);
+  const std::vector<int32_t> pos = {0, 1, 17, 4095, 16383};
+  for (const bool truncate : {false, true}) {
+    const RopeYarn yarn{.factor = 32.0, .original_positions = 4096.0, .beta_fast = 32.0, .beta_slow = 1.0,
+                        .truncate = truncate};
+    double low = 0, high = 0;
+    cuda::yarn_ramp_ends(rot, theta, yarn.original_positions, yarn.beta_fast, yarn.beta_slow, truncate, &low, &high);
+    REQUIRE(low > 0.0);
+    REQUIRE(high < rot / 2.0);  // the ramp lies inside the pairs: both sides of it are exercised
+    for (float sign : {1.0f, -1.0f}) {
+      std::vector<float> y_cpu(x.size()), y(x);
+      if (sign > 0) rope_forward(y_cpu.data(), x.data(), pos.data(), N, heads, hd, rot, theta, &yarn);
+      else rope_backward(y_cpu.data(), x.data(), pos.data(), N, heads, hd, rot, theta, &yarn);
+      for (int n = 0; n < N; ++n)
+        for (int h = 0; h < heads; ++h)
+          for (int i = 0; i < rot / 2; ++i) {
+            const size_t base = (size_t(n) * heads + h) * hd;
+            cuda::rope_rotate(x[base + i], x[base + i + rot / 2],
+                              cuda::rope_angle_yarn(pos[n], i, rot, theta, yarn.factor, low, high), sign, &y[base + i],
+                              &y[base + i + rot / 2], cuda::yarn_scale(yarn.factor));
+          }
+      INFO("truncate " << truncate << " sign " << sign);
+      CHECK(max_rel_error(y, y_cpu) == 0.0);
+    }
+  }
+}
+
 TEST_CASE("cuda element math: three Adam steps equal the CPU optimizer bitwise", "[cuda][math]") {
   const int64_t n = 1000;
   auto layout = std::make_shared<ArenaLayout>(std::vector<TensorSpec>{{"gain", {n}, OptGroup::kAdam}});

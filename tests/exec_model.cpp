@@ -440,9 +440,53 @@ TEST_CASE("gpt-oss's experts: the model runs the variant it declares (its loss d
   CHECK(loss_of(plain, b) != oss);
 }
 
-TEST_CASE("a model with YaRN-scaled RoPE is refused, not trained with plain frequencies", "[exec][model]") {
-  nlohmann::json doc = load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+// tiny-gpt-oss-moe with gpt-oss's YaRN, its ramp inside the tiny model's 16 pairs.
+static nlohmann::json yarn_oss_doc() {
+  nlohmann::json doc = load_json_file(std::string(rackstep::source_dir()) + "/tests/models/tiny-gpt-oss-moe.json");
   doc["attention"]["rope_scaling"] = "yarn";
-  const models::LayerGraph yarn = models::build_layer_graph(models::parse_model(doc, "yarn.json"));
-  CHECK_THROWS_WITH(Model(yarn, 1, 16), Catch::Contains("yarn.json") && Catch::Contains("/attention/rope_scaling"));
+  doc["attention"]["yarn"] = {{"factor", 32.0}, {"original_max_position_embeddings", 16},
+                              {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"truncate", false}};
+  return doc;
+}
+
+TEST_CASE("a model with YaRN-scaled RoPE trains with YaRN's frequencies, not plain ones", "[exec][model]") {
+  const models::LayerGraph yarn = models::build_layer_graph(models::parse_model(yarn_oss_doc(), "yarn.json"));
+  Model m(yarn, 2, 64);
+  m.init_params(2);
+  const TestBatch b = make_batch(2, 64, yarn.model.vocab, 7);
+  const double with_yarn = loss_of(m, b);
+  const models::LayerGraph plain_g = oss_graph();
+  Model plain(plain_g, 2, 64);
+  plain.init_params(2);  // the same weights: tensors are seeded by name
+  CHECK(std::isfinite(with_yarn));
+  CHECK(loss_of(plain, b) != with_yarn);
+}
+
+TEST_CASE("YaRN RoPE: whole-model gradients of the attention projections match finite differences",
+          "[exec][model][gradcheck]") {
+  const models::LayerGraph yarn = models::build_layer_graph(models::parse_model(yarn_oss_doc(), "yarn.json"));
+  check_whole_model_gradients(yarn, 5, {"layers.0.attn.q_proj.w", "layers.1.attn.k_proj.w", "layers.0.attn.q_proj.b"});
+}
+
+TEST_CASE("YaRN's parameters: required with rope_scaling yarn, one error naming the path when bad", "[exec][model]") {
+  nlohmann::json doc = yarn_oss_doc();
+  doc["attention"].erase("yarn");
+  CHECK_THROWS_WITH(models::parse_model(doc, "y.json"), Catch::Contains("y.json") && Catch::Contains("/attention/yarn"));
+  doc = yarn_oss_doc();
+  doc["attention"]["yarn"]["beta_slow"] = 40.0;
+  CHECK_THROWS_WITH(models::parse_model(doc, "y.json"), Catch::Contains("/attention/yarn/beta_slow"));
+  doc = yarn_oss_doc();
+  doc["attention"]["yarn"]["factor"] = 0.5;
+  CHECK_THROWS_WITH(models::parse_model(doc, "y.json"), Catch::Contains("/attention/yarn/factor"));
+  doc = yarn_oss_doc();
+  doc["attention"]["rope_scaling"] = "none";
+  CHECK_THROWS_WITH(models::parse_model(doc, "y.json"), Catch::Contains("/attention/yarn"));
+  // MLA's YaRN (DeepSeek's mscale on the softmax) is not the form the kernels run.
+  nlohmann::json mla = load_json_file(std::string(rackstep::source_dir()) + "/models/zoo/tiny-moe.json");
+  mla["attention"]["kind"] = "mla";
+  mla["attention"]["mla"] = {{"kv_latent", 32}, {"rope_dim", 16}};
+  mla["attention"]["rope_scaling"] = "yarn";
+  mla["attention"]["yarn"] = yarn_oss_doc()["attention"]["yarn"];
+  const models::LayerGraph g = models::build_layer_graph(models::parse_model(mla, "mla.json"));
+  CHECK_THROWS_WITH(Model(g, 1, 16), Catch::Contains("mla.json") && Catch::Contains("/attention/rope_scaling"));
 }

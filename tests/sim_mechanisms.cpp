@@ -345,6 +345,7 @@ TEST_CASE("YaRN RoPE costs eager passes and calls only under a stack that runs i
   json plain = zoo_json("tiny-moe");
   json yarn = plain;
   yarn["attention"]["rope_scaling"] = "yarn";
+  yarn["attention"]["yarn"] = {{"factor", 32.0}, {"original_max_position_embeddings", 4096}};
   const sim::OpTable ty = table_of(yarn), tp = table_of(plain);
   const sim::OpEntry& ey = entry(ty, models::OpKind::kRope);
   const sim::OpEntry& ep = entry(tp, models::OpKind::kRope);

@@ -163,8 +163,10 @@ void qk_norm_bwd(Scratch& s, const OpCall& c) {
 void rope_fwd(const OpCall& c) {  // q (N, H, qk), k (N, kv, qk) -> the leading rot_dims of each head rotated
   const int qk = I(c.op->qk_head_dim);
   const auto theta = static_cast<float>(c.model->attention.rope_theta);
+  const std::optional<RopeYarn> yarn = rope_yarn_of(c);
   for (int j = 0; j < 2; ++j) {
-    rope_forward(c.out[j].value, c.in[j].value, c.pos, I(c.N), I(c.in[j].width / qk), qk, c.rot_dims, theta);
+    rope_forward(c.out[j].value, c.in[j].value, c.pos, I(c.N), I(c.in[j].width / qk), qk, c.rot_dims, theta,
+                 yarn ? &*yarn : nullptr);
   }
 }
 void rope_bwd(Scratch& s, const OpCall& c) {
@@ -172,8 +174,9 @@ void rope_bwd(Scratch& s, const OpCall& c) {
   const auto theta = static_cast<float>(c.model->attention.rope_theta);
   float* dq = s.dst(c, c.in[0], 0);
   float* dk = s.dst(c, c.in[1], 1);
-  rope_backward(dq, c.out[0].grad, c.pos, I(c.N), I(c.in[0].width / qk), qk, c.rot_dims, theta);
-  rope_backward(dk, c.out[1].grad, c.pos, I(c.N), I(c.in[1].width / qk), qk, c.rot_dims, theta);
+  const std::optional<RopeYarn> yarn = rope_yarn_of(c);
+  rope_backward(dq, c.out[0].grad, c.pos, I(c.N), I(c.in[0].width / qk), qk, c.rot_dims, theta, yarn ? &*yarn : nullptr);
+  rope_backward(dk, c.out[1].grad, c.pos, I(c.N), I(c.in[1].width / qk), qk, c.rot_dims, theta, yarn ? &*yarn : nullptr);
   s.done(c, c.in[0], 0);
   s.done(c, c.in[1], 1);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -248,10 +249,12 @@ OpResult CudaBackend::forward(const OpCall& c) {
       rmsnorm_forward<float>(out1.value, c.saved[1].value, in1.value, nullptr, mult, eps, N * (w(in1) / qk), qk, s);
       return r;
     }
-    case OpKind::kRope: {  // the leading rot_dims of each q/k head rotated
+    case OpKind::kRope: {  // the leading rot_dims of each q/k head rotated (YaRN's frequencies and scale if set)
       const auto theta = static_cast<float>(m.attention.rope_theta);
-      rope_apply<float>(out0.value, in0.value, c.pos, N, w(in0) / qk, qk, c.rot_dims, theta, 1.0f, s);
-      rope_apply<float>(out1.value, in1.value, c.pos, N, w(in1) / qk, qk, c.rot_dims, theta, 1.0f, s);
+      const std::optional<RopeYarn> yarn = rope_yarn_of(c);
+      const RopeYarn* yarn_ptr = yarn ? &*yarn : nullptr;
+      rope_apply<float>(out0.value, in0.value, c.pos, N, w(in0) / qk, qk, c.rot_dims, theta, 1.0f, s, yarn_ptr);
+      rope_apply<float>(out1.value, in1.value, c.pos, N, w(in1) / qk, qk, c.rot_dims, theta, 1.0f, s, yarn_ptr);
       return r;
     }
     case OpKind::kAttention:  // q (N, H, qk), k and v (N, kv, qk) -> (N, H, qk); lse (B, H, T)
@@ -454,12 +457,14 @@ void CudaBackend::backward(const OpCall& c) {
       grad_done(c, in0, 0);
       return;
     }
-    case OpKind::kRope: {  // the inverse rotation
+    case OpKind::kRope: {  // the inverse rotation (YaRN: its scale times Rᵀ)
       const auto theta = static_cast<float>(m.attention.rope_theta);
+      const std::optional<RopeYarn> yarn = rope_yarn_of(c);
+      const RopeYarn* yarn_ptr = yarn ? &*yarn : nullptr;
       float* dq = grad_dst(c, in0, 0);
       float* dk = grad_dst(c, in1, 1);
-      rope_apply<float>(dq, out0.grad, c.pos, N, w(in0) / qk, qk, c.rot_dims, theta, -1.0f, s);
-      rope_apply<float>(dk, out1.grad, c.pos, N, w(in1) / qk, qk, c.rot_dims, theta, -1.0f, s);
+      rope_apply<float>(dq, out0.grad, c.pos, N, w(in0) / qk, qk, c.rot_dims, theta, -1.0f, s, yarn_ptr);
+      rope_apply<float>(dk, out1.grad, c.pos, N, w(in1) / qk, qk, c.rot_dims, theta, -1.0f, s, yarn_ptr);
       grad_done(c, in0, 0);
       grad_done(c, in1, 1);
       return;

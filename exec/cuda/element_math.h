@@ -11,6 +11,7 @@
 //   float h = relu2(a), da = relu2_grad(dh, a);  // ReLU² (Primer)
 //   float r = rms_rstd(sum_sq, d, eps);           // 1/sqrt(mean(x²)+eps)
 //   rope_rotate(x1, x2, rope_angle(pos, i, rot, theta), +1.f, &y1, &y2);
+//   rope_rotate(x1, x2, rope_angle_yarn(pos, i, rot, theta, s, lo, hi), +1.f, &y1, &y2, yarn_scale(s));
 //   float s = alibi_score(scale * qk, slope_h, i, j);  // ALiBi's linear bias
 #pragma once
 
@@ -130,10 +131,44 @@ RS_HOST_DEVICE float aux_loss_dlogit(double s, double S, double f, double fp, do
 RS_HOST_DEVICE double rope_angle(int pos, int i, int rot_dims, float theta) {
   return static_cast<double>(pos) * pow(static_cast<double>(theta), -2.0 * i / rot_dims);
 }
-// sign +1 rotates forward, −1 applies Rᵀ (the backward).
-RS_HOST_DEVICE void rope_rotate(float x1, float x2, double angle, float sign, float* y1, float* y2) {
-  const float c = static_cast<float>(cos(angle));
-  const float s = sign * static_cast<float>(sin(angle));
+// YaRN (Peng et al. 2023; HF transformers _compute_yarn_parameters), as
+// exec/cpu/rope.cpp: the pair index at which a frequency turns `rotations` times
+// over L positions, d ln(L / (2π rotations)) / (2 ln θ).
+RS_HOST_DEVICE double yarn_correction_dim(double rotations, int rot_dims, float theta, double L) {
+  return rot_dims * log(L / (rotations * 2.0 * M_PI)) / (2.0 * log(static_cast<double>(theta)));
+}
+// The ramp's ends (low from beta_fast, high from beta_slow), clamped to the pairs.
+RS_HOST_DEVICE void yarn_ramp_ends(int rot_dims, float theta, double L, double beta_fast, double beta_slow,
+                                   bool truncate, double* low, double* high) {
+  double lo = yarn_correction_dim(beta_fast, rot_dims, theta, L);
+  double hi = yarn_correction_dim(beta_slow, rot_dims, theta, L);
+  if (truncate) {
+    lo = floor(lo);
+    hi = ceil(hi);
+  }
+  lo = lo > 0.0 ? lo : 0.0;
+  hi = hi < rot_dims - 1.0 ? hi : rot_dims - 1.0;
+  if (lo == hi) hi += 0.001;  // HF's guard against a zero-width ramp
+  *low = lo;
+  *high = hi;
+}
+// Pair i's angle under YaRN: θ^(−2i/d) kept below low, divided by factor above high,
+// blended linearly between.
+RS_HOST_DEVICE double rope_angle_yarn(int pos, int i, int rot_dims, float theta, double factor, double low,
+                                      double high) {
+  const double inv_freq = pow(static_cast<double>(theta), -2.0 * i / rot_dims);
+  double ramp = (static_cast<double>(i) - low) / (high - low);
+  ramp = ramp < 0.0 ? 0.0 : (ramp > 1.0 ? 1.0 : ramp);
+  return static_cast<double>(pos) * (inv_freq / factor * ramp + inv_freq * (1.0 - ramp));
+}
+// YaRN's attention factor on cos and sin, 0.1 ln(factor) + 1 (HF get_mscale; 1 at factor 1).
+RS_HOST_DEVICE double yarn_scale(double factor) { return factor > 1.0 ? 0.1 * log(factor) + 1.0 : 1.0; }
+
+// sign +1 rotates forward, −1 applies Rᵀ (the backward); cos and sin times scale (YaRN).
+RS_HOST_DEVICE void rope_rotate(float x1, float x2, double angle, float sign, float* y1, float* y2,
+                                double scale = 1.0) {
+  const float c = static_cast<float>(scale * cos(angle));
+  const float s = sign * static_cast<float>(scale * sin(angle));
   *y1 = x1 * c - x2 * s;
   *y2 = x2 * c + x1 * s;
 }

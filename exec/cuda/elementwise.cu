@@ -136,7 +136,9 @@ __global__ void rmsnorm_dgain_kernel(float* dgain, const T* dy, const T* x, cons
 
 template <typename T>
 __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int N, int heads, int hd, int rot_dims,
-                            float theta, float sign) {
+                            float theta, float sign, double yarn_factor, double yarn_low, double yarn_high) {
+  const bool yarn = yarn_factor > 1.0;  // factor 1: YaRN's frequencies are the plain ones
+  const double scale = yarn_scale(yarn_factor);
   const int half = rot_dims / 2;
   const size_t pairs = size_t(N) * heads * half;
   RS_GRID_STRIDE(p, pairs) {
@@ -145,8 +147,9 @@ __global__ void rope_kernel(T* y, const T* x, const int32_t* pos, int N, int hea
     const int token = static_cast<int>(row / heads);
     const size_t base = row * hd;
     float y1, y2;
-    rope_rotate(load(x, base + i), load(x, base + i + half), rope_angle(pos[token], i, rot_dims, theta), sign,
-                &y1, &y2);
+    const double angle = yarn ? rope_angle_yarn(pos[token], i, rot_dims, theta, yarn_factor, yarn_low, yarn_high)
+                              : rope_angle(pos[token], i, rot_dims, theta);
+    rope_rotate(load(x, base + i), load(x, base + i + half), angle, sign, &y1, &y2, scale);
     store(y, base + i, y1);
     store(y, base + i + half, y2);
   }
@@ -355,10 +358,17 @@ void rmsnorm_backward(T* dx, float* dgain, const T* dy, const T* x, const float*
 
 template <typename T>
 void rope_apply(T* y, const T* x, const int32_t* pos, int N, int heads, int hd, int rot_dims, float theta, float sign,
-                cudaStream_t stream) {
+                cudaStream_t stream, const RopeYarn* yarn) {
   const size_t pairs = size_t(N) * heads * (rot_dims / 2);
+  double factor = 1.0, low = 0.0, high = 0.0;  // the ramp's ends, once per launch on the host
+  if (yarn) {
+    factor = yarn->factor;
+    yarn_ramp_ends(rot_dims, theta, yarn->original_positions, yarn->beta_fast, yarn->beta_slow, yarn->truncate, &low,
+                   &high);
+  }
   if (pairs > 0) {
-    rope_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(y, x, pos, N, heads, hd, rot_dims, theta, sign);
+    rope_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(y, x, pos, N, heads, hd, rot_dims, theta, sign, factor,
+                                                            low, high);
     RS_CUDA_CHECK(cudaGetLastError());
   }
   const size_t tail = size_t(N) * heads * (hd - rot_dims);
@@ -467,7 +477,8 @@ void mul_silu_grad(float* ds, const float* a, size_t n, cudaStream_t stream) {
   template void rmsnorm_forward<T>(T*, float*, const T*, const float*, float, float, int, int, cudaStream_t);   \
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const float*, const float*, float, int, int, \
                                     cudaStream_t);                                                              \
-  template void rope_apply<T>(T*, const T*, const int32_t*, int, int, int, int, float, float, cudaStream_t);    \
+  template void rope_apply<T>(T*, const T*, const int32_t*, int, int, int, int, float, float, cudaStream_t,     \
+                              const RopeYarn*);                                                              \
   template void layernorm_forward<T>(T*, float*, const T*, const float*, float, int, int, cudaStream_t);       \
   template void layernorm_backward<T>(T*, float*, const T*, const T*, const float*, const float*, float*, int, \
                                       int, cudaStream_t);

@@ -14,6 +14,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "exec/kernels.h"
+
 #include <cstddef>
 #include <cstdint>
 
@@ -83,12 +85,14 @@ void layernorm_backward(T* dx,             // (rows, d) =, may alias dy
                         float* row_mean,   // (rows) scratch
                         int rows, int d, cudaStream_t stream);
 
-// Partial RoPE (NeoX pairing) over (N, heads, hd); sign +1 forward, −1 backward.
+// Partial RoPE (NeoX pairing) over (N, heads, hd); sign +1 forward, −1 backward
+// (with YaRN: its scale times Rᵀ). yarn: nullptr = plain RoPE frequencies.
 template <typename T>
 void rope_apply(T* y,                  // (N, heads, hd)
                 const T* x,            // (N, heads, hd)
                 const int32_t* pos,    // (N)
-                int N, int heads, int hd, int rot_dims, float theta, float sign, cudaStream_t stream);
+                int N, int heads, int hd, int rot_dims, float theta, float sign, cudaStream_t stream,
+                const RopeYarn* yarn = nullptr);
 
 // Causal softmax attention with sliding window, GQA (kv_used of kv_stored
 // heads read), document masking, optional sinks and optional ALiBi slopes
