@@ -33,6 +33,7 @@
 #include "exec/dist.h"
 #include "exec/train.h"
 #include "sim/base/source_dir.h"
+#include "tests/exec_test_batch.h"
 #if defined(RACKSTEP_TEST_CUDA)
 #include <cuda_runtime.h>
 
@@ -58,17 +59,7 @@ void expect(bool ok, const std::string& what, int rank) {
 // Generated text built into a dataset by rank 0; every rank reads it.
 std::string dataset(const Comm& world, const fs::path& root) {
   if (world.root()) {
-    fs::create_directories(root / "text");
-    const char* words[] = {"the", "model", "trains", "on", "text", "and", "its", "loss", "falls", "while",
-                           "experts", "route", "tokens", "to", "layers", "of", "a", "rack"};
-    uint64_t s = 7;
-    for (int f = 0; f < 40; ++f) {
-      std::ofstream out(root / "text" / ("doc" + std::to_string(f) + ".txt"));
-      for (int w = 0; w < 90; ++w) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        out << words[(s >> 33) % 18] << ((w % 11 == 10) ? ".\n" : " ");
-      }
-    }
+    testing::write_word_corpus(root / "text", 7);
     BuildOptions o;
     o.from = {(root / "text").string()};
     o.out_dir = (root / "data").string();

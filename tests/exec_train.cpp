@@ -18,6 +18,7 @@
 #include "sim/base/source_dir.h"
 #include "exec/train.h"
 #include "tests/exec_not_host_backend.h"
+#include "tests/exec_test_batch.h"
 #include "sim/base/check.h"
 #include "sim/base/json_io.h"
 #include "sim/base/value_error.h"
@@ -34,17 +35,7 @@ const std::string kTiny = std::string(rackstep::source_dir()) + "/models/zoo/tin
 std::string test_dataset() {
   static const std::string dir = [] {
     const fs::path root = fs::temp_directory_path() / ("rackstep-train-test-" + std::to_string(::getpid()));
-    fs::create_directories(root / "text");
-    const char* words[] = {"the", "model", "trains", "on", "text", "and", "its", "loss", "falls", "while",
-                           "experts", "route", "tokens", "to", "layers", "of", "a", "rack"};
-    uint64_t s = 1;
-    for (int f = 0; f < 40; ++f) {
-      std::ofstream out(root / "text" / ("doc" + std::to_string(f) + ".txt"));
-      for (int w = 0; w < 90; ++w) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        out << words[(s >> 33) % 18] << ((w % 11 == 10) ? ".\n" : " ");
-      }
-    }
+    testing::write_word_corpus(root / "text", 1);
     BuildOptions o;
     o.from = {(root / "text").string()};
     o.out_dir = (root / "data").string();
