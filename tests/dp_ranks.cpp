@@ -33,7 +33,7 @@
 #include "exec/dist.h"
 #include "exec/train.h"
 #include "sim/base/source_dir.h"
-#include "tests/exec_test_batch.h"
+#include "tests/exec_test_data.h"
 #if defined(RACKSTEP_TEST_CUDA)
 #include <cuda_runtime.h>
 
@@ -58,14 +58,7 @@ void expect(bool ok, const std::string& what, int rank) {
 
 // Generated text built into a dataset by rank 0; every rank reads it.
 std::string dataset(const Comm& world, const fs::path& root) {
-  if (world.root()) {
-    testing::write_word_corpus(root / "text", 7);
-    BuildOptions o;
-    o.from = {(root / "text").string()};
-    o.out_dir = (root / "data").string();
-    o.eval_fraction = 0.2;
-    build_dataset(o);
-  }
+  if (world.root()) testing::build_word_dataset(root, 7);
   world.barrier();
   return (root / "data").string();
 }

@@ -18,7 +18,7 @@
 #include "sim/base/source_dir.h"
 #include "exec/train.h"
 #include "tests/exec_not_host_backend.h"
-#include "tests/exec_test_batch.h"
+#include "tests/exec_test_data.h"
 #include "sim/base/check.h"
 #include "sim/base/json_io.h"
 #include "sim/base/value_error.h"
@@ -35,15 +35,17 @@ const std::string kTiny = std::string(rackstep::source_dir()) + "/models/zoo/tin
 std::string test_dataset() {
   static const std::string dir = [] {
     const fs::path root = fs::temp_directory_path() / ("rackstep-train-test-" + std::to_string(::getpid()));
-    testing::write_word_corpus(root / "text", 1);
-    BuildOptions o;
-    o.from = {(root / "text").string()};
-    o.out_dir = (root / "data").string();
-    o.eval_fraction = 0.2;
-    build_dataset(o);
-    return o.out_dir;
+    return testing::build_word_dataset(root, 1);
   }();
   return dir;
+}
+
+// Runs a trainer to its end, appending its step logs; returns its final parameters.
+std::vector<float> run_to_end(const TrainOptions& o, std::vector<StepLog>& logs) {
+  Trainer t(o);
+  while (!t.done()) logs.push_back(t.step());
+  const Arena& p = std::as_const(t.model()).params();
+  return {p.data(), p.data() + p.total_floats()};
 }
 
 TrainOptions small_options(const std::string& out) {
@@ -272,10 +274,7 @@ TEST_CASE("a resident backend trains, checkpoints and resumes bitwise like the C
     o.backend = backend;
     o.steps = 4;
     o.resume = true;
-    Trainer t(o);
-    while (!t.done()) r.logs.push_back(t.step());
-    const Arena& p = std::as_const(t.model()).params();
-    r.params.assign(p.data(), p.data() + p.total_floats());
+    r.params = run_to_end(o, r.logs);
     return r;
   };
   const Run cpu = train("cpu", fresh_dir("resident-cpu"));
@@ -330,10 +329,7 @@ TEST_CASE("the backend's data-parallel collectives train, checkpoint and resume 
     }
     TrainOptions o = options(dir, resume_with, resume_with == "cpu" ? "host" : collectives);
     o.resume = true;
-    Trainer t(o);
-    while (!t.done()) r.logs.push_back(t.step());
-    const Arena& p = std::as_const(t.model()).params();
-    r.params.assign(p.data(), p.data() + p.total_floats());
+    r.params = run_to_end(o, r.logs);
     return r;
   };
   const Run host = train("cpu", "host", "cpu");
