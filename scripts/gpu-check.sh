@@ -140,7 +140,8 @@ if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
   # GPU takes the device transport, with itself as the only peer (the grouped ncclSend/ncclRecv per
   # wave, the ragged count exchange, the host-side plan of exec/ep_plan.h); capacities that bind and
   # --verify-dispatch (every layer against sim::dispatch). 3 steps against the CPU backend's simulated
-  # dispatch of one GPU: the same drops per step, the losses to the GPU's rounding.
+  # dispatch of one GPU: the same drops per step, the losses to the GPU's rounding. (A dry run on the
+  # cpu backend records the refusal of --verify-dispatch: the cpu backend has no transport of its own.)
   ep="--ep 1 --sender-cf 0.8 --receiver-cf 0.8 --waves 2 --stop-after 3 --threads $jobs"
   json_step tiny_cpu_ep 60 "$rs" train $tiny --backend cpu --dispatch pooled $ep --out "$out/tiny_cpu_ep" --json
   json_step tiny_cuda_ep 60 "$rs" train $tiny $backend_flag --dispatch pooled $ep --verify-dispatch \
