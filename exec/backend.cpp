@@ -9,6 +9,8 @@
 #include <system_error>
 
 #include "exec/cpu/backend.h"
+#include "exec/dist.h"
+#include "exec/model.h"
 #include "sim/base/check.h"
 
 namespace rackstep::exec {
@@ -161,6 +163,13 @@ std::string load_backend_plugin(const std::string& name) {
   if (!reg) return why = file + ": no symbol " + symbol;
   reg();
   return why = "";
+}
+
+std::unique_ptr<ExpertBackend> Backend::make_experts(Comm /*group*/, const sim::DispatchConfig& /*config*/,
+                                                     bool /*verify*/, std::string& why) {
+  why = uses_host_memory() ? "the host transport (exec/dist.h MpiExperts: this backend uses host memory)"
+                           : "expert parallelism in the " + name() + " backend's memory (it has none)";
+  return nullptr;
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {

@@ -81,6 +81,7 @@
 #include "exec/kernels.h"
 #include "exec/optim.h"
 #include "models/layer_graph.h"
+#include "sim/base/dispatch.h"
 
 namespace rackstep::exec {
 
@@ -206,7 +207,8 @@ class BackendCollectives {
   virtual void all_gather(float* params) = 0;
 };
 
-class Comm;  // exec/dist.h: the ranks (MPI, or one process)
+class Comm;           // exec/dist.h: the ranks (MPI, or one process)
+class ExpertBackend;  // exec/model.h: routed experts computed across an EP group
 
 // Scalars an op's forward returns to the driver's loss bookkeeping.
 struct OpResult {
@@ -251,6 +253,13 @@ class Backend {
     why = "collectives in the " + name() + " backend's memory (it has none: its ranks reduce host copies over MPI)";
     return nullptr;
   }
+  // Expert parallelism over the EP group `group` in this backend's memory
+  // (exec/cuda: NCCL), pooled or ragged as `config` says, or nullptr with
+  // `why` set. A backend that uses host memory needs none (the trainer runs
+  // exec/dist.h's MpiExperts on it). Every rank of `group` calls it. The
+  // backend outlives it. `verify`: check every layer against sim::dispatch.
+  virtual std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config, bool verify,
+                                                      std::string& why);
 
   // --- the op set -----------------------------------------------------------
   virtual OpResult forward(const OpCall& c) = 0;

@@ -20,23 +20,15 @@
 // Expert parallel. Ranks form EP groups of `ep` consecutive ranks; rank g of a
 // group owns experts [g*E/ep, (g+1)*E/ep). Each MoE layer ships its routed
 // rows to the experts' owners and back (MpiExperts, an ExpertBackend of
-// exec/model.h):
-//   pooled  W waves of MPI_Alltoall, fixed blocks of P = sender pool rows per
-//           destination; a row is a header (the local expert id, -1 = empty)
-//           followed by L floats. The sender places assignment rank r of its
-//           destination at wave r mod W, slot r div W and drops slots past the
-//           logical pool limit; the receiver grants each local expert its
-//           per-wave capacity slot-major, source-minor and drops the rest.
-//   ragged  one MPI_Alltoall of row counts, then MPI_Alltoallv of every
-//           assignment (no sender pools), rows ordered by (expert, position);
-//           the receiver gate is split across expert chunks (sim/base/dispatch.h).
-// The combine returns each row in the same slot with a kept flag in its
-// header; backward runs the same two exchanges on the gradients. Capacities
-// and limits come from sim/base/dispatch.h (physical_capacity, scaled_capacity),
-// every token counts as valid (the CPU engine has no sequence padding). The
-// decisions are made locally by sender and receiver, as on a real machine;
-// with verification on, every layer also all-gathers its group's assignments,
-// runs sim::dispatch and checks that exactly the same assignments were dropped.
+// exec/model.h) in host memory: pooled = W waves of MPI_Alltoall of fixed
+// blocks; ragged = one MPI_Alltoall of row counts, then MPI_Alltoallv. A row
+// is a header (the local expert id, -1 = empty; on the way back 1 = computed)
+// followed by L floats. Where each row goes and which rows are dropped is
+// decided by exec/ep_plan.h (EpLayerPlan), which the NCCL transport of the
+// CUDA backend shares: the decisions are made locally by sender and receiver,
+// as on a real machine; with verification on, every layer also all-gathers
+// its group's assignments, runs sim::dispatch and checks that exactly the same
+// assignments were dropped (verify_against_dispatch).
 //
 // Limits: expert weights stay replicated in every rank's parameter arena (the
 // arena is one layout per model); a rank computes, and has gradients for, only
@@ -54,6 +46,7 @@
 #include <vector>
 
 #include "exec/arena.h"
+#include "exec/ep_plan.h"
 #include "exec/model.h"
 #include "sim/base/dispatch.h"
 
@@ -145,46 +138,16 @@ ShardPlan make_shard_plan(const ArenaLayout& layout, int world);
 // The layout of just one shard's tensors (its own arena and optimizer state).
 std::shared_ptr<const ArenaLayout> shard_layout(const ArenaLayout& layout, const ParamShard& shard);
 
-// --- expert parallel: the transports' decisions (pure, tested without MPI) ------------
+// --- expert parallel ---------------------------------------------------------------------
+// The transports' decisions (SendPlan, RecvPlan, EpLayerPlan, transport_decisions)
+// are exec/ep_plan.h's, shared with the NCCL transport (exec/cuda/experts.h).
 
-// Where one rank's assignments go. pooled: rows = W * S * P, row
-// ((w * S + d) * P + slot); ragged: rows grouped by destination in
-// (expert, position) order, rows_to[d] of them for destination d.
-struct SendPlan {
-  std::vector<int64_t> row_of;  // (A) send-buffer row of assignment a, -1 = sender drop
-  std::vector<int> rows_to;     // (S) rows for each destination
-  int64_t rows = 0;             // rows in the send buffer
-};
-SendPlan plan_pooled_send(const int32_t* expert, int64_t A, int64_t S, int64_t local, int64_t waves,
-                          int64_t pool_rows, int64_t pool_limit);
-SendPlan plan_ragged_send(const int32_t* expert, int64_t A, int64_t S, int64_t local);
-
-// What a receiver computes. `header` (rows): local expert id of each received
-// row, -1 = empty slot. pooled rows are ((w * S + s) * P + slot); ragged rows
-// come from source 0, 1, ... with rows_from[s] each.
-struct RecvPlan {
-  std::vector<int64_t> kept_rows;  // received rows computed, grouped by local expert
-  std::vector<int32_t> offsets;    // (local + 1) into kept_rows
-  std::vector<uint8_t> kept;       // (rows) 1 = computed
-};
-RecvPlan plan_pooled_receive(const int32_t* header, int64_t S, int64_t local, int64_t waves, int64_t pool_rows,
-                             int64_t receiver_limit);
-RecvPlan plan_ragged_receive(const int32_t* header, const std::vector<int>& rows_from, int64_t local, int chunks,
-                             int64_t gate);
-
-// Logical limits of an EP group of S ranks with `tokens` tokens each (all valid).
-struct TransportLimits {
-  sim::CapacityRows physical;
-  int64_t pool_limit = 0;      // pooled: per destination per wave
-  int64_t receiver_limit = 0;  // pooled: per local expert per wave; ragged: the gate
-};
-TransportLimits transport_limits(const sim::DispatchConfig& cfg, int64_t S, int64_t tokens);
-
-// The whole group's decisions made the way the ranks make them (send plans,
-// an in-memory all-to-all, receive plans), for tests against sim::dispatch.
-// Returns keep per rank, (tokens, k) in assignment order, and the counts.
-sim::DispatchResult transport_decisions(const sim::DispatchConfig& cfg,
-                                        const std::vector<std::vector<int32_t>>& experts);
+// --verify-dispatch: all-gathers the group's assignments of one layer
+// (expert: (A) this rank's, host memory), runs sim::dispatch on them and
+// RS_CHECKs that this rank's transport kept exactly what it keeps (sent_kept,
+// (A) assignment order) and dropped as many (drops). Every rank of `group` calls it.
+void verify_against_dispatch(const Comm& group, const sim::DispatchConfig& config, const int32_t* expert, int A,
+                             const std::vector<uint8_t>& sent_kept, const sim::DropCounts& drops);
 
 // --- expert parallel: the MPI backend ------------------------------------------------------
 
@@ -195,18 +158,14 @@ class MpiExperts : public ExpertBackend {
   MpiExperts(Comm group, sim::DispatchConfig config, bool verify);
   void forward(const ExpertLayer& l, const float* xs, float* ys, uint8_t* keep, sim::DropCounts& drops) override;
   void backward(const ExpertLayer& l, const float* dys, float* dxs) override;
-  int64_t verified_layers() const { return verified_; }
+  int64_t verified_layers() const override { return verified_; }
 
  private:
   struct LayerState {
-    SendPlan send;
-    std::vector<int> rows_from;  // (S) rows received from each source
-    RecvPlan recv;
+    EpLayerPlan plan;
     std::vector<float> xs, a1, a3, h;  // (R, L), (R, F) x3: the computed rows, kept for backward
-    std::vector<uint8_t> sent_kept;    // (A) assignment order: computed by its expert
   };
-  void exchange(const LayerState& st, const float* send, float* recv, int width, bool back) const;
-  void verify(const ExpertLayer& l, const LayerState& st, const sim::DropCounts& drops);
+  void exchange(const EpLayerPlan& plan, const float* send, float* recv, int width, bool back) const;
 
   Comm group_;
   sim::DispatchConfig cfg_;

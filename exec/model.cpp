@@ -414,8 +414,8 @@ void Model::set_dispatch(const DispatchOptions& d) {
 }
 
 void Model::set_expert_backend(ExpertBackend* experts) {
-  RS_CHECK(!experts || backend_->uses_host_memory(),
-           "expert parallelism over MPI exchanges host memory; backend " + backend_->name() + " does not use it");
+  RS_CHECK(!experts || experts->uses_host_memory() == backend_->uses_host_memory(),
+           "an expert backend exchanges rows in another memory than backend " + backend_->name() + "'s");
   experts_ = experts;
 }
 

@@ -92,10 +92,12 @@ struct DispatchOptions {
 };
 
 // Routed experts computed elsewhere: expert parallelism (exec/dist.h,
-// MpiExperts). The model hands over one MoE layer's rows grouped by expert
-// (its dispatch output) and gets back each row's expert output; the expert
-// backend decides which assignments are dropped (keep = 0, output row 0).
-// Every pointer is host memory (the model's backend must use host memory).
+// MpiExperts, in host memory; exec/cuda/experts.h, NCCL in device memory).
+// The model hands over one MoE layer's rows grouped by expert (its dispatch
+// output) and gets back each row's expert output; the expert backend decides
+// which assignments are dropped (keep = 0, output row 0). expert, sorted_pos
+// and keep are host memory; rows, weights and gradients are in the model
+// backend's memory, which must be the expert backend's (uses_host_memory).
 struct ExpertLayer {
   int moe = 0;                  // MoE layer index (0 = the first MoE layer)
   int tokens = 0, E = 0, k = 0, L = 0, F = 0;
@@ -124,6 +126,10 @@ class ExpertBackend {
   virtual void forward(const ExpertLayer& l, const float* xs, float* ys, uint8_t* keep, sim::DropCounts& drops) = 0;
   // dys -> dxs (grouped rows, "="), expert weight gradients "+=".
   virtual void backward(const ExpertLayer& l, const float* dys, float* dxs) = 0;
+  // Where its rows live: the host's memory (MpiExperts) or a device's (exec/backend.h, Backend::make_experts).
+  virtual bool uses_host_memory() const { return true; }
+  // Layers checked against sim::dispatch so far (--verify-dispatch).
+  virtual int64_t verified_layers() const { return 0; }
 };
 
 struct LossResult {

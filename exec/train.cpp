@@ -140,23 +140,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   if (distributed()) {  // router losses: each rank's share of the global batch's
     model_->set_router_loss_share(global_batch_ * seq, [this](int64_t* counts, int n) { comm_->allreduce_sum(counts, n); });
   }
-  const int64_t ep = o_.dispatch.enabled ? o_.dispatch.ep : 1;
-  if (distributed() && ep > 1) {
-    if (world() % ep != 0) {
-      throw ValueError("train", "ep", "a divisor of the " + std::to_string(world()) + " processes",
-                       std::to_string(ep));
-    }
-    experts_ = std::make_unique<MpiExperts>(comm_->split(comm_->rank() / static_cast<int>(ep)), o_.dispatch.config,
-                                            o_.verify_dispatch);
-    model_->set_expert_backend(experts_.get());
-  } else {
-    if (o_.verify_dispatch) {
-      throw ValueError("train", "verify_dispatch",
-                       "expert parallelism across processes to check (several processes and ep > 1)",
-                       std::to_string(world()) + " process(es) with ep " + std::to_string(ep));
-    }
-    model_->set_dispatch(o_.dispatch);
-  }
+  make_experts();
 
   const DatasetInfo info = read_dataset_info(o_.data_dir);
   if (info.tokenizer.vocab_size() > m.vocab) {
@@ -252,6 +236,54 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
     if (!o_.routing_trace_eval.empty())
       trace_eval_ = std::make_unique<RoutingTraceRecorder>(graph_, seq, true, o_.routing_trace_eval, max_tokens);
   }
+}
+
+// --- expert parallel ---------------------------------------------------------------
+
+// Expert parallelism across processes: EP groups of `ep` consecutive ranks
+// exchange their routed rows, over MPI in host memory (MpiExperts) or through
+// the backend's own transport in its memory (Backend::make_experts: NCCL on the
+// GPU). A backend whose memory is not the host's runs its transport in one
+// process with ep 1 too (a group of one: the same calls, and the same drops as
+// the simulated dispatch of one GPU), where it has one. Otherwise the dispatch
+// is simulated (Model::set_dispatch: sim::dispatch over `ep` virtual GPUs).
+void Trainer::make_experts() {
+  const int64_t ep = o_.dispatch.enabled ? o_.dispatch.ep : 1;
+  const bool host_memory = model_->backend().uses_host_memory();
+  const bool transport = o_.dispatch.enabled && o_.dispatch.config.transport != sim::Transport::capacity;
+  if (distributed() && ep > 1) {
+    if (world() % ep != 0) {
+      throw ValueError("train", "ep", "a divisor of the " + std::to_string(world()) + " processes",
+                       std::to_string(ep));
+    }
+    Comm group = ranks().split(rank() / static_cast<int>(ep));
+    if (host_memory) {
+      experts_ = std::make_unique<MpiExperts>(std::move(group), o_.dispatch.config, o_.verify_dispatch);
+    } else {
+      check_ep_transport(o_.dispatch.config, ep);  // capacity: the same refusal as on the host
+      std::string why;
+      experts_ = model_->backend().make_experts(std::move(group), o_.dispatch.config, o_.verify_dispatch, why);
+      if (!experts_) throw ValueError("train", "ep", why, std::to_string(ep) + " on backend " + o_.backend);
+    }
+    model_->set_expert_backend(experts_.get());
+    return;
+  }
+  if (!host_memory && transport && !distributed() && ep == 1) {
+    std::string why;
+    experts_ = model_->backend().make_experts(ranks().split(0), o_.dispatch.config, o_.verify_dispatch, why);
+    if (experts_) {
+      model_->set_expert_backend(experts_.get());
+      return;
+    }
+  }
+  if (o_.verify_dispatch) {
+    throw ValueError("train", "verify_dispatch",
+                     "expert parallelism across processes to check (several processes and ep > 1, or one process "
+                     "with ep 1 on a backend with its own transport)",
+                     std::to_string(world()) + " process(es) with ep " + std::to_string(ep) + " on backend " +
+                         o_.backend);
+  }
+  model_->set_dispatch(o_.dispatch);
 }
 
 // --- data parallel -----------------------------------------------------------------

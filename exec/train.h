@@ -172,6 +172,7 @@ class Trainer {
   bool sharded() const { return distributed() || dp_ != nullptr; }
   int rank() const { return comm_ ? comm_->rank() : 0; }
   const Comm& ranks() const { return comm_ ? *comm_ : solo_; }
+  void make_experts();  // expert parallelism: MpiExperts, the backend's transport, or the simulated dispatch
   void make_backend_collectives();
   Batch my_slice(const Batch& global) const;       // this rank's sequences
   static int64_t target_count(const Batch& b);
@@ -187,13 +188,16 @@ class Trainer {
   Comm solo_;  // ranks() of a run without a communicator: one process
   int64_t global_batch_ = 0;
   std::vector<std::string> placement_only_;  // layout fields not applied (exec/train_layout.h)
-  std::unique_ptr<MpiExperts> experts_;
   ShardPlan shards_;
   Arena shard_params_, shard_grads_;   // this rank's tensors (ZeRO owner range)
 
   TrainOptions o_;
   models::LayerGraph graph_;
   std::unique_ptr<Model> model_;
+  // Expert parallelism (make_experts): MpiExperts, or the backend's own
+  // transport; nullptr = none. Declared after model_: it goes first (a
+  // backend's transport holds the backend's stream).
+  std::unique_ptr<ExpertBackend> experts_;
   std::unique_ptr<TokenLoader> train_, eval_;
   std::unique_ptr<Optimizer> optimizer_;
   OptimizerState opt_state_;   // with backend_opt_: its checkpoint form, current after save_checkpoint

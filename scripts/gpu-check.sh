@@ -10,7 +10,9 @@
 #      (same seed, data and steps; the per-step relative difference of the loss; the GPU run is
 #      resident: parameters, gradients and optimizer on the device), and `--precision bf16`
 #      against that fp32 GPU curve, 3 steps of data parallel on NCCL (--dp-collectives backend, one rank)
-#      against its first 3; the same CPU/GPU comparison on tiny-gpt-gelu (GPT-2's block:
+#      against its first 3, 3 steps of expert parallel on NCCL (--ep 1 in one process: exec/cuda/experts.h
+#      with itself as the only peer; pooled and ragged, --verify-dispatch) against the CPU backend's
+#      simulated dispatch (the same drops); the same CPU/GPU comparison on tiny-gpt-gelu (GPT-2's block:
 #      learned positions, GeLU MLP, MLP and attention biases, LayerNorm; a few seconds each);
 #   4. a training step (forward, backward, resident optimizer) of the medium zoo MoE
 #      (marin-ladder-d768, 1.6 B total) on the GPU, per step and per op kind, fp32 then bf16
@@ -134,6 +136,18 @@ if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
   # into the shard, the device optimizer on it, all-gather; 3 steps must equal tiny_cuda's first 3.
   json_step tiny_cuda_dp 60 "$rs" train $tiny $backend_flag --dp-collectives backend --stop-after 3 \
     --threads "$jobs" --out "$out/tiny_cuda_dp" --json
+  # Expert parallel through NCCL (exec/cuda/experts.h) on a one-rank group: one process with --ep 1 on the
+  # GPU takes the device transport, with itself as the only peer (the grouped ncclSend/ncclRecv per
+  # wave, the ragged count exchange, the host-side plan of exec/ep_plan.h); capacities that bind and
+  # --verify-dispatch (every layer against sim::dispatch). 3 steps against the CPU backend's simulated
+  # dispatch of one GPU: the same drops per step, the losses to the GPU's rounding. (A dry run on the
+  # cpu backend records the refusal of --verify-dispatch: the cpu backend has no transport of its own.)
+  ep="--ep 1 --sender-cf 0.8 --receiver-cf 0.8 --waves 2 --stop-after 3 --threads $jobs"
+  json_step tiny_cpu_ep 60 "$rs" train $tiny --backend cpu --dispatch pooled $ep --out "$out/tiny_cpu_ep" --json
+  json_step tiny_cuda_ep 60 "$rs" train $tiny $backend_flag --dispatch pooled $ep --verify-dispatch \
+    --out "$out/tiny_cuda_ep" --json
+  json_step tiny_cuda_ep_ragged 60 "$rs" train $tiny $backend_flag --dispatch ragged $ep --verify-dispatch \
+    --out "$out/tiny_cuda_ep_ragged" --json
   gelu="--model models/zoo/tiny-gpt-gelu.json --data $out/data --batch 2 --seq 128 --steps ${TINY_STEPS:-10} --seed 7"
   json_step gelu_cpu 90 "$rs" train $gelu --threads "$jobs" --out "$out/gelu_cpu" --json
   json_step gelu_cuda 90 "$rs" train $gelu $backend_flag --threads "$jobs" --out "$out/gelu_cuda" --json
@@ -221,6 +235,18 @@ if gpu and dp and len(dp) <= len(gpu):
     rel = [abs(d - g) / abs(g) for g, d in zip(gpu, dp)]
     report["tiny_moe_nccl_dp_loss"] = {"cuda": gpu[:len(dp)], "cuda_nccl_dp": dp, "max_rel_diff": max(rel),
                                        "bitwise": dp == gpu[:len(dp)]}
+def run_json(name):
+    try: return json.load(open(os.path.join(out, name + ".json")))
+    except Exception: return None
+ep_cpu, ep_gpu, ep_ragged = run_json("tiny_cpu_ep"), run_json("tiny_cuda_ep"), run_json("tiny_cuda_ep_ragged")
+if ep_cpu and ep_gpu and ep_cpu.get("steps") and len(ep_cpu["steps"]) == len(ep_gpu.get("steps", [])):
+    drops = lambda j: [[s["drops"][k] for k in ("assignments", "sender", "receiver")] for s in j["steps"]]
+    c, g = [s["loss"] for s in ep_cpu["steps"]], [s["loss"] for s in ep_gpu["steps"]]
+    report["tiny_moe_nccl_ep_loss"] = {
+        "cpu_simulated": c, "cuda_nccl_ep": g, "max_rel_diff": max(abs(b - a) / abs(a) for a, b in zip(c, g)),
+        "drops_cpu": drops(ep_cpu), "drops_cuda": drops(ep_gpu), "drops_equal": drops(ep_cpu) == drops(ep_gpu),
+        "verified_dispatch_layers": ep_gpu.get("verified_dispatch_layers"),
+        "ragged_verified_dispatch_layers": (ep_ragged or {}).get("verified_dispatch_layers")}
 b16 = losses(os.path.join(out, "tiny_cuda_bf16.json"))
 if gpu and b16 and len(gpu) == len(b16):
     rel = [abs(b - g) / abs(g) for g, b in zip(gpu, b16)]

@@ -13,7 +13,10 @@
 // "cuda" with NCCL (reduce-scatter into the owner's device shard, the device
 // optimizer, all-gather) and with the host path (the host optimizer): the same
 // run to the rounding of the reduction order and of Newton–Schulz's GEMMs.
-// Both stop after 2 of 3 steps, checkpoint, and resume the third step.
+// Both stop after 2 of 3 steps, checkpoint, and resume the third step. The CPU
+// build also trains with expert parallelism across the ranks (--ep N, pooled,
+// --verify-dispatch) on both paths: MpiExperts on the host, and the backend's
+// own transport (the path NCCL takes on the GPU): bitwise equal.
 //
 // Needs >= 2 ranks (the CUDA build: a GPU per rank); otherwise every rank
 // prints why and exits 77, which CTest reports as skipped, never as passed.
@@ -70,8 +73,16 @@ struct Run {
 };
 
 Run train(const Comm& world, const std::string& data, const std::string& dir, const std::string& backend,
-          const std::string& collectives) {
+          const std::string& collectives, int64_t ep = 1) {
   TrainOptions o;
+  if (ep > 1) {  // expert parallel across the ranks, pooled, with drops, every layer checked against sim::dispatch
+    o.dispatch.enabled = true;
+    o.dispatch.ep = ep;
+    o.dispatch.config.transport = sim::Transport::pooled;
+    o.dispatch.config.sender_cf = 0.8;
+    o.dispatch.config.receiver_cf = 0.8;
+    o.verify_dispatch = true;
+  }
   o.model_path = std::string(source_dir()) + "/models/zoo/tiny-moe.json";
   o.data_dir = data;
   o.out_dir = dir;
@@ -164,6 +175,17 @@ int main() {
     expect(rel_diff(dev.losses, host.losses) < 1e-4, "losses within 1e-4", r);
     expect(rel_diff(dev.params, host.params) < 1e-4, "parameters within 1e-4 (relative norm)", r);
   }
+#if !defined(RACKSTEP_TEST_CUDA)
+  // Expert parallel across the ranks through the backend's own transport
+  // (Backend::make_experts, the path of the GPU's NCCL experts; here the MPI
+  // transport reporting device memory) against MpiExperts on the host path:
+  // the same plan and sums, so bitwise the same run.
+  const Run host_ep = train(world, data, (root / "host-ep").string(), "cpu", "host", world.size());
+  const Run dev_ep = train(world, data, (root / "backend-ep").string(), device_backend, "backend", world.size());
+  expect(host_ep.losses.size() == 3 && host_ep.losses == dev_ep.losses, "EP: losses bitwise equal", r);
+  expect(host_ep.params == dev_ep.params, "EP: parameters after resume bitwise equal", r);
+  expect(host_ep.losses != host.losses, "EP: the dispatch changed the run (drops)", r);
+#endif
   if (world.root()) {
     for (size_t i = 0; i < host.losses.size() && i < dev.losses.size(); ++i) {
       std::printf("%s: step %zu loss host %.9g backend %.9g\n", name, i + 1, host.losses[i], dev.losses[i]);

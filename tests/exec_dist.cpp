@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 
@@ -221,4 +222,73 @@ TEST_CASE("the capacity transport is not an EP transport across processes", "[di
   cfg.top_k = 2;
   cfg.transport = sim::Transport::capacity;
   CHECK_THROWS_AS(transport_decisions(cfg, random_assignments(1, 2, 8, 8, 2, 0)), UserError);
+}
+
+// The shared plan (exec/ep_plan.h) as a transport uses it, with the dispatch's
+// grouping a permutation: every index a device gather reads (send_source,
+// result_row, grad_source, local_of_row) must point where the MPI transport
+// copies, and the exchange blocks must tile both buffers.
+TEST_CASE("one rank's EP plan: gather indices and exchange blocks agree with its decisions", "[dist][dispatch]") {
+  for (sim::Transport t : {sim::Transport::pooled, sim::Transport::ragged}) {
+    const int S = 2, tokens = 48, E = 8, k = 2;
+    sim::DispatchConfig cfg;
+    cfg.n_experts = E;
+    cfg.top_k = k;
+    cfg.transport = t;
+    cfg.sender_cf = 0.7;
+    cfg.receiver_cf = 0.7;
+    cfg.waves = 2;
+    INFO(sim::transport_name(t));
+    const auto experts = random_assignments(7, S, tokens, E, k, 0.5);
+    const sim::DispatchResult want = transport_decisions(cfg, experts);
+    // Rank 0 alone, its rows grouped by a shuffled order; the group's exchange in memory.
+    std::vector<int32_t> sorted_pos(static_cast<size_t>(tokens * k));
+    std::iota(sorted_pos.begin(), sorted_pos.end(), 0);
+    std::shuffle(sorted_pos.begin(), sorted_pos.end(), std::mt19937(3));
+    std::vector<EpLayerPlan> plans;
+    for (int s = 0; s < S; ++s) plans.emplace_back(cfg, S, experts[s].data(), sorted_pos.data(), tokens);
+    for (int d = 0; d < S; ++d) {
+      std::vector<int32_t> counts(static_cast<size_t>(S));
+      for (int s = 0; s < S; ++s) counts[s] = plans[s].send.rows_to[d];
+      plans[d].set_rows_from(counts.data());
+    }
+    for (const bool back : {false, true}) {
+      for (int w = 0; w < plans[0].phases(); ++w) {
+        const ExchangeBlocks b = plans[0].blocks(w, back);
+        for (int p = 0; p < S; ++p) {  // the peer's matching block has as many rows
+          CHECK(plans[p].blocks(w, back).recv_rows[0] == b.send_rows[p]);
+        }
+      }
+    }
+    int64_t send_total = 0, recv_total = 0;
+    for (int w = 0; w < plans[0].phases(); ++w) {
+      const ExchangeBlocks b = plans[0].blocks(w, false);
+      for (int p = 0; p < S; ++p) {
+        send_total += b.send_rows[p];
+        recv_total += b.recv_rows[p];
+      }
+    }
+    CHECK(send_total == plans[0].send.rows);
+    CHECK(recv_total == plans[0].recv_rows());
+    // Receive with every row kept, then return what sim::dispatch keeps for rank 0.
+    std::vector<int32_t> returned(static_cast<size_t>(plans[0].send.rows), 0);
+    for (int64_t a = 0; a < tokens * k; ++a) {
+      const int64_t row = plans[0].send.row_of[a];
+      if (row >= 0) returned[row] = want.keep[0][a];
+    }
+    std::vector<uint8_t> keep(static_cast<size_t>(tokens * k), 9);
+    sim::DropCounts drops;
+    plans[0].finish(returned.data(), keep.data(), drops);
+    CHECK(drops.sender == want.per_gpu[0].sender);
+    CHECK(drops.receiver == want.per_gpu[0].receiver);
+    CHECK(plans[0].sent_kept == want.keep[0]);
+    for (int64_t a = 0; a < tokens * k; ++a) {
+      const int32_t pos = sorted_pos[a];
+      const int64_t row = plans[0].send.row_of[a];
+      CHECK(keep[pos] == want.keep[0][a]);
+      if (row >= 0) CHECK(plans[0].send_source[row] == pos);  // the dispatch gathers the assignment's row
+      CHECK(plans[0].result_row[pos] == (want.keep[0][a] ? row : -1));
+      if (row >= 0) CHECK(plans[0].grad_source[row] == (want.keep[0][a] ? pos : -1));
+    }
+  }
 }

@@ -9,7 +9,9 @@
 // a resident run must train bitwise like the CPU one. With `collectives`
 // (resident too), it offers data-parallel collectives in its memory
 // (Backend::make_collectives) on exec::Comm's MPI calls: the trainer's
-// backend-collectives path (the one NCCL takes on the GPU) checked on the CPU.
+// backend-collectives path (the one NCCL takes on the GPU) checked on the CPU;
+// with `collectives` it also offers expert parallelism in its memory
+// (Backend::make_experts: NotHostExperts), the path of the GPU's NCCL transport.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 
 #include "exec/backend.h"
 #include "exec/dist.h"
+#include "exec/model.h"
 #include "exec/optim.h"
 #include "sim/base/check.h"
 
@@ -82,6 +85,26 @@ class CommCollectives final : public BackendCollectives {
   std::vector<int> counts_;
 };
 
+// Expert parallelism "in its memory" (Backend::make_experts): the MPI
+// transport (exec/dist.h MpiExperts) over the EP group, reporting a memory that
+// is not the host's, so the trainer takes the path the CUDA backend's NCCL
+// transport takes (one process with ep 1 included) and the shared plan's
+// results can be checked against the simulated dispatch bit for bit.
+class NotHostExperts final : public ExpertBackend {
+ public:
+  NotHostExperts(Comm group, const sim::DispatchConfig& config, bool verify)
+      : mpi_(std::move(group), config, verify) {}
+  void forward(const ExpertLayer& l, const float* xs, float* ys, uint8_t* keep, sim::DropCounts& drops) override {
+    mpi_.forward(l, xs, ys, keep, drops);
+  }
+  void backward(const ExpertLayer& l, const float* dys, float* dxs) override { mpi_.backward(l, dys, dxs); }
+  bool uses_host_memory() const override { return false; }
+  int64_t verified_layers() const override { return mpi_.verified_layers(); }
+
+ private:
+  MpiExperts mpi_;
+};
+
 class NotHostBackend final : public Backend {
  public:
   explicit NotHostBackend(bool resident = false, bool collectives = false)
@@ -94,6 +117,11 @@ class NotHostBackend final : public Backend {
                                                        const std::vector<int64_t>& counts, std::string& why) override {
     if (!collectives_) return Backend::make_collectives(ranks, offsets, counts, why);
     return std::make_unique<CommCollectives>(ranks, offsets, counts);
+  }
+  std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config, bool verify,
+                                              std::string& why) override {
+    if (!collectives_) return Backend::make_experts(std::move(group), config, verify, why);
+    return std::make_unique<NotHostExperts>(std::move(group), config, verify);
   }
   std::unique_ptr<Buffer> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
   void copy_to_backend(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_backend(dst, src, bytes); }

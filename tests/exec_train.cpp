@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -373,4 +374,84 @@ TEST_CASE("backend collectives are refused where the backend has none, and the s
   } catch (const ValueError& e) {
     CHECK_THAT(e.what(), Catch::Contains("host or backend"));
   }
+}
+
+// Expert parallelism through the backend's own transport (Backend::make_experts,
+// the path of the CUDA backend's NCCL experts), on the CPU dressed as a device
+// whose transport is the MPI one over host copies (tests/exec_not_host_backend.h):
+// in one process with ep 1 it is a group of one, and its decisions (the shared
+// plan of exec/ep_plan.h) must be the simulated dispatch's (sim::dispatch of one
+// GPU): the same drops at every step, and the same losses to the rounding of
+// the expert GEMMs' row order.
+// --verify-dispatch checks every layer against sim::dispatch on the way.
+TEST_CASE("expert parallel through a backend's own transport drops and trains like the simulated dispatch",
+          "[exec][train][ep]") {
+  testing::register_not_host_backends();
+  for (const sim::Transport transport : {sim::Transport::pooled, sim::Transport::ragged}) {
+    int64_t moe_layers = 0;
+    auto train = [&](const std::string& backend, bool verify, int64_t& verified) {
+      TrainOptions o = small_options("");
+      o.backend = backend;
+      o.steps = 3;
+      o.dispatch.enabled = true;
+      o.dispatch.ep = 1;
+      o.dispatch.config.transport = transport;
+      o.dispatch.config.sender_cf = 0.8;
+      o.dispatch.config.receiver_cf = 0.8;
+      o.dispatch.config.waves = 2;
+      o.verify_dispatch = verify;
+      std::vector<StepLog> logs;
+      Trainer t(o);
+      while (!t.done()) logs.push_back(t.step());
+      verified = t.verified_dispatch_layers();
+      moe_layers = std::count_if(t.graph().ops.begin(), t.graph().ops.end(),
+                                 [](const models::Op& op) { return op.kind == models::OpKind::kExpertMlp; });
+      return logs;
+    };
+    INFO(sim::transport_name(transport));
+    int64_t verified_sim = 0, verified_ep = 0;
+    const std::vector<StepLog> simulated = train("cpu", false, verified_sim);
+    const std::vector<StepLog> ep = train("cpu-collectives", true, verified_ep);
+    REQUIRE(ep.size() == simulated.size());
+    int64_t dropped = 0;
+    for (size_t i = 0; i < ep.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(ep[i].drops.sender == simulated[i].drops.sender);
+      CHECK(ep[i].drops.receiver == simulated[i].drops.receiver);
+      CHECK(ep[i].drops.assignments == simulated[i].drops.assignments);
+      // The experts see their kept rows in the transport's order (source, slot),
+      // not the grouping's: the weight gradients' sums run in another order.
+      CHECK(ep[i].loss == Approx(simulated[i].loss).epsilon(1e-5));
+      dropped += ep[i].drops.dropped();
+    }
+    CHECK(dropped > 0);  // the capacities bind: the comparison is about drops
+    CHECK(verified_sim == 0);
+    CHECK(verified_ep == 3 * moe_layers);  // every MoE layer of 3 steps checked against sim::dispatch
+  }
+}
+
+TEST_CASE("a dispatch check without a transport to check is one clear error", "[exec][train][ep]") {
+  // cpu-resident has no expert parallelism in its memory: one process with ep 1
+  // falls back to the simulated dispatch, which --verify-dispatch cannot check.
+  testing::register_not_host_backends();
+  TrainOptions o = small_options("");
+  o.dispatch.enabled = true;
+  o.dispatch.ep = 1;
+  o.dispatch.config.transport = sim::Transport::pooled;
+  o.verify_dispatch = true;
+  for (const char* backend : {"cpu", "cpu-resident"}) {
+    o.backend = backend;
+    INFO(backend);
+    try {
+      Trainer t(o);
+      FAIL("--verify-dispatch accepted without a transport");
+    } catch (const ValueError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("verify_dispatch") && Catch::Contains("backend " + std::string(backend)));
+      CHECK(std::string(e.what()).find('\n') == std::string::npos);
+    }
+  }
+  o.verify_dispatch = false;  // without the check: the simulated dispatch trains
+  o.steps = 1;
+  Trainer t(o);
+  CHECK(t.step().drops.assignments > 0);
 }

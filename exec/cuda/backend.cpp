@@ -18,6 +18,7 @@
 #include "exec/cuda/check.h"
 #if defined(RACKSTEP_HAVE_NCCL)
 #include "exec/cuda/comm.h"
+#include "exec/cuda/experts.h"
 #endif
 #include "exec/cuda/detail.h"
 #include "exec/cuda/gemm.h"
@@ -110,6 +111,19 @@ class CudaBackend final : public Backend {
 #else
     (void)ranks, (void)offsets, (void)counts;
     why = "NCCL (this CUDA backend was built without it: its ranks reduce host copies over MPI)";
+    return nullptr;
+#endif
+  }
+  // Expert parallel on the device: NCCL where this backend was built with it
+  // (exec/cuda/experts.h), computing on this stream with this GEMM engine.
+  std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config, bool verify,
+                                              std::string& why) override {
+#if defined(RACKSTEP_HAVE_NCCL)
+    why.clear();
+    return make_nccl_experts(std::move(group), config, verify, gemm_);
+#else
+    (void)group, (void)config, (void)verify;
+    why = "NCCL (this CUDA backend was built without it: expert parallelism on the GPU exchanges rows with NCCL)";
     return nullptr;
 #endif
   }
