@@ -325,6 +325,19 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (host.has("fp8_quantize_launches_issued")) {
     c.host_issues_fp8_quantize = sourced_flag(host, "fp8_quantize_launches_issued");
   }
+  if (host.has("fp8_calls_per_local_expert")) {
+    // {"<recipe>": {value, source}, ...}: which recipes build each expert's tensor on its own.
+    JsonReader per_recipe = host.object("fp8_calls_per_local_expert");
+    for (auto it = per_recipe.raw().begin(); it != per_recipe.raw().end(); ++it) {
+      const std::string& name = it.key();
+      if (name != "delayed" && name != "current" && name != "mxfp8" && name != "blockwise") {
+        throw UserError(file, "/host/fp8_calls_per_local_expert/" + name, "an FP8 recipe (delayed, current, mxfp8, blockwise)", name);
+      }
+      c.host_fp8_calls_per_local_expert[name] = sourced(per_recipe, name, {.min = 0, .max = 1e3});
+    }
+    per_recipe.finish();
+  }
+  if (host.has("fp8_padding_calls")) c.host_fp8_padding_calls = sourced(host, "fp8_padding_calls", {.min = 0, .max = 1e3});
   if (host.has("grouped_gemm_launch_per_expert")) {
     c.grouped_gemm_launch_per_expert = sourced_flag(host, "grouped_gemm_launch_per_expert");
   }

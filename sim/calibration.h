@@ -240,6 +240,12 @@ struct Calibration {
   std::map<std::string, double, std::less<>> host_calls_per_op; // op kind (models::to_string) -> framework calls per forward; default 1
   double host_calls_per_local_expert = 0;          // expert_mlp: further calls per local expert (split, buffers)
   bool host_issues_fp8_quantize = false;           // the host launches each FP8 quantize kernel (Fp8QuantizeTime launches)
+  // FP8 experts (sim/cost.h fp8_expert_host_calls): framework calls per pass per local
+  // expert (the quantized tensors each GroupedLinear builds per expert), by FP8 recipe
+  // (sim/layout.h fp8_recipe_name; a recipe not in the map: none), and per pass for the FP8
+  // row padding and unpadding modules around the experts.
+  std::map<std::string, double, std::less<>> host_fp8_calls_per_local_expert;
+  double host_fp8_padding_calls = 0;
   // CUDA graphs (Layout::cuda_graphs): a layer's captured ops cost the host one replay
   // per pass, graph_replay_calls framework calls plus one graph launch, instead of their
   // own calls and launches; the dispatch op's first moe_preprocess_calls calls (its

@@ -467,6 +467,14 @@ std::vector<size_t> schedule_node_ops(const LayerClass& lc) {
 
 }  // namespace
 
+double fp8_expert_host_calls(const OpEntry& e, const PriceContext& ctx) {
+  if (e.cls != OpClass::kGroupedGemm || fp8_quantize(e, ctx).fwd_launches <= 0) return 0.0;
+  const Calibration& cal = *ctx.cal;
+  const auto it = cal.host_fp8_calls_per_local_expert.find(std::string_view(fp8_recipe_name(ctx.fp8_recipe)));
+  const double per_expert = it != cal.host_fp8_calls_per_local_expert.end() ? it->second : 0.0;
+  return per_expert * ctx.local_experts + (ctx.moe_fp8_pad_rows ? cal.host_fp8_padding_calls : 0.0);
+}
+
 double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;
   if (ctx.op_issue_s <= 0) return 0.0;
@@ -486,7 +494,7 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
   h.op_bwd_s.assign(lc.ops.size(), 0.0);
   const Calibration& cal = *ctx.cal;
   double eager_s = 0, captured = 0;  // eager ops' forward host time; captured ops (any > 0: one replay)
-  double quantize_fwd_s = 0, quantize_bwd_s = 0;  // eager ops' FP8 quantize launches, per pass
+  double quantize_fwd_s = 0, quantize_bwd_s = 0;  // eager ops' FP8 quantize launches and FP8 expert calls, per pass
   size_t first_captured = lc.ops.size();
   bool attention_half = true;        // up to the attention's residual add (TransformerLayer._forward_attention)
   for (size_t j = 0; j < lc.ops.size(); ++j) {
@@ -526,6 +534,14 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
       h.op_bwd_s[j] += q.bwd_launches * cal.launch_overhead_s;
       quantize_fwd_s += q.fwd_launches * cal.launch_overhead_s;
       quantize_bwd_s += q.bwd_launches * cal.launch_overhead_s;
+    }
+    // The FP8 experts' Python-level calls (fp8_expert_host_calls), the same in each pass.
+    if (eager_op_s > 0) {
+      const double fp8_s = fp8_expert_host_calls(e, ctx) * ctx.op_issue_s;
+      h.op_fwd_s[j] += fp8_s;
+      h.op_bwd_s[j] += fp8_s;
+      quantize_fwd_s += fp8_s;
+      quantize_bwd_s += fp8_s;
     }
     if (e.kind == models::OpKind::kResidualAdd) attention_half = false;
   }

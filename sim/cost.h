@@ -257,10 +257,21 @@ OpTime price_op(const OpEntry& op, const PriceContext& ctx);
 // the captured ops cost the host cal.graph_replay_calls framework calls and one launch
 // per pass instead of their own calls and launches; the rest stays eager (backward 2x
 // its forward), plus, where cal.host_issues_fp8_quantize, each eager op's FP8 quantize launches
-// per pass (fp8_quantize: fwd_launches, bwd_launches). full_iteration leaves no host issue at all. Without graphs this is the
+// per pass (fp8_quantize: fwd_launches, bwd_launches) and, per pass, its FP8 experts'
+// framework calls (fp8_expert_host_calls). full_iteration leaves no host issue at all. Without graphs this is the
 // sum of op_host_issue_s over the class's ops. op_fwd_s / op_bwd_s split the same time
 // over the ops (a graph's replay on its first captured op), so the timeline issues
 // exactly what predict charges; both empty when the host issues nothing.
+// Framework calls per pass (forward, and again backward) that an eager FP8 grouped GEMM
+// op costs the host beyond its BF16 calls and its quantize launches: per local expert,
+// cal.host_fp8_calls_per_local_expert of its recipe (the quantized tensor each
+// GroupedLinear builds per expert in tex.split_quantize: its buffers and its Python tensor
+// object, Transformer Engine 2.9 / 2.11 csrc/quantizer.cpp create_tensor, where the recipe
+// does not allocate the experts' outputs in bulk), and, where the experts' rows are
+// padded for FP8 (ctx.moe_fp8_pad_rows), cal.host_fp8_padding_calls (Fp8Padding and
+// Fp8Unpadding). 0 for a BF16 op, a dense op, or a GPU without FP8.
+double fp8_expert_host_calls(const OpEntry& op, const PriceContext& ctx);
+
 struct LayerHostIssue {
   double fwd_s = 0, bwd_s = 0;
   std::vector<double> op_fwd_s, op_bwd_s;  // (lc.ops.size()) or empty

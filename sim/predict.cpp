@@ -233,11 +233,14 @@ class StepModel {
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
     ctx_.op_issue_s = host_op_issue_s(cal, gpu);
     // Megatron-Core's all-to-all dispatcher (token_dispatcher.py): sort_chunks_by_idxs with
-    // more than one local expert; TEGroupedMLP's Fp8Padding for FP8 experts (the flex
-    // dispatcher's HybridEP pads inside its dispatch kernel).
+    // more than one local expert; TEGroupedMLP's Fp8Padding for FP8 experts whose rows
+    // arrive unaligned: the all-to-all's and DeepEP's (the flex dispatcher's HybridEP pads
+    // inside its dispatch kernel, so TEGroupedMLP finds them aligned).
     const bool a2a_dispatch = l.ep_transport == Transport::ragged && l.ep_dispatcher == EpDispatcher::kAllToAll;
+    const bool deepep_dispatch = l.ep_transport == Transport::ragged && l.ep_dispatcher == EpDispatcher::kFlex &&
+                                 l.ep_flex_backend == FlexBackend::kDeepEp;
     ctx_.moe_sort_rows = cal.moe_sort_rows_by_local_expert && a2a_dispatch && s_.local_experts > 1.0;
-    ctx_.moe_fp8_pad_rows = cal.moe_fp8_pad_expert_rows && a2a_dispatch && l.fp8 != Fp8Gemms::kNone;
+    ctx_.moe_fp8_pad_rows = cal.moe_fp8_pad_expert_rows && (a2a_dispatch || deepep_dispatch) && l.fp8 != Fp8Gemms::kNone;
     ctx_.merged_1f1b = l.ep > 1 && l.ep_a2a_overlap;
     drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);

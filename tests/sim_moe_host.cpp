@@ -261,6 +261,99 @@ TEST_CASE("The Megatron-Bridge stack has its host launch the FP8 quantize kernel
   CHECK_FALSE(default_calibration().host_issues_fp8_quantize);
 }
 
+TEST_CASE("FP8 experts cost the host a framework call per expert's quantized tensor where the recipe builds them one by one, and the row padding's calls", "[moe_host][fp8]") {
+  const SmallMoe m;
+  const OpTable t = build_op_table(m.g);
+  const LayerClass& lc = t.classes.at(0);
+  REQUIRE(lc.moe);
+  Calibration cal = eager(10e-6, 1);
+  cal.moe_fp8_quantize_per_expert = true;
+  cal.host_fp8_calls_per_local_expert = {{"current", 2.0}, {"delayed", 2.0}, {"mxfp8", 0.0}};
+  cal.host_fp8_padding_calls = 9;
+  PriceContext ctx;
+  ctx.cal = &cal;
+  ctx.op_issue_s = 10e-6;
+  ctx.tokens = 4096;
+  ctx.expert_rows = 4096.0 * 8.0;
+  ctx.hbm_bw_bytes_per_s = 3.35e12;
+  ctx.fp8_peak_flops_per_s = 1.979e15;
+  ctx.fp8_experts = true;
+  const auto sum = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); };
+  // Framework calls the FP8 path adds per pass over the same layer in BF16 (no FP8 peak: no FP8 ops).
+  const auto extra_calls = [&](Fp8Recipe r, double local_experts, bool padded) {
+    ctx.fp8_recipe = r;
+    ctx.local_experts = local_experts;
+    ctx.moe_fp8_pad_rows = padded;
+    const LayerHostIssue fp8 = layer_host_issue(lc, ctx, 0);
+    const double peak = ctx.fp8_peak_flops_per_s;
+    ctx.fp8_peak_flops_per_s = 0;
+    const LayerHostIssue bf16 = layer_host_issue(lc, ctx, 0);
+    ctx.fp8_peak_flops_per_s = peak;
+    CHECK(sum(fp8.op_fwd_s) - sum(bf16.op_fwd_s) == Approx(fp8.fwd_s - bf16.fwd_s));  // the timeline issues what predict charges
+    return std::pair<double, double>{(fp8.fwd_s - bf16.fwd_s) / ctx.op_issue_s, (fp8.bwd_s - bf16.bwd_s) / ctx.op_issue_s};
+  };
+  // Current scaling: 2 per local expert (fc1's and fc2's tensor), the same in each pass (not doubled in the backward).
+  CHECK(extra_calls(Fp8Recipe::kCurrent, 16, false).first == Approx(2.0 * 16.0));
+  CHECK(extra_calls(Fp8Recipe::kCurrent, 16, false).second == Approx(2.0 * 16.0));
+  CHECK(extra_calls(Fp8Recipe::kCurrent, 8, false).first == Approx(2.0 * 8.0));
+  CHECK(extra_calls(Fp8Recipe::kDelayed, 16, false).first == Approx(2.0 * 16.0));
+  // MXFP8 allocates the experts' outputs in bulk; blockwise has no entry here: none.
+  CHECK(extra_calls(Fp8Recipe::kMxfp8, 16, false).first == Approx(0.0));
+  CHECK(extra_calls(Fp8Recipe::kBlockwise, 16, false).first == Approx(0.0));
+  // The padding modules around unaligned experts, whatever the recipe.
+  CHECK(extra_calls(Fp8Recipe::kMxfp8, 16, true).first == Approx(9.0));
+  CHECK(extra_calls(Fp8Recipe::kCurrent, 16, true).second == Approx(2.0 * 16.0 + 9.0));
+  // Captured experts (a whole-MoE graph) replay them: nothing eager.
+  ctx.fp8_recipe = Fp8Recipe::kCurrent;
+  ctx.moe_fp8_pad_rows = false;
+  const OpEntry* experts = nullptr;
+  for (const OpEntry& e : lc.ops) {
+    if (e.kind == models::OpKind::kExpertMlp) experts = &e;
+  }
+  REQUIRE(experts);
+  CHECK(fp8_expert_host_calls(*experts, ctx) == Approx(32.0));
+  ctx.fp8_experts = false;  // BF16 experts
+  CHECK(fp8_expert_host_calls(*experts, ctx) == 0.0);
+}
+
+TEST_CASE("The Megatron-Bridge stack prices the FP8 experts' per-expert tensors for per-tensor scaling, not for MXFP8, and names a wrong recipe", "[moe_host][stack]") {
+  const Stack s = load_stack(stack_path("megatron-bridge-2025"));
+  const Calibration cal = stack_calibration(s);
+  CHECK(cal.host_fp8_calls_per_local_expert.at("current") > 0.0);
+  CHECK(cal.host_fp8_calls_per_local_expert.at("mxfp8") == 0.0);
+  CHECK(cal.host_fp8_padding_calls > 0.0);
+  CHECK(default_calibration().host_fp8_calls_per_local_expert.empty());
+  Stack bad = s;
+  bad.calibration_overrides["host"]["fp8_calls_per_local_expert"]["mxpf8"] = {{"value", 1}, {"source", "typo"}};
+  try {
+    (void)stack_calibration(bad);
+    FAIL("an unknown FP8 recipe was accepted");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("fp8_calls_per_local_expert") != std::string::npos);
+  }
+}
+
+TEST_CASE("A host-bound FP8 current-scaling layout pays its experts' tensors; BF16 and MXFP8 do not", "[moe_host][fp8]") {
+  const SmallMoe m;
+  Calibration with_calls = eager(20e-6, 1);
+  with_calls.moe_fp8_quantize_per_expert = true;
+  with_calls.host_fp8_calls_per_local_expert = {{"current", 2.0}};
+  Calibration without_calls = with_calls;
+  without_calls.host_fp8_calls_per_local_expert.clear();
+  Layout l = m.layout(1);
+  l.fp8 = Fp8Gemms::kLinear;
+  l.fp8_recipe = Fp8Recipe::kCurrent;
+  const auto step = [&](const Calibration& cal, const Layout& lay) {
+    const Predictor p(m.g, m.c, cal);
+    return p.predict(lay).step_time_s;
+  };
+  CHECK(step(with_calls, l) > step(without_calls, l));
+  l.fp8_recipe = Fp8Recipe::kMxfp8;
+  CHECK(step(with_calls, l) == Approx(step(without_calls, l)));
+  l.fp8 = Fp8Gemms::kNone;
+  CHECK(step(with_calls, l) == Approx(step(without_calls, l)));
+}
+
 TEST_CASE("Merged-1F1B EP overlap: each schedule node's wrapper costs the host its calls per pass", "[moe_host]") {
   const SmallMoe m;
   const OpTable t = build_op_table(m.g);

@@ -161,6 +161,34 @@ TEST_CASE("Per-expert FP8 quantization launches its kernels once per local exper
   CHECK(quant(split, Fp8Recipe::kDelayed).fwd_s == quant(whole, Fp8Recipe::kDelayed).fwd_s);
 }
 
+TEST_CASE("FP8 rows from the all-to-all and DeepEP are padded for the experts; HybridEP's arrive aligned", "[moe_kernels][fp8]") {
+  const auto g = models::build_layer_graph(models::load_model(src("tests/validation/models/qwen3-30b-a3b.json")));
+  const auto c = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1);
+  const Calibration pad = stack_calibration(load_stack(stack_path("megatron-bridge-2025")));
+  Calibration no_pad = pad;
+  no_pad.moe_fp8_pad_expert_rows = false;
+  Layout l;
+  l.data = 8;
+  l.fsdp = 8;
+  l.zero_stage = 1;
+  l.ep = 8;
+  l.ep_transport = Transport::ragged;
+  l.micro_batch_seqs = 2;
+  l.tokens_per_step = 8.0 * 16.0 * 4096.0;
+  l.recompute = models::Recompute::kNone;
+  l.fp8 = Fp8Gemms::kLinear;
+  l.fp8_recipe = Fp8Recipe::kCurrent;
+  const auto padding_s = [&](EpDispatcher d, FlexBackend b) {
+    Layout x = l;
+    x.ep_dispatcher = d;
+    x.ep_flex_backend = b;
+    return Predictor(g, c, pad).predict(x).step_time_s - Predictor(g, c, no_pad).predict(x).step_time_s;
+  };
+  CHECK(padding_s(EpDispatcher::kAllToAll, FlexBackend::kDeepEp) > 0.0);
+  CHECK(padding_s(EpDispatcher::kFlex, FlexBackend::kDeepEp) > 0.0);
+  CHECK(padding_s(EpDispatcher::kFlex, FlexBackend::kHybridEp) == Approx(0.0));
+}
+
 TEST_CASE("The dispatcher decides which passes a layout pays; Marin's layouts pay none", "[moe_kernels]") {
   const auto g = models::build_layer_graph(models::load_model(src("tests/validation/models/qwen3-30b-a3b.json")));
   const auto c = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1);
