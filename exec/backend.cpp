@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -39,7 +40,45 @@ MlpSlots mlp_slots(const models::Op& op) {
 }
 float* slot(float* const* p, int j) { return j < 0 ? nullptr : p[j]; }
 
+// The default clock: steady_clock at begin(), and at end() after the backend
+// finished what the interval queued.
+class HostOpTiming final : public OpTiming {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit HostOpTiming(Backend& backend) : backend_(backend) {}
+  std::string clock() const override { return "host"; }
+  void begin_step() override {
+    open_.clear();
+    step_.intervals.clear();
+    origin_ = Clock::now();
+  }
+  void begin() override { open_.push_back(Clock::now()); }
+  void end() override {
+    RS_CHECK(!open_.empty(), "OpTiming::end without begin");
+    const Clock::time_point start = open_.back();
+    open_.pop_back();
+    backend_.synchronize();
+    const Clock::time_point stop = Clock::now();
+    step_.intervals.push_back({seconds(origin_, start), seconds(start, stop)});
+  }
+  StepTiming end_step() override {
+    RS_CHECK(open_.empty(), "OpTiming::end_step with an interval open");
+    backend_.synchronize();
+    step_.span_s = seconds(origin_, Clock::now());
+    return std::move(step_);
+  }
+
+ private:
+  static double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+  Backend& backend_;
+  Clock::time_point origin_;
+  std::vector<Clock::time_point> open_;
+  StepTiming step_;
+};
+
 }  // namespace
+
+std::unique_ptr<OpTiming> Backend::make_op_timing() { return std::make_unique<HostOpTiming>(*this); }
 
 SwiGluVariant expert_activation(const models::MoeConfig& moe) {
   SwiGluVariant v;
