@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <system_error>
+#include <utility>
 
 #include "exec/cpu/backend.h"
 #include "exec/dist.h"
@@ -52,14 +53,18 @@ class HostOpTiming final : public OpTiming {
     step_.intervals.clear();
     origin_ = Clock::now();
   }
-  void begin() override { open_.push_back(Clock::now()); }
+  // Slots in begin order; end() closes the innermost open one.
+  void begin() override {
+    open_.push_back({step_.intervals.size(), Clock::now()});
+    step_.intervals.push_back({});
+  }
   void end() override {
     RS_CHECK(!open_.empty(), "OpTiming::end without begin");
-    const Clock::time_point start = open_.back();
+    const auto [slot, start] = open_.back();
     open_.pop_back();
     backend_.synchronize();
     const Clock::time_point stop = Clock::now();
-    step_.intervals.push_back({seconds(origin_, start), seconds(start, stop)});
+    step_.intervals[slot] = {seconds(origin_, start), seconds(start, stop)};
   }
   StepTiming end_step() override {
     RS_CHECK(open_.empty(), "OpTiming::end_step with an interval open");
@@ -72,7 +77,7 @@ class HostOpTiming final : public OpTiming {
   static double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
   Backend& backend_;
   Clock::time_point origin_;
-  std::vector<Clock::time_point> open_;
+  std::vector<std::pair<size_t, Clock::time_point>> open_;  // (slot, start)
   StepTiming step_;
 };
 

@@ -226,7 +226,7 @@ struct StepTiming {
     double start_s = 0;     // from begin_step()'s mark
     double duration_s = 0;
   };
-  std::vector<Interval> intervals;  // in begin() order
+  std::vector<Interval> intervals;  // in begin() order (an interval may enclose others: end() closes the innermost)
   double span_s = 0;                // begin_step()'s mark to the end of the step's last queued work
 };
 class OpTiming {

@@ -27,8 +27,8 @@ void Profiler::begin_step(int64_t step) {
   RS_CHECK(timing_ != nullptr, "Profiler::begin_step before attach");
   step_ = step;
   pending_.clear();
-  step_wall0_ = Clock::now();
   step_cpu0_ = process_cpu_seconds();
+  step_wall0_ = Clock::now();  // the step's slices sit here plus their offsets from the clock's mark, taken next
   timing_->begin_step();
 }
 

@@ -9,9 +9,11 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "exec/backend.h"
 #include "exec/high_water.h"
 #include "exec/model.h"
 #include "exec/optim.h"
@@ -163,6 +165,26 @@ TEST_CASE("profiler: a device clock's intervals sit at the step's start plus the
   }
   REQUIRE(ts.size() == 2 * g.ops.size() + 1);
   for (size_t i = 1; i < ts.size(); ++i) CHECK(ts[i] - ts[i - 1] == Approx(1000.0).margin(1e-2));  // µs, ns rounding
+}
+
+TEST_CASE("profiler: the default clock keeps intervals in begin order, nested ones inside", "[exec][profiler]") {
+  std::unique_ptr<Backend> be = make_backend("cpu");
+  std::unique_ptr<OpTiming> t = be->make_op_timing();
+  CHECK(t->clock() == "host");
+  t->begin_step();
+  t->begin();  // 0 encloses 1
+  t->begin();
+  t->end();
+  t->end();
+  t->begin();  // 2 after both
+  t->end();
+  const StepTiming s = t->end_step();
+  REQUIRE(s.intervals.size() == 3);
+  const auto& [a, b, c] = std::tie(s.intervals[0], s.intervals[1], s.intervals[2]);
+  CHECK(a.start_s <= b.start_s);
+  CHECK(a.start_s + a.duration_s >= b.start_s + b.duration_s);
+  CHECK(c.start_s >= a.start_s + a.duration_s);
+  CHECK(s.span_s >= c.start_s + c.duration_s);
 }
 
 TEST_CASE("high-water mark of allocated bytes", "[exec][profiler][memory]") {

@@ -24,18 +24,22 @@ class EventTiming final : public OpTiming {
 
   std::string clock() const override { return "cuda_events"; }
 
-  // Event 0 marks the step's start; interval i is events (2i+1, 2i+2); the
-  // last recorded event ends the step.
+  // Event 0 marks the step's start; each interval a (begin, end) pair of
+  // pool indices; the last recorded event ends the step.
   void begin_step() override {
     used_ = 0;
     open_.clear();
     closed_.clear();
     record();
   }
-  void begin() override { open_.push_back(record()); }
+  // Slots in begin order; end() closes the innermost open one.
+  void begin() override {
+    open_.push_back(closed_.size());
+    closed_.push_back({record(), 0});
+  }
   void end() override {
     RS_CHECK(!open_.empty(), "OpTiming::end without begin");
-    closed_.push_back({open_.back(), record()});
+    closed_[open_.back()].second = record();
     open_.pop_back();
   }
   StepTiming end_step() override {
@@ -70,8 +74,8 @@ class EventTiming final : public OpTiming {
   cudaStream_t stream_;
   std::vector<cudaEvent_t> pool_;
   size_t used_ = 0;
-  std::vector<size_t> open_;
-  std::vector<std::pair<size_t, size_t>> closed_;
+  std::vector<size_t> open_;                       // slots of closed_ still open, innermost last
+  std::vector<std::pair<size_t, size_t>> closed_;  // per interval, in begin order: its events in pool_
 };
 
 }  // namespace
