@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "exec/cuda/check.h"
-#include "exec/cuda/memory.h"
 #if defined(RACKSTEP_HAVE_NCCL)
 #include "exec/cuda/comm.h"
 #include "exec/cuda/experts.h"
