@@ -65,9 +65,9 @@ void BM_TrainStep(benchmark::State& state) {
     m.zero_grads();
     benchmark::DoNotOptimize(m.forward(in.data(), tgt.data(), doc.data()).loss);
     m.backward();
-    const auto t0 = std::chrono::steady_clock::now();
+    prof.begin_optimizer();
     opt.step(m.params(), m.grads(), st);
-    prof.record_optimizer(t0, std::chrono::steady_clock::now());
+    prof.end_optimizer();
     m.update_balancing();
     prof.end_step();
   }

@@ -3,10 +3,12 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <system_error>
+#include <utility>
 
 #include "exec/cpu/backend.h"
 #include "exec/dist.h"
@@ -39,7 +41,49 @@ MlpSlots mlp_slots(const models::Op& op) {
 }
 float* slot(float* const* p, int j) { return j < 0 ? nullptr : p[j]; }
 
+// The default clock: steady_clock at begin(), and at end() after the backend
+// finished what the interval queued.
+class HostOpTiming final : public OpTiming {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit HostOpTiming(Backend& backend) : backend_(backend) {}
+  std::string clock() const override { return "host"; }
+  void begin_step() override {
+    open_.clear();
+    step_.intervals.clear();
+    origin_ = Clock::now();
+  }
+  // Slots in begin order; end() closes the innermost open one.
+  void begin() override {
+    open_.push_back({step_.intervals.size(), Clock::now()});
+    step_.intervals.push_back({});
+  }
+  void end() override {
+    RS_CHECK(!open_.empty(), "OpTiming::end without begin");
+    const auto [slot, start] = open_.back();
+    open_.pop_back();
+    backend_.synchronize();
+    const Clock::time_point stop = Clock::now();
+    step_.intervals[slot] = {seconds(origin_, start), seconds(start, stop)};
+  }
+  StepTiming end_step() override {
+    RS_CHECK(open_.empty(), "OpTiming::end_step with an interval open");
+    backend_.synchronize();
+    step_.span_s = seconds(origin_, Clock::now());
+    return std::move(step_);
+  }
+
+ private:
+  static double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+  Backend& backend_;
+  Clock::time_point origin_;
+  std::vector<std::pair<size_t, Clock::time_point>> open_;  // (slot, start)
+  StepTiming step_;
+};
+
 }  // namespace
+
+std::unique_ptr<OpTiming> Backend::make_op_timing() { return std::make_unique<HostOpTiming>(*this); }
 
 SwiGluVariant expert_activation(const models::MoeConfig& moe) {
   SwiGluVariant v;

@@ -66,7 +66,8 @@
 //   OpCall c = ...;                                  // op, model, B, T, in/out/saved, w/dw
 //   OpResult r = be->forward(c);                     // r.ce for the loss op, ...
 //   be->backward(c);                                 // in[j].grad = or +=, dw[j] +=
-//   be->synchronize();                               // before a profiler timestamp
+//   be->synchronize();                               // before a host read
+//   auto t = be->make_op_timing();                   // the profiler's clock (OpTiming)
 #pragma once
 
 #include <cstddef>
@@ -207,6 +208,48 @@ class BackendCollectives {
   virtual void all_gather(float* params) = 0;
 };
 
+// How the profiler (exec/profiler.h) times the work a backend queues: one
+// interval per op and phase (and the optimizer), bracketing the calls that
+// queue its work, resolved once per profiled step.
+//   default (Backend::make_op_timing): the host's steady_clock, read at begin()
+//     and, after Backend::synchronize(), at end() (the CPU backend's times as
+//     before the hook; on a device that serialises the queue per op);
+//   exec/cuda: a pair of CUDA events per interval recorded on the backend's
+//     stream, no synchronisation until end_step(), which waits for the step's
+//     last event and reads every interval with cudaEventElapsedTime from the
+//     step's first event (events pooled across steps).
+//
+//   auto t = backend.make_op_timing();
+//   t->begin_step();  t->begin(); ...queue op...; t->end();  ...;  StepTiming s = t->end_step();
+struct StepTiming {
+  struct Interval {
+    double start_s = 0;     // from begin_step()'s mark
+    double duration_s = 0;
+  };
+  std::vector<Interval> intervals;  // in begin() order (an interval may enclose others: end() closes the innermost)
+  double span_s = 0;                // begin_step()'s mark to the end of the step's last queued work
+};
+class OpTiming {
+ public:
+  virtual ~OpTiming() = default;
+  // "host" (steady_clock around a synchronize) or "cuda_events": op_measurements.json's "op_clock".
+  virtual std::string clock() const = 0;
+  virtual void begin_step() = 0;
+  virtual void begin() = 0;
+  virtual void end() = 0;
+  virtual StepTiming end_step() = 0;
+};
+
+// The device memory a backend used, for the profile (nullopt: host memory, the
+// process's resident peak says it).
+struct DeviceMemory {
+  std::string device;            // the device's name ("NVIDIA H200": cudaGetDeviceProperties)
+  double peak_bytes = 0;         // high-water mark of the bytes the backend had allocated
+  double used_at_peak_bytes = -1;  // the device's used bytes (cudaMemGetInfo: context, pools, every process) when
+                                   // that mark was set; < 0 unknown
+  double total_bytes = 0;        // the device's memory
+};
+
 class Comm;           // exec/dist.h: the ranks (MPI, or one process)
 class ExpertBackend;  // exec/model.h: routed experts computed across an EP group
 
@@ -230,6 +273,11 @@ class Backend {
   virtual bool uses_host_memory() const = 0;
   // Wait for queued work (a profiler timestamp, a host read).
   virtual void synchronize() = 0;
+  // The profiler's clock for this backend's work (OpTiming above); the default
+  // reads the host's clock around synchronize(). The backend outlives it.
+  virtual std::unique_ptr<OpTiming> make_op_timing();
+  // Device memory in use so far (DeviceMemory above), nullopt for host memory.
+  virtual std::optional<DeviceMemory> device_memory() const { return std::nullopt; }
   // Arithmetic of the heavy ops: "fp32" (every backend; the parity mode) or
   // "bf16" (GEMM operands rounded to bf16, fp32 accumulation and outputs, fp32
   // master weights, gradients and optimizer: exec/cuda). "" when this backend

@@ -606,6 +606,12 @@ LossResult Model::forward(const int32_t* inputs, const int32_t* targets, const i
   LossResult r;
   router_loss_ = 0;
   for (size_t i = 0; i < graph_.ops.size(); ++i) {
+    if (brackets_) {
+      brackets_->begin_op(i, 0);
+      forward_op(i);
+      brackets_->end_op(i, 0);
+      continue;
+    }
     if (!timer_) {
       forward_op(i);
       continue;
@@ -735,6 +741,12 @@ void Model::backward() {
   const bool host_memory = backend_->uses_host_memory();
   if (!host_memory) backend_current(grads_, grad_dev_, grads_fresh_);  // "+=" onto what the host holds
   for (size_t i = graph_.ops.size(); i-- > 0;) {
+    if (brackets_) {
+      brackets_->begin_op(i, 1);
+      backward_op(i);
+      brackets_->end_op(i, 1);
+      continue;
+    }
     if (!timer_) {
       backward_op(i);
       continue;

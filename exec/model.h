@@ -144,6 +144,15 @@ struct LossResult {
 // Per-op callbacks for the profiler: phase 0 = forward, 1 = backward.
 using OpTimer = std::function<void(size_t op, int phase, std::chrono::steady_clock::time_point start,
                                    std::chrono::steady_clock::time_point end)>;
+// The profiler's brackets around each op (exec/profiler.h): begin before the
+// op's work is queued, end after; phase 0 = forward, 1 = backward. The
+// profiler times them with the backend's clock (Backend::make_op_timing).
+class OpBrackets {
+ public:
+  virtual ~OpBrackets() = default;
+  virtual void begin_op(size_t op, int phase) = 0;
+  virtual void end_op(size_t op, int phase) = 0;
+};
 
 class Model {
  public:
@@ -220,8 +229,17 @@ class Model {
   std::string find_nonfinite_forward(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);
   std::string find_nonfinite_backward();
 
-  // Per op and phase, after the backend synchronised.
-  void set_op_timer(OpTimer timer) { timer_ = std::move(timer); }
+  // Per op and phase, host clock after the backend synchronised (replaces any
+  // brackets; nullptr: neither).
+  void set_op_timer(OpTimer timer) {
+    timer_ = std::move(timer);
+    brackets_ = nullptr;
+  }
+  // Brackets around each op (replaces any timer; nullptr: neither). Not owned.
+  void set_op_brackets(OpBrackets* brackets) {
+    brackets_ = brackets;
+    timer_ = nullptr;
+  }
 
   // Forward results on the host, for dumps and tests (valid until the next
   // call of one of them).
@@ -351,6 +369,7 @@ class Model {
   CountReducer reduce_counts_;
   double router_loss_ = 0;          // this forward's applied router losses
   OpTimer timer_;
+  OpBrackets* brackets_ = nullptr;
 };
 
 // The name earlier code and tests use.

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "exec/microbench.h"
+#include "sim/base/check.h"
 #include "sim/base/json_io.h"
 #include "sim/slice_name.h"
 #include "sim/base/trace.h"
@@ -16,27 +18,43 @@ Profiler::Profiler(const models::LayerGraph& graph, int64_t batch, int64_t seq, 
     : graph_(&graph), batch_(batch), seq_(seq), threads_(threads), origin_(Clock::now()) {}
 
 void Profiler::attach(Model& model) {
-  model.set_op_timer([this](size_t op, int phase, Clock::time_point s, Clock::time_point e) { on_op(op, phase, s, e); });
+  backend_ = &model.backend();
+  if (!timing_) timing_ = model.backend().make_op_timing();
+  model.set_op_brackets(this);
 }
 
 void Profiler::begin_step(int64_t step) {
+  RS_CHECK(timing_ != nullptr, "Profiler::begin_step before attach");
   step_ = step;
-  step_wall0_ = Clock::now();
+  pending_.clear();
   step_cpu0_ = process_cpu_seconds();
+  step_wall0_ = Clock::now();  // the step's slices sit here plus their offsets from the clock's mark, taken next
+  timing_->begin_step();
 }
+
 void Profiler::end_step() {
+  const StepTiming t = timing_->end_step();  // waits for the step's work
+  RS_CHECK(t.intervals.size() == pending_.size(), "Profiler: the clock's intervals do not match the brackets");
+  const double step_start_s = since_origin(step_wall0_);
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const auto [op, phase] = pending_[i];
+    slices_.push_back({op, phase, step_, step_start_s + t.intervals[i].start_s, t.intervals[i].duration_s});
+  }
+  pending_.clear();
   ++steps_;
   step_wall_s_.push_back(std::chrono::duration<double>(Clock::now() - step_wall0_).count());
   step_cpu_s_.push_back(process_cpu_seconds() - step_cpu0_);
+  step_device_s_.push_back(t.span_s);
 }
 
-void Profiler::on_op(size_t op, int phase, Clock::time_point start, Clock::time_point end) {
-  slices_.push_back({op, phase, step_, since_origin(start), std::chrono::duration<double>(end - start).count()});
+void Profiler::begin_op(size_t op, int phase) {
+  pending_.push_back({op, phase});
+  timing_->begin();
 }
+void Profiler::end_op(size_t /*op*/, int /*phase*/) { timing_->end(); }
 
-void Profiler::record_optimizer(Clock::time_point start, Clock::time_point end) {
-  slices_.push_back({0, 2, step_, since_origin(start), std::chrono::duration<double>(end - start).count()});
-}
+void Profiler::begin_optimizer() { begin_op(0, 2); }
+void Profiler::end_optimizer() { end_op(0, 2); }
 
 void Profiler::record_routing(const Model& model, const int32_t* doc_ids) {
   const auto& m = graph_->model;
@@ -83,6 +101,8 @@ void Profiler::record_routing(const Model& model, const int32_t* doc_ids) {
 
 namespace {
 
+const char* const kPhase[] = {"forward", "backward", "optimizer"};
+
 bool is_gemm(OpClass c) { return c == OpClass::kGemm || c == OpClass::kGroupedGemm; }
 
 double median(std::vector<double> v) {
@@ -124,11 +144,11 @@ void Profiler::write(const std::string& dir) const {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw UserError(dir, "", "a directory for the profile", ec.message());
+  const std::optional<DeviceMemory> mem = backend_ ? backend_->device_memory() : std::nullopt;
 
   sim::TraceWriter w;
-  const int pid = w.process("cpu0");
+  const int pid = w.process(mem ? "gpu0" : "cpu0");
   const int tid = w.thread(pid, "compute");
-  static const char* kPhase[] = {"forward", "backward", "optimizer"};
   for (const Slice& s : slices_) {
     if (s.phase == 2) {
       w.complete(pid, tid, "optimizer", kPhase[2], s.start_s, s.duration_s,
@@ -145,12 +165,24 @@ void Profiler::write(const std::string& dir) const {
                 {"class", models::to_string(op.op_class)}});
   }
   w.metadata("model", graph_->model.name);
-  w.metadata("device", "cpu");
+  w.metadata("device", mem ? mem->device : std::string("cpu"));
   w.metadata("threads", threads_);
   w.metadata("batch", batch_);
   w.metadata("seq", seq_);
   w.write((fs::path(dir) / "trace.json").string());
 
+  write_json_file_atomic((fs::path(dir) / "op_measurements.json").string(), measurements());
+
+  for (const auto* hists : {&by_sequence_, &by_document_}) {
+    for (const auto& [layer, h] : *hists) {
+      if (h.tokens.empty()) continue;
+      sim::write_routing_histogram(
+          (fs::path(dir) / ("routing-layer" + std::to_string(layer) + "-" + h.unit + ".json")).string(), h);
+    }
+  }
+}
+
+nlohmann::json Profiler::measurements() const {
   // Median seconds per (op, phase).
   std::map<std::pair<size_t, int>, std::vector<double>> samples;
   for (const Slice& s : slices_) samples[{s.op, s.phase}].push_back(s.duration_s);
@@ -186,27 +218,32 @@ void Profiler::write(const std::string& dir) const {
                    {"samples", secs.size()},
                    {"gflop_per_s", sec > 0 ? flops / sec / 1e9 : 0.0}});
   }
-  const nlohmann::json doc = {{"format", "rackstep.op_measurements/1"},
-                              {"device", "cpu"},
-                              {"dtype", "f32"},
-                              {"threads", threads_},
-                              {"model", graph_->model.name},
-                              {"batch", batch_},
-                              {"seq", seq_},
-                              {"steps", steps_},
-                              {"peak_rss_bytes", peak_rss_bytes()},
-                              {"step_wall_s", step_wall_s_},
-                              {"step_cpu_s", step_cpu_s_},
+  nlohmann::json doc = {{"format", "rackstep.op_measurements/1"},
+                        {"device", "cpu"},
+                        {"dtype", "f32"},
+                        {"threads", threads_},
+                        {"model", graph_->model.name},
+                        {"batch", batch_},
+                        {"seq", seq_},
+                        {"steps", steps_},
+                        {"peak_rss_bytes", peak_rss_bytes()},
+                        {"step_wall_s", step_wall_s_},
+                        {"step_cpu_s", step_cpu_s_},
                               {"ops", ops}};
-  write_json_file_atomic((fs::path(dir) / "op_measurements.json").string(), doc);
-
-  for (const auto* hists : {&by_sequence_, &by_document_}) {
-    for (const auto& [layer, h] : *hists) {
-      if (h.tokens.empty()) continue;
-      sim::write_routing_histogram(
-          (fs::path(dir) / ("routing-layer" + std::to_string(layer) + "-" + h.unit + ".json")).string(), h);
-    }
+  // A device adds fields only (exec/profiler.h): readers of the CPU's file see it unchanged.
+  const std::optional<DeviceMemory> mem = backend_ ? backend_->device_memory() : std::nullopt;
+  if (mem) {
+    doc["device"] = mem->device;
+    doc["dtype"] = dtype_;
+    doc["peak_device_bytes"] = mem->peak_bytes;
+    if (mem->used_at_peak_bytes >= 0) doc["device_used_at_peak_bytes"] = mem->used_at_peak_bytes;
+    doc["device_total_bytes"] = mem->total_bytes;
   }
+  if (timing_ && timing_->clock() != "host") {
+    doc["op_clock"] = timing_->clock();
+    doc["step_device_s"] = step_device_s_;
+  }
+  return doc;
 }
 
 }  // namespace rackstep::exec

@@ -219,6 +219,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   flops_per_token_ = models::count_flops(graph_, seq, models::FlopConvention::kMarin).training;
   if (o_.profile && is_root()) {  // rank 0 profiles its own slice
     profiler_ = std::make_unique<Profiler>(graph_, model_->batch(), seq, current_threads());
+    profiler_->set_dtype(o_.precision == "bf16" ? "bf16" : "f32");  // written on a device only
     profiler_->attach(*model_);
   }
   if (!o_.out_dir.empty() && is_root()) write_run_json();
@@ -376,7 +377,7 @@ void Trainer::reduce_and_step_on_backend(GroupNorms& norms, int64_t step_no) {
   dp_->all_gather(params);
 }
 
-void Trainer::check_and_step(GroupNorms& gn, int64_t step_no, Clock::time_point& t_opt) {
+void Trainer::check_and_step(GroupNorms& gn, int64_t step_no, const std::function<void()>& optimizer_starts) {
   gn = backend_opt_ ? backend_opt_->grad_norms(model_->backend_grads()) : group_norms(model_->grads());
   for (int g = 0; g < 4; ++g) {
     if (std::isfinite(gn.by_group[g])) continue;
@@ -385,7 +386,7 @@ void Trainer::check_and_step(GroupNorms& gn, int64_t step_no, Clock::time_point&
                          " gradient norm is not finite; first op with a non-finite gradient: " +
                          (op.empty() ? "none found" : op));
   }
-  t_opt = Clock::now();
+  optimizer_starts();
   if (!backend_opt_) {
     optimizer_->step(model_->params(), model_->grads(), opt_state_);
     return;
@@ -547,18 +548,24 @@ StepLog Trainer::step() {
     for (auto& [hist, n] : model_->balancing_histograms()) comm_->allreduce_sum(hist, static_cast<int>(n));
   }
   GroupNorms gn;
-  auto t_opt = Clock::now();
+  // The profile's optimizer slice: from here (after the gradient norms where
+  // they are checked first) to the end of the balancing update.
+  const auto optimizer_starts = [&] {
+    if (profiling) profiler_->begin_optimizer();
+  };
   if (dp_) {
+    optimizer_starts();
     reduce_and_step_on_backend(gn, step_no);  // checks the norms itself
   } else if (distributed()) {
+    optimizer_starts();
     reduce_and_step(gn, step_no);  // checks the norms itself
   } else {
-    check_and_step(gn, step_no, t_opt);
+    check_and_step(gn, step_no, optimizer_starts);
   }
   model_->update_balancing();
+  if (profiling) profiler_->end_optimizer();
   const auto t1 = Clock::now();
   if (profiling) {
-    profiler_->record_optimizer(t_opt, t1);
     profiler_->record_routing(*model_, b.doc_ids.data());
     profiler_->end_step();
   }

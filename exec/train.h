@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -182,7 +183,7 @@ class Trainer {
   // NonFiniteError naming the first op with a non-finite gradient, unless every global group norm is finite.
   void check_global_norms(const GroupNorms& norms, int64_t step_no);
   // One process: the group norms (NonFiniteError naming the op when one is not finite), then the update.
-  void check_and_step(GroupNorms& norms, int64_t step_no, std::chrono::steady_clock::time_point& t_opt);
+  void check_and_step(GroupNorms& norms, int64_t step_no, const std::function<void()>& optimizer_starts);
 
   const Comm* comm_ = nullptr;
   Comm solo_;  // ranks() of a run without a communicator: one process

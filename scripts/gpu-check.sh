@@ -19,6 +19,9 @@
 #      (bench/cuda/model_step.cpp; arena bytes copied per step: 0 when resident);
 #   5. the kernel timings (bench/cuda/kernels_timing.cpp) against the ceilings measured there;
 #   6. `rackstep calibrate --backend cuda` when calibrate takes --backend.
+# The tiny-moe GPU run of step 3 is profiled (per-op CUDA-event times, peak device memory: its
+# op_measurements.json in brief as "tiny_moe_cuda_profile", refitted by `calibrate --from-run`), and
+# test_cuda's [profile] case checks the per-op times against the step's event time ("profile_test").
 # and prints one JSON report, also written to $OUT/gpu-check.json (with up to 7 logs beside it).
 # Budget: under 8 minutes on one H200 (the build is most of it).
 #
@@ -128,7 +131,11 @@ backend_flag="--backend cuda"
 [ "$dry" = cpu ] && backend_flag="--backend cpu"
 if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
   json_step tiny_cpu 150 "$rs" train $tiny --threads "$jobs" --out "$out/tiny_cpu" --json
-  json_step tiny_cuda 120 "$rs" train $tiny $backend_flag --threads "$jobs" --out "$out/tiny_cuda" --json
+  # Profiled (exec/profiler.h: per-op CUDA-event times, the allocator's peak device memory; no per-op sync,
+  # so the losses are the unprofiled run's), then refitted from its profile as `rackstep calibrate` takes a run.
+  json_step tiny_cuda 120 "$rs" train $tiny $backend_flag --threads "$jobs" --out "$out/tiny_cuda" --json \
+    --profile --profile-steps 4
+  json_step tiny_cuda_calibrate 60 "$rs" calibrate --from-run "$out/tiny_cuda" --out "$out/tiny_cuda_cal" --json
   # The bf16 mode (the cpu backend refuses it: a dry run records the refusal).
   json_step tiny_cuda_bf16 120 "$rs" train $tiny $backend_flag --precision bf16 --threads "$jobs" \
     --out "$out/tiny_cuda_bf16" --json
@@ -257,6 +264,29 @@ try:
     report["tiny_moe_cuda_last_step"] = {k: s.get(k) for k in ("step", "loss", "tokens_per_s")}
 except Exception:
     pass
+def profile_summary(run_dir):
+    # The run's op_measurements.json in brief: device, clock, memory, per-step times, seconds per op class
+    # (medians of the profiled steps, forward + backward) and the slowest ops.
+    try: om = json.load(open(os.path.join(run_dir, "op_measurements.json")))
+    except Exception as e: return {"not_run": str(e)}
+    keep = ("device", "dtype", "op_clock", "steps", "peak_device_bytes", "device_used_at_peak_bytes",
+            "device_total_bytes", "peak_rss_bytes", "step_device_s", "step_wall_s")
+    r = {k: om[k] for k in keep if k in om}
+    by_class = {}
+    for o in om.get("ops", []):
+        by_class[o["class"]] = by_class.get(o["class"], 0.0) + o["seconds"]
+    r["seconds_by_class"] = dict(sorted(by_class.items(), key=lambda kv: -kv[1]))
+    r["ops_seconds"] = sum(by_class.values())
+    top = sorted(om.get("ops", []), key=lambda o: -o["seconds"])[:8]
+    r["slowest_ops"] = [[o["op"], o["phase"], o["seconds"]] for o in top]
+    return r
+report["tiny_moe_cuda_profile"] = profile_summary(os.path.join(out, "tiny_cuda"))
+try:
+    f = json.load(open(os.path.join(out, "tiny_cuda_calibrate.json")))
+    report["tiny_moe_cuda_profile"]["calibrate_from_run"] = {k: f.get(k) for k in ("backend", "fit_relative_rms", "efficiencies")}
+except Exception:
+    pass
+report["profile_test"] = cases(os.path.join(out, "test_cuda.xml"), "profile")
 try:
     j = json.load(open(os.path.join(out, "medium_cuda.json")))
     j["ops"] = j.get("ops", [])[:12]  # the largest op kinds

@@ -148,6 +148,11 @@ Comparison compare_run(const CompareInputs& in) {
     const double threads = std::max(1.0, om.value("threads", 1.0));
     std::vector<double> walls = om.value("step_wall_s", std::vector<double>{});
     std::vector<double> cpus = om.value("step_cpu_s", std::vector<double>{});
+    // A device's clock (exec/profiler.h "op_clock": CUDA events): its times are the device's, not de-loaded.
+    if (om.value("op_clock", std::string("host")) != "host") {
+      cpus.clear();
+      for (const double w : walls) cpus.push_back(w * threads);  // factor 1
+    }
     std::vector<double> deloaded, factor;
     for (size_t i = 0; i < std::min(walls.size(), cpus.size()); ++i) {
       const double f = walls[i] > 0 ? std::clamp(cpus[i] / threads / walls[i], 0.01, 1.0) : 1.0;

@@ -10,6 +10,7 @@
 
 #include "sim/base/check.h"
 #include "sim/base/json_io.h"
+#include "sim/base/source_dir.h"
 #include "models/model.h"
 #include "sim/calibration.h"
 #include "sim/predict.h"
@@ -188,6 +189,20 @@ double shape_factor(double x, double h) { return x / (x + h); }
 
 }  // namespace
 
+std::string topology_for_device(const std::string& device, const std::string& file) {
+  const std::string table = std::string(rackstep::source_dir()) + "/topologies/cuda_devices.json";
+  const nlohmann::json t = load_json_file(table);
+  std::string names;
+  for (const auto& d : t.at("devices")) {
+    const std::string name = d.at("cuda_name").get<std::string>();
+    if (name == device) return std::string(rackstep::source_dir()) + "/" + d.at("topology").get<std::string>();
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  throw UserError(file, "/device",
+                  "a GPU with a zoo topology (" + names + "; topologies/cuda_devices.json), or --topology FILE",
+                  "\"" + device + "\"");
+}
+
 Layout cpu_run_layout(int64_t processes, int64_t ep, int64_t batch, int64_t seq, const std::string& transport) {
   Layout l;
   l.name = "cpu-run";
@@ -245,12 +260,16 @@ FitResult fit_measurements(const nlohmann::json& m, const std::string& base_topo
     bw = m["stream"]["bytes_per_s"].get<double>();
     bw_src = "[M] " + fmt("%.2f", bw / 1e9) + " GB/s, residual_forward over 3 x 64 MB (" + src + ")";
   }
-  const std::string gpu_name = backend + " (" + std::to_string(threads) + " threads, calibrated)";
+  // The CPU engine is a one-"GPU" system of `threads` threads; a GPU run names its device.
+  const bool on_cpu = backend == "cpu";
+  const std::string gpu_name =
+      on_cpu ? backend + " (" + std::to_string(threads) + " threads, calibrated)" : backend + " (calibrated)";
 
   nlohmann::json topo = topo_in;
   topo["name"] = topo_in.value("name", std::string("host")) + "-calibrated";
   topo["comment"] = "Fitted by `rackstep calibrate` from " + src +
-                    ": one process of the CPU engine as a one-'GPU' system. [M] measured, [F] fitted.";
+                    (on_cpu ? ": one process of the CPU engine as a one-'GPU' system." : ": one GPU (" + backend + ").") +
+                    " [M] measured, [F] fitted.";
   topo["gpu"]["name"] = gpu_name;
   topo["gpu"]["peak_flops_per_s"]["bf16"] = sourced(peak, peak_src + "; the CPU engine computes in fp32");
   topo["gpu"]["peak_flops_per_s"]["fp32"] = sourced(peak, peak_src);
@@ -710,8 +729,10 @@ nlohmann::json measurements_from_run(const std::string& run_dir) {
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < g.ops.size(); ++i) index[g.ops[i].name] = i;
   // De-load like every calibrate timing: the profiled steps' CPU / (threads x wall).
+  // A device's clock (CUDA events) measured the device's own time: nothing to de-load.
+  const bool device_clock = ops.value("op_clock", std::string("host")) != "host";
   double factor = 1.0;
-  {
+  if (!device_clock) {
     const double threads = std::max(1.0, ops.value("threads", 1.0));
     const std::vector<double> walls = ops.value("step_wall_s", std::vector<double>{});
     const std::vector<double> cpus = ops.value("step_cpu_s", std::vector<double>{});
@@ -755,6 +776,12 @@ nlohmann::json measurements_from_run(const std::string& run_dir) {
                          {"optimizer_s", optimizer_s},
                          {"ops", list}};
   if (ops.contains("peak_rss_bytes")) prof["rss_bytes"] = ops["peak_rss_bytes"];
+  // On a GPU the memory the predictor budgets is the device's: what it held at the
+  // allocator's peak (context and pools included, like the CPU's resident set), else the peak itself.
+  if (ops.contains("peak_device_bytes")) {
+    prof["rss_bytes"] = ops.value("device_used_at_peak_bytes", ops["peak_device_bytes"].get<double>());
+    prof["peak_device_bytes"] = ops["peak_device_bytes"];
+  }
   return {{"format", "rackstep.calibration_measurements/1"},
           {"backend", ops.value("device", "cpu")},
           {"threads", ops.value("threads", 1)},

@@ -63,8 +63,16 @@ FitResult fit_measurements(const nlohmann::json& measurements, const std::string
                            const std::string& base_calibration_path, const std::string& measurements_file);
 
 // A profiled run (RUN/op_measurements.json, RUN/run.json) as a measurements
-// document with one profile; UserError when the run has no profile.
+// document with one profile; UserError when the run has no profile. A GPU
+// run's file (exec/profiler.h: "op_clock" "cuda_events") holds device times,
+// taken as they are (no de-loading), and its device memory ("device_used_at_peak_bytes",
+// else "peak_device_bytes") stands for the resident peak; "backend" is its "device".
 nlohmann::json measurements_from_run(const std::string& run_dir);
+
+// A CUDA device's zoo topology (an absolute path) from topologies/cuda_devices.json
+// by the name the device reports ("NVIDIA H200"); UserError naming `file`'s
+// "/device", the names that map and `device` when none does.
+std::string topology_for_device(const std::string& device, const std::string& file);
 
 // The layout of a CPU run: one data rank per process, the process's batch in
 // one micro-batch, no recompute (the CPU engine keeps every activation),

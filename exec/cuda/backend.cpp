@@ -23,7 +23,9 @@
 #include "exec/cuda/detail.h"
 #include "exec/cuda/gemm.h"
 #include "exec/cuda/layers.h"
+#include "exec/cuda/memory.h"
 #include "exec/cuda/moe.h"
+#include "exec/cuda/op_timing.h"
 #include "exec/cuda/ops.h"
 #include "exec/cuda/optimizer.h"
 #include "exec/dist.h"
@@ -40,10 +42,10 @@ class DeviceBuffer final : public Buffer {
  public:
   // Zero-filled on `stream`, so the fill is ordered before the backend's work on it.
   DeviceBuffer(size_t bytes, cudaStream_t stream) : bytes_(bytes) {
-    RS_CUDA_CHECK(cudaMalloc(&data_, bytes > 0 ? bytes : 1));
+    device_malloc(&data_, bytes);  // counted: the profile's peak_device_bytes (exec/cuda/memory.h)
     RS_CUDA_CHECK(cudaMemsetAsync(data_, 0, bytes, stream));
   }
-  ~DeviceBuffer() override { cudaFree(data_); }  // cudaFree waits for the device's work
+  ~DeviceBuffer() override { device_free(data_); }  // cudaFree waits for the device's work
   void* data() override { return data_; }
   size_t bytes() const override { return bytes_; }
 
@@ -56,11 +58,11 @@ class DeviceBuffer final : public Buffer {
 // order, after the work already queued on it.
 class Scratch {
  public:
-  ~Scratch() { cudaFree(data_); }
+  ~Scratch() { device_free(data_); }
   void* get(size_t bytes, cudaStream_t stream) {
     if (bytes <= bytes_) return data_;
-    if (data_) RS_CUDA_CHECK(cudaFreeAsync(data_, stream));
-    RS_CUDA_CHECK(cudaMallocAsync(&data_, bytes, stream));
+    device_free_async(data_, stream);
+    device_malloc_async(&data_, bytes, stream);
     bytes_ = bytes;
     return data_;
   }
@@ -97,6 +99,10 @@ class CudaBackend final : public Backend {
   }
   bool uses_host_memory() const override { return false; }
   void synchronize() override { RS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // The profiler's clock: events on this stream, read once per step (exec/cuda/op_timing.h).
+  std::unique_ptr<OpTiming> make_op_timing() override { return make_event_timing(stream_); }
+  // Every allocation of exec/cuda/ is counted (exec/cuda/memory.h).
+  std::optional<DeviceMemory> device_memory() const override { return device_memory_report(); }
   // Resident training: the optimizer on this stream and this GEMM engine (exec/cuda/optimizer.h).
   std::unique_ptr<BackendOptimizer> make_optimizer(const OptimizerConfig& config,
                                                    std::shared_ptr<const ArenaLayout> layout) override {

@@ -3,18 +3,19 @@
 #include <utility>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/memory.h"
 #include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 
 DeviceArena::DeviceArena(std::shared_ptr<const ArenaLayout> layout) : layout_(std::move(layout)) {
   RS_CHECK(layout_ != nullptr, "DeviceArena needs a layout");
-  RS_CUDA_CHECK(cudaMalloc(&data_, std::max<size_t>(bytes(), sizeof(float))));
+  device_malloc(&data_, std::max<size_t>(bytes(), sizeof(float)));
   RS_CUDA_CHECK(cudaMemset(data_, 0, bytes()));
 }
 
 DeviceArena::~DeviceArena() {
-  if (data_) cudaFree(data_);
+  device_free(data_);
 }
 
 float* DeviceArena::tensor(size_t i) {

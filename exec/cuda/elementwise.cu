@@ -9,6 +9,7 @@
 
 #include "exec/cuda/bf16_math.h"
 #include "exec/cuda/check.h"
+#include "exec/cuda/memory.h"
 #include "exec/cuda/detail.h"
 #include "exec/cuda/element_access.cuh"
 #include "exec/cuda/element_math.h"
@@ -428,13 +429,13 @@ void add_inplace(float* dst, const float* src, size_t n, cudaStream_t stream) {
 bool all_finite(const float* x, size_t n, cudaStream_t stream) {
   if (n == 0) return true;
   unsigned int* count = nullptr;
-  RS_CUDA_CHECK(cudaMallocAsync(&count, sizeof(unsigned int), stream));
+  device_malloc_async(&count, sizeof(unsigned int), stream);
   RS_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned int), stream));
   count_nonfinite_kernel<<<blocks_for(n), kThreads, 0, stream>>>(count, x, n);
   RS_CUDA_CHECK(cudaGetLastError());
   unsigned int host = 0;
   RS_CUDA_CHECK(cudaMemcpyAsync(&host, count, sizeof(host), cudaMemcpyDeviceToHost, stream));
-  RS_CUDA_CHECK(cudaFreeAsync(count, stream));
+  device_free_async(count, stream);
   RS_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host == 0;
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/memory.h"
 #include "exec/cuda/comm.h"
 #include "exec/cuda/experts_rows.h"
 #include "exec/cuda/moe.h"
@@ -34,15 +35,13 @@ template <typename T>
 class DeviceArray {
  public:
   DeviceArray() = default;
-  ~DeviceArray() { cudaFree(data_); }  // cudaFree waits for the device's work
+  ~DeviceArray() { device_free(data_); }  // cudaFree waits for the device's work
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
   T* get(size_t n, cudaStream_t stream) {
     if (n <= n_ && data_) return data_;
-    if (data_) RS_CUDA_CHECK(cudaFreeAsync(data_, stream));
-    void* p = nullptr;
-    RS_CUDA_CHECK(cudaMallocAsync(&p, sizeof(T) * std::max<size_t>(n, 1), stream));
-    data_ = static_cast<T*>(p);
+    device_free_async(data_, stream);
+    device_malloc_async(&data_, sizeof(T) * std::max<size_t>(n, 1), stream);
     n_ = n;
     return data_;
   }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/memory.h"
 #include "exec/cuda/ops.h"
 #include "sim/base/check.h"
 
@@ -28,15 +29,15 @@ struct Gemm::Plan {
 
 Gemm::Gemm(cudaStream_t stream, size_t workspace_bytes) : stream_(stream), workspace_bytes_(workspace_bytes) {
   RS_CUBLAS_CHECK(cublasLtCreate(&handle_));
-  RS_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  device_malloc(&workspace_, workspace_bytes_);
 }
 
 Gemm::~Gemm() {
   for (auto& [key, plan] : plans_) delete plan;
-  if (pointers_) cudaFree(pointers_);
-  if (operands16_) cudaFree(operands16_);
+  device_free(pointers_);
+  device_free(operands16_);
   if (blas_) cublasDestroy(blas_);
-  if (workspace_) cudaFree(workspace_);
+  device_free(workspace_);
   if (handle_) cublasLtDestroy(handle_);
 }
 
@@ -83,8 +84,8 @@ void Gemm::run(const GemmShape& s, DType type, void* c, const void* a, const voi
     const size_t na = size_t(s.m) * size_t(s.k), nb = size_t(s.k) * size_t(s.n);
     const size_t bytes = (na + nb) * sizeof(__nv_bfloat16);
     if (bytes > operands16_bytes_) {
-      if (operands16_) RS_CUDA_CHECK(cudaFreeAsync(operands16_, stream_));
-      RS_CUDA_CHECK(cudaMallocAsync(&operands16_, bytes, stream_));
+      device_free_async(operands16_, stream_);
+      device_malloc_async(&operands16_, bytes, stream_);
       operands16_bytes_ = bytes;
     }
     auto* a16 = static_cast<__nv_bfloat16*>(operands16_);
@@ -138,8 +139,8 @@ void Gemm::run_grouped(const std::vector<GemmItem>& items, bool trans_a, bool tr
     RS_CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
   }
   if (groups > pointer_capacity_) {
-    if (pointers_) RS_CUDA_CHECK(cudaFreeAsync(pointers_, stream_));
-    RS_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&pointers_), 3 * groups * sizeof(void*), stream_));
+    device_free_async(pointers_, stream_);
+    device_malloc_async(&pointers_, 3 * groups * sizeof(void*), stream_);
     pointer_capacity_ = groups;
   }
   // Pageable host → device copies are staged before cudaMemcpyAsync returns: the vectors may go.

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/memory.h"
 #include "exec/cuda/element_access.cuh"
 #include "exec/cuda/ops.h"
 #include "sim/base/check.h"
@@ -107,12 +108,12 @@ CrossEntropySums cross_entropy_forward(float* lse, double* row_terms, const T* l
   ce_forward_kernel<<<N, kThreads, 0, stream>>>(lse, row_terms, row_terms + N, logits, targets, V);
   RS_CUDA_CHECK(cudaGetLastError());
   double* sums = nullptr;  // two doubles after the row terms would need 2N+2; a small buffer instead
-  RS_CUDA_CHECK(cudaMallocAsync(&sums, 2 * sizeof(double), stream));
+  device_malloc_async(&sums, 2 * sizeof(double), stream);
   ce_sum_kernel<<<1, 1, 0, stream>>>(sums, row_terms, row_terms + N, N);
   RS_CUDA_CHECK(cudaGetLastError());
   double host[2];
   RS_CUDA_CHECK(cudaMemcpyAsync(host, sums, sizeof(host), cudaMemcpyDeviceToHost, stream));
-  RS_CUDA_CHECK(cudaFreeAsync(sums, stream));
+  device_free_async(sums, stream);
   RS_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.ce = host[0] / static_cast<double>(n_total);
   r.z_loss = host[1] * static_cast<double>(z_weight) / static_cast<double>(n_total);

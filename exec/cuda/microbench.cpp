@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "exec/cuda/backend.h"
@@ -17,11 +18,24 @@
 #include "exec/cuda/ops.h"
 #include "exec/model.h"
 #include "exec/optim.h"
+#include "sim/base/check.h"
 
 namespace rackstep::exec::cuda {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The model's ops bracketed on a backend clock: (op, phase) per interval, in order.
+struct Brackets final : OpBrackets {
+  explicit Brackets(std::unique_ptr<OpTiming> t) : timing(std::move(t)) {}
+  void begin_op(size_t op, int phase) override {
+    ops.emplace_back(op, phase);
+    timing->begin();
+  }
+  void end_op(size_t, int) override { timing->end(); }
+  std::unique_ptr<OpTiming> timing;
+  std::vector<std::pair<size_t, int>> ops;
+};
 
 // Device floats, pseudo-random in [-1, 1) (never zeros: they time faster than data).
 struct Floats {
@@ -97,20 +111,19 @@ class CudaOpBackend final : public OpBackend {
     const OptimizerConfig cfg = default_optimizer_config(1000, graph.model.d_model, N);
     Optimizer opt(cfg);
     OptimizerState state = init_optimizer_state(model.params());
+    // Per op and phase, the fastest repetition's device time: the backend's clock
+    // (CUDA events, exec/cuda/op_timing.h), read once per repetition, no sync per op.
     std::map<std::pair<size_t, int>, double> best_op;
     bool recording = false;
-    model.set_op_timer([&](size_t op, int phase, Clock::time_point s, Clock::time_point e) {
-      if (!recording) return;
-      const double t = std::chrono::duration<double>(e - s).count();
-      auto [it, fresh] = best_op.emplace(std::make_pair(op, phase), t);
-      if (!fresh) it->second = std::min(it->second, t);
-    });
+    Brackets brackets(model.backend().make_op_timing());
+    model.set_op_brackets(&brackets);
     auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
     ModelProfile p;
     p.forward_s = p.backward_s = p.optimizer_s = 1e30;
     for (int r = 0; r <= reps; ++r) {
       recording = r > 0;
       model.zero_grads();
+      brackets.timing->begin_step();
       const auto t0 = Clock::now();
       model.forward(tokens.data(), tokens.data() + 1, doc.data());
       model.backend().synchronize();
@@ -118,6 +131,13 @@ class CudaOpBackend final : public OpBackend {
       model.backward();
       model.backend().synchronize();
       const auto t2 = Clock::now();
+      const StepTiming times = brackets.timing->end_step();
+      RS_CHECK(times.intervals.size() == brackets.ops.size(), "profile: the clock's intervals and the ops differ");
+      for (size_t i = 0; recording && i < times.intervals.size(); ++i) {
+        auto [it, fresh] = best_op.emplace(brackets.ops[i], times.intervals[i].duration_s);
+        if (!fresh) it->second = std::min(it->second, times.intervals[i].duration_s);
+      }
+      brackets.ops.clear();
       opt.step(model.params(), model.grads(), state);
       const auto t3 = Clock::now();
       if (!recording) continue;
@@ -125,7 +145,7 @@ class CudaOpBackend final : public OpBackend {
       p.backward_s = std::min(p.backward_s, seconds(t1, t2));
       p.optimizer_s = std::min(p.optimizer_s, seconds(t2, t3));
     }
-    model.set_op_timer(nullptr);
+    model.set_op_brackets(nullptr);
     p.cpu_share = 1;
     p.rss_bytes = current_rss_bytes();
     p.model_bytes = static_cast<double>(model.params().bytes() + model.grads().bytes() + model.activation_bytes() +

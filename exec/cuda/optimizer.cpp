@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/memory.h"
 #include "exec/cuda/detail.h"
 #include "exec/cuda/device_arena.h"
 #include "exec/cuda/gemm.h"
@@ -22,8 +23,8 @@ namespace {
 template <typename T>
 class DeviceArray {
  public:
-  explicit DeviceArray(size_t n) { RS_CUDA_CHECK(cudaMalloc(&data_, sizeof(T) * std::max<size_t>(n, 1))); }
-  ~DeviceArray() { cudaFree(data_); }
+  explicit DeviceArray(size_t n) { device_malloc(&data_, sizeof(T) * std::max<size_t>(n, 1)); }
+  ~DeviceArray() { device_free(data_); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
   T* get() const { return data_; }

@@ -5,6 +5,7 @@
 //   rackstep calibrate --backend cpu --out cal [--model M ...] [--budget-s 60] [--threads 2] [--ranks 2,4]
 //   rackstep predict --model M --cluster cal/topology.json --calibration cal/calibration.json --layout L
 //   rackstep calibrate --from-run runs/p --out cal2 [--topology cal/topology.json --calibration cal/calibration.json]
+//     (a GPU run's profile names its device: its zoo topology is the base, topologies/cuda_devices.json)
 //   rackstep calibrate --from-measurements cal/measurements.json --out cal3   # refit, no measuring
 //
 // Writes DIR/measurements.json (raw seconds), DIR/calibration.json,
@@ -127,6 +128,11 @@ int run_calibrate(const CalibrateArgs& a) {
   }
   if (!a.from_run.empty()) {
     m = sim::measurements_from_run(a.from_run);
+    // A GPU run (its profile names the device) fits onto that GPU's zoo topology.
+    const std::string device = m.value("backend", std::string("cpu"));
+    if (device != "cpu" && a.topology.empty()) {
+      base_topo = sim::topology_for_device(device, (fs::path(a.from_run) / "op_measurements.json").string());
+    }
   } else if (!a.from_measurements.empty()) {
     m = load_json_file(a.from_measurements);
     if (m.value("format", "") != "rackstep.calibration_measurements/1") {

@@ -45,6 +45,28 @@ check "profiled train exits 0" "[ $? -eq 0 ]"
 "$bin" calibrate --from-run "$tmp/run" --out "$tmp/cal2" --topology "$tmp/cal/topology.json" \
   --calibration "$tmp/cal/calibration.json" --json >"$tmp/cal2.json" 2>/dev/null
 check "calibrate --from-run exits 0" "[ $? -eq 0 ]"
+# A GPU run's profile (exec/profiler.h: the device fields a CUDA run adds) fits onto its GPU's zoo
+# topology (topologies/cuda_devices.json); a GPU without one is refused with one line, exit 2.
+gpu_run() {
+  rm -rf "$tmp/$1" && cp -r "$tmp/run" "$tmp/$1"
+  /usr/bin/python3 - "$tmp/$1/op_measurements.json" "$2" <<'PY'
+import json, sys
+p, device = sys.argv[1], sys.argv[2]
+d = json.load(open(p))
+d.update({"device": device, "op_clock": "cuda_events", "step_device_s": d["step_wall_s"],
+          "peak_device_bytes": 3.0e8, "device_used_at_peak_bytes": 9.0e8, "device_total_bytes": 1.5e11})
+json.dump(d, open(p, "w"))
+PY
+}
+gpu_run gpurun "NVIDIA H200"
+"$bin" calibrate --from-run "$tmp/gpurun" --out "$tmp/calgpu" --json >/dev/null 2>"$tmp/calgpu.err"
+check "calibrate --from-run of a GPU run exits 0" "[ $? -eq 0 ]"
+check "a GPU run fits onto its GPU's topology" \
+  "grep -q '\"NVIDIA H200 (calibrated)\"' $tmp/calgpu/topology.json && grep -q '\"rss_bytes\": 900000000' $tmp/calgpu/measurements.json"
+gpu_run gpuother "NVIDIA GeForce RTX 4090"
+"$bin" calibrate --from-run "$tmp/gpuother" --out "$tmp/calother" --json >/dev/null 2>"$tmp/calother.err"
+check "a GPU without a zoo topology exits 2" "[ $? -eq 2 ]"
+check "... in one line naming /device" "grep -q '/device' $tmp/calother.err && [ \$(wc -l < $tmp/calother.err) -eq 1 ]"
 "$bin" compare --predicted "$tmp/cal" --measured "$tmp/run" -o "$tmp/compare.json" --json >"$tmp/table.json"
 check "compare exits 0" "[ $? -eq 0 ]"
 "$bin" compare --predicted "$tmp/cal" --measured "$tmp/nothing" >/dev/null 2>"$tmp/noerr"
