@@ -102,7 +102,15 @@ struct Entry {
   int64_t workspace_bytes = 0;
 };
 
-size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+// Consecutive 256-byte aligned bf16 tensors out of one workspace (sdpa_staging_bytes's layout).
+struct Carve {
+  char* at;
+  __nv_bfloat16* operator()(size_t elements) {
+    auto* p = reinterpret_cast<__nv_bfloat16*>(at);
+    at += (elements * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+    return p;
+  }
+};
 
 class CudnnSdpa final : public CudnnAttention {
  public:
@@ -128,18 +136,12 @@ class CudnnSdpa final : public CudnnAttention {
     const size_t nq = size_t(s.B) * s.T * s.H * s.hd, nkv = size_t(s.B) * s.T * s.kv_stored * s.hd;
     const size_t staging = sdpa_staging_bytes(s, false);
     auto* base = static_cast<char*>(workspace(staging + static_cast<size_t>(e->workspace_bytes)));
-    char* at = base;
-    const auto take = [&at](size_t n) {
-      auto* p = reinterpret_cast<__nv_bfloat16*>(at);
-      at += round_up(n * sizeof(__nv_bfloat16));
-      return p;
-    };
+    Carve take{base};
     __nv_bfloat16 *q16 = take(nq), *o16 = take(nq), *k16 = take(nkv), *v16 = take(nkv);
     to_bf16(q16, q, nq, stream_);
     to_bf16(k16, k, nkv, stream_);
     to_bf16(v16, v, nkv, stream_);
-    std::unordered_map<int64_t, void*> pack = {{kQ, q16}, {kK, k16}, {kV, v16}, {kO, o16}, {kStats, lse}};
-    execute(*e, pack, base + staging);
+    run_forward(*e, o16, lse, q16, k16, v16, base + staging);
     bf16_to_float(o, o16, nq, false, stream_);
     return true;
   }
@@ -152,12 +154,7 @@ class CudnnSdpa final : public CudnnAttention {
     const size_t nq = size_t(s.B) * s.T * s.H * s.hd, nkv = size_t(s.B) * s.T * s.kv_stored * s.hd;
     const size_t staging = sdpa_staging_bytes(s, true);
     auto* base = static_cast<char*>(workspace(staging + static_cast<size_t>(e->workspace_bytes)));
-    char* at = base;
-    const auto take = [&at](size_t n) {
-      auto* p = reinterpret_cast<__nv_bfloat16*>(at);
-      at += round_up(n * sizeof(__nv_bfloat16));
-      return p;
-    };
+    Carve take{base};
     __nv_bfloat16 *q16 = take(nq), *o16 = take(nq), *do16 = take(nq), *dq16 = take(nq);
     __nv_bfloat16 *k16 = take(nkv), *v16 = take(nkv), *dk16 = take(nkv), *dv16 = take(nkv);
     to_bf16(q16, q, nq, stream_);
@@ -169,13 +166,27 @@ class CudnnSdpa final : public CudnnAttention {
       RS_CUDA_CHECK(cudaMemsetAsync(dk16, 0, nkv * sizeof(__nv_bfloat16), stream_));
       RS_CUDA_CHECK(cudaMemsetAsync(dv16, 0, nkv * sizeof(__nv_bfloat16), stream_));
     }
-    std::unordered_map<int64_t, void*> pack = {{kQ, q16},   {kK, k16},   {kV, v16},   {kO, o16},
-                                               {kDO, do16}, {kDQ, dq16}, {kDK, dk16}, {kDV, dv16},
-                                               {kStats, const_cast<float*>(lse)}};
-    execute(*e, pack, base + staging);
+    run_backward(*e, dq16, dk16, dv16, do16, q16, k16, v16, o16, lse, base + staging);
     bf16_to_float(dq, dq16, nq, false, stream_);
     bf16_to_float(dk, dk16, nkv, accumulate_dkv, stream_);
     bf16_to_float(dv, dv16, nkv, accumulate_dkv, stream_);
+    return true;
+  }
+
+  bool forward_bf16(const SdpaShape& s, __nv_bfloat16* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                    const __nv_bfloat16* v, const SdpaWorkspace& workspace) override {
+    const Entry* e = entry(s, false);
+    if (!e) return false;
+    run_forward(*e, o, lse, q, k, v, workspace(static_cast<size_t>(e->workspace_bytes)));
+    return true;
+  }
+
+  bool backward_bf16(const SdpaShape& s, __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                     const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                     const __nv_bfloat16* o, const float* lse, const SdpaWorkspace& workspace) override {
+    const Entry* e = entry(s, true);
+    if (!e) return false;
+    run_backward(*e, dq, dk, dv, dout, q, k, v, o, lse, workspace(static_cast<size_t>(e->workspace_bytes)));
     return true;
   }
 
@@ -222,6 +233,26 @@ class CudnnSdpa final : public CudnnAttention {
                  static_cast<long long>(version_), backward ? "backward" : "forward", s.B, s.T, s.H, s.kv_used,
                  s.kv_stored, s.hd, s.window, why.c_str());
     return e;
+  }
+
+  // The variant packs: cuDNN takes non-const pointers for inputs too.
+  void run_forward(const Entry& e, __nv_bfloat16* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                   const __nv_bfloat16* v, void* workspace) {
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, const_cast<__nv_bfloat16*>(q)}, {kK, const_cast<__nv_bfloat16*>(k)},
+        {kV, const_cast<__nv_bfloat16*>(v)}, {kO, o}, {kStats, lse}};
+    execute(e, pack, workspace);
+  }
+  void run_backward(const Entry& e, __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                    const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                    const __nv_bfloat16* v, const __nv_bfloat16* o, const float* lse, void* workspace) {
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, const_cast<__nv_bfloat16*>(q)},     {kK, const_cast<__nv_bfloat16*>(k)},
+        {kV, const_cast<__nv_bfloat16*>(v)},     {kO, const_cast<__nv_bfloat16*>(o)},
+        {kDO, const_cast<__nv_bfloat16*>(dout)}, {kStats, const_cast<float*>(lse)},
+        {kDQ, dq},                               {kDK, dk},
+        {kDV, dv}};
+    execute(e, pack, workspace);
   }
 
   void execute(const Entry& e, std::unordered_map<int64_t, void*>& pack, void* workspace) {

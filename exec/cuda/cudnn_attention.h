@@ -42,6 +42,14 @@ class CudnnAttention {
   virtual bool backward(const SdpaShape& s, float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* o, const float* lse, bool accumulate_dkv,
                         const SdpaWorkspace& workspace) = 0;
+  // The same on bf16 tensors (o, dq, dk, dv written "=", the unread kv heads' dk/dv untouched; lse fp32):
+  // the kernels alone, without the casts (bench/cuda/kernels_timing.cpp); `workspace` is cuDNN's only.
+  virtual bool forward_bf16(const SdpaShape& s, __nv_bfloat16* o, float* lse, const __nv_bfloat16* q,
+                            const __nv_bfloat16* k, const __nv_bfloat16* v, const SdpaWorkspace& workspace) = 0;
+  virtual bool backward_bf16(const SdpaShape& s, __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                             const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                             const __nv_bfloat16* v, const __nv_bfloat16* o, const float* lse,
+                             const SdpaWorkspace& workspace) = 0;
   // How many graphs are cached (built or refused), for tests.
   virtual size_t cached_graphs() const = 0;
 };
