@@ -7,7 +7,11 @@
 //               device-to-device copy of the same bytes (target: ≥ 0.70)
 //   attention   forward at head dim 128, seq 4096, causal, bf16: TFLOP/s and
 //               the fraction of the bf16 ceiling measured here (cuBLAS at
-//               8192³, the first gemm row) (target: ≥ 0.50)
+//               8192³, the first gemm row) (target: ≥ 0.50): the own kernel
+//   attention_cudnn  the same shape through cuDNN's fused SDPA (exec/cuda/cudnn_attention.h,
+//               the bf16 mode's path): forward and backward on bf16 tensors, and the
+//               forward with the backend's fp32 <-> bf16 casts; "skipped" where the
+//               build has no cuDNN or cuDNN refuses the graph
 //   experts*    the grouped expert GEMMs — the per-expert loop and one cuBLAS
 //               grouped-batched call — against one dense GEMM of the same
 //               FLOPs, fp32 and bf16, and at the 1.6 B ladder MoE's shape (target: ≥ 0.70)
@@ -24,12 +28,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/cudnn_attention.h"
 #include "exec/cuda/gemm.h"
 #include "exec/cuda/moe.h"
 #include "exec/cuda/ops.h"
@@ -227,6 +233,53 @@ int main(int argc, char** argv) {
     out["attention"] = {{"shape", "B 1, T 4096, H 32, hd 128, causal, bf16"},
                         {"tflop_per_s", flops / s_fwd * 1e-12},
                         {"vs_measured_bf16_ceiling", flops / s_fwd * 1e-12 / bf16_ceiling_tflops}};
+    // cuDNN: forward and backward (5 products of the forward's 2: 2.5x its FLOPs) on bf16 tensors.
+    std::unique_ptr<cu::CudnnAttention> sdpa = cu::make_cudnn_attention(nullptr);
+    const cu::SdpaShape shape{.B = B, .T = T, .H = H, .kv_stored = H, .kv_used = H, .hd = hd, .window = 0,
+                              .scale = 0.088f, .bf16 = true};
+    void* work = nullptr;
+    size_t work_bytes = 0;
+    const cu::SdpaWorkspace workspace = [&](size_t bytes) {
+      if (bytes > work_bytes) {
+        cudaFree(work);
+        RS_CUDA_CHECK(cudaMalloc(&work, bytes));
+        work_bytes = bytes;
+      }
+      return work;
+    };
+    auto* d_o = static_cast<__nv_bfloat16*>(device_random(n_q * 2));
+    auto* dq = static_cast<__nv_bfloat16*>(device_random(n_q * 2));
+    auto* dkv = static_cast<__nv_bfloat16*>(device_random(2 * n_q * 2));
+    if (!sdpa) {
+      out["attention_cudnn"] = {{"skipped", "this build has no cuDNN attention"}};
+    } else if (!sdpa->forward_bf16(shape, o, lse, q, kv, kv, workspace) ||
+               !sdpa->backward_bf16(shape, dq, dkv, dkv + n_q, d_o, q, kv, kv, o, lse, workspace)) {
+      out["attention_cudnn"] = {{"skipped", "cuDNN refused the graph (its line on stderr)"},
+                                {"cudnn_version", sdpa->version()}};
+    } else {
+      const double c_fwd = time_median_s([&] { sdpa->forward_bf16(shape, o, lse, q, kv, kv, workspace); });
+      const double c_bwd = time_median_s(
+          [&] { sdpa->backward_bf16(shape, dq, dkv, dkv + n_q, d_o, q, kv, kv, o, lse, workspace); });
+      // The backend's bf16-mode call: fp32 q, k, v cast to bf16, cuDNN, o cast back.
+      float* f32 = nullptr;
+      RS_CUDA_CHECK(cudaMalloc(&f32, 4 * n_q * sizeof(float)));
+      RS_CUDA_CHECK(cudaMemset(f32, 0, 4 * n_q * sizeof(float)));
+      const double c_fwd32 = time_median_s(
+          [&] { sdpa->forward(shape, f32 + 3 * n_q, lse, f32, f32 + n_q, f32 + 2 * n_q, workspace); });
+      cudaFree(f32);
+      out["attention_cudnn"] = {{"shape", "B 1, T 4096, H 32, hd 128, causal, bf16"},
+                                {"cudnn_version", sdpa->version()},
+                                {"fwd_tflop_per_s", flops / c_fwd * 1e-12},
+                                {"vs_measured_bf16_ceiling", flops / c_fwd * 1e-12 / bf16_ceiling_tflops},
+                                {"bwd_tflop_per_s", 2.5 * flops / c_bwd * 1e-12},
+                                {"bwd_vs_measured_bf16_ceiling", 2.5 * flops / c_bwd * 1e-12 / bf16_ceiling_tflops},
+                                {"fwd_with_fp32_casts_tflop_per_s", flops / c_fwd32 * 1e-12},
+                                {"vs_own_kernel_fwd", s_fwd / c_fwd}};
+    }
+    cudaFree(work);
+    cudaFree(d_o);
+    cudaFree(dq);
+    cudaFree(dkv);
     cudaFree(q);
     cudaFree(kv);
     cudaFree(o);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/cudnn_attention.h"
 #if defined(RACKSTEP_HAVE_NCCL)
 #include "exec/cuda/comm.h"
 #include "exec/cuda/experts.h"
@@ -209,6 +210,27 @@ class CudaBackend final : public Backend {
     }
     return static_cast<const float*>(slopes->data());
   }
+  // cuDNN's fused attention where this build has it, made at the first attention of the bf16 mode
+  // (cuDNN's libraries load then); nullptr: the own kernel runs every attention.
+  CudnnAttention* sdpa() {
+    if (!gemm_.bf16_operands()) return nullptr;  // the fp32 (parity) mode keeps the own kernel
+    if (!sdpa_made_) {
+      sdpa_ = make_cudnn_attention(stream_);
+      sdpa_made_ = true;
+    }
+    return sdpa_.get();
+  }
+  SdpaShape sdpa_shape(const OpCall& c) const {
+    const models::Op& op = *c.op;
+    const auto qk = static_cast<int>(op.qk_head_dim);
+    return {.B = static_cast<int>(c.B), .T = static_cast<int>(c.T), .H = static_cast<int>(op.heads),
+            .kv_stored = static_cast<int>(c.in[1].width) / qk, .kv_used = static_cast<int>(op.kv_heads), .hd = qk,
+            .window = static_cast<int>(op.window), .scale = 1.0f / std::sqrt(static_cast<float>(qk)),
+            .doc_mask = c.doc != nullptr, .sinks = op.sinks, .alibi = op.alibi, .bf16 = gemm_.bf16_operands()};
+  }
+  SdpaWorkspace sdpa_workspace() {
+    return [this](size_t bytes) { return sdpa_work_.get(bytes, stream_); };
+  }
   // Expert e's rows, on the host: the per-expert GEMM sizes.
   const int32_t* host_offsets(const Routing& r) {
     offsets_.resize(size_t(r.E) + 1);
@@ -224,6 +246,9 @@ class CudaBackend final : public Backend {
   Scratch bytes_;     // grouping (CUB)
   std::vector<int32_t> offsets_;
   std::map<int64_t, std::unique_ptr<DeviceBuffer>> alibi_slopes_;  // heads -> (heads) slopes
+  std::unique_ptr<CudnnAttention> sdpa_;  // see sdpa()
+  bool sdpa_made_ = false;
+  Scratch sdpa_work_;  // its bf16 copies and cuDNN's workspace
 };
 
 OpResult CudaBackend::forward(const OpCall& c) {
@@ -278,6 +303,11 @@ OpResult CudaBackend::forward(const OpCall& c) {
       return r;
     }
     case OpKind::kAttention:  // q (N, H, qk), k and v (N, kv, qk) -> (N, H, qk); lse (B, H, T)
+      if (CudnnAttention* fused = sdpa();
+          fused && fused->forward(sdpa_shape(c), out0.value, c.saved[0].value, in0.value, in1.value, in2.value,
+                                  sdpa_workspace())) {
+        return r;
+      }
       attention_forward<float>(out0.value, c.saved[0].value, in0.value, in1.value, in2.value, c.doc, B, T, H,
                                w(in1) / qk, static_cast<int>(op.kv_heads), qk, static_cast<int>(op.window),
                                1.0f / std::sqrt(static_cast<float>(qk)), s, op.sinks ? c.w[0] : nullptr,
@@ -468,6 +498,12 @@ void CudaBackend::backward(const OpCall& c) {
       if (acc_kv) {
         zero_if_first(c, in1);
         zero_if_first(c, in2);
+      }
+      if (CudnnAttention* fused = sdpa();
+          fused && fused->backward(sdpa_shape(c), dq, in1.grad, in2.grad, out0.grad, in0.value, in1.value, in2.value,
+                                   out0.value, c.saved[0].value, acc_kv, sdpa_workspace())) {
+        grad_done(c, in0, 0);
+        return;
       }
       attention_backward<float>(dq, in1.grad, in2.grad, out0.grad, in0.value, in1.value, in2.value, out0.value,
                                 c.saved[0].value, c.doc, work_.floats(size_t(N) * size_t(H), s), B, T, H,

@@ -6,11 +6,15 @@
 //   RS_CUDA_CHECK(cudaMalloc(&p, bytes));
 //   RS_CUBLAS_CHECK(cublasLtMatmul(handle, ...));
 //   RS_NCCL_CHECK(ncclAllReduce(...));
+//   RS_CUDNN_CHECK(cudnnSetStream(handle, stream));   // where the build has cuDNN (RACKSTEP_HAVE_CUDNN)
 //   RS_CUDA_CHECK(cudaGetLastError());   // after a kernel launch
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#if defined(RACKSTEP_HAVE_CUDNN)
+#include <cudnn.h>
+#endif
 
 namespace rackstep::exec::cuda {
 
@@ -23,7 +27,16 @@ inline void check_cublas(cublasStatus_t status, const char* call, const char* fi
   if (status != CUBLAS_STATUS_SUCCESS) fail_call("cuBLAS", call, cublasGetStatusString(status), file, line);
 }
 
+#if defined(RACKSTEP_HAVE_CUDNN)
+inline void check_cudnn(cudnnStatus_t status, const char* call, const char* file, int line) {
+  if (status != CUDNN_STATUS_SUCCESS) fail_call("cuDNN", call, cudnnGetErrorString(status), file, line);
+}
+#endif
+
 }  // namespace rackstep::exec::cuda
 
 #define RS_CUDA_CHECK(call) ::rackstep::exec::cuda::check_cuda((call), #call, __FILE__, __LINE__)
 #define RS_CUBLAS_CHECK(call) ::rackstep::exec::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+#if defined(RACKSTEP_HAVE_CUDNN)
+#define RS_CUDNN_CHECK(call) ::rackstep::exec::cuda::check_cudnn((call), #call, __FILE__, __LINE__)
+#endif

@@ -1,0 +1,279 @@
+// cuDNN's fused SDPA for the CUDA backend's bf16 mode (exec/cuda/cudnn_attention.h).
+// The one translation unit that includes the cudnn-frontend headers (heavy to
+// compile): built where CMake found cuDNN and the headers, else
+// cudnn_attention_absent.cpp stands in.
+//
+// Graphs (cudnn-frontend 1.32's graph API, docs in its graph_properties.h):
+//   forward   Q (B, H, T, hd), K and V (B, kv_used, T, hd) -> O (B, H, T, hd), Stats (B, H, T, 1) fp32
+//   backward  Q, K, V, O, dO, Stats -> dQ, dK, dV (deterministic algorithm: bitwise repeatable steps)
+// with bf16 I/O and fp32 intermediates and compute; dims are cuDNN's (B, H, S, D)
+// order, strides the backend's token-major rows (a token's heads side by side).
+#include "exec/cuda/cudnn_attention.h"
+
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "exec/cuda/check.h"
+#include "exec/cuda/ops.h"
+
+namespace rackstep::exec::cuda {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+// Tensor uids of the variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+// The backend's token-major rows as cuDNN's (B, heads, T, hd) dims.
+std::vector<int64_t> dims(int64_t B, int64_t heads, int64_t T, int64_t hd) { return {B, heads, T, hd}; }
+std::vector<int64_t> rows(int64_t T, int64_t stored_heads, int64_t hd) {
+  return {T * stored_heads * hd, hd, stored_heads * hd, 1};
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name, Uid uid,
+                                                    std::vector<int64_t> d, std::vector<int64_t> s) {
+  return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(std::move(d)).set_stride(
+      std::move(s)));
+}
+
+void output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, std::vector<int64_t> d,
+            std::vector<int64_t> s) {
+  t->set_output(true).set_uid(uid).set_dim(std::move(d)).set_stride(std::move(s));
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph() {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s) {
+  auto g = new_graph();
+  const int64_t B = s.B, T = s.T, H = s.H, G = s.kv_used, D = s.hd;
+  auto q = input(*g, "Q", kQ, dims(B, H, T, D), rows(T, H, D));
+  auto k = input(*g, "K", kK, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  auto v = input(*g, "V", kV, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(s.scale);
+  options.set_causal_mask(true);
+  if (s.window > 0) options.set_diagonal_band_left_bound(s.window);
+  auto [o, stats] = g->sdpa(q, k, v, options);
+  output(o, kO, dims(B, H, T, D), rows(T, H, D));
+  output(stats, kStats, {B, H, T, 1}, {H * T, T, 1, 1});
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s) {
+  auto g = new_graph();
+  const int64_t B = s.B, T = s.T, H = s.H, G = s.kv_used, D = s.hd;
+  auto q = input(*g, "Q", kQ, dims(B, H, T, D), rows(T, H, D));
+  auto k = input(*g, "K", kK, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  auto v = input(*g, "V", kV, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  auto o = input(*g, "O", kO, dims(B, H, T, D), rows(T, H, D));
+  auto d_o = input(*g, "dO", kDO, dims(B, H, T, D), rows(T, H, D));
+  auto stats = input(*g, "Stats", kStats, {B, H, T, 1}, {H * T, T, 1, 1});
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
+  options.set_causal_mask(true);
+  if (s.window > 0) options.set_diagonal_band_left_bound(s.window);
+  options.set_deterministic_algorithm(true);
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
+  output(dq, kDQ, dims(B, H, T, D), rows(T, H, D));
+  output(dk, kDK, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  output(dv, kDV, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  return g;
+}
+
+// A cached graph: built (g set, its workspace) or refused (g null).
+struct Entry {
+  std::shared_ptr<fe::graph::Graph> g;
+  int64_t workspace_bytes = 0;
+};
+
+// Consecutive 256-byte aligned bf16 tensors out of one workspace (sdpa_staging_bytes's layout).
+struct Carve {
+  char* at;
+  __nv_bfloat16* operator()(size_t elements) {
+    auto* p = reinterpret_cast<__nv_bfloat16*>(at);
+    at += (elements * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+    return p;
+  }
+};
+
+class CudnnSdpa final : public CudnnAttention {
+ public:
+  explicit CudnnSdpa(cudaStream_t stream) : stream_(stream) {
+    RS_CUDNN_CHECK(cudnnCreate(&handle_));
+    RS_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
+    version_ = static_cast<int64_t>(cudnnGetVersion());
+  }
+  ~CudnnSdpa() override {
+    graphs_.clear();  // the plans before the handle they were built on
+    if (handle_) cudnnDestroy(handle_);
+  }
+  CudnnSdpa(const CudnnSdpa&) = delete;
+  CudnnSdpa& operator=(const CudnnSdpa&) = delete;
+
+  int64_t version() const override { return version_; }
+  size_t cached_graphs() const override { return graphs_.size(); }
+
+  bool forward(const SdpaShape& s, float* o, float* lse, const float* q, const float* k, const float* v,
+               const SdpaWorkspace& workspace) override {
+    const Entry* e = entry(s, false);
+    if (!e) return false;
+    const size_t nq = size_t(s.B) * s.T * s.H * s.hd, nkv = size_t(s.B) * s.T * s.kv_stored * s.hd;
+    const size_t staging = sdpa_staging_bytes(s, false);
+    auto* base = static_cast<char*>(workspace(staging + static_cast<size_t>(e->workspace_bytes)));
+    Carve take{base};
+    __nv_bfloat16 *q16 = take(nq), *o16 = take(nq), *k16 = take(nkv), *v16 = take(nkv);
+    to_bf16(q16, q, nq, stream_);
+    to_bf16(k16, k, nkv, stream_);
+    to_bf16(v16, v, nkv, stream_);
+    run_forward(*e, o16, lse, q16, k16, v16, base + staging);
+    bf16_to_float(o, o16, nq, false, stream_);
+    return true;
+  }
+
+  bool backward(const SdpaShape& s, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                const float* v, const float* o, const float* lse, bool accumulate_dkv,
+                const SdpaWorkspace& workspace) override {
+    const Entry* e = entry(s, true);
+    if (!e) return false;
+    const size_t nq = size_t(s.B) * s.T * s.H * s.hd, nkv = size_t(s.B) * s.T * s.kv_stored * s.hd;
+    const size_t staging = sdpa_staging_bytes(s, true);
+    auto* base = static_cast<char*>(workspace(staging + static_cast<size_t>(e->workspace_bytes)));
+    Carve take{base};
+    __nv_bfloat16 *q16 = take(nq), *o16 = take(nq), *do16 = take(nq), *dq16 = take(nq);
+    __nv_bfloat16 *k16 = take(nkv), *v16 = take(nkv), *dk16 = take(nkv), *dv16 = take(nkv);
+    to_bf16(q16, q, nq, stream_);
+    to_bf16(k16, k, nkv, stream_);
+    to_bf16(v16, v, nkv, stream_);
+    to_bf16(o16, o, nq, stream_);
+    to_bf16(do16, dout, nq, stream_);
+    if (s.kv_used < s.kv_stored) {  // cuDNN writes the read heads only: the rest are zero gradients
+      RS_CUDA_CHECK(cudaMemsetAsync(dk16, 0, nkv * sizeof(__nv_bfloat16), stream_));
+      RS_CUDA_CHECK(cudaMemsetAsync(dv16, 0, nkv * sizeof(__nv_bfloat16), stream_));
+    }
+    run_backward(*e, dq16, dk16, dv16, do16, q16, k16, v16, o16, lse, base + staging);
+    bf16_to_float(dq, dq16, nq, false, stream_);
+    bf16_to_float(dk, dk16, nkv, accumulate_dkv, stream_);
+    bf16_to_float(dv, dv16, nkv, accumulate_dkv, stream_);
+    return true;
+  }
+
+  bool forward_bf16(const SdpaShape& s, __nv_bfloat16* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                    const __nv_bfloat16* v, const SdpaWorkspace& workspace) override {
+    const Entry* e = entry(s, false);
+    if (!e) return false;
+    run_forward(*e, o, lse, q, k, v, workspace(static_cast<size_t>(e->workspace_bytes)));
+    return true;
+  }
+
+  bool backward_bf16(const SdpaShape& s, __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                     const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                     const __nv_bfloat16* o, const float* lse, const SdpaWorkspace& workspace) override {
+    const Entry* e = entry(s, true);
+    if (!e) return false;
+    run_backward(*e, dq, dk, dv, dout, q, k, v, o, lse, workspace(static_cast<size_t>(e->workspace_bytes)));
+    return true;
+  }
+
+ private:
+  // The shape's graph, built at its first call; nullptr where the host rule or cuDNN refuses it.
+  const Entry* entry(const SdpaShape& s, bool backward) {
+    if (const std::string why = sdpa_refusal(s, version_); !why.empty()) {
+      // The fp32 mode is the parity mode by design: nothing to say. Other refusals: one line per reason.
+      if (s.bf16 && logged_.insert(why).second) {
+        std::fprintf(stderr, "rackstep: cuda attention: cuDNN SDPA not used (%s); the own kernel runs it\n",
+                     why.c_str());
+      }
+      return nullptr;
+    }
+    const auto key = std::tuple_cat(std::make_tuple(backward), s.key());
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) it = graphs_.emplace(key, build(s, backward)).first;
+    return it->second.g ? &it->second : nullptr;
+  }
+
+  Entry build(const SdpaShape& s, bool backward) {
+    Entry e;
+    std::string why;
+    try {
+      auto g = backward ? backward_graph(s) : forward_graph(s);
+      // Each step's first failure is the reason: validate, lower, heuristics, support, plan build.
+      fe::error_t status = g->validate();
+      if (status.is_good()) status = g->build_operation_graph(handle_);
+      if (status.is_good()) status = g->create_execution_plans({fe::HeurMode_t::A});
+      if (status.is_good()) status = g->check_support(handle_);
+      if (status.is_good()) status = g->build_plans(handle_);
+      if (status.is_good()) status = g->get_workspace_size(e.workspace_bytes);
+      if (status.is_good()) {
+        e.g = std::move(g);
+        return e;
+      }
+      why = status.get_message();
+    } catch (const std::exception& ex) {  // the frontend throws for some misuses and load failures
+      why = ex.what();
+    }
+    std::fprintf(stderr,
+                 "rackstep: cuda attention: cuDNN %lld refused the SDPA %s graph (B %d, T %d, H %d, kv %d/%d, hd %d, "
+                 "window %d): %s; the own kernel runs it\n",
+                 static_cast<long long>(version_), backward ? "backward" : "forward", s.B, s.T, s.H, s.kv_used,
+                 s.kv_stored, s.hd, s.window, why.c_str());
+    return e;
+  }
+
+  // The variant packs: cuDNN takes non-const pointers for inputs too.
+  void run_forward(const Entry& e, __nv_bfloat16* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                   const __nv_bfloat16* v, void* workspace) {
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, const_cast<__nv_bfloat16*>(q)}, {kK, const_cast<__nv_bfloat16*>(k)},
+        {kV, const_cast<__nv_bfloat16*>(v)}, {kO, o}, {kStats, lse}};
+    execute(e, pack, workspace);
+  }
+  void run_backward(const Entry& e, __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                    const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                    const __nv_bfloat16* v, const __nv_bfloat16* o, const float* lse, void* workspace) {
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, const_cast<__nv_bfloat16*>(q)},     {kK, const_cast<__nv_bfloat16*>(k)},
+        {kV, const_cast<__nv_bfloat16*>(v)},     {kO, const_cast<__nv_bfloat16*>(o)},
+        {kDO, const_cast<__nv_bfloat16*>(dout)}, {kStats, const_cast<float*>(lse)},
+        {kDQ, dq},                               {kDK, dk},
+        {kDV, dv}};
+    execute(e, pack, workspace);
+  }
+
+  void execute(const Entry& e, std::unordered_map<int64_t, void*>& pack, void* workspace) {
+    fe::error_t status = e.g->execute(handle_, pack, workspace);
+    if (!status.is_good()) {
+      fail_call("cuDNN", "cudnn_frontend::graph::Graph::execute(handle, pack, workspace)", status.get_message().c_str(),
+                __FILE__, __LINE__);
+    }
+  }
+
+  cudaStream_t stream_;
+  cudnnHandle_t handle_ = nullptr;
+  int64_t version_ = 0;
+  std::map<std::tuple<bool, int, int, int, int, int, int, int, uint32_t>, Entry> graphs_;
+  std::set<std::string> logged_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream) {
+  return std::make_unique<CudnnSdpa>(stream);
+}
+
+}  // namespace rackstep::exec::cuda
