@@ -94,14 +94,17 @@ const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type, const uint32_t 
 void Gemm::run(const GemmShape& s, DType type, void* c, const void* a, const void* b) {
   if (bf16_operands_ && type == DType::kF32) {  // the bf16 mode: round A and B, keep C fp32
     const size_t na = size_t(s.m) * size_t(s.k), nb = size_t(s.k) * size_t(s.n);
-    const size_t bytes = (na + nb) * sizeof(__nv_bfloat16);
+    // B's copy starts on a 256-byte boundary (128 bf16): at A's end it could be 2-byte aligned, which
+    // leaves cuBLASLt only its slowest kernels (exec/cuda/gemm_align.h).
+    const size_t b_at = (na + 127) / 128 * 128;
+    const size_t bytes = (b_at + nb) * sizeof(__nv_bfloat16);
     if (bytes > operands16_bytes_) {
       device_free_async(operands16_, stream_);
       device_malloc_async(&operands16_, bytes, stream_);
       operands16_bytes_ = bytes;
     }
     auto* a16 = static_cast<__nv_bfloat16*>(operands16_);
-    __nv_bfloat16* b16 = a16 + na;
+    __nv_bfloat16* b16 = a16 + b_at;
     to_bf16(a16, static_cast<const float*>(a), na, stream_);
     to_bf16(b16, static_cast<const float*>(b), nb, stream_);
     a = a16;
