@@ -143,7 +143,8 @@ void NcclExperts::exchange(const EpLayerPlan& plan, const float* send, float* re
   const auto peers = static_cast<size_t>(group_.size());
   // The buffers were sized from the same plan (send.rows, recv_rows(); swapped going back): a block
   // past either is a plan/buffer mismatch NCCL would turn into a silent out-of-bounds write.
-  const int64_t send_cap = back ? plan.recv_rows() : plan.send.rows, recv_cap = back ? plan.send.rows : plan.recv_rows();
+  const int64_t send_cap = back ? plan.recv_rows() : plan.send.rows;
+  const int64_t recv_cap = back ? plan.send.rows : plan.recv_rows();
   for (int w = 0; w < plan.phases(); ++w) {
     const ExchangeBlocks b = plan.blocks(w, back);
     for (size_t p = 0; p < peers; ++p) {
