@@ -38,7 +38,9 @@ out=${GPU_CHECK_WORK:-/tmp/rackstep-gpu-check}
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/*.xml "$out"/*.log  # a report holds this run's results only
 build=${GPU_CHECK_BUILD:-build-gpu}
-arch=${CUDA_ARCH:-90}
+# The device's own architecture (nvidia-smi's compute_cap, "9.0" -> 90), else sm_90 (H100, H200).
+arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')}
+[[ "$arch" =~ ^[0-9]+$ ]] || arch=90
 jobs=$(nproc)
 t0=$(date +%s)
 log() { echo "gpu-check: $*" >&2; }
@@ -82,14 +84,24 @@ json_step() {
   step "$name" "$limit" "$out/$name.log" bash -c '"$@" >"'"$out/$name.json"'"' _ "$@"
 }
 
-# NCCL: the toolkit's copy, else the one PyTorch's wheels carry (the GPU image has no Debian packages).
+# NCCL: the toolkit's copy, else the one PyTorch's wheels carry (the GPU image has no Debian packages):
+# the first include/nccl.h under the `nvidia` namespace package (nvidia/nccl/ in the cu12 wheels; searched
+# rather than named, so another wheel layout is found too), with a libnccl.so* in the lib/ beside it.
 nccl_args=()
 if [ ! -e /usr/local/cuda/include/nccl.h ]; then
-  nccl_dir=$(python3 -c 'import nvidia.nccl as n, os; print(os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0])' \
-    2>/dev/null || true)
-  if [ -n "$nccl_dir" ] && [ -e "$nccl_dir/include/nccl.h" ]; then
+  nccl_dir=$(python3 -c '
+import glob, os, nvidia
+for root in list(nvidia.__path__):
+    for h in sorted(glob.glob(os.path.join(root, "**", "include", "nccl.h"), recursive=True)):
+        d = os.path.dirname(os.path.dirname(h))
+        if glob.glob(os.path.join(d, "lib", "libnccl.so*")): print(d); raise SystemExit
+' 2>/dev/null || true)
+  if [ -n "$nccl_dir" ]; then
     nccl_lib=$(ls "$nccl_dir"/lib/libnccl.so* 2>/dev/null | head -1)
-    [ -n "$nccl_lib" ] && nccl_args=(-DRACKSTEP_NCCL="$nccl_lib" -DRACKSTEP_NCCL_INCLUDE="$nccl_dir/include")
+    nccl_args=(-DRACKSTEP_NCCL="$nccl_lib" -DRACKSTEP_NCCL_INCLUDE="$nccl_dir/include")
+    log "NCCL from $nccl_dir"
+  else
+    log "no NCCL found (toolkit or PyTorch's wheel): the NCCL steps will refuse"
   fi
 fi
 

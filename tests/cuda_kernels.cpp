@@ -300,6 +300,33 @@ TEST_CASE("cuda: cuBLASLt GEMMs in the three training orientations match the CPU
   CHECK(normalised_error(by.download(), y) < 3e-2);
 }
 
+// Operands that start mid-buffer (one float in: 4-byte aligned), as the
+// experts' per-expert rows do: cuBLASLt's heuristic must be told their
+// alignment (exec/cuda/gemm_align.h), else the algorithm it picks for
+// 256-byte operands refuses them (CUBLAS_STATUS_NOT_SUPPORTED) or faults.
+TEST_CASE("cuda: cuBLASLt GEMMs on operands one float past an allocation's start match the CPU", "[cuda][gpu]") {
+  const int N = 67, in = 96, out = 80;
+  const auto x = testing::randn(size_t(N) * in, 21), w = testing::randn(size_t(in) * out, 22, 0.05f);
+  std::vector<float> y(size_t(N) * out);
+  linear_forward(y.data(), x.data(), w.data(), nullptr, N, in, out);
+  const auto shifted = [](const std::vector<float>& v) {
+    std::vector<float> s(v.size() + 1, 0.0f);
+    std::copy(v.begin(), v.end(), s.begin() + 1);
+    return s;
+  };
+  DeviceBuffer<float> gx(shifted(x)), gw(shifted(w)), gy(y.size() + 1);
+  cuda::Gemm gemm(nullptr);
+  gemm.run({.m = N, .n = out, .k = in}, cuda::DType::kF32, gy.ptr + 1, gx.ptr + 1, gw.ptr + 1);
+  RS_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = gy.download();
+  CHECK(normalised_error(std::vector<float>(got.begin() + 1, got.end()), y) < 1e-4);
+  // The aligned call of the same shape gets its own algorithm (the alignment is part of the key).
+  DeviceBuffer<float> ax(x), aw(w), ay(y.size());
+  gemm.run({.m = N, .n = out, .k = in}, cuda::DType::kF32, ay.ptr, ax.ptr, aw.ptr);
+  CHECK(gemm.cached_plans() == 2);
+  CHECK(normalised_error(ay.download(), y) < 1e-4);
+}
+
 // The bf16 mode (exec/cuda/gemm.h, set_bf16_operands): the GPU's cast is the
 // CPU-tested bf16_bits bit for bit (and cuda_bf16.h's own rounding), and each
 // orientation's result is an fp32 GEMM of the bf16-rounded operands, to the
@@ -571,6 +598,28 @@ TEST_CASE("cuda: the routed-expert path matches the CPU kernels step by step", "
                                                 g_dw1, g_dw3, g_dw2, g_scratch})
       cudaFree(p);
   }
+}
+
+// More (token, choice) pairs than the capped grid has warps (65535·8 blocks of
+// 8 warps = 4,194,240): the combine backward strides over them.
+TEST_CASE("cuda: the combine backward covers more pairs than one grid has warps", "[cuda][gpu][moe]") {
+  const int N = 1100000, k = 4, L = 2;
+  const int A = N * k;
+  std::vector<int32_t> sorted_pos(static_cast<size_t>(A));
+  for (int a = 0; a < A; ++a) sorted_pos[size_t(a)] = (a * 7) % A;  // a permutation (7 and A coprime)
+  const auto dy = testing::randn(size_t(N) * L, 131), ys = testing::randn(size_t(A) * L, 132),
+             weight = testing::randn(size_t(A), 133);
+  std::vector<float> dys(ys.size()), dw(static_cast<size_t>(A));
+  moe_combine_backward(dys.data(), dw.data(), dy.data(), ys.data(), weight.data(), sorted_pos.data(), N, k, L);
+  float *g_dy = device_copy(dy), *g_ys = device_copy(ys), *g_weight = device_copy(weight),
+        *g_dys = device_copy(std::vector<float>(ys.size())), *g_dw = device_copy(std::vector<float>(size_t(A)));
+  int32_t* g_pos = device_copy(sorted_pos);
+  cuda::combine_backward(g_dys, g_dw, g_dy, g_ys, g_weight, g_pos, N, k, L, nullptr);
+  const auto got_dw = host_copy(g_dw, size_t(A));
+  CHECK(got_dw.back() == Approx(dw.back()).epsilon(1e-5).margin(1e-6));  // the last pair: past the first grid's warps
+  CHECK(normalised_error(got_dw, dw) < 1e-5);
+  CHECK(normalised_error(host_copy(g_dys, dys.size()), dys) < 1e-6);
+  for (void* p : std::initializer_list<void*>{g_dy, g_ys, g_weight, g_dys, g_dw, g_pos}) cudaFree(p);
 }
 
 TEST_CASE("cuda: the grouped expert GEMMs equal the per-expert loop and the CPU (uneven experts, an empty one, drops, "

@@ -141,8 +141,23 @@ class NcclExperts final : public ExpertBackend {
 void NcclExperts::exchange(const EpLayerPlan& plan, const float* send, float* recv, int L,
                            const int32_t* send_header, int32_t* recv_header, bool back) {
   const auto peers = static_cast<size_t>(group_.size());
+  // The buffers were sized from the same plan (send.rows, recv_rows(); swapped going back): a block
+  // past either is a plan/buffer mismatch NCCL would turn into a silent out-of-bounds write.
+  const int64_t send_cap = back ? plan.recv_rows() : plan.send.rows;
+  const int64_t recv_cap = back ? plan.send.rows : plan.recv_rows();
   for (int w = 0; w < plan.phases(); ++w) {
     const ExchangeBlocks b = plan.blocks(w, back);
+    for (size_t p = 0; p < peers; ++p) {
+      RS_CHECK(b.send_at[p] >= 0 && b.send_rows[p] >= 0 && b.send_at[p] + b.send_rows[p] <= send_cap,
+               "EP exchange: a send block past the send buffer");
+      RS_CHECK(b.recv_at[p] >= 0 && b.recv_rows[p] >= 0 && b.recv_at[p] + b.recv_rows[p] <= recv_cap,
+               "EP exchange: a receive block past the receive buffer");
+      // Pooled: NcclComm::all_to_all sends P contiguous rows per peer from the wave's first block on.
+      RS_CHECK(!plan.pooled() || (b.send_rows[p] == b.send_rows[0] && b.recv_rows[p] == b.send_rows[0] &&
+                                  b.send_at[p] == b.send_at[0] + int64_t(p) * b.send_rows[0] &&
+                                  b.recv_at[p] == b.recv_at[0] + int64_t(p) * b.send_rows[0]),
+               "EP exchange: a pooled wave's blocks are not P contiguous rows per peer");
+    }
     RS_NCCL_CHECK(ncclGroupStart());
     if (plan.pooled()) {  // the same P rows to and from every peer, from row (w * S) * P on
       const size_t P = static_cast<size_t>(b.send_rows[0]);

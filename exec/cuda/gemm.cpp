@@ -7,8 +7,10 @@
 #include <cuda_bf16.h>
 
 #include <string>
+#include <utility>
 
 #include "exec/cuda/check.h"
+#include "exec/cuda/gemm_align.h"
 #include "exec/cuda/memory.h"
 #include "exec/cuda/ops.h"
 #include "sim/base/check.h"
@@ -41,8 +43,8 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type) {
-  const auto key = std::tuple_cat(s.key(), std::make_tuple(static_cast<int>(type)));
+const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type, const uint32_t (&align)[3]) {
+  const auto key = std::tuple_cat(s.key(), std::make_tuple(static_cast<int>(type), align[0], align[1], align[2]));
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
 
   RS_CHECK(s.m > 0 && s.n > 0 && s.k > 0, "gemm: every dimension must be positive");
@@ -68,6 +70,16 @@ const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type) {
   RS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   RS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &workspace_bytes_, sizeof(workspace_bytes_)));
+  // The operands' alignments (cuBLASLt's A is our B, its B our A; C is D): the default
+  // assumes 256 bytes, and an operand that starts mid-buffer is not (exec/cuda/gemm_align.h).
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[1]},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[0]},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]}};
+  for (const auto& [attribute, bytes] : alignments) {
+    RS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes)));
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   RS_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->a, plan->b, plan->c, plan->c, pref, 1,
@@ -82,21 +94,27 @@ const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type) {
 void Gemm::run(const GemmShape& s, DType type, void* c, const void* a, const void* b) {
   if (bf16_operands_ && type == DType::kF32) {  // the bf16 mode: round A and B, keep C fp32
     const size_t na = size_t(s.m) * size_t(s.k), nb = size_t(s.k) * size_t(s.n);
-    const size_t bytes = (na + nb) * sizeof(__nv_bfloat16);
+    // B's copy starts on a 256-byte boundary (128 bf16): at A's end it could be 2-byte aligned, which
+    // leaves cuBLASLt only its slowest kernels (exec/cuda/gemm_align.h).
+    const size_t b_at = (na + 127) / 128 * 128;
+    const size_t bytes = (b_at + nb) * sizeof(__nv_bfloat16);
     if (bytes > operands16_bytes_) {
       device_free_async(operands16_, stream_);
       device_malloc_async(&operands16_, bytes, stream_);
       operands16_bytes_ = bytes;
     }
     auto* a16 = static_cast<__nv_bfloat16*>(operands16_);
-    __nv_bfloat16* b16 = a16 + na;
+    __nv_bfloat16* b16 = a16 + b_at;
     to_bf16(a16, static_cast<const float*>(a), na, stream_);
     to_bf16(b16, static_cast<const float*>(b), nb, stream_);
     a = a16;
     b = b16;
     type = DType::kBF16F32;
   }
-  const Plan& plan = plan_for(s, type);
+  const uint32_t align[3] = {gemm_alignment_bytes(reinterpret_cast<uintptr_t>(a)),
+                             gemm_alignment_bytes(reinterpret_cast<uintptr_t>(b)),
+                             gemm_alignment_bytes(reinterpret_cast<uintptr_t>(c))};
+  const Plan& plan = plan_for(s, type, align);
   RS_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &s.alpha, b, plan.a, a, plan.b, &s.beta, c, plan.c, c, plan.c,
                                  &plan.algo, workspace_, workspace_bytes_, stream_));
 }

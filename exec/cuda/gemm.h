@@ -73,18 +73,20 @@ class Gemm {
   bool bf16_operands() const { return bf16_operands_; }
   // The stream every GEMM of this object is enqueued on.
   cudaStream_t stream() const { return stream_; }
-  // How many distinct shapes have a cached algorithm (for tests and the profiler).
+  // How many distinct shapes (and operand alignments) have a cached algorithm (for tests and the profiler).
   size_t cached_plans() const { return plans_.size(); }
 
  private:
   struct Plan;
-  const Plan& plan_for(const GemmShape& shape, DType type);
+  // align: the operands' alignments (exec/cuda/gemm_align.h): our A, our B, C.
+  const Plan& plan_for(const GemmShape& shape, DType type, const uint32_t (&align)[3]);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  std::map<std::tuple<int, int, int, bool, bool, int>, Plan*> plans_;
+  // (m, n, k, trans_a, trans_b, type, alignment of A, B, C): an algorithm holds for its operands' alignment.
+  std::map<std::tuple<int, int, int, bool, bool, int, uint32_t, uint32_t, uint32_t>, Plan*> plans_;
   cublasHandle_t blas_ = nullptr;  // the grouped path (created at its first use)
   void** pointers_ = nullptr;      // (3, capacity) device arrays of the grouped call's A, B, C
   size_t pointer_capacity_ = 0;

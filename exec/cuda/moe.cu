@@ -250,20 +250,24 @@ __global__ void combine_forward_kernel(float* y, const float* ys, const float* w
 }
 
 // One warp per (token, choice): dys row = w · dy, dweight = dy · ys (double).
+// Warp-stride: grid_blocks caps the grid (65535·8 blocks of 8 warps), and
+// N·k may be more pairs than that; a whole warp takes the same pairs, so the
+// full-mask shuffle always has its 32 lanes.
 __global__ void combine_backward_kernel(float* dys, float* dweight, const float* dy, const float* ys,
                                         const float* weight, const int32_t* sorted_pos, int N, int k, int L) {
-  const size_t pair = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (pair >= size_t(N) * k) return;
-  const size_t t = pair / k, row = sorted_pos[pair];
-  const float w = weight[pair];
-  double dot = 0.0;
-  for (int c = lane; c < L; c += 32) {
-    dot += double(dy[t * L + c]) * ys[row * L + c];
-    dys[row * L + c] = w * dy[t * L + c];
+  const size_t warps = size_t(gridDim.x) * blockDim.x / 32;
+  for (size_t pair = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; pair < size_t(N) * k; pair += warps) {
+    const size_t t = pair / k, row = sorted_pos[pair];
+    const float w = weight[pair];
+    double dot = 0.0;
+    for (int c = lane; c < L; c += 32) {
+      dot += double(dy[t * L + c]) * ys[row * L + c];
+      dys[row * L + c] = w * dy[t * L + c];
+    }
+    for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (lane == 0) dweight[pair] = static_cast<float>(dot);
   }
-  for (int off = 16; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-  if (lane == 0) dweight[pair] = static_cast<float>(dot);
 }
 
 }  // namespace
