@@ -26,6 +26,7 @@
 #include "exec/train.h"
 #include "sim/base/source_dir.h"
 #include "tests/exec_test_data.h"
+#include "tests/rank_test.h"
 
 namespace {
 
@@ -33,13 +34,7 @@ using namespace rackstep;
 using namespace rackstep::exec;
 namespace fs = std::filesystem;
 
-int failures = 0;
-
-void expect(bool ok, const std::string& what, int rank) {
-  if (ok) return;
-  ++failures;
-  std::printf("rank %d: FAIL: %s\n", rank, what.c_str());
-}
+using testing::expect;
 
 struct Run {
   std::vector<StepLog> logs;
@@ -84,9 +79,7 @@ int main() {
   }
   cuda::register_cuda_backend();
   Comm world = Comm::world();
-  int root_pid = world.root() ? static_cast<int>(::getpid()) : 0;
-  world.broadcast(&root_pid, sizeof root_pid, 0);
-  const fs::path root = fs::temp_directory_path() / ("rackstep-ep-ranks-" + std::to_string(root_pid));
+  const fs::path root = testing::shared_temp_dir(world, "rackstep-ep-ranks");
   if (world.root()) testing::build_word_dataset(root, 7);
   world.barrier();
   const std::string data = (root / "data").string();
@@ -114,12 +107,11 @@ int main() {
     }
     expect(dropped > 0, name + ": the capacities bind (something is dropped)", r);
   }
-  int64_t failed = failures;
-  world.allreduce_sum(&failed, 1);
+  const bool passed = testing::all_passed(world);
   world.barrier();
   if (world.root()) {
     fs::remove_all(root);
-    std::printf("test_cuda_ep_ranks: %d ranks: %s\n", world.size(), failed == 0 ? "passed" : "FAILED");
+    std::printf("test_cuda_ep_ranks: %d ranks: %s\n", world.size(), passed ? "passed" : "FAILED");
   }
-  return failed == 0 ? 0 : 1;
+  return passed ? 0 : 1;
 }

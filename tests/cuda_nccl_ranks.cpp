@@ -31,19 +31,14 @@
 #include "exec/cuda/comm.h"
 #include "exec/dist.h"
 #include "sim/base/dispatch.h"
+#include "tests/rank_test.h"
 
 namespace {
 
 using namespace rackstep;
 using exec::Comm;
 
-int failures = 0;
-
-void expect(bool ok, const std::string& what, int rank) {
-  if (ok) return;
-  ++failures;
-  std::printf("rank %d: FAIL: %s\n", rank, what.c_str());
-}
+using exec::testing::expect;
 
 void set_header(float* row, int32_t h) { std::memcpy(row, &h, sizeof h); }
 int32_t header_of(const float* row) {
@@ -221,8 +216,7 @@ int main() {
   check_transport(sim::Transport::pooled, world, nccl, stream);
   check_transport(sim::Transport::ragged, world, nccl, stream);
   RS_CUDA_CHECK(cudaStreamDestroy(stream));
-  int64_t failed = failures;
-  world.allreduce_sum(&failed, 1);
-  if (world.root()) std::printf("test_cuda_nccl: %s\n", failed == 0 ? "passed" : "FAILED");
-  return failed == 0 ? 0 : 1;
+  const bool passed = exec::testing::all_passed(world);
+  if (world.root()) std::printf("test_cuda_nccl: %s\n", passed ? "passed" : "FAILED");
+  return passed ? 0 : 1;
 }

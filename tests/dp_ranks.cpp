@@ -37,6 +37,7 @@
 #include "exec/train.h"
 #include "sim/base/source_dir.h"
 #include "tests/exec_test_data.h"
+#include "tests/rank_test.h"
 #if defined(RACKSTEP_TEST_CUDA)
 #include <cuda_runtime.h>
 
@@ -51,13 +52,7 @@ using namespace rackstep;
 using namespace rackstep::exec;
 namespace fs = std::filesystem;
 
-int failures = 0;
-
-void expect(bool ok, const std::string& what, int rank) {
-  if (ok) return;
-  ++failures;
-  std::printf("rank %d: FAIL: %s\n", rank, what.c_str());
-}
+using testing::expect;
 
 // Generated text built into a dataset by rank 0; every rank reads it.
 std::string dataset(const Comm& world, const fs::path& root) {
@@ -155,9 +150,7 @@ int main() {
   testing::register_not_host_backends();
 #endif
   Comm world = Comm::world();
-  int root_pid = world.root() ? static_cast<int>(::getpid()) : 0;
-  world.broadcast(&root_pid, sizeof root_pid, 0);
-  const fs::path root = fs::temp_directory_path() / ("rackstep-dp-ranks-" + std::to_string(root_pid));
+  const fs::path root = testing::shared_temp_dir(world, "rackstep-dp-ranks");
   const std::string data = dataset(world, root);
   const std::string host_backend = device_backend == "cuda" ? "cuda" : "cpu";
   const Run host = train(world, data, (root / "host").string(), host_backend, "host");
@@ -191,12 +184,11 @@ int main() {
       std::printf("%s: step %zu loss host %.9g backend %.9g\n", name, i + 1, host.losses[i], dev.losses[i]);
     }
   }
-  int64_t failed = failures;
-  world.allreduce_sum(&failed, 1);
+  const bool passed = testing::all_passed(world);
   world.barrier();
   if (world.root()) {
     fs::remove_all(root);
-    std::printf("%s: %d ranks: %s\n", name, world.size(), failed == 0 ? "passed" : "FAILED");
+    std::printf("%s: %d ranks: %s\n", name, world.size(), passed ? "passed" : "FAILED");
   }
-  return failed == 0 ? 0 : 1;
+  return passed ? 0 : 1;
 }

@@ -42,6 +42,16 @@ struct SmallMoe {
 };
 
 // An eager trainer's host cost with one sync per MoE layer (the Megatron-Core shape).
+// stack_calibration refuses `bad` with one user error naming `path` (the JSON path's key).
+void check_refused(const Stack& bad, const std::string& path) {
+  try {
+    (void)stack_calibration(bad);
+    FAIL("accepted a stack with a bad " + path);
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find(path) != std::string::npos);
+  }
+}
+
 Calibration eager(double op_issue_s, double syncs) {
   Calibration cal = default_calibration();
   cal.op_issue_s = op_issue_s;
@@ -163,12 +173,7 @@ TEST_CASE("The Megatron-Bridge stack reads its host issue costs per host CPU, an
   // Every host CPU needs a figure: a map without its default is refused, naming the path.
   Stack no_default = s;
   no_default.calibration_overrides["host"]["op_issue_s"] = {{"GB200", {{"value", 3.7e-5}, {"source", "[M]"}}}};
-  try {
-    (void)stack_calibration(no_default);
-    FAIL("an op_issue_s map without a default was accepted");
-  } catch (const UserError& e) {
-    CHECK(std::string(e.what()).find("op_issue_s") != std::string::npos);
-  }
+  check_refused(no_default, "op_issue_s");  // an op_issue_s map without a default
 }
 
 TEST_CASE("In-order issue from a sync: max(host, device) plus fill or drain where one side dominates, the sum where the host-heavy ops come first", "[moe_host]") {
@@ -325,12 +330,7 @@ TEST_CASE("The Megatron-Bridge stack prices the FP8 experts' per-expert tensors 
   CHECK(default_calibration().host_fp8_calls_per_local_expert.empty());
   Stack bad = s;
   bad.calibration_overrides["host"]["fp8_calls_per_local_expert"]["mxpf8"] = {{"value", 1}, {"source", "typo"}};
-  try {
-    (void)stack_calibration(bad);
-    FAIL("an unknown FP8 recipe was accepted");
-  } catch (const UserError& e) {
-    CHECK(std::string(e.what()).find("fp8_calls_per_local_expert") != std::string::npos);
-  }
+  check_refused(bad, "fp8_calls_per_local_expert");  // an unknown FP8 recipe
 }
 
 TEST_CASE("A host-bound FP8 current-scaling layout pays its experts' tensors; BF16 and MXFP8 do not", "[moe_host][fp8]") {

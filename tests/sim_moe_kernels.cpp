@@ -61,6 +61,23 @@ Calibration with_flags(bool sort, bool pad, bool act, bool quant) {
   return cal;
 }
 
+// Qwen3-30B-A3B's one-node H100 layout with FP8 (current scaling) experts:
+// data 8 with the distributed optimizer, EP 8 over the data ranks, the ragged transport.
+Layout qwen3_30b_h100_fp8_layout() {
+  Layout l;
+  l.data = 8;
+  l.fsdp = 8;
+  l.zero_stage = 1;
+  l.ep = 8;
+  l.ep_transport = Transport::ragged;
+  l.micro_batch_seqs = 2;
+  l.tokens_per_step = 8.0 * 16.0 * 4096.0;
+  l.recompute = models::Recompute::kNone;
+  l.fp8 = Fp8Gemms::kLinear;
+  l.fp8_recipe = Fp8Recipe::kCurrent;
+  return l;
+}
+
 }  // namespace
 
 TEST_CASE("The base calibration (a compiled step) runs none of the eager MoE kernels", "[moe_kernels]") {
@@ -167,17 +184,7 @@ TEST_CASE("FP8 rows from the all-to-all and DeepEP are padded for the experts; H
   const Calibration pad = stack_calibration(load_stack(stack_path("megatron-bridge-2025")));
   Calibration no_pad = pad;
   no_pad.moe_fp8_pad_expert_rows = false;
-  Layout l;
-  l.data = 8;
-  l.fsdp = 8;
-  l.zero_stage = 1;
-  l.ep = 8;
-  l.ep_transport = Transport::ragged;
-  l.micro_batch_seqs = 2;
-  l.tokens_per_step = 8.0 * 16.0 * 4096.0;
-  l.recompute = models::Recompute::kNone;
-  l.fp8 = Fp8Gemms::kLinear;
-  l.fp8_recipe = Fp8Recipe::kCurrent;
+  const Layout l = qwen3_30b_h100_fp8_layout();
   const auto padding_s = [&](EpDispatcher d, FlexBackend b) {
     Layout x = l;
     x.ep_dispatcher = d;
@@ -196,17 +203,7 @@ TEST_CASE("The dispatcher decides which passes a layout pays; Marin's layouts pa
   Calibration compiled = eager;
   compiled.moe_sort_rows_by_local_expert = compiled.moe_fp8_pad_expert_rows = false;
   compiled.moe_activation_kernel = compiled.moe_fp8_quantize_per_expert = false;
-  Layout l;
-  l.data = 8;
-  l.fsdp = 8;
-  l.zero_stage = 1;
-  l.ep = 8;
-  l.ep_transport = Transport::ragged;
-  l.micro_batch_seqs = 2;
-  l.tokens_per_step = 8.0 * 16.0 * 4096.0;
-  l.recompute = models::Recompute::kNone;
-  l.fp8 = Fp8Gemms::kLinear;
-  l.fp8_recipe = Fp8Recipe::kCurrent;
+  const Layout l = qwen3_30b_h100_fp8_layout();
   Layout flex = l;
   flex.ep_dispatcher = EpDispatcher::kFlex;
   const Prediction a2a_eager = Predictor(g, c, eager).predict(l), a2a_compiled = Predictor(g, c, compiled).predict(l);
