@@ -307,6 +307,12 @@ class CudnnSdpa final : public CudnnAttention {
       if (s.bf16) log_once(why, why);
       return nullptr;
     }
+    // A segment table is read by the shape's graph: it must be the current batch's, of that bucket.
+    if (s.doc_mask && (s.doc != doc_device_ || s.B != doc_B_ || s.T != doc_T_ || s.segments != segments_.bucket ||
+                       !segments_.refusal.empty())) {
+      log_once("stale table", "packed documents whose segment table is not the current batch's");
+      return nullptr;
+    }
     const auto key = std::tuple_cat(std::make_tuple(backward), s.key());
     auto it = graphs_.find(key);
     if (it == graphs_.end()) it = graphs_.emplace(key, build(s, backward)).first;
