@@ -25,7 +25,6 @@
 //                      the saved lse is the own kernel's whichever side runs the backward.
 #pragma once
 
-
 #include <algorithm>
 #include <climits>
 #include <cstddef>
@@ -71,9 +70,10 @@ struct SdpaShape {
 //
 // cuDNN's graph has one "batch" entry per segment: the count is bucketed
 // (a power of two, at least B) so that a graph is not built per step, the
-// spare entries being empty segments (length 0, offset at the end), as
-// cudnn-frontend's own ragged samples pad their batch buckets
-// (test/python/test_mhas_v2.py, batch_buckets) [D].
+// spare entries being empty segments (length 0, offset at the end). [A] that
+// cuDNN takes zero-length entries under the padding mask: not yet run on a
+// GPU; tests/cuda_sdpa.cpp's packed-documents case (13 segments in a bucket
+// of 16) checks it.
 struct SdpaSegments {
   int count = 0;                     // real segments
   int bucket = 0;                    // cuDNN's batch dim: count rounded up, ≥ B
