@@ -271,6 +271,12 @@ class Backend {
   // The parameter / gradient arenas (exec/arena.h) as the backend reads them:
   // the host's floats themselves, or a mirror in backend memory.
   virtual bool uses_host_memory() const = 0;
+  // The batch's document ids on the host too, after Model::load_batch copied them to `device_doc`
+  // (the OpCall::doc of the batch's ops); nullptr, nullptr: one document per sequence. A backend
+  // that needs a host view of the documents (exec/cuda: cuDNN's ragged segments) builds it here,
+  // once per batch; the default needs none.
+  virtual void set_documents(const int32_t* /*device_doc*/, const int32_t* /*host_doc*/, int64_t /*B*/,
+                             int64_t /*T*/) {}
   // Wait for queued work (a profiler timestamp, a host read).
   virtual void synchronize() = 0;
   // The profiler's clock for this backend's work (OpTiming above); the default

@@ -639,6 +639,7 @@ void Model::load_batch(const int32_t* inputs, const int32_t* targets, const int3
   backend_->copy_to_backend(targets_, targets, bytes);
   has_doc_ = doc_ids != nullptr;
   if (has_doc_) backend_->copy_to_backend(doc_, doc_ids, bytes);
+  backend_->set_documents(has_doc_ ? doc_ : nullptr, doc_ids, B_, T_);
   if (backend_->uses_host_memory()) {  // the host arenas may have been reallocated (a checkpoint load)
     param_dev_ = params_.data();
     grad_dev_ = grads_.data();

@@ -1,7 +1,8 @@
 // cuDNN's fused SDPA (exec/cuda/cudnn_attention.h) against the own CUDA kernel
 // and the CPU kernel, in the bf16 mode: causal, sliding windows, GQA with
 // unread stored KV heads, head dims 64 and 128, a length that is no tile
-// multiple; the "+=" of dK/dV; the refusals that fall back; one graph per shape.
+// multiple; the "+=" of dK/dV; the refusals that fall back; one graph per shape;
+// packed documents as ragged segments (with the CPU's and the own kernel's doc mask).
 // Part of test_cuda (tests/cuda_kernels.cpp's main): exits 77, skipped, without
 // a device. References run in fp32 on the bf16-rounded inputs cuDNN sees; the
 // tolerances are bf16's (cuDNN rounds O, P and the gradients to bf16).
@@ -128,6 +129,110 @@ TEST_CASE("cuda: cuDNN SDPA forward and backward match the own kernel and the CP
   // One graph per shape and direction: the shapes again build nothing.
   const size_t graphs = sdpa->cached_graphs();
   CHECK(graphs == 8);
+}
+
+namespace {
+
+struct DeviceIds {
+  int32_t* ptr = nullptr;
+  explicit DeviceIds(const std::vector<int32_t>& host) {
+    RS_CUDA_CHECK(cudaMalloc(&ptr, sizeof(int32_t) * host.size()));
+    RS_CUDA_CHECK(cudaMemcpy(ptr, host.data(), sizeof(int32_t) * host.size(), cudaMemcpyHostToDevice));
+  }
+  ~DeviceIds() { cudaFree(ptr); }
+  DeviceIds(const DeviceIds&) = delete;
+};
+
+// Packed documents of run lengths cycling through `runs`, ids continuing across sequences.
+std::vector<int32_t> packed_docs(int B, int T, const std::vector<int>& runs) {
+  std::vector<int32_t> doc(size_t(B) * T);
+  int32_t id = 0;
+  size_t r = 0;
+  int left = runs[0];
+  for (int32_t& d : doc) {
+    if (left == 0) {
+      ++id;
+      left = runs[++r % runs.size()];
+    }
+    d = id;
+    --left;
+  }
+  return doc;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: cuDNN SDPA with packed documents (ragged segments) matches the own kernel and the CPU",
+          "[cuda][gpu][cudnn][bf16]") {
+  std::unique_ptr<cuda::CudnnAttention> sdpa = cuda::make_cudnn_attention(nullptr);
+  if (!sdpa) {
+    WARN("this build has no cuDNN attention (CMake's message says why): nothing to compare");
+    return;
+  }
+  INFO("cuDNN " << sdpa->version());
+  Workspace ws;
+  const int B = 2, T = 200, H = 8, kvs = 4, kvu = 2, hd = 64;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t nq = size_t(B) * T * H * hd, nkv = size_t(B) * T * kvs * hd, nl = size_t(B) * H * T;
+  const auto q = bf16_rounded(testing::randn(nq, 80)), k = bf16_rounded(testing::randn(nkv, 81)),
+             v = bf16_rounded(testing::randn(nkv, 82)), dout = bf16_rounded(testing::randn(nq, 83));
+  Device gq(q), gk(k), gv(v), gdout(dout);
+  size_t graphs_after_first = 0;
+  // Batches: one-token documents and one crossing the sequence boundary; a second packing of the
+  // same bucket (no new graph, the table uploaded again); sequences that are one document each.
+  const std::vector<std::vector<int>> packings = {{1, 37, 5, 1, 90, 120}, {60, 1, 1, 70, 30}, {200}};
+  for (size_t p = 0; p < packings.size(); ++p) {
+    const std::vector<int32_t> doc = packed_docs(B, T, packings[p]);
+    DeviceIds gdoc(doc);
+    sdpa->set_documents(gdoc.ptr, doc.data(), B, T);
+    const int segments = sdpa->segments(gdoc.ptr, B, T);
+    REQUIRE(segments > 0);
+    for (const int w : {0, 48}) {
+      INFO("packing " << p << " window " << w << " segments " << segments);
+      std::vector<float> o(nq), lse(nl), dq(nq), dk(nkv), dv(nkv);
+      attention_forward(o.data(), lse.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kvs, kvu, hd, w,
+                        scale);
+      attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), o.data(),
+                         lse.data(), doc.data(), B, T, H, kvs, kvu, hd, w, scale);
+      Device go(nq), glse(nl), gdq(nq), gdk(nkv), gdv(nkv), gdelta(nl);
+      cuda::attention_forward(go.ptr, glse.ptr, gq.ptr, gk.ptr, gv.ptr, gdoc.ptr, B, T, H, kvs, kvu, hd, w, scale,
+                              nullptr);
+      const cuda::SdpaShape s{.B = B, .T = T, .H = H, .kv_stored = kvs, .kv_used = kvu, .hd = hd, .window = w,
+                              .scale = scale, .doc_mask = true, .doc = gdoc.ptr, .segments = segments,
+                              .bf16 = true};
+      Device co(nq), clse(nl), cdq(nq), cdk(nkv), cdv(nkv);
+      REQUIRE(sdpa->forward(s, co.ptr, clse.ptr, gq.ptr, gk.ptr, gv.ptr, ws.fn()));
+      REQUIRE(sdpa->backward(s, cdq.ptr, cdk.ptr, cdv.ptr, gdout.ptr, gq.ptr, gk.ptr, gv.ptr, co.ptr, clse.ptr, false,
+                             ws.fn()));
+      // The own backward on cuDNN's saved lse: the (B, H, T) layout it expects.
+      cuda::attention_backward(gdq.ptr, gdk.ptr, gdv.ptr, gdout.ptr, gq.ptr, gk.ptr, gv.ptr, co.ptr, clse.ptr,
+                               gdoc.ptr, gdelta.ptr, B, T, H, kvs, kvu, hd, w, scale, false, nullptr);
+      RS_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto c_o = co.get(), c_lse = clse.get(), c_dq = cdq.get(), c_dk = cdk.get(), c_dv = cdv.get();
+      CHECK(normalised_error(c_o, o) < 2e-2);
+      CHECK(normalised_error(c_lse, lse) < 1e-3);
+      CHECK(normalised_error(c_lse, glse.get()) < 1e-3);
+      CHECK(normalised_error(c_dq, dq) < 5e-2);
+      CHECK(normalised_error(c_dk, dk) < 5e-2);
+      CHECK(normalised_error(c_dv, dv) < 5e-2);
+      CHECK(normalised_error(c_o, go.get()) < 2e-2);
+      CHECK(normalised_error(gdq.get(), dq) < 5e-2);  // own backward from cuDNN's o and lse
+      CHECK(normalised_error(gdk.get(), dk) < 5e-2);
+    }
+    if (p == 0) graphs_after_first = sdpa->cached_graphs();
+    if (p == 1) CHECK(sdpa->cached_graphs() == graphs_after_first);  // same bucket: the same graphs
+  }
+  // An id that comes back inside a sequence: no segments, the own kernel's.
+  const std::vector<int32_t> back = [&] {
+    std::vector<int32_t> d(size_t(B) * T, 0);
+    for (int t = 50; t < 60; ++t) d[size_t(t)] = 1;
+    return d;
+  }();
+  DeviceIds gback(back);
+  sdpa->set_documents(gback.ptr, back.data(), B, T);
+  CHECK(sdpa->segments(gback.ptr, B, T) == 0);
+  DeviceIds unknown(back);  // ids the host never gave for this pointer: no segments either
+  CHECK(sdpa->segments(unknown.ptr, B, T) == 0);
 }
 
 TEST_CASE("cuda: cuDNN SDPA refuses the fp32 mode, documents, sinks and ALiBi without writing", "[cuda][gpu][cudnn]") {

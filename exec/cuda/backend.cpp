@@ -99,6 +99,10 @@ class CudaBackend final : public Backend {
     RS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   bool uses_host_memory() const override { return false; }
+  // The bf16 mode's cuDNN attention maps packed documents to ragged segments (exec/cuda/sdpa_support.h).
+  void set_documents(const int32_t* device_doc, const int32_t* host_doc, int64_t B, int64_t T) override {
+    if (CudnnAttention* fused = sdpa()) fused->set_documents(device_doc, host_doc, int(B), int(T));
+  }
   void synchronize() override { RS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   // The profiler's clock: events on this stream, read once per step (exec/cuda/op_timing.h).
   std::unique_ptr<OpTiming> make_op_timing() override { return make_event_timing(stream_); }
@@ -220,13 +224,15 @@ class CudaBackend final : public Backend {
     }
     return sdpa_.get();
   }
-  SdpaShape sdpa_shape(const OpCall& c) const {
+  SdpaShape sdpa_shape(const OpCall& c) {
     const models::Op& op = *c.op;
     const auto qk = static_cast<int>(op.qk_head_dim);
+    const int segments = c.doc && sdpa_ ? sdpa_->segments(c.doc, int(c.B), int(c.T)) : 0;
     return {.B = static_cast<int>(c.B), .T = static_cast<int>(c.T), .H = static_cast<int>(op.heads),
             .kv_stored = static_cast<int>(c.in[1].width) / qk, .kv_used = static_cast<int>(op.kv_heads), .hd = qk,
             .window = static_cast<int>(op.window), .scale = 1.0f / std::sqrt(static_cast<float>(qk)),
-            .doc_mask = c.doc != nullptr, .sinks = op.sinks, .alibi = op.alibi, .bf16 = gemm_.bf16_operands()};
+            .doc_mask = c.doc != nullptr, .doc = c.doc, .segments = segments, .sinks = op.sinks, .alibi = op.alibi,
+            .bf16 = gemm_.bf16_operands()};
   }
   SdpaWorkspace sdpa_workspace() {
     return [this](size_t bytes) { return sdpa_work_.get(bytes, stream_); };

@@ -4,7 +4,9 @@
 // with fp32 softmax and accumulation, and its bf16 outputs come back as fp32
 // ("=" or "+=" as the own kernel writes them). Layouts are the own kernel's
 // (exec/cuda/ops.h attention_forward): q, o (B, T, H, hd), k, v (B, T,
-// kv_stored, hd) of which kv_used heads are read, lse (B, H, T).
+// kv_stored, hd) of which kv_used heads are read, lse (B, H, T). Packed documents
+// (SdpaShape::doc_mask) run as cuDNN's ragged segments (sdpa_support.h), the
+// table from set_documents; the lse saved is (B, H, T) then too.
 //
 // Which calls it takes: sdpa_refusal (exec/cuda/sdpa_support.h), then cuDNN's
 // own checks when a shape's graph is first built. One graph per shape and
@@ -20,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -44,12 +47,20 @@ class CudnnAttention {
                         const SdpaWorkspace& workspace) = 0;
   // The same on bf16 tensors (o, dq, dk, dv written "=", the unread kv heads' dk/dv untouched; lse fp32):
   // the kernels alone, without the casts (bench/cuda/kernels_timing.cpp); `workspace` is cuDNN's only.
+  // No packed documents here (false).
   virtual bool forward_bf16(const SdpaShape& s, __nv_bfloat16* o, float* lse, const __nv_bfloat16* q,
                             const __nv_bfloat16* k, const __nv_bfloat16* v, const SdpaWorkspace& workspace) = 0;
   virtual bool backward_bf16(const SdpaShape& s, __nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
                              const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
                              const __nv_bfloat16* v, const __nv_bfloat16* o, const float* lse,
                              const SdpaWorkspace& workspace) = 0;
+  // The batch's document ids (exec/backend.h Backend::set_documents): `host_doc` (B, T) is turned
+  // into the segment table (sdpa_segments) here, once per batch, and uploaded at the batch's first
+  // doc-masked call; the doc-masked calls whose SdpaShape::doc is `device_doc` use it. nullptr: none.
+  virtual void set_documents(const int32_t* device_doc, const int32_t* host_doc, int B, int T) = 0;
+  // The bucketed segment count of the current batch's table for the calls on `device_doc`
+  // (SdpaShape::segments); 0 (with the one-line reason logged) where cuDNN cannot take them.
+  virtual int segments(const int32_t* device_doc, int B, int T) = 0;
   // How many graphs are cached (built or refused), for tests.
   virtual size_t cached_graphs() const = 0;
 };
@@ -59,5 +70,8 @@ std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream);
 
 // y = x (accumulate: y += x), bf16 to fp32, n elements (exec/cuda/attention_bf16.cu).
 void bf16_to_float(float* y, const __nv_bfloat16* x, size_t n, bool accumulate, cudaStream_t stream);
+// The lse between cuDNN's ragged Stats, token-major (B·T, H), and the own kernel's (B, H, T):
+// to_bht: y (B, H, T) ← x (B·T, H); else y (B·T, H) ← x (B, H, T) (exec/cuda/attention_bf16.cu).
+void lse_layout(float* y, const float* x, int B, int T, int H, bool to_bht, cudaStream_t stream);
 
 }  // namespace rackstep::exec::cuda
