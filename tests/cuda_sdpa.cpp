@@ -66,15 +66,20 @@ struct Workspace {
   }
 };
 
+// This build's cuDNN attention, or nullptr after one warning (a build without
+// cuDNN has nothing to compare: CMake's message says why).
+std::unique_ptr<cuda::CudnnAttention> cudnn_attention_or_warn() {
+  std::unique_ptr<cuda::CudnnAttention> sdpa = cuda::make_cudnn_attention(nullptr);
+  if (!sdpa) WARN("this build has no cuDNN attention (CMake's message says why): nothing to check");
+  return sdpa;
+}
+
 }  // namespace
 
 TEST_CASE("cuda: cuDNN SDPA forward and backward match the own kernel and the CPU in bf16 (causal, windows, GQA)",
           "[cuda][gpu][cudnn][bf16]") {
-  std::unique_ptr<cuda::CudnnAttention> sdpa = cuda::make_cudnn_attention(nullptr);
-  if (!sdpa) {
-    WARN("this build has no cuDNN attention (CMake's message says why): nothing to compare");
-    return;
-  }
+  const std::unique_ptr<cuda::CudnnAttention> sdpa = cudnn_attention_or_warn();
+  if (!sdpa) return;
   INFO("cuDNN " << sdpa->version());
   Workspace ws;
   struct Case { int B, T, H, kv_stored, kv_used, hd, window; };
@@ -164,11 +169,8 @@ std::vector<int32_t> packed_docs(int B, int T, const std::vector<int>& runs) {
 
 TEST_CASE("cuda: cuDNN SDPA with packed documents (ragged segments) matches the own kernel and the CPU",
           "[cuda][gpu][cudnn][bf16]") {
-  std::unique_ptr<cuda::CudnnAttention> sdpa = cuda::make_cudnn_attention(nullptr);
-  if (!sdpa) {
-    WARN("this build has no cuDNN attention (CMake's message says why): nothing to compare");
-    return;
-  }
+  const std::unique_ptr<cuda::CudnnAttention> sdpa = cudnn_attention_or_warn();
+  if (!sdpa) return;
   INFO("cuDNN " << sdpa->version());
   Workspace ws;
   const int B = 2, T = 200, H = 8, kvs = 4, kvu = 2, hd = 64;
@@ -236,11 +238,8 @@ TEST_CASE("cuda: cuDNN SDPA with packed documents (ragged segments) matches the 
 }
 
 TEST_CASE("cuda: cuDNN SDPA refuses the fp32 mode, documents, sinks and ALiBi without writing", "[cuda][gpu][cudnn]") {
-  std::unique_ptr<cuda::CudnnAttention> sdpa = cuda::make_cudnn_attention(nullptr);
-  if (!sdpa) {
-    WARN("this build has no cuDNN attention: nothing to check");
-    return;
-  }
+  const std::unique_ptr<cuda::CudnnAttention> sdpa = cudnn_attention_or_warn();
+  if (!sdpa) return;
   const cuda::SdpaShape ok{.B = 1, .T = 64, .H = 2, .kv_stored = 2, .kv_used = 2, .hd = 64, .window = 0,
                            .scale = 0.125f, .bf16 = true};
   const size_t n = 64 * 2 * 64;
