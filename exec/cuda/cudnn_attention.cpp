@@ -20,6 +20,7 @@
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
+#include <array>
 #include <cstdio>
 #include <exception>
 #include <initializer_list>
@@ -117,15 +118,23 @@ std::shared_ptr<fe::graph::Graph> new_graph() {
   return g;
 }
 
+// Q (B, H, T, hd) and K, V (B, kv_used, T, hd) of a graph, read from the
+// backend's rows (kv_stored heads per row), ragged where the shape has segments.
+std::array<std::shared_ptr<fe::graph::Tensor_attributes>, 3> qkv_inputs(fe::graph::Graph& g, const SdpaShape& s) {
+  const int64_t B = batch_dim(s), T = s.T, H = s.H, G = s.kv_used, D = s.hd;
+  auto q = input(g, "Q", kQ, dims(B, H, T, D), rows(T, H, D));
+  auto k = input(g, "K", kK, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  auto v = input(g, "V", kV, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  ragged(g, s, q, kQ);
+  ragged(g, s, k, kK);
+  ragged(g, s, v, kV);
+  return {q, k, v};
+}
+
 std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s) {
   auto g = new_graph();
-  const int64_t B = batch_dim(s), T = s.T, H = s.H, G = s.kv_used, D = s.hd;
-  auto q = input(*g, "Q", kQ, dims(B, H, T, D), rows(T, H, D));
-  auto k = input(*g, "K", kK, dims(B, G, T, D), rows(T, s.kv_stored, D));
-  auto v = input(*g, "V", kV, dims(B, G, T, D), rows(T, s.kv_stored, D));
-  ragged(*g, s, q, kQ);
-  ragged(*g, s, k, kK);
-  ragged(*g, s, v, kV);
+  const int64_t B = batch_dim(s), T = s.T, H = s.H, D = s.hd;
+  auto [q, k, v] = qkv_inputs(*g, s);
   auto options = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(s.scale);
   options.set_causal_mask(true);
   if (s.window > 0) options.set_diagonal_band_left_bound(s.window);
@@ -142,16 +151,14 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const SdpaShape& s) {
 std::shared_ptr<fe::graph::Graph> backward_graph(const SdpaShape& s) {
   auto g = new_graph();
   const int64_t B = batch_dim(s), T = s.T, H = s.H, G = s.kv_used, D = s.hd;
-  auto q = input(*g, "Q", kQ, dims(B, H, T, D), rows(T, H, D));
-  auto k = input(*g, "K", kK, dims(B, G, T, D), rows(T, s.kv_stored, D));
-  auto v = input(*g, "V", kV, dims(B, G, T, D), rows(T, s.kv_stored, D));
+  auto [q, k, v] = qkv_inputs(*g, s);
   auto o = input(*g, "O", kO, dims(B, H, T, D), rows(T, H, D));
   auto d_o = input(*g, "dO", kDO, dims(B, H, T, D), rows(T, H, D));
   auto stats = input(*g, "Stats", kStats, {B, H, T, 1}, stats_stride(s));
   stats->set_data_type(fe::DataType_t::FLOAT);
   using Ragged = std::pair<std::shared_ptr<fe::graph::Tensor_attributes>, Uid>;
   for (const auto& [t, uid] :
-       std::initializer_list<Ragged>{{q, kQ}, {k, kK}, {v, kV}, {o, kO}, {d_o, kDO}, {stats, kStats}}) {
+       std::initializer_list<Ragged>{{o, kO}, {d_o, kDO}, {stats, kStats}}) {
     ragged(*g, s, t, uid);
   }
   auto options = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
