@@ -279,6 +279,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   // Optional, so calibration files written before them still read (default: Marin's, per layer, no re-gather).
   if (col.has("fsdp_gather_per_module")) c.fsdp_gather_per_module = sourced_flag(col, "fsdp_gather_per_module");
   if (col.has("fsdp_megatron_modules")) c.fsdp_megatron_modules = sourced_flag(col, "fsdp_megatron_modules");
+  if (col.has("fsdp_gather_zero_fill")) c.fsdp_gather_zero_fill = sourced_flag(col, "fsdp_gather_zero_fill");
   if (col.has("fsdp_prefetch_bucket_params")) {
     c.fsdp_prefetch_bucket_params = sourced(col, "fsdp_prefetch_bucket_params", {.min = 0});
   }

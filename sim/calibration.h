@@ -207,6 +207,10 @@ struct Calibration {
   // reduce_scatter through torch.distributed): host ops per rank per call, each
   // launch_overhead_s, with the GPU idle (the gather synchronises the device first).
   double fsdp_list_ops_per_rank = 0;
+  // Every gather zero-fills its whole output buffer before the collective (DeepSpeed
+  // 2021's _allgather_param: torch.zeros, then torch.cuda.synchronize()): a write of the
+  // gathered bytes at HBM bandwidth, exposed like the gather itself.
+  bool fsdp_gather_zero_fill = false;
   // Ring latency from NCCL's tuning model (src/graph/tuning.cc, Simple protocol):
   // base + (ranks-1 - (domains-1))·intra hop + (domains-1)·inter hop per ring pass,
   // in place of inter_domain_step_latency_s. All three 0 = not used.

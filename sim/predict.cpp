@@ -388,6 +388,8 @@ class StepModel {
   //  - the host's per-rank list work (cal.fsdp_list_ops_per_rank ops per rank, each
   //    launch_overhead_s) runs after that synchronisation with the GPU idle: exposed,
   //    for gathers and reduce-scatters alike;
+  //  - each gather's output buffer is zero-filled first (torch.zeros before the
+  //    synchronisation; cal.fsdp_gather_zero_fill): its bytes at HBM bandwidth, exposed;
   //  - full recompute: the recompute forward gathers again; the backward re-uses the
   //    modules kept from it (kept_from_recompute_s);
   //  - one reduce-scatter per module, beside the next module's backward on the
@@ -415,7 +417,8 @@ class StepModel {
       z.bwd_s += std::max(0.0, rs - bwd_s);
       bwd_s = own_bwd_s;
       if (!gathered_module(m)) continue;
-      const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s;
+      const double fill_s = cal_.fsdp_gather_zero_fill ? elems * 2.0 / ctx_.hbm_bw_bytes_per_s : 0.0;
+      const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s + fill_s;
       z.fwd_s += gather;
       const bool kept = l_.recompute == models::Recompute::kFull && later < cal_.fsdp_max_reuse_distance_params;
       if (!kept) z.bwd_s += gather;

@@ -120,6 +120,29 @@ TEST_CASE("DeepSpeed's coordinator: no gather hides behind compute; list work pe
   CHECK(added <= 96.0 * 28.0 * per_call * (1.0 + 1e-9));
 }
 
+TEST_CASE("DeepSpeed's zero-filled gather buffers: the gathered bytes once more at HBM bandwidth", "[zero3]") {
+  // _allgather_param (partition_parameters.py, v0.3.13 to v0.5.x) zero-fills the whole
+  // buffer (torch.zeros) before its torch.cuda.synchronize(): exposed, as the gather. The
+  // layer graph's GPT-175B block, one module per op: q, k, v, o (h^2 + h) and the GeLU MLP
+  // (8h^2 + 5h) gathered in the forward and the recompute, q, k, v, o once more in the
+  // backward (the MLP is kept from the recompute); fp16 buffers.
+  Calibration ds = deepspeed_2021(default_calibration());
+  ds.fsdp_list_ops_per_rank = 2.0;
+  Calibration filled = ds;
+  filled.fsdp_gather_zero_fill = true;
+  const Prediction a = run("175b", 48, 4, ds);
+  const Prediction b = run("175b", 48, 4, filled);
+  REQUIRE(a.valid);
+  REQUIRE(b.valid);
+  const double h = 12288.0;
+  const double qkvo = 4.0 * (h * h + h), mlp = 8.0 * h * h + 5.0 * h;
+  const double elems = 96.0 * (2.0 * (qkvo + mlp) + qkvo);
+  const double hbm = dgx(48).system.gpu.hbm_bw_measured_bytes_per_s;
+  CHECK(b.breakdown.fsdp_comm_s - a.breakdown.fsdp_comm_s == Approx(elems * 2.0 / hbm).epsilon(1e-6));
+  CHECK(b.breakdown.compute_fwd_s == a.breakdown.compute_fwd_s);
+  CHECK(stack_calibration(load_stack(stack_path("megatron-deepspeed-2021"))).fsdp_gather_zero_fill);
+}
+
 TEST_CASE("DeepSpeed's ZeRO-3 working set: a module and its prefetch, two gradient buckets", "[zero3][memory]") {
   const Calibration two_layers = default_calibration();
   Calibration ds = deepspeed_2021(default_calibration());
