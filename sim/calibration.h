@@ -208,7 +208,7 @@ struct Calibration {
   // launch_overhead_s, with the GPU idle (the gather synchronises the device first).
   double fsdp_list_ops_per_rank = 0;
   // Every gather zero-fills its whole output buffer before the collective (DeepSpeed
-  // 2021's _allgather_param: torch.zeros, then torch.cuda.synchronize()): a write of the
+  // v0.3.13-v0.5.4 _allgather_param: torch.zeros, then torch.cuda.synchronize()): a write of the
   // gathered bytes at HBM bandwidth, exposed like the gather itself.
   bool fsdp_gather_zero_fill = false;
   // Ring latency from NCCL's tuning model (src/graph/tuning.cc, Simple protocol):

@@ -121,7 +121,7 @@ TEST_CASE("DeepSpeed's coordinator: no gather hides behind compute; list work pe
 }
 
 TEST_CASE("DeepSpeed's zero-filled gather buffers: the gathered bytes once more at HBM bandwidth", "[zero3]") {
-  // _allgather_param (partition_parameters.py, v0.3.13 to v0.5.x) zero-fills the whole
+  // _allgather_param (partition_parameters.py, v0.3.13 to v0.5.4) zero-fills the whole
   // buffer (torch.zeros) before its torch.cuda.synchronize(): exposed, as the gather. The
   // layer graph's GPT-175B block, one module per op: q, k, v, o (h^2 + h) and the GeLU MLP
   // (8h^2 + 5h) gathered in the forward and the recompute, q, k, v, o once more in the
