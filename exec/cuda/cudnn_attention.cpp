@@ -47,8 +47,9 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLen, kS
 // Each ragged tensor's offsets: uid kOff + the tensor's uid (one device array per row width).
 constexpr int64_t off_uid(Uid t) { return kOff + t; }
 
-// The segment table on the device, int32: length (n), then the ragged offsets (n + 1) of the
-// q-wide tensors (Q, O, dO, dQ), the kv-wide ones (K, V, dK, dV) and the Stats (H per token).
+// The segment table on the device, int32 (sdpa_support.h SdpaSegmentTable): length (n), then the
+// ragged offsets (n + 1) of the q-wide tensors (Q, O, dO, dQ), the kv-wide ones (K, V, dK, dV) and
+// the Stats (H per token), each on a 16-byte boundary.
 struct DeviceSegments {
   int32_t* length = nullptr;
   int32_t* off_q = nullptr;
@@ -339,24 +340,20 @@ class CudnnSdpa final : public CudnnAttention {
     const int64_t wq = int64_t(s.H) * s.hd, wkv = int64_t(s.kv_stored) * s.hd;
     Table& table = tables_[std::make_tuple(wq, wkv, int64_t(s.H))];
     if (table.fresh) return &table.view;
-    const size_t n = segments_.length.size();
-    table.host.assign(segments_.length.begin(), segments_.length.end());
-    for (const int64_t width : {wq, wkv, int64_t(s.H)}) {
-      const std::vector<int32_t> off = sdpa_ragged_offsets(segments_, width);
-      table.host.insert(table.host.end(), off.begin(), off.end());
-    }
-    if (table.host.size() > table.capacity) {
+    table.host = sdpa_segment_table(segments_, wq, wkv, s.H);
+    const std::vector<int32_t>& host = table.host.data;
+    if (host.size() > table.capacity) {
       device_free(table.device);  // waits for the device: only when the bucket grows
-      device_malloc(&table.device, table.host.size() * sizeof(int32_t));
-      table.capacity = table.host.size();
+      device_malloc(&table.device, host.size() * sizeof(int32_t));
+      table.capacity = host.size();
     }
     // Stream-ordered after the previous batch's calls that read the table; `host` outlives the copy.
-    RS_CUDA_CHECK(cudaMemcpyAsync(table.device, table.host.data(), table.host.size() * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, stream_));
-    table.view = {.length = table.device,
-                  .off_q = table.device + n,
-                  .off_kv = table.device + 2 * n + 1,
-                  .off_stats = table.device + 3 * n + 2};
+    RS_CUDA_CHECK(cudaMemcpyAsync(table.device, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream_));
+    table.view = {.length = table.device + table.host.length,
+                  .off_q = table.device + table.host.off_q,
+                  .off_kv = table.device + table.host.off_kv,
+                  .off_stats = table.device + table.host.off_stats};
     table.fresh = true;
     return &table.view;
   }
@@ -439,7 +436,7 @@ class CudnnSdpa final : public CudnnAttention {
   struct Table {
     int32_t* device = nullptr;
     size_t capacity = 0;        // int32s allocated
-    std::vector<int32_t> host;  // the last upload's source
+    SdpaSegmentTable host;      // the last upload's source (sdpa_support.h: each array 16-byte aligned)
     DeviceSegments view;
     bool fresh = false;  // uploaded for the current batch
   };
