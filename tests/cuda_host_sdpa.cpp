@@ -242,6 +242,15 @@ TEST_CASE("cuDNN SDPA: the device segment table puts every index array on cuDNN'
   }
 }
 
+TEST_CASE("cuDNN SDPA: a saved lse off cuDNN's 16-byte alignment is not given to cuDNN", "[cuda_host][sdpa]") {
+  // The saved lse sits at an activation slot's offset, N·(widths before it) floats into the arena:
+  // 4-byte steps where N = B·T is not a multiple of 4 (tiny-moe's 257-wide logits, N = 127).
+  alignas(16) float arena[8] = {};
+  CHECK(sdpa_aligned(arena));
+  CHECK(sdpa_aligned(arena + 4));
+  for (int offset : {1, 2, 3}) CHECK_FALSE(sdpa_aligned(arena + offset));
+}
+
 TEST_CASE("cuDNN SDPA: the segments' causal and window masks are the CPU kernel's document mask",
           "[cuda_host][sdpa]") {
   std::mt19937 rng(11);

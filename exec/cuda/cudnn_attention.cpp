@@ -234,6 +234,7 @@ class CudnnSdpa final : public CudnnAttention {
 
   bool forward(const SdpaShape& s, float* o, float* lse, const float* q, const float* k, const float* v,
                const SdpaWorkspace& workspace) override {
+    if (!stats_in_place_ok(s, lse)) return false;
     const Entry* e = entry(s, false);
     if (!e) return false;
     const size_t nq = size_t(s.B) * s.T * s.H * s.hd, nkv = size_t(s.B) * s.T * s.kv_stored * s.hd;
@@ -258,6 +259,7 @@ class CudnnSdpa final : public CudnnAttention {
   bool backward(const SdpaShape& s, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                 const float* v, const float* o, const float* lse, bool accumulate_dkv,
                 const SdpaWorkspace& workspace) override {
+    if (!stats_in_place_ok(s, lse)) return false;
     const Entry* e = entry(s, true);
     if (!e) return false;
     const size_t nq = size_t(s.B) * s.T * s.H * s.hd, nkv = size_t(s.B) * s.T * s.kv_stored * s.hd;
@@ -325,6 +327,14 @@ class CudnnSdpa final : public CudnnAttention {
     auto it = graphs_.find(key);
     if (it == graphs_.end()) it = graphs_.emplace(key, build(s, backward)).first;
     return it->second.g ? &it->second : nullptr;
+  }
+
+  // Without packed documents cuDNN reads and writes the saved lse in place as its Stats, which it is
+  // told are 16-byte aligned; a saved lse that is not stays with the own kernel (forward and backward alike).
+  bool stats_in_place_ok(const SdpaShape& s, const float* lse) {
+    if (s.doc_mask || sdpa_aligned(lse)) return true;
+    if (s.bf16) log_once("lse alignment", "a saved lse that is not 16-byte aligned (B·T not a multiple of 4)");
+    return false;
   }
 
   // One line per reason (`key`) for the backend's life.

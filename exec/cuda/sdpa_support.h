@@ -127,6 +127,12 @@ inline std::vector<int32_t> sdpa_ragged_offsets(const SdpaSegments& g, int64_t p
 // Tensor_attributes::default_alignment, graph_properties.h), index tensors too.
 constexpr size_t kCudnnTensorAlignBytes = 16;
 
+// Whether cuDNN may take `p` as a tensor pointer (the backend's own buffers, such as a saved lse
+// at an activation slot's offset, are only 4-byte aligned where B·T is not a multiple of 4).
+inline bool sdpa_aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % kCudnnTensorAlignBytes == 0;
+}
+
 // One device segment table (int32, one allocation): the lengths (bucket), then
 // the ragged offsets (bucket + 1) of the q-wide tensors (Q, O, dO, dQ), of the
 // kv-wide ones (K, V, dK, dV) and of the Stats, each array starting on a
