@@ -195,8 +195,8 @@ struct Carve {
 
 class CudnnSdpa final : public CudnnAttention {
  public:
-  explicit CudnnSdpa(cudaStream_t stream) : stream_(stream) {
-    RS_CUDNN_CHECK(cudnnCreate(&handle_));
+  // Takes `handle` (cudnnCreate's, on the current device).
+  CudnnSdpa(cudnnHandle_t handle, cudaStream_t stream) : stream_(stream), handle_(handle) {
     RS_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
     version_ = static_cast<int64_t>(cudnnGetVersion());
   }
@@ -459,7 +459,15 @@ class CudnnSdpa final : public CudnnAttention {
 }  // namespace
 
 std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream) {
-  return std::make_unique<CudnnSdpa>(stream);
+  // A cuDNN that does not start (no device, a library or sub-library that does not load, a driver
+  // too old for it) leaves every attention to the own kernel rather than ending the run.
+  cudnnHandle_t handle = nullptr;
+  if (const cudnnStatus_t status = cudnnCreate(&handle); status != CUDNN_STATUS_SUCCESS) {
+    std::fprintf(stderr, "rackstep: cuda attention: cuDNN did not start (cudnnCreate: %s); the own kernel runs every "
+                 "attention\n", cudnnGetErrorString(status));
+    return nullptr;
+  }
+  return std::make_unique<CudnnSdpa>(handle, stream);
 }
 
 }  // namespace rackstep::exec::cuda
