@@ -49,6 +49,8 @@ arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/
 [[ "$arch" =~ ^[0-9]+$ ]] || arch=90
 jobs=$(nproc)
 t0=$(date +%s)
+# NCCL says nothing of why an init or a transfer failed unless asked: its warnings into the steps' logs.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 log() { echo "gpu-check: $*" >&2; }
 steps_file="$out/steps.tsv"
 : >"$steps_file"
