@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -233,7 +234,8 @@ TEST_CASE("cuDNN SDPA: the device segment table puts every index array on cuDNN'
         CHECK(at * sizeof(int32_t) % kCudnnTensorAlignBytes == 0);
         CHECK(at >= end);
         REQUIRE(at + want.size() <= t.data.size());
-        CHECK(std::vector<int32_t>(t.data.begin() + long(at), t.data.begin() + long(at + want.size())) == want);
+        const auto first = t.data.begin() + std::ptrdiff_t(at);
+        CHECK(std::vector<int32_t>(first, first + std::ptrdiff_t(want.size())) == want);
         end = at + want.size();
       }
       CHECK(t.off_q - t.length >= n);
