@@ -85,6 +85,7 @@ step() {
 fail_early() {
   tail -40 "$out/$1" >&2
   write_report
+  [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ] && cp "$out/$1" "$OUT/"  # also when its step exited 0 (no CUDA)
   exit 1
 }
 json_step() {
