@@ -22,7 +22,10 @@
 # The tiny-moe GPU run of step 3 is profiled (per-op CUDA-event times, peak device memory: its
 # op_measurements.json in brief as "tiny_moe_cuda_profile", refitted by `calibrate --from-run`), and
 # test_cuda's [profile] case checks the per-op times against the step's event time ("profile_test").
-# and prints one JSON report, also written to $OUT/gpu-check.json (with up to 7 logs beside it).
+# It prints one JSON report, also written to $OUT/gpu-check.json (with up to 7 logs beside it, the
+# failed steps' first), every time: a failed configure or build writes it too, each failed step
+# carries its log's tail ("log_tail"), and a result file of an unexpected shape is noted
+# ("report_errors") rather than losing the rest.
 # Budget: under 8 minutes on one H200 (the build is most of it).
 #
 #   here:    bash scripts/gpu-vendor.sh                       # header-only deps into .vendor/
@@ -36,13 +39,18 @@ cd "$(dirname "$0")/.."
 # gets the report and the logs worth reading, at the end.
 out=${GPU_CHECK_WORK:-/tmp/rackstep-gpu-check}
 mkdir -p "$out"
-rm -f "$out"/*.json "$out"/*.xml "$out"/*.log  # a report holds this run's results only
+# A report holds this run's results only: an earlier run's files and run folders (a warm machine's,
+# a rerun's) would otherwise be read as this one's where a step fails before writing its own.
+rm -f "$out"/*.json "$out"/*.xml "$out"/*.log
+rm -rf "$out"/tiny_* "$out"/gelu_* "$out"/calibrate "$out"/corpus "$out"/data
 build=${GPU_CHECK_BUILD:-build-gpu}
 # The device's own architecture (nvidia-smi's compute_cap, "9.0" -> 90), else sm_90 (H100, H200).
 arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')}
 [[ "$arch" =~ ^[0-9]+$ ]] || arch=90
 jobs=$(nproc)
 t0=$(date +%s)
+# NCCL says nothing of why an init or a transfer failed unless asked: its warnings into the steps' logs.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 log() { echo "gpu-check: $*" >&2; }
 steps_file="$out/steps.tsv"
 : >"$steps_file"
@@ -72,16 +80,36 @@ step() {
   return "$rc"
 }
 
-# A failed configure or build ends the check: its log's tail on stderr and the log in $OUT.
+# A failed configure or build ends the check: its log's tail on stderr, and the report (the steps
+# so far, each failed one's log tail) with the logs in $OUT as at the end (write_report, below).
 fail_early() {
   tail -40 "$out/$1" >&2
-  [ -n "${OUT:-}" ] && mkdir -p "$OUT" && cp "$out/$1" "$OUT/"
+  write_report
+  [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ] && cp "$out/$1" "$OUT/"  # also when its step exited 0 (no CUDA)
   exit 1
 }
 json_step() {
   local name=$1 limit=$2
   shift 2
   step "$name" "$limit" "$out/$name.log" bash -c '"$@" >"'"$out/$name.json"'"' _ "$@"
+}
+
+# The JSON report from whatever the steps left in $out (scripts/gpu_check_report.py: a missing or
+# broken file is noted, never fatal), printed and written to $out/gpu-check.json; then to $OUT with
+# the logs of the failed steps first (the device tool returns at most 8 files) and the usual ones after.
+write_report() {
+  python3 scripts/gpu_check_report.py "$out" "${have_gpu:-0}" "$(($(date +%s) - t0))"
+  [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ] || return 0
+  mkdir -p "$OUT"
+  [ -s "$out/gpu-check.json" ] && cp "$out/gpu-check.json" "$OUT/"
+  local f sent=0
+  local failed=() usual=(test_cuda parity tiny_cuda medium_cuda timing build_rest tiny_cuda_bf16)
+  mapfile -t failed < <(awk -F'\t' '$2 != "0" && $2 != "77" && $2 != "budget" && $2 != "skipped" {print $1}' \
+    "$steps_file")
+  for f in $(printf '%s\n' "${failed[@]}" "${usual[@]}" | awk '!seen[$0]++'); do
+    [ "$sent" -lt 7 ] && [ -s "$out/$f.log" ] && cp "$out/$f.log" "$OUT/" && sent=$((sent + 1))
+  done
+  return 0
 }
 
 # NCCL: the toolkit's copy, else the one PyTorch's wheels carry (the GPU image has no Debian packages):
@@ -122,8 +150,10 @@ step configure 120 "$out/configure.log" \
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DRACKSTEP_VENDOR_DIR="$PWD/.vendor" "${nccl_args[@]}" "${cudnn_args[@]}" || fail_early configure.log
 grep -q "CUDA backend enabled" "$out/configure.log" || { log "CUDA backend not enabled"; fail_early configure.log; }
-# test_cuda first (nothing runs without it), then the rest: one that fails to build costs only its own step.
-step build 300 "$out/build.log" cmake --build "$build" -j "$jobs" --target test_cuda || fail_early build.log
+# test_cuda first, then the rest: one that fails to build costs only its own step. Only a build
+# that leaves no CUDA backend library (nothing on the GPU can run) ends the check.
+step build 300 "$out/build.log" cmake --build "$build" -j "$jobs" --target test_cuda ||
+  [ -e "$build/librackstep_cuda.a" ] || fail_early build.log
 targets=(rackstep cuda_kernels_timing cuda_model_step)
 grep -q "test_parity_cuda" "$build/build.ninja" 2>/dev/null && targets+=(test_parity_cuda)
 step build_rest 240 "$out/build_rest.log" cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- -k 0
@@ -204,171 +234,4 @@ if [ "$have_gpu" = 1 ] && [ -x "$rs" ] && "$rs" calibrate --help 2>/dev/null | g
   json_step calibrate 120 "$rs" calibrate --backend cuda --budget-s 60 --out "$out/calibrate" --json
 fi
 
-python3 - "$out" "$have_gpu" "$(($(date +%s) - t0))" <<'PY'
-import datetime, json, os, subprocess, sys, xml.etree.ElementTree as ET
-out, have_gpu, total_s = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
-def sh(cmd):
-    try: return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
-    except Exception as e: return str(e)
-def junit(path):
-    try:
-        root = ET.parse(path).getroot()
-        suite = root if root.tag == "testsuite" else root.find("testsuite")
-        r = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-        r["failed_cases"] = [c.get("name") for c in suite.iter("testcase")
-                             if c.find("failure") is not None or c.find("error") is not None]
-        return r
-    except Exception as e:
-        return {"parse_error": str(e)}
-def cases(path, word):
-    # The test cases of a junit file whose name holds `word`: passed / failed / skipped, seconds.
-    if not os.path.exists(path): return {"not_run": "no " + os.path.basename(path) + " (skipped without a device, or not built)"}
-    try:
-        root = ET.parse(path).getroot()
-        r = []
-        for c in root.iter("testcase"):
-            if word not in (c.get("name") or ""): continue
-            failed = c.find("failure") is not None or c.find("error") is not None
-            r.append({"name": c.get("name"), "status": "failed" if failed else
-                      ("skipped" if c.find("skipped") is not None else "passed"), "s": float(c.get("time", 0))})
-        return r
-    except Exception as e:
-        return {"parse_error": str(e)}
-def losses(path):
-    try: return [s["loss"] for s in json.load(open(path))["steps"]]
-    except Exception as e: return None
-steps = {}
-for line in open(os.path.join(out, "steps.tsv")):
-    name, rc, secs = line.rstrip("\n").split("\t")
-    steps[name] = {"exit_code": int(rc) if rc.lstrip("-").isdigit() else rc, "seconds": int(secs)}
-report = {
-    "format": "rackstep.gpu_check/2",
-    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "machine": sh("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader") or "no GPU",
-    "git": sh("git rev-parse --short HEAD 2>/dev/null || echo unknown"),
-    "total_s": total_s,
-    "steps": steps,
-    "test_cuda": junit(os.path.join(out, "test_cuda.xml")),
-    # CMake's line on the cuDNN attention (enabled, or why not).
-    "cudnn_attention": next((l.strip("- \n") for l in open(os.path.join(out, "configure.log"), errors="replace")
-                             if "cuDNN attention" in l), None) if os.path.exists(os.path.join(out, "configure.log")) else None,
-}
-report["resident"] = cases(os.path.join(out, "test_cuda.xml"), "resident")
-report["bf16"] = cases(os.path.join(out, "test_cuda.xml"), "bf16")
-report["cudnn"] = cases(os.path.join(out, "test_cuda.xml"), "cuDNN")
-if os.path.exists(os.path.join(out, "parity.xml")):
-    report["parity"] = junit(os.path.join(out, "parity.xml"))
-cpu, gpu = losses(os.path.join(out, "tiny_cpu.json")), losses(os.path.join(out, "tiny_cuda.json"))
-if cpu and gpu and len(cpu) == len(gpu):
-    rel = [abs(g - c) / abs(c) for c, g in zip(cpu, gpu)]
-    report["tiny_moe_loss"] = {"cpu": cpu, "cuda": gpu, "max_rel_diff": max(rel), "last_rel_diff": rel[-1]}
-gelu_cpu, gelu_gpu = losses(os.path.join(out, "gelu_cpu.json")), losses(os.path.join(out, "gelu_cuda.json"))
-if gelu_cpu and gelu_gpu and len(gelu_cpu) == len(gelu_gpu):
-    rel = [abs(g - c) / abs(c) for c, g in zip(gelu_cpu, gelu_gpu)]
-    report["tiny_gpt_gelu_loss"] = {"cpu": gelu_cpu, "cuda": gelu_gpu, "max_rel_diff": max(rel), "last_rel_diff": rel[-1]}
-dp = losses(os.path.join(out, "tiny_cuda_dp.json"))
-if gpu and dp and len(dp) <= len(gpu):
-    rel = [abs(d - g) / abs(g) for g, d in zip(gpu, dp)]
-    report["tiny_moe_nccl_dp_loss"] = {"cuda": gpu[:len(dp)], "cuda_nccl_dp": dp, "max_rel_diff": max(rel),
-                                       "bitwise": dp == gpu[:len(dp)]}
-def run_json(name):
-    try: return json.load(open(os.path.join(out, name + ".json")))
-    except Exception: return None
-ep_cpu, ep_gpu, ep_ragged = run_json("tiny_cpu_ep"), run_json("tiny_cuda_ep"), run_json("tiny_cuda_ep_ragged")
-if ep_cpu and ep_gpu and ep_cpu.get("steps") and len(ep_cpu["steps"]) == len(ep_gpu.get("steps", [])):
-    drops = lambda j: [[s["drops"][k] for k in ("assignments", "sender", "receiver")] for s in j["steps"]]
-    c, g = [s["loss"] for s in ep_cpu["steps"]], [s["loss"] for s in ep_gpu["steps"]]
-    report["tiny_moe_nccl_ep_loss"] = {
-        "cpu_simulated": c, "cuda_nccl_ep": g, "max_rel_diff": max(abs(b - a) / abs(a) for a, b in zip(c, g)),
-        "drops_cpu": drops(ep_cpu), "drops_cuda": drops(ep_gpu), "drops_equal": drops(ep_cpu) == drops(ep_gpu),
-        "verified_dispatch_layers": ep_gpu.get("verified_dispatch_layers"),
-        "ragged_verified_dispatch_layers": (ep_ragged or {}).get("verified_dispatch_layers")}
-b16 = losses(os.path.join(out, "tiny_cuda_bf16.json"))
-if gpu and b16 and len(gpu) == len(b16):
-    rel = [abs(b - g) / abs(g) for g, b in zip(gpu, b16)]
-    report["tiny_moe_bf16_loss"] = {"cuda_fp32": gpu, "cuda_bf16": b16, "max_rel_diff": max(rel)}
-try:
-    s = json.load(open(os.path.join(out, "tiny_cuda.json")))["steps"][-1]
-    # mfu here is against the CPU's sgemm rate (exec/train.cpp): the medium step below has the GPU's.
-    report["tiny_moe_cuda_last_step"] = {k: s.get(k) for k in ("step", "loss", "tokens_per_s")}
-except Exception:
-    pass
-def profile_summary(run_dir):
-    # The run's op_measurements.json in brief: device, clock, memory, per-step times, seconds per op class
-    # (medians of the profiled steps, forward + backward) and the slowest ops.
-    try: om = json.load(open(os.path.join(run_dir, "op_measurements.json")))
-    except Exception as e: return {"not_run": str(e)}
-    keep = ("device", "dtype", "op_clock", "steps", "peak_device_bytes", "device_used_at_peak_bytes",
-            "device_total_bytes", "peak_rss_bytes", "step_device_s", "step_wall_s")
-    r = {k: om[k] for k in keep if k in om}
-    by_class = {}
-    for o in om.get("ops", []):
-        by_class[o["class"]] = by_class.get(o["class"], 0.0) + o["seconds"]
-    r["seconds_by_class"] = dict(sorted(by_class.items(), key=lambda kv: -kv[1]))
-    r["ops_seconds"] = sum(by_class.values())
-    top = sorted(om.get("ops", []), key=lambda o: -o["seconds"])[:8]
-    r["slowest_ops"] = [[o["op"], o["phase"], o["seconds"]] for o in top]
-    return r
-report["tiny_moe_cuda_profile"] = profile_summary(os.path.join(out, "tiny_cuda"))
-try:
-    f = json.load(open(os.path.join(out, "tiny_cuda_calibrate.json")))
-    report["tiny_moe_cuda_profile"]["calibrate_from_run"] = {k: f.get(k) for k in ("backend", "fit_relative_rms", "efficiencies")}
-except Exception:
-    pass
-report["profile_test"] = cases(os.path.join(out, "test_cuda.xml"), "profile")
-try:
-    j = json.load(open(os.path.join(out, "medium_cuda.json")))
-    j["ops"] = j.get("ops", [])[:12]  # the largest op kinds
-    report["medium_moe_step"] = j
-except Exception:
-    pass
-try:
-    j = json.load(open(os.path.join(out, "medium_cuda_bf16.json")))
-    j["ops"] = j.get("ops", [])[:12]
-    report["medium_moe_step_bf16"] = j
-except Exception:
-    pass
-try: report["timing"] = json.load(open(os.path.join(out, "timing.json")))
-except Exception: pass
-# The issue's targets against what this run measured (None: not measured in this run).
-def at(d, *path):
-    for p in path:
-        try: d = d[p]
-        except Exception: return None
-    return d
-t = report.get("timing", {})
-gemm_ratios = [g.get("ratio") for g in t.get("gemm", [])[1:]]  # the model's shapes (row 0 is the 8192³ ceiling)
-mem = [m.get("vs_copy") for m in t.get("memory", [])]
-def target(value, goal, higher=True):
-    if value is None: return {"measured": None, "goal": goal, "met": None}
-    return {"measured": value, "goal": goal, "met": value >= goal if higher else value <= goal}
-report["targets"] = {
-    "dense_gemm_vs_cublas_min": target(min(gemm_ratios) if gemm_ratios else None, 0.85),
-    "grouped_experts_vs_dense_bf16": target(max(filter(None, [at(t, "experts_bf16", "ratio"),
-                                                           at(t, "experts_bf16", "one_call_ratio")]), default=None), 0.70),
-    # The bf16 mode's attention: cuDNN's where it ran (attention_cudnn), else the own kernel's; both below.
-    "attention_fwd_vs_bf16_ceiling": target(at(t, "attention_cudnn", "vs_measured_bf16_ceiling")
-                                            or at(t, "attention", "vs_measured_bf16_ceiling"), 0.50),
-    "attention_fwd_own_vs_bf16_ceiling": target(at(t, "attention", "vs_measured_bf16_ceiling"), 0.50),
-    "attention_fwd_cudnn_vs_bf16_ceiling": target(at(t, "attention_cudnn", "vs_measured_bf16_ceiling"), 0.50),
-    "memory_bound_vs_copy_min": target(min(mem) if mem else None, 0.70),
-    "tiny_moe_loss_max_rel_diff": target(at(report, "tiny_moe_loss", "max_rel_diff"), 1e-4, higher=False),
-    "tiny_gpt_gelu_loss_max_rel_diff": target(at(report, "tiny_gpt_gelu_loss", "max_rel_diff"), 1e-4, higher=False),
-    "medium_moe_mfu_bf16": target(at(report, "medium_moe_step_bf16", "mfu_bf16"), 0.40),
-    # bf16 mode within bf16 tolerance of fp32 over the tiny run (the loss, per step).
-    "tiny_moe_bf16_vs_fp32_max_rel_diff": target(at(report, "tiny_moe_bf16_loss", "max_rel_diff"), 2e-2, higher=False),
-    # Residency: no parameter / gradient arena crosses the bus in a timed step.
-    "medium_arena_copy_bytes_per_step": target(at(report, "medium_moe_step", "arena_copy_bytes_per_step"), 0,
-                                               higher=False),
-}
-if not have_gpu: report["note"] = "no GPU here: the GPU steps report skipped (exit 77) or did not run"
-json.dump(report, open(os.path.join(out, "gpu-check.json"), "w"), indent=2)
-print(json.dumps(report, indent=2))
-PY
-if [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ]; then
-  mkdir -p "$OUT"
-  cp "$out/gpu-check.json" "$OUT/"
-  for f in test_cuda.log parity.log tiny_cuda.log medium_cuda.log timing.log build_rest.log tiny_cuda_bf16.log; do
-    [ -s "$out/$f" ] && cp "$out/$f" "$OUT/"
-  done
-fi
+write_report

@@ -5,9 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "exec/cuda/sdpa_support.h"
@@ -206,6 +208,49 @@ TEST_CASE("cuDNN SDPA: packed documents become ragged segments (cu_seqlens from 
     CHECK(sdpa_segment_bucket(9, 4) == 16);
     CHECK(sdpa_segment_bucket(16, 4) == 16);
   }
+}
+
+TEST_CASE("cuDNN SDPA: the device segment table puts every index array on cuDNN's 16-byte alignment",
+          "[cuda_host][sdpa]") {
+  // cuDNN is told each tensor pointer is 16-byte aligned, the int32 lengths and offsets too: an
+  // array packed right after (bucket) lengths and (bucket + 1) offsets would start 4 bytes off.
+  for (const int B : {1, 2, 3, 4}) {
+    for (const int T : {5, 6, 64}) {
+      std::vector<int32_t> doc(size_t(B) * size_t(T));
+      for (size_t n = 0; n < doc.size(); ++n) doc[n] = int32_t(n / 3);  // 3-token documents
+      const SdpaSegments g = sdpa_segments(doc.data(), B, T);
+      REQUIRE(g.refusal.empty());
+      const int64_t wq = 4 * 64, wkv = 2 * 64, ws = 4;
+      const SdpaSegmentTable t = sdpa_segment_table(g, wq, wkv, ws);
+      INFO("B " << B << " T " << T << " bucket " << g.bucket);
+      const size_t n = size_t(g.bucket);
+      const std::vector<std::tuple<size_t, std::vector<int32_t>>> arrays = {
+          {t.length, g.length},
+          {t.off_q, sdpa_ragged_offsets(g, wq)},
+          {t.off_kv, sdpa_ragged_offsets(g, wkv)},
+          {t.off_stats, sdpa_ragged_offsets(g, ws)}};
+      size_t end = 0;  // arrays in order, none overlapping the one before
+      for (const auto& [at, want] : arrays) {
+        CHECK(at * sizeof(int32_t) % kCudnnTensorAlignBytes == 0);
+        CHECK(at >= end);
+        REQUIRE(at + want.size() <= t.data.size());
+        const auto first = t.data.begin() + std::ptrdiff_t(at);
+        CHECK(std::vector<int32_t>(first, first + std::ptrdiff_t(want.size())) == want);
+        end = at + want.size();
+      }
+      CHECK(t.off_q - t.length >= n);
+      CHECK(t.data.size() == end);
+    }
+  }
+}
+
+TEST_CASE("cuDNN SDPA: a saved lse off cuDNN's 16-byte alignment is not given to cuDNN", "[cuda_host][sdpa]") {
+  // The saved lse sits at an activation slot's offset, N·(widths before it) floats into the arena:
+  // 4-byte steps where N = B·T is not a multiple of 4 (tiny-moe's 257-wide logits, N = 127).
+  alignas(16) float arena[8] = {};
+  CHECK(sdpa_aligned(arena));
+  CHECK(sdpa_aligned(arena + 4));
+  for (int offset : {1, 2, 3}) CHECK_FALSE(sdpa_aligned(arena + offset));
 }
 
 TEST_CASE("cuDNN SDPA: the segments' causal and window masks are the CPU kernel's document mask",

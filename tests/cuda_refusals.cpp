@@ -3,11 +3,13 @@
 // proves here that the models the GPU is meant to run are not refused, and
 // that what it cannot run yet is refused with the model file's setting.
 #include <catch2/catch.hpp>
+#include <cuda_runtime.h>
 
 #include <set>
 #include <string>
 
 #include "exec/cuda/backend.h"
+#include "exec/cuda/cudnn_attention.h"
 #include "models/layer_graph.h"
 #include "models/model.h"
 #include "sim/base/source_dir.h"
@@ -83,4 +85,13 @@ TEST_CASE("cuda backend: an op with a parameter its case does not bind is refuse
     return;
   }
   FAIL("tiny-moe has no attention op");
+}
+
+TEST_CASE("cuda backend: cuDNN that does not start leaves the attention to the own kernel, no abort",
+          "[cuda][refusal]") {
+  // Without a device cudnnCreate fails as it does on a device whose cuDNN libraries do not load:
+  // make_cudnn_attention says so on stderr and returns nullptr (the backend's own kernel then).
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) return;  // test_cuda's cuDNN cases run there
+  CHECK(rackstep::exec::cuda::make_cudnn_attention(nullptr) == nullptr);
 }

@@ -237,23 +237,27 @@ TEST_CASE("cuda: cuDNN SDPA with packed documents (ragged segments) matches the 
   CHECK(sdpa->segments(unknown.ptr, B, T) == 0);
 }
 
-TEST_CASE("cuda: cuDNN SDPA refuses the fp32 mode, documents, sinks and ALiBi without writing", "[cuda][gpu][cudnn]") {
+TEST_CASE("cuda: cuDNN SDPA refuses the fp32 mode, documents, sinks, ALiBi and a misaligned lse without writing",
+          "[cuda][gpu][cudnn]") {
   const std::unique_ptr<cuda::CudnnAttention> sdpa = cudnn_attention_or_warn();
   if (!sdpa) return;
   const cuda::SdpaShape ok{.B = 1, .T = 64, .H = 2, .kv_stored = 2, .kv_used = 2, .hd = 64, .window = 0,
                            .scale = 0.125f, .bf16 = true};
   const size_t n = 64 * 2 * 64;
-  Device q(testing::randn(n, 70)), o(std::vector<float>(n, 7.0f)), lse(std::vector<float>(128, 7.0f));
+  Device q(testing::randn(n, 70)), o(std::vector<float>(n, 7.0f)), lse(std::vector<float>(129, 7.0f));
   Workspace ws;
-  for (int which = 0; which < 4; ++which) {
+  for (int which = 0; which < 5; ++which) {
     cuda::SdpaShape s = ok;
     if (which == 0) s.bf16 = false;
     if (which == 1) s.doc_mask = true;
     if (which == 2) s.sinks = true;
     if (which == 3) s.alibi = true;
+    // A saved lse 4 bytes off cuDNN's declared 16-byte alignment (an activation slot where B·T % 4 != 0).
+    float* saved_lse = which == 4 ? lse.ptr + 1 : lse.ptr;
     INFO("variant " << which);
-    CHECK_FALSE(sdpa->forward(s, o.ptr, lse.ptr, q.ptr, q.ptr, q.ptr, ws.fn()));
+    CHECK_FALSE(sdpa->forward(s, o.ptr, saved_lse, q.ptr, q.ptr, q.ptr, ws.fn()));
   }
   CHECK(o.get() == std::vector<float>(n, 7.0f));
+  CHECK(lse.get() == std::vector<float>(129, 7.0f));
   CHECK(sdpa->cached_graphs() == 0);
 }

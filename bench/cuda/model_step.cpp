@@ -13,8 +13,9 @@
 //   tokens_per_s, model_tflop_per_s = Marin-convention training FLOPs per token × tokens/s
 //   mfu_fp32        against the fp32 cuBLASLt rate measured here (8192³, the parity mode's ceiling)
 //   mfu_bf16        against the bf16 ceiling measured here (cuBLAS 8192³): the target mode
-//   ops[]           seconds per OpKind and phase in the last step (the driver synchronises
-//                   the backend around each op), largest first: where the time goes
+//   ops[]           seconds per OpKind and phase in one more step after the timed ones (the
+//                   driver synchronises the backend after each op there, so that step is kept
+//                   out of step_s: the host would wait on every op), largest first: where the time goes
 //
 //   build/bench/cuda_model_step --model models/zoo/marin-ladder-d768.json --batch 2 --seq 1024 [--steps 3]
 //       [--precision fp32|bf16] [--no-optimizer]
@@ -142,15 +143,10 @@ int main(int argc, char** argv) {
       inputs[static_cast<size_t>(i)] = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab));
       targets[static_cast<size_t>(i)] = static_cast<int32_t>((s >> 17) % static_cast<uint64_t>(cfg.vocab));
     }
-    std::map<std::pair<std::string, int>, double> op_s;  // (kind, phase) -> seconds, last step
-    m.set_op_timer([&](size_t op, int phase, auto t0, auto t1) {
-      op_s[{models::to_string(graph.ops[op].kind), phase}] += std::chrono::duration<double>(t1 - t0).count();
-    });
     std::vector<double> step_s, opt_s;
     double loss = 0;
     size_t copied_before = 0;
     for (int64_t step = 0; step <= steps; ++step) {  // step 0 warms up (plans, scratch, allocator)
-      op_s.clear();
       if (step == 1) copied_before = m.arena_copy_bytes();
       const auto t0 = std::chrono::steady_clock::now();
       m.zero_grads();
@@ -172,6 +168,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cuda_model_step: step %lld: %.3f s, loss %.4f\n", static_cast<long long>(step), dt, loss);
     }
     const double copied_per_step = static_cast<double>(m.arena_copy_bytes() - copied_before) / static_cast<double>(steps);
+    // Where the time goes: one forward + backward with the per-op timer (a synchronize after every op).
+    std::map<std::pair<std::string, int>, double> op_s;  // (kind, phase) -> seconds
+    m.set_op_timer([&](size_t op, int phase, auto t0, auto t1) {
+      op_s[{models::to_string(graph.ops[op].kind), phase}] += std::chrono::duration<double>(t1 - t0).count();
+    });
+    m.zero_grads();
+    m.forward(inputs.data(), targets.data(), nullptr);
+    m.backward();
+    m.backend().synchronize();
+    m.set_op_timer(nullptr);
     size_t free_bytes = 0, total_bytes = 0;  // after the steps: parameters, gradients, activations, scratch
     RS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     std::sort(step_s.begin(), step_s.end());

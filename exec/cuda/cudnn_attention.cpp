@@ -47,8 +47,9 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kSeqLen, kS
 // Each ragged tensor's offsets: uid kOff + the tensor's uid (one device array per row width).
 constexpr int64_t off_uid(Uid t) { return kOff + t; }
 
-// The segment table on the device, int32: length (n), then the ragged offsets (n + 1) of the
-// q-wide tensors (Q, O, dO, dQ), the kv-wide ones (K, V, dK, dV) and the Stats (H per token).
+// The segment table on the device, int32 (sdpa_support.h SdpaSegmentTable): length (n), then the
+// ragged offsets (n + 1) of the q-wide tensors (Q, O, dO, dQ), the kv-wide ones (K, V, dK, dV) and
+// the Stats (H per token), each on a 16-byte boundary.
 struct DeviceSegments {
   int32_t* length = nullptr;
   int32_t* off_q = nullptr;
@@ -194,8 +195,8 @@ struct Carve {
 
 class CudnnSdpa final : public CudnnAttention {
  public:
-  explicit CudnnSdpa(cudaStream_t stream) : stream_(stream) {
-    RS_CUDNN_CHECK(cudnnCreate(&handle_));
+  // Takes `handle` (cudnnCreate's, on the current device).
+  CudnnSdpa(cudnnHandle_t handle, cudaStream_t stream) : stream_(stream), handle_(handle) {
     RS_CUDNN_CHECK(cudnnSetStream(handle_, stream_));
     version_ = static_cast<int64_t>(cudnnGetVersion());
   }
@@ -233,6 +234,7 @@ class CudnnSdpa final : public CudnnAttention {
 
   bool forward(const SdpaShape& s, float* o, float* lse, const float* q, const float* k, const float* v,
                const SdpaWorkspace& workspace) override {
+    if (!stats_in_place_ok(s, lse)) return false;
     const Entry* e = entry(s, false);
     if (!e) return false;
     const size_t nq = size_t(s.B) * s.T * s.H * s.hd, nkv = size_t(s.B) * s.T * s.kv_stored * s.hd;
@@ -257,6 +259,7 @@ class CudnnSdpa final : public CudnnAttention {
   bool backward(const SdpaShape& s, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                 const float* v, const float* o, const float* lse, bool accumulate_dkv,
                 const SdpaWorkspace& workspace) override {
+    if (!stats_in_place_ok(s, lse)) return false;
     const Entry* e = entry(s, true);
     if (!e) return false;
     const size_t nq = size_t(s.B) * s.T * s.H * s.hd, nkv = size_t(s.B) * s.T * s.kv_stored * s.hd;
@@ -326,6 +329,14 @@ class CudnnSdpa final : public CudnnAttention {
     return it->second.g ? &it->second : nullptr;
   }
 
+  // Without packed documents cuDNN reads and writes the saved lse in place as its Stats, which it is
+  // told are 16-byte aligned; a saved lse that is not stays with the own kernel (forward and backward alike).
+  bool stats_in_place_ok(const SdpaShape& s, const float* lse) {
+    if (s.doc_mask || sdpa_aligned(lse)) return true;
+    if (s.bf16) log_once("lse alignment", "a saved lse that is not 16-byte aligned (B·T not a multiple of 4)");
+    return false;
+  }
+
   // One line per reason (`key`) for the backend's life.
   void log_once(const std::string& key, const std::string& why) {
     if (!logged_.insert(key).second) return;
@@ -339,24 +350,20 @@ class CudnnSdpa final : public CudnnAttention {
     const int64_t wq = int64_t(s.H) * s.hd, wkv = int64_t(s.kv_stored) * s.hd;
     Table& table = tables_[std::make_tuple(wq, wkv, int64_t(s.H))];
     if (table.fresh) return &table.view;
-    const size_t n = segments_.length.size();
-    table.host.assign(segments_.length.begin(), segments_.length.end());
-    for (const int64_t width : {wq, wkv, int64_t(s.H)}) {
-      const std::vector<int32_t> off = sdpa_ragged_offsets(segments_, width);
-      table.host.insert(table.host.end(), off.begin(), off.end());
-    }
-    if (table.host.size() > table.capacity) {
+    table.host = sdpa_segment_table(segments_, wq, wkv, s.H);
+    const std::vector<int32_t>& host = table.host.data;
+    if (host.size() > table.capacity) {
       device_free(table.device);  // waits for the device: only when the bucket grows
-      device_malloc(&table.device, table.host.size() * sizeof(int32_t));
-      table.capacity = table.host.size();
+      device_malloc(&table.device, host.size() * sizeof(int32_t));
+      table.capacity = host.size();
     }
     // Stream-ordered after the previous batch's calls that read the table; `host` outlives the copy.
-    RS_CUDA_CHECK(cudaMemcpyAsync(table.device, table.host.data(), table.host.size() * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, stream_));
-    table.view = {.length = table.device,
-                  .off_q = table.device + n,
-                  .off_kv = table.device + 2 * n + 1,
-                  .off_stats = table.device + 3 * n + 2};
+    RS_CUDA_CHECK(cudaMemcpyAsync(table.device, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream_));
+    table.view = {.length = table.device + table.host.length,
+                  .off_q = table.device + table.host.off_q,
+                  .off_kv = table.device + table.host.off_kv,
+                  .off_stats = table.device + table.host.off_stats};
     table.fresh = true;
     return &table.view;
   }
@@ -439,7 +446,7 @@ class CudnnSdpa final : public CudnnAttention {
   struct Table {
     int32_t* device = nullptr;
     size_t capacity = 0;        // int32s allocated
-    std::vector<int32_t> host;  // the last upload's source
+    SdpaSegmentTable host;      // the last upload's source (sdpa_support.h: each array 16-byte aligned)
     DeviceSegments view;
     bool fresh = false;  // uploaded for the current batch
   };
@@ -452,7 +459,15 @@ class CudnnSdpa final : public CudnnAttention {
 }  // namespace
 
 std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream) {
-  return std::make_unique<CudnnSdpa>(stream);
+  // A cuDNN that does not start (no device, a library or sub-library that does not load, a driver
+  // too old for it) leaves every attention to the own kernel rather than ending the run.
+  cudnnHandle_t handle = nullptr;
+  if (const cudnnStatus_t status = cudnnCreate(&handle); status != CUDNN_STATUS_SUCCESS) {
+    std::fprintf(stderr, "rackstep: cuda attention: cuDNN did not start (cudnnCreate: %s); the own kernel runs every "
+                 "attention\n", cudnnGetErrorString(status));
+    return nullptr;
+  }
+  return std::make_unique<CudnnSdpa>(handle, stream);
 }
 
 }  // namespace rackstep::exec::cuda

@@ -65,7 +65,8 @@ class CudnnAttention {
   virtual size_t cached_graphs() const = 0;
 };
 
-// The cuDNN path on `stream`, or nullptr where this build has no cuDNN.
+// The cuDNN path on `stream`, or nullptr where this build has no cuDNN or where cuDNN does not
+// start (cudnnCreate fails: no device, its libraries do not load; one line on stderr says why).
 std::unique_ptr<CudnnAttention> make_cudnn_attention(cudaStream_t stream);
 
 // y = x (accumulate: y += x), bf16 to fp32, n elements (exec/cuda/attention_bf16.cu).

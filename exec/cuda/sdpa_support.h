@@ -123,6 +123,43 @@ inline std::vector<int32_t> sdpa_ragged_offsets(const SdpaSegments& g, int64_t p
   return off;
 }
 
+// The byte alignment cuDNN is told every tensor's pointer has (cudnn-frontend 1.32,
+// Tensor_attributes::default_alignment, graph_properties.h), index tensors too.
+constexpr size_t kCudnnTensorAlignBytes = 16;
+
+// Whether cuDNN may take `p` as a tensor pointer (the backend's own buffers, such as a saved lse
+// at an activation slot's offset, are only 4-byte aligned where B·T is not a multiple of 4).
+inline bool sdpa_aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % kCudnnTensorAlignBytes == 0;
+}
+
+// One device segment table (int32, one allocation): the lengths (bucket), then
+// the ragged offsets (bucket + 1) of the q-wide tensors (Q, O, dO, dQ), of the
+// kv-wide ones (K, V, dK, dV) and of the Stats, each array starting on a
+// kCudnnTensorAlignBytes boundary (the allocation's start is one) because cuDNN
+// is told so; packed end to end, the kv offsets would start at 4·(2·bucket + 1) bytes.
+struct SdpaSegmentTable {
+  std::vector<int32_t> data;  // what is uploaded
+  size_t length = 0, off_q = 0, off_kv = 0, off_stats = 0;  // each array's first element in data
+};
+
+inline SdpaSegmentTable sdpa_segment_table(const SdpaSegments& g, int64_t q_width, int64_t kv_width,
+                                           int64_t stats_width) {
+  SdpaSegmentTable t;
+  const auto append = [&](const std::vector<int32_t>& a) {
+    constexpr size_t per_boundary = kCudnnTensorAlignBytes / sizeof(int32_t);
+    t.data.resize((t.data.size() + per_boundary - 1) / per_boundary * per_boundary, 0);
+    const size_t at = t.data.size();
+    t.data.insert(t.data.end(), a.begin(), a.end());
+    return at;
+  };
+  t.length = append(g.length);
+  t.off_q = append(sdpa_ragged_offsets(g, q_width));
+  t.off_kv = append(sdpa_ragged_offsets(g, kv_width));
+  t.off_stats = append(sdpa_ragged_offsets(g, stats_width));
+  return t;
+}
+
 // The oldest cuDNN the path tries: below 9.6 the frontend's support surface
 // (node/sdpa_support_surface.h) refuses several sliding-window and diagonal
 // combinations; GQA, bf16 and the Stats output are older. A conservative
