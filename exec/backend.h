@@ -193,17 +193,25 @@ class BackendOptimizer {
 // layout, on its range of the parameter arena), the parameters all-gathered.
 // Rank r's range is [offsets[r], offsets[r] + counts[r]) of the arena, in
 // floats; ranges tile it in rank order. The calls are queued in the backend's
-// stream order (exec/cuda: NCCL on its own stream, fenced by events).
+// stream order (exec/cuda: NCCL on its own stream, fenced by events). The
+// reduce-scatter goes by ranges of the arena (exec/dist.h range_parts), each
+// begun once the work queued so far has written its gradients, so that the
+// rest of the backward overlaps it (Model::backward reports which ranges are
+// final); one range [0, total) is the whole reduce-scatter.
 //
 //   auto dp = backend.make_collectives(world, plan.float_offsets(), plan.float_counts(), why);
-//   dp->reduce_scatter(shard_grads, model.backend_grads());
+//   dp->start_reduce_scatter(shard_grads, model.backend_grads(), 0, total_floats);
+//   dp->wait_reduce_scatter();
 //   opt->step(model.backend_params() + my.offset, shard_grads, step);
 //   dp->all_gather(model.backend_params());
 class BackendCollectives {
  public:
   virtual ~BackendCollectives() = default;
-  // shard (counts[rank]) = Σ_ranks grads[offsets[rank], +counts[rank]).
-  virtual void reduce_scatter(float* shard, const float* grads) = 0;
+  // This rank's part of Σ_ranks grads[begin, end) (range_parts) into its place
+  // in shard (counts[rank]), after the work queued so far.
+  virtual void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) = 0;
+  // The work queued after this sees every begun range reduced into the shard.
+  virtual void wait_reduce_scatter() = 0;
   // params[offsets[r], +counts[r]) = rank r's own range, for every rank r (in place).
   virtual void all_gather(float* params) = 0;
 };

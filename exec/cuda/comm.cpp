@@ -62,6 +62,7 @@ void NcclComm::reduce_scatter_v(float* shard, const float* in, const std::vector
   RS_CHECK(offsets.size() == size_t(size_) && counts.size() == size_t(size_), "reduce_scatter_v: one range per rank");
   RS_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < size_; ++r) {  // recvbuff is read only on the root, the range's owner
+    if (counts[r] == 0) continue;     // every rank skips the same ones
     RS_NCCL_CHECK(ncclReduce(in + offsets[r], shard, size_t(counts[r]), ncclFloat32, ncclSum, r, comm_, stream));
   }
   RS_NCCL_CHECK(ncclGroupEnd());
@@ -127,11 +128,12 @@ class NcclCollectives final : public BackendCollectives {
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
 
-  void reduce_scatter(float* shard, const float* grads) override {
-    wait(stream_, compute_, to_comm_);  // the backward has written every gradient
-    comm_.reduce_scatter_v(shard, grads, offsets_, counts_, stream_);
-    wait(compute_, stream_, to_compute_);  // the optimizer reads the shard
+  void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) override {
+    wait(stream_, compute_, to_comm_);  // the backward has written the range's gradients
+    const RangeParts p = range_parts(offsets_, counts_, begin, end);
+    comm_.reduce_scatter_v(shard + p.shard_offsets[size_t(comm_.rank())], grads, p.offsets, p.counts, stream_);
   }
+  void wait_reduce_scatter() override { wait(compute_, stream_, to_compute_); }  // the optimizer reads the shard
   void all_gather(float* params) override {
     wait(stream_, compute_, to_comm_);  // the owner's step has landed
     comm_.all_gather_v(params, offsets_, counts_, stream_);
