@@ -204,9 +204,22 @@ class BackendOptimizer {
 //   dp->wait_reduce_scatter();
 //   opt->step(model.backend_params() + my.offset, shard_grads, step);
 //   dp->all_gather(model.backend_params());
+// The profiler's brackets around each collective a backend queues on a queue
+// of its own (exec/profiler.h: the trace's "collectives" lane): begin before
+// the collective's work is queued on `queue`, end after.
+class CollectiveBrackets {
+ public:
+  virtual ~CollectiveBrackets() = default;
+  virtual void begin_collective(const char* name, void* queue) = 0;
+  virtual void end_collective(void* queue) = 0;
+};
+
 class BackendCollectives {
  public:
   virtual ~BackendCollectives() = default;
+  // Brackets around each collective queued from here on (nullptr: none). The
+  // default has no queue of its own to time.
+  virtual void set_brackets(CollectiveBrackets* /*brackets*/) {}
   // This rank's part of Σ_ranks grads[begin, end) (range_parts) into its place
   // in shard (counts[rank]), after the work queued so far.
   virtual void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) = 0;
@@ -245,6 +258,11 @@ class OpTiming {
   virtual void begin_step() = 0;
   virtual void begin() = 0;
   virtual void end() = 0;
+  // An interval of work on another of the backend's queues (exec/cuda: the
+  // collectives' cudaStream_t), in the same begin order and nesting as
+  // begin() / end(). A clock of one queue times it as its own.
+  virtual void begin_on(void* /*queue*/) { begin(); }
+  virtual void end_on(void* /*queue*/) { end(); }
   virtual StepTiming end_step() = 0;
 };
 

@@ -225,6 +225,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
     profiler_ = std::make_unique<Profiler>(graph_, model_->batch(), seq, current_threads());
     profiler_->set_dtype(o_.precision == "bf16" ? "bf16" : "f32");  // written on a device only
     profiler_->attach(*model_);
+    if (dp_) dp_->set_brackets(profiler_.get());  // the trace's collectives lane
   }
   if (!o_.out_dir.empty() && is_root()) write_run_json();
   if (!o_.routing_trace.empty() || !o_.routing_trace_eval.empty()) {
@@ -552,7 +553,10 @@ StepLog Trainer::step() {
   if (distributed()) model_->set_loss_tokens(target_count(global));
   const bool profiling = profiler_ && opt_state_.step - started_at_ < o_.profile_steps;
   if (profiling) profiler_->begin_step(opt_state_.step);
-  if (!profiling && profiler_) model_->set_op_timer(nullptr);
+  if (!profiling && profiler_) {
+    model_->set_op_timer(nullptr);
+    if (dp_) dp_->set_brackets(nullptr);
+  }
   const auto t0 = Clock::now();
   model_->zero_grads();
   model_->set_training(true);

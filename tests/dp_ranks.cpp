@@ -32,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,7 @@
 #include "exec/data.h"
 #include "exec/dist.h"
 #include "exec/train.h"
+#include "sim/base/json_io.h"
 #include "sim/base/source_dir.h"
 #include "tests/exec_test_data.h"
 #include "tests/rank_test.h"
@@ -70,10 +72,28 @@ struct Run {
   std::vector<char> checkpoint;  // rank 0's file
   std::vector<float> params;
   int64_t ranges = 0;  // the last step's reduce-scatter ranges
+  std::map<std::string, int> lane;  // with `profile`, rank 0: slices per name on the trace's collectives lane
 };
 
+// Slices per name on thread "collectives" of a Chrome trace.
+std::map<std::string, int> collectives_lane(const std::string& trace_path) {
+  const nlohmann::json t = load_json_file(trace_path);
+  const nlohmann::json& events = t.is_object() ? t["traceEvents"] : t;
+  int lane = -1;
+  for (const auto& e : events) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name" && e["args"]["name"] == "collectives") {
+      lane = e["tid"];
+    }
+  }
+  std::map<std::string, int> n;
+  for (const auto& e : events) {
+    if (e.value("ph", "") == "X" && e["tid"] == lane) ++n[e["name"].get<std::string>()];
+  }
+  return n;
+}
+
 Run train(const Comm& world, const std::string& data, const std::string& dir, const std::string& backend,
-          const std::string& collectives, int64_t ep = 1, double grad_bucket_mb = 0) {
+          const std::string& collectives, int64_t ep = 1, double grad_bucket_mb = 0, bool profile = false) {
   TrainOptions o;
   o.grad_bucket_mb = grad_bucket_mb;
   if (ep > 1) {  // expert parallel across the ranks, pooled, with drops, every layer checked against sim::dispatch
@@ -100,9 +120,12 @@ Run train(const Comm& world, const std::string& data, const std::string& dir, co
   {
     TrainOptions first = o;
     first.stop_after = 2;
+    first.profile = profile;
     Trainer t(first, &world);
     while (!t.done()) r.losses.push_back(t.step().loss);
     path = t.save_checkpoint();
+    t.write_profile();
+    if (profile && world.root()) r.lane = collectives_lane(dir + "/trace.json");
   }
   if (world.root()) {
     std::ifstream f(path, std::ios::binary);
@@ -165,11 +188,17 @@ int main() {
   // The reduce-scatter begun during the backward by ranges of >= 16 KiB (tiny-moe's
   // arena holds a few hundred KiB) on both paths.
   const double bucket_mb = 1.0 / 64;
-  const Run dev_overlap = train(world, data, (root / "backend-overlap").string(), device_backend, "backend", 1, bucket_mb);
+  // Profiled (rank 0): the collectives are the trace's own lane.
+  const Run dev_overlap =
+      train(world, data, (root / "backend-overlap").string(), device_backend, "backend", 1, bucket_mb, true);
   const int r = world.rank();
   expect(host.losses.size() == 3 && dev.losses.size() == 3, "3 steps each", r);
   expect(host.ranges == 1 && dev.ranges == 1, "--grad-bucket-mb 0: one reduce-scatter after the backward", r);
   expect(dev_overlap.ranges > 2, "overlapped: the reduce-scatter begun in several ranges", r);
+  if (world.root()) {  // 2 profiled steps: every range's reduce-scatter and the all-gather
+    const std::map<std::string, int> want = {{"reduce_scatter", 2 * dev_overlap.ranges}, {"all_gather", 2}};
+    expect(dev_overlap.lane == want, "profiled: 2 steps of collectives on the trace's collectives lane", r);
+  }
   const bool bitwise = device_backend != "cuda";
   if (bitwise) {
     expect(std::memcmp(host.losses.data(), dev.losses.data(), sizeof(double) * host.losses.size()) == 0,

@@ -75,18 +75,27 @@ class CommCollectives final : public BackendCollectives {
   void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) override {
     const RangeParts p = range_parts(offsets_, counts_, begin, end);
     const std::vector<int> counts(p.counts.begin(), p.counts.end());
-    ranks_.start_reduce_scatter_sum(grads + begin, shard + p.shard_offsets[me()], counts);
+    bracket("reduce_scatter", [&] { ranks_.start_reduce_scatter_sum(grads + begin, shard + p.shard_offsets[me()], counts); });
   }
   void wait_reduce_scatter() override { ranks_.wait_started(); }
   void all_gather(float* params) override {
     const std::vector<float> mine(params + offsets_[me()], params + offsets_[me()] + counts_[me()]);
-    ranks_.allgatherv(mine.data(), params, std::vector<int>(counts_.begin(), counts_.end()));
+    bracket("all_gather", [&] { ranks_.allgatherv(mine.data(), params, std::vector<int>(counts_.begin(), counts_.end())); });
   }
+  // The profiler's collectives lane, as NCCL's (the host has one queue: the clock times it as its own).
+  void set_brackets(CollectiveBrackets* brackets) override { brackets_ = brackets; }
 
  private:
+  template <typename Queue>
+  void bracket(const char* name, Queue&& queue) {
+    if (brackets_) brackets_->begin_collective(name, nullptr);
+    queue();
+    if (brackets_) brackets_->end_collective(nullptr);
+  }
   size_t me() const { return static_cast<size_t>(ranks_.rank()); }
   const Comm& ranks_;  // the trainer's, which outlives this
   std::vector<int64_t> offsets_, counts_;
+  CollectiveBrackets* brackets_ = nullptr;
 };
 
 // Expert parallelism "in its memory" (Backend::make_experts): the MPI

@@ -131,16 +131,26 @@ class NcclCollectives final : public BackendCollectives {
   void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) override {
     wait(stream_, compute_, to_comm_);  // the backward has written the range's gradients
     const RangeParts p = range_parts(offsets_, counts_, begin, end);
-    comm_.reduce_scatter_v(shard + p.shard_offsets[size_t(comm_.rank())], grads, p.offsets, p.counts, stream_);
+    timed("reduce_scatter", [&] {
+      comm_.reduce_scatter_v(shard + p.shard_offsets[size_t(comm_.rank())], grads, p.offsets, p.counts, stream_);
+    });
   }
   void wait_reduce_scatter() override { wait(compute_, stream_, to_compute_); }  // the optimizer reads the shard
+  void set_brackets(CollectiveBrackets* brackets) override { brackets_ = brackets; }
   void all_gather(float* params) override {
     wait(stream_, compute_, to_comm_);  // the owner's step has landed
-    comm_.all_gather_v(params, offsets_, counts_, stream_);
+    timed("all_gather", [&] { comm_.all_gather_v(params, offsets_, counts_, stream_); });
     wait(compute_, stream_, to_compute_);  // the next forward reads every range
   }
 
  private:
+  // Queues a collective on stream_ inside the profiler's brackets, where set.
+  template <typename Queue>
+  void timed(const char* name, Queue&& queue) {
+    if (brackets_) brackets_->begin_collective(name, stream_);
+    queue();
+    if (brackets_) brackets_->end_collective(stream_);
+  }
   // `waiter` runs nothing queued after this before `signaller`'s work so far.
   static void wait(cudaStream_t waiter, cudaStream_t signaller, cudaEvent_t event) {
     RS_CUDA_CHECK(cudaEventRecord(event, signaller));
@@ -152,6 +162,7 @@ class NcclCollectives final : public BackendCollectives {
   cudaStream_t compute_;                   // the backend's
   cudaStream_t stream_ = nullptr;          // the collectives'
   cudaEvent_t to_comm_ = nullptr, to_compute_ = nullptr;
+  CollectiveBrackets* brackets_ = nullptr;  // the profiler's, while it profiles
 };
 
 }  // namespace
