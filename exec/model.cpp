@@ -260,12 +260,12 @@ void Model::plan(const models::LayerGraph& g) {
       if (q >= 0) first_writer[static_cast<size_t>(q)] = i;
     }
   }
-  // After op i's backward, tensors t.. are final while every first writer from t on is >= i.
+  // After op i's backward the tensors from t on are final: t is the lowest
+  // index with every first writer from t on >= i, and only goes down with i.
   grads_final_from_.assign(plan_.size(), 0);
   size_t t = layout.size();
-  size_t min_writer = plan_.size();  // over tensors t..
   for (size_t i = plan_.size(); i-- > 0;) {
-    while (t > 0 && std::min(min_writer, first_writer[t - 1]) >= i) min_writer = std::min(min_writer, first_writer[--t]);
+    while (t > 0 && first_writer[t - 1] >= i) --t;
     grads_final_from_[i] = t < layout.size() ? layout.offset(t) : layout.total_floats();
   }
 }
