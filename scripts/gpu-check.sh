@@ -166,8 +166,10 @@ if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
     --out "$out/tiny_cuda_bf16" --json
   # Data parallel through NCCL (--dp-collectives backend) on a one-rank communicator: reduce-scatter
   # into the shard, the device optimizer on it, all-gather; 3 steps must equal tiny_cuda's first 3.
+  # The reduce-scatter goes in ~16 KiB ranges during the backward (--grad-bucket-mb), profiled: the
+  # trace's "collectives" lane holds every range and the all-gather (tiny_cuda_dp_collectives_lane).
   json_step tiny_cuda_dp 60 "$rs" train $tiny $backend_flag --dp-collectives backend --stop-after 3 \
-    --threads "$jobs" --out "$out/tiny_cuda_dp" --json
+    --grad-bucket-mb 0.015 --profile --profile-steps 3 --threads "$jobs" --out "$out/tiny_cuda_dp" --json
   # Expert parallel through NCCL (exec/cuda/experts.h) on a one-rank group: one process with --ep 1 on the
   # GPU takes the device transport, with itself as the only peer (the grouped ncclSend/ncclRecv per
   # wave, the ragged count exchange, the host-side plan of exec/ep_plan.h); capacities that bind and
@@ -271,6 +273,18 @@ if gpu and dp and len(dp) <= len(gpu):
     rel = [abs(d - g) / abs(g) for g, d in zip(gpu, dp)]
     report["tiny_moe_nccl_dp_loss"] = {"cuda": gpu[:len(dp)], "cuda_nccl_dp": dp, "max_rel_diff": max(rel),
                                        "bitwise": dp == gpu[:len(dp)]}
+def collectives_lane(trace_path):
+    # Slices per name on the trace's "collectives" thread: the NCCL stream's reduce-scatter ranges and all-gathers.
+    try: t = json.load(open(trace_path))
+    except Exception as e: return {"not_run": str(e)}
+    events = t["traceEvents"] if isinstance(t, dict) else t
+    lanes = {e["tid"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name" and e["args"]["name"] == "collectives"}
+    n = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("tid") in lanes: n[e["name"]] = n.get(e["name"], 0) + 1
+    return n
+report["tiny_cuda_dp_collectives_lane"] = collectives_lane(os.path.join(out, "tiny_cuda_dp", "trace.json"))
 def run_json(name):
     try: return json.load(open(os.path.join(out, name + ".json")))
     except Exception: return None
