@@ -94,7 +94,9 @@ class Comm {
   // holds its sum once wait_started() returns, and send and recv stay
   // untouched until then, so the caller's work overlaps the exchange. MPI
   // moves a non-blocking collective on inside MPI calls, so this also tests
-  // the ones begun before.
+  // the ones begun before. Open MPI 4.1 (coll/libnbc) reduces to rank 0 over
+  // a binomial tree fixed by the rank count, then scatters: each element gets
+  // the same sum whatever range it is sent in.
   void start_reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) const;
   // Waits for every collective begun on this communicator (MPI_Waitall).
   void wait_started() const;
