@@ -75,12 +75,14 @@ class CommCollectives final : public BackendCollectives {
   void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) override {
     const RangeParts p = range_parts(offsets_, counts_, begin, end);
     const std::vector<int> counts(p.counts.begin(), p.counts.end());
-    bracket("reduce_scatter", [&] { ranks_.start_reduce_scatter_sum(grads + begin, shard + p.shard_offsets[me()], counts); });
+    bracket("reduce_scatter",
+            [&] { ranks_.start_reduce_scatter_sum(grads + begin, shard + p.shard_offsets[me()], counts); });
   }
   void wait_reduce_scatter() override { ranks_.wait_started(); }
   void all_gather(float* params) override {
     const std::vector<float> mine(params + offsets_[me()], params + offsets_[me()] + counts_[me()]);
-    bracket("all_gather", [&] { ranks_.allgatherv(mine.data(), params, std::vector<int>(counts_.begin(), counts_.end())); });
+    const std::vector<int> counts(counts_.begin(), counts_.end());
+    bracket("all_gather", [&] { ranks_.allgatherv(mine.data(), params, counts); });
   }
   // The profiler's collectives lane, as NCCL's (the host has one queue: the clock times it as its own).
   void set_brackets(CollectiveBrackets* brackets) override { brackets_ = brackets; }
