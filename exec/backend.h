@@ -193,17 +193,38 @@ class BackendOptimizer {
 // layout, on its range of the parameter arena), the parameters all-gathered.
 // Rank r's range is [offsets[r], offsets[r] + counts[r]) of the arena, in
 // floats; ranges tile it in rank order. The calls are queued in the backend's
-// stream order (exec/cuda: NCCL on its own stream, fenced by events).
+// stream order (exec/cuda: NCCL on its own stream, fenced by events). The
+// reduce-scatter goes by ranges of the arena (exec/dist.h range_parts), each
+// begun once the work queued so far has written its gradients, so that the
+// rest of the backward overlaps it (Model::backward reports which ranges are
+// final); one range [0, total) is the whole reduce-scatter.
 //
 //   auto dp = backend.make_collectives(world, plan.float_offsets(), plan.float_counts(), why);
-//   dp->reduce_scatter(shard_grads, model.backend_grads());
+//   dp->start_reduce_scatter(shard_grads, model.backend_grads(), 0, total_floats);
+//   dp->wait_reduce_scatter();
 //   opt->step(model.backend_params() + my.offset, shard_grads, step);
 //   dp->all_gather(model.backend_params());
+// The profiler's brackets around each collective a backend queues on a queue
+// of its own (exec/profiler.h: the trace's "collectives" lane): begin before
+// the collective's work is queued on `queue`, end after.
+class CollectiveBrackets {
+ public:
+  virtual ~CollectiveBrackets() = default;
+  virtual void begin_collective(const char* name, void* queue) = 0;
+  virtual void end_collective(void* queue) = 0;
+};
+
 class BackendCollectives {
  public:
   virtual ~BackendCollectives() = default;
-  // shard (counts[rank]) = Σ_ranks grads[offsets[rank], +counts[rank]).
-  virtual void reduce_scatter(float* shard, const float* grads) = 0;
+  // Brackets around each collective queued from here on (nullptr: none). The
+  // default has no queue of its own to time.
+  virtual void set_brackets(CollectiveBrackets* /*brackets*/) {}
+  // This rank's part of Σ_ranks grads[begin, end) (range_parts) into its place
+  // in shard (counts[rank]), after the work queued so far.
+  virtual void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) = 0;
+  // The work queued after this sees every begun range reduced into the shard.
+  virtual void wait_reduce_scatter() = 0;
   // params[offsets[r], +counts[r]) = rank r's own range, for every rank r (in place).
   virtual void all_gather(float* params) = 0;
 };
@@ -237,6 +258,11 @@ class OpTiming {
   virtual void begin_step() = 0;
   virtual void begin() = 0;
   virtual void end() = 0;
+  // An interval of work on another of the backend's queues (exec/cuda: the
+  // collectives' cudaStream_t), in the same begin order and nesting as
+  // begin() / end(). A clock of one queue times it as its own.
+  virtual void begin_on(void* /*queue*/) { begin(); }
+  virtual void end_on(void* /*queue*/) { end(); }
   virtual StepTiming end_step() = 0;
 };
 

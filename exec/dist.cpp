@@ -83,6 +83,13 @@ std::vector<int> displacements(const std::vector<int>& counts) {
 
 }  // namespace
 
+// MPI reads a non-blocking collective's count array until it completes: each
+// request keeps its own (a vector's buffer stays put when the vector moves).
+struct Comm::Started {
+  std::vector<MPI_Request> requests;
+  std::vector<std::vector<int>> counts;
+};
+
 Comm Comm::world() {
   Comm c;
   if (launcher_world_size() <= 1) return c;
@@ -107,6 +114,7 @@ Comm& Comm::operator=(Comm&& o) noexcept {
   std::swap(size_, o.size_);
   std::swap(comm_, o.comm_);
   std::swap(owns_world_, o.owns_world_);
+  std::swap(started_, o.started_);
   return *this;
 }
 
@@ -145,6 +153,29 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<
     return;
   }
   RS_MPI_COLLECTIVE(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, mpi(comm_)));
+}
+
+void Comm::start_reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) const {
+  if (!comm_) {
+    std::copy(send, send + counts[0], recv);
+    return;
+  }
+  if (!started_) started_ = std::make_unique<Started>();
+  Started& s = *started_;
+  s.counts.push_back(counts);
+  s.requests.emplace_back();
+  RS_MPI_COLLECTIVE(
+      MPI_Ireduce_scatter(send, recv, s.counts.back().data(), MPI_FLOAT, MPI_SUM, mpi(comm_), &s.requests.back()));
+  int done = 0;
+  RS_MPI(MPI_Testall(static_cast<int>(s.requests.size()), s.requests.data(), &done, MPI_STATUSES_IGNORE));
+}
+
+void Comm::wait_started() const {
+  if (!started_ || started_->requests.empty()) return;
+  Started& s = *started_;
+  RS_MPI_COLLECTIVE(MPI_Waitall(static_cast<int>(s.requests.size()), s.requests.data(), MPI_STATUSES_IGNORE));
+  s.requests.clear();
+  s.counts.clear();
 }
 
 void Comm::allgatherv(const float* send, float* recv, const std::vector<int>& counts) const {
@@ -224,6 +255,8 @@ void Comm::abort(int code) const {
 
 #else  // no MPI: one process; a launcher asking for more is a user error
 
+struct Comm::Started {};
+
 Comm Comm::world() {
   const int n = launcher_world_size();
   if (n > 1) {
@@ -236,6 +269,7 @@ Comm::Comm(Comm&& o) noexcept { *this = std::move(o); }
 Comm& Comm::operator=(Comm&& o) noexcept {
   std::swap(rank_, o.rank_);
   std::swap(size_, o.size_);
+  std::swap(started_, o.started_);
   return *this;
 }
 Comm::~Comm() = default;
@@ -246,6 +280,10 @@ void Comm::allreduce_max(double*, int) const {}
 void Comm::reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) const {
   std::copy(send, send + counts[0], recv);
 }
+void Comm::start_reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) const {
+  std::copy(send, send + counts[0], recv);
+}
+void Comm::wait_started() const {}
 void Comm::allgatherv(const float* send, float* recv, const std::vector<int>& counts) const {
   std::copy(send, send + counts[0], recv);
 }
@@ -267,6 +305,8 @@ void Comm::barrier() const {}
 void Comm::abort(int code) const { std::exit(code); }
 
 #endif
+
+Comm::Comm() = default;  // where Started is complete
 
 // --- data parallel ------------------------------------------------------------------
 
@@ -292,6 +332,19 @@ std::vector<int> ints(const std::vector<ParamShard>& shards, int64_t ParamShard:
   return out;
 }
 }  // namespace
+
+RangeParts range_parts(const std::vector<int64_t>& offsets, const std::vector<int64_t>& counts, int64_t begin,
+                       int64_t end) {
+  RS_CHECK(offsets.size() == counts.size() && begin <= end, "range_parts: one range per rank, begin <= end");
+  RangeParts p;
+  for (size_t r = 0; r < offsets.size(); ++r) {
+    const int64_t from = std::max(begin, offsets[r]), to = std::min(end, offsets[r] + counts[r]);
+    p.offsets.push_back(std::min(from, end));
+    p.counts.push_back(std::max<int64_t>(to - from, 0));
+    p.shard_offsets.push_back(std::clamp<int64_t>(from - offsets[r], 0, counts[r]));
+  }
+  return p;
+}
 
 std::vector<int> ShardPlan::floats() const { return ints(shards, &ParamShard::floats); }
 std::vector<int> ShardPlan::v_floats() const { return ints(shards, &ParamShard::v_floats); }

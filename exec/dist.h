@@ -5,8 +5,10 @@
 // contiguous slice of sequences (sequence_slice), so the global batch, the data
 // position and the results do not depend on the rank count. The loss is
 // normalised by the global batch's target count, so per-rank gradients simply
-// add. Gradients are reduced with MPI_Reduce_scatter into each rank's shard,
-// the owner applies the optimizer to its shard, and MPI_Allgatherv brings every
+// add. Gradients are reduced with MPI_Ireduce_scatter into each rank's shard,
+// by ranges of the arena begun as the backward finishes them (range_parts;
+// --grad-bucket-mb), so the exchange overlaps the rest of the backward; the
+// owner applies the optimizer to its shard, and MPI_Allgatherv brings every
 // rank the updated parameters (ZeRO stage 1/2). Shards are WHOLE TENSORS
 // (partition_tensors in exec/arena.h): MuonH orthogonalises a whole matrix
 // (Newton–Schulz needs all of it), so a matrix — or a stack of expert matrices
@@ -69,7 +71,7 @@ class Comm {
   // started more than one rank; UserError when it did and MPI is not
   // compiled in. Finalises MPI when the last world Comm is destroyed.
   static Comm world();
-  Comm() = default;  // one process
+  Comm();  // one process
   Comm(Comm&&) noexcept;
   Comm& operator=(Comm&&) noexcept;
   Comm(const Comm&) = delete;
@@ -88,6 +90,16 @@ class Comm {
   void allreduce_max(double* x, int n) const;
   // recv (counts[rank]) = the sum over ranks of send's range [displs[rank], +counts[rank]).
   void reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) const;
+  // reduce_scatter_sum begun and not waited for (MPI_Ireduce_scatter): recv
+  // holds its sum once wait_started() returns, and send and recv stay
+  // untouched until then, so the caller's work overlaps the exchange. MPI
+  // moves a non-blocking collective on inside MPI calls, so this also tests
+  // the ones begun before. Open MPI 4.1 (coll/libnbc) reduces to rank 0 over
+  // a binomial tree fixed by the rank count, then scatters: each element gets
+  // the same sum whatever range it is sent in.
+  void start_reduce_scatter_sum(const float* send, float* recv, const std::vector<int>& counts) const;
+  // Waits for every collective begun on this communicator (MPI_Waitall).
+  void wait_started() const;
   // recv (sum counts) = every rank's send (counts[r]) at displs (prefix sums).
   void allgatherv(const float* send, float* recv, const std::vector<int>& counts) const;
   // Like allgatherv, to rank 0 only (recv unused elsewhere).
@@ -106,9 +118,12 @@ class Comm {
   [[noreturn]] void abort(int code) const;
 
  private:
+  struct Started;  // the requests of begun collectives, and the counts they read
+
   int rank_ = 0, size_ = 1;
   void* comm_ = nullptr;     // MPI_Comm* when MPI is in use
   bool owns_world_ = false;  // finalise MPI in the destructor
+  mutable std::unique_ptr<Started> started_;
 };
 
 // --- data parallel ------------------------------------------------------------------
@@ -135,6 +150,16 @@ struct ShardPlan {
   std::vector<int64_t> float_counts() const;
 };
 ShardPlan make_shard_plan(const ArenaLayout& layout, int world);
+// A reduce-scatter of the arena's float range [begin, end) over ranges that
+// tile the arena in rank order ((offsets, counts): ShardPlan::float_offsets,
+// float_counts): rank r's part is the intersection of the two, counts[r]
+// floats from offsets[r] (0 for the ranks whose range it misses), which land
+// at shard_offsets[r] of r's shard. The parts tile [begin, end) in rank order.
+struct RangeParts {
+  std::vector<int64_t> offsets, counts, shard_offsets;  // (ranks)
+};
+RangeParts range_parts(const std::vector<int64_t>& offsets, const std::vector<int64_t>& counts, int64_t begin,
+                       int64_t end);
 // The layout of just one shard's tensors (its own arena and optimizer state).
 std::shared_ptr<const ArenaLayout> shard_layout(const ArenaLayout& layout, const ParamShard& shard);
 

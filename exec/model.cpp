@@ -250,6 +250,24 @@ void Model::plan(const models::LayerGraph& g) {
     mark(p.k_rope, p.acc_k_rope);
   }
   act_floats_ = static_cast<size_t>(slots_.back().offset + N_ * slots_.back().width);
+
+  // A parameter gradient's last write in the backward is by the first op (in
+  // op order) that writes it; one no op writes is final from the start.
+  const ArenaLayout& layout = params_.layout();
+  std::vector<size_t> first_writer(layout.size(), plan_.size());
+  for (size_t i = plan_.size(); i-- > 0;) {
+    for (int q : {plan_[i].p0, plan_[i].p1, plan_[i].p2, plan_[i].p3, plan_[i].p4, plan_[i].p5}) {
+      if (q >= 0) first_writer[static_cast<size_t>(q)] = i;
+    }
+  }
+  // After op i's backward the tensors from t on are final: t is the lowest
+  // index with every first writer from t on >= i, and only goes down with i.
+  grads_final_from_.assign(plan_.size(), 0);
+  size_t t = layout.size();
+  for (size_t i = plan_.size(); i-- > 0;) {
+    while (t > 0 && first_writer[t - 1] >= i) --t;
+    grads_final_from_[i] = t < layout.size() ? layout.offset(t) : layout.total_floats();
+  }
 }
 
 // Every buffer the ops touch, in the backend's memory.
@@ -738,26 +756,34 @@ void Model::forward_op(size_t i) {
 
 // --- backward ----------------------------------------------------------------------
 
-void Model::backward() {
+void Model::backward(const GradsFinal& grads_final) {
   const bool host_memory = backend_->uses_host_memory();
   if (!host_memory) backend_current(grads_, grad_dev_, grads_fresh_);  // "+=" onto what the host holds
+  int64_t final_from = grads_.total_floats();
   for (size_t i = graph_.ops.size(); i-- > 0;) {
-    if (brackets_) {
-      brackets_->begin_op(i, 1);
-      backward_op(i);
-      brackets_->end_op(i, 1);
-      continue;
-    }
-    if (!timer_) {
-      backward_op(i);
-      continue;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    backward_op(i);
-    backend_->synchronize();
-    timer_(i, 1, t0, std::chrono::steady_clock::now());
+    backward_op_timed(i);
+    if (!grads_final || grads_final_from_[i] == final_from) continue;
+    final_from = grads_final_from_[i];
+    grads_final(final_from);
   }
   if (!host_memory) grads_fresh_ = Fresh::kBackend;
+}
+
+void Model::backward_op_timed(size_t i) {
+  if (brackets_) {
+    brackets_->begin_op(i, 1);
+    backward_op(i);
+    brackets_->end_op(i, 1);
+    return;
+  }
+  if (!timer_) {
+    backward_op(i);
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  backward_op(i);
+  backend_->synchronize();
+  timer_(i, 1, t0, std::chrono::steady_clock::now());
 }
 
 void Model::backward_op(size_t i) {

@@ -218,7 +218,16 @@ class Model {
 
   // inputs, targets, doc_ids: (batch, seq) on the host; doc_ids may be nullptr (one document).
   LossResult forward(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);
-  void backward();
+  // grads_final (optional): called in the backward whenever more of the
+  // gradient arena is final, with the float offset from which it all is: the
+  // arena is in op order, so the backward completes it from the top, tensor
+  // by tensor as the last op writing each is done (a tensor written by
+  // several ops, as the embedding table a tied LM head reads, is final after
+  // the first of them in op order); 0 last. Data parallel reduce-scatters the
+  // final ranges while the backward goes on. With a backend that queues its
+  // work (exec/cuda), "done" means queued.
+  using GradsFinal = std::function<void(int64_t final_from_floats)>;
+  void backward(const GradsFinal& grads_final = nullptr);
 
   // With check_finite, forward/backward stop at the first op whose output
   // (forward) or input gradient / parameter gradient (backward) holds a NaN or
@@ -320,6 +329,7 @@ class Model {
   void load_batch(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);  // and the parameters
   void forward_op(size_t i);
   void backward_op(size_t i);
+  void backward_op_timed(size_t i);  // with the profiler's brackets or timer, where set
   void decide_drops(MoeState& m, const float* weights);  // weights: (N, k) in backend memory
   double aux_loss(MoeState& m, size_t i);                  // op i: the layer's kTopK
   ExpertLayer expert_layer(const OpPlan& p);  // the kExpertMlp op's layer for the expert backend
@@ -342,6 +352,7 @@ class Model {
   mutable size_t arena_copy_bytes_ = 0;
   std::vector<Slot> slots_;
   std::vector<OpPlan> plan_;
+  std::vector<int64_t> grads_final_from_;  // (ops) after op i's backward, the gradient arena from here on is final
   std::vector<MoeState> moe_;
   // Backend memory: activations and their gradients (act_floats_ each), the
   // arenas' mirrors (a backend in host memory reads the host arenas), the batch.

@@ -38,7 +38,8 @@ void Profiler::end_step() {
   const double step_start_s = since_origin(step_wall0_);
   for (size_t i = 0; i < pending_.size(); ++i) {
     const auto [op, phase] = pending_[i];
-    slices_.push_back({op, phase, step_, step_start_s + t.intervals[i].start_s, t.intervals[i].duration_s});
+    const Slice s{op, phase, step_, step_start_s + t.intervals[i].start_s, t.intervals[i].duration_s};
+    (phase == kCollective ? collective_slices_ : slices_).push_back(s);
   }
   pending_.clear();
   ++steps_;
@@ -52,6 +53,14 @@ void Profiler::begin_op(size_t op, int phase) {
   timing_->begin();
 }
 void Profiler::end_op(size_t /*op*/, int /*phase*/) { timing_->end(); }
+
+void Profiler::begin_collective(const char* name, void* queue) {
+  const auto it = std::find(collective_names_.begin(), collective_names_.end(), name);
+  pending_.push_back({static_cast<size_t>(it - collective_names_.begin()), kCollective});
+  if (it == collective_names_.end()) collective_names_.push_back(name);
+  timing_->begin_on(queue);
+}
+void Profiler::end_collective(void* queue) { timing_->end_on(queue); }
 
 void Profiler::begin_optimizer() { begin_op(0, 2); }
 void Profiler::end_optimizer() { end_op(0, 2); }
@@ -163,6 +172,12 @@ void Profiler::write(const std::string& dir) const {
                 {"op_class", models::to_string(op.op_class)},
                 {"kind", models::to_string(op.kind)},
                 {"class", models::to_string(op.op_class)}});
+  }
+  if (!collective_slices_.empty()) {
+    const int lane = w.thread(pid, "collectives");
+    for (const Slice& s : collective_slices_) {
+      w.complete(pid, lane, collective_names_[s.op], "communication", s.start_s, s.duration_s, {{"step", s.step}});
+    }
   }
   w.metadata("model", graph_->model.name);
   w.metadata("device", mem ? mem->device : std::string("cpu"));

@@ -14,7 +14,12 @@
 //                         "compute", one slice per op per phase named by
 //                         sim::slice_name ("layers.3.attn.core.fwd"), category
 //                         "forward" / "backward" / "optimizer", args {step, op,
-//                         op_class, kind}. Opens beside `rackstep timeline`
+//                         op_class, kind}. Collectives a backend queues on a
+//                         queue of its own (exec/cuda: NCCL's data-parallel
+//                         reduce-scatter ranges and all-gather) are slices of
+//                         thread "collectives", category "communication",
+//                         named by the collective, args {step}; they stay
+//                         out of op_measurements.json. Opens beside `rackstep timeline`
 //                         output; `rackstep compare` puts it next to the prediction.
 //   op_measurements.json  {"format": "rackstep.op_measurements/1", "device",
 //                         "threads", "batch", "seq", "model", "steps",
@@ -71,7 +76,7 @@
 
 namespace rackstep::exec {
 
-class Profiler final : public OpBrackets {
+class Profiler final : public OpBrackets, public CollectiveBrackets {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -106,6 +111,9 @@ class Profiler final : public OpBrackets {
 
   void begin_op(size_t op, int phase) override;
   void end_op(size_t op, int phase) override;
+  // BackendCollectives::set_brackets: the collectives' lane.
+  void begin_collective(const char* name, void* queue) override;
+  void end_collective(void* queue) override;
 
  private:
   double since_origin(Clock::time_point t) const { return std::chrono::duration<double>(t - origin_).count(); }
@@ -122,7 +130,10 @@ class Profiler final : public OpBrackets {
   Clock::time_point step_wall0_;
   double step_cpu0_ = 0;
   std::vector<double> step_wall_s_, step_cpu_s_, step_device_s_;
-  std::vector<std::pair<size_t, int>> pending_;  // this step's intervals: (op, phase), in begin order
+  // This step's intervals: (op, phase), in begin order; a collective's is
+  // (its index in collective_names_, kCollective).
+  std::vector<std::pair<size_t, int>> pending_;
+  static constexpr int kCollective = 3;
   struct Slice {
     size_t op;
     int phase;  // 0 forward, 1 backward, 2 optimizer
@@ -130,6 +141,8 @@ class Profiler final : public OpBrackets {
     double start_s, duration_s;
   };
   std::vector<Slice> slices_;
+  std::vector<Slice> collective_slices_;  // op: the index in collective_names_
+  std::vector<std::string> collective_names_;
   // Per MoE layer: histograms by sequence and by document fragment.
   std::map<int, sim::RoutingHistogram> by_sequence_, by_document_;
 };

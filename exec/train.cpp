@@ -130,6 +130,10 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
   if (o_.dp_collectives != "host" && o_.dp_collectives != "backend") {
     throw ValueError("train", "dp_collectives", "host or backend", o_.dp_collectives);
   }
+  if (!(o_.grad_bucket_mb >= 0)) {
+    throw ValueError("train", "grad_bucket_mb", "a size >= 0 (0: one reduce-scatter after the backward)",
+                     std::to_string(o_.grad_bucket_mb));
+  }
   const auto [first_seq, end_seq] = sequence_slice(batch, world(), comm_ ? comm_->rank() : 0);
   check_training_memory(graph_, end_seq - first_seq, seq, o_.model_path);  // before any allocation
   // UserError for what this backend cannot run
@@ -221,6 +225,7 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
     profiler_ = std::make_unique<Profiler>(graph_, model_->batch(), seq, current_threads());
     profiler_->set_dtype(o_.precision == "bf16" ? "bf16" : "f32");  // written on a device only
     profiler_->attach(*model_);
+    if (dp_) dp_->set_brackets(profiler_.get());  // the trace's collectives lane
   }
   if (!o_.out_dir.empty() && is_root()) write_run_json();
   if (!o_.routing_trace.empty() || !o_.routing_trace_eval.empty()) {
@@ -327,11 +332,44 @@ int64_t Trainer::target_count(const Batch& b) {
   return std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t >= 0; });
 }
 
-// Reduce-scatter the gradients into this rank's shard, step the shard, all-gather
-// the parameters. `norms` gets the global gradient norms per group.
+void Trainer::backward_reducing() {
+  reduce_scatter_ranges_ = 0;
+  if (!dp_ && !distributed()) {
+    model_->backward();
+    return;
+  }
+  const std::vector<int64_t> offsets = shards_.float_offsets(), counts = shards_.float_counts();
+  int64_t unsent_end = offsets.back() + counts.back();  // [0, unsent_end) not begun: the whole arena
+  const auto start = [&](int64_t begin) {
+    if (dp_) {
+      dp_->start_reduce_scatter(dp_shard_grads_->as<float>(), model_->backend_grads(), begin, unsent_end);
+    } else {
+      const RangeParts p = range_parts(offsets, counts, begin, unsent_end);
+      comm_->start_reduce_scatter_sum(model_->grads().data() + begin,
+                                      shard_grads_.data() + p.shard_offsets[static_cast<size_t>(rank())],
+                                      std::vector<int>(p.counts.begin(), p.counts.end()));
+    }
+    unsent_end = begin;
+    ++reduce_scatter_ranges_;
+  };
+  // Host copies of a backend's gradients are current after its backward only.
+  const bool overlap = o_.grad_bucket_mb > 0 && (dp_ || model_->backend().uses_host_memory());
+  const double bucket_floats = o_.grad_bucket_mb * 1024 * 1024 / sizeof(float);
+  Model::GradsFinal begin_final;
+  if (overlap) {
+    begin_final = [&](int64_t final_from) {
+      if (static_cast<double>(unsent_end - final_from) >= bucket_floats) start(final_from);
+    };
+  }
+  model_->backward(begin_final);
+  if (unsent_end > 0) start(0);
+}
+
+// Wait for the gradients' reduce-scatter into this rank's shard, step the shard,
+// all-gather the parameters. `norms` gets the global gradient norms per group.
 void Trainer::reduce_and_step(GroupNorms& norms, int64_t step_no) {
   const std::vector<int> counts = shards_.floats();
-  comm_->reduce_scatter_sum(model_->grads().data(), shard_grads_.data(), counts);
+  comm_->wait_started();
   double sq[4] = {0, 0, 0, 0};
   for (size_t i = 0; i < shard_grads_.layout().size(); ++i) {
     const TensorView t = shard_grads_.view(i);
@@ -363,7 +401,7 @@ void Trainer::check_global_norms(const GroupNorms& norms, int64_t step_no) {
 // shards tile the tensors), as the host path's per-tensor Σ g² do.
 void Trainer::reduce_and_step_on_backend(GroupNorms& norms, int64_t step_no) {
   auto* shard_grads = dp_shard_grads_->as<float>();
-  dp_->reduce_scatter(shard_grads, model_->backend_grads());
+  dp_->wait_reduce_scatter();
   const GroupNorms mine = backend_opt_->grad_norms(shard_grads);
   double sq[4];
   for (int g = 0; g < 4; ++g) sq[g] = mine.by_group[g] * mine.by_group[g];
@@ -515,7 +553,10 @@ StepLog Trainer::step() {
   if (distributed()) model_->set_loss_tokens(target_count(global));
   const bool profiling = profiler_ && opt_state_.step - started_at_ < o_.profile_steps;
   if (profiling) profiler_->begin_step(opt_state_.step);
-  if (!profiling && profiler_) model_->set_op_timer(nullptr);
+  if (!profiling && profiler_) {
+    model_->set_op_timer(nullptr);
+    if (dp_) dp_->set_brackets(nullptr);
+  }
   const auto t0 = Clock::now();
   model_->zero_grads();
   model_->set_training(true);
@@ -540,7 +581,7 @@ StepLog Trainer::step() {
     throw NonFiniteError("train: step " + std::to_string(step_no) + ": loss is " + std::to_string(r.loss) +
                          "; first op with a non-finite output: " + (op.empty() ? "none found" : op));
   }
-  model_->backward();
+  backward_reducing();
   s.lr_adam = optimizer_->lr(OptGroup::kAdam, opt_state_.step);
   s.lr_muonh = optimizer_->lr(OptGroup::kMuonH, opt_state_.step);
   if (distributed()) {

@@ -76,6 +76,12 @@ struct TrainOptions {
   // "backend" (the backend's collectives in its memory, the owner steps its
   // shard there: NCCL on cuda; at one process too, a one-rank communicator).
   std::string dp_collectives = "host";
+  // Data parallel: the gradients' reduce-scatter starts during the backward,
+  // a range of at least this many MiB of the gradient arena at a time as the
+  // backward finishes it (the top layers first), and overlaps the rest of the
+  // backward; 0 = one reduce-scatter after the backward. Where the gradients
+  // are reduced from host copies of a backend's arena, always one after.
+  double grad_bucket_mb = 25;
   int64_t steps = 0;            // schedule length; 0 = the model recipe's steps
   int64_t stop_after = 0;       // end this invocation after this many steps (schedule unchanged); 0 = at `steps`
   int64_t batch = 0;            // sequences per step; 0 = the recipe's batch_seqs
@@ -159,6 +165,8 @@ class Trainer {
   double model_flops_per_token() const { return flops_per_token_; }
   double unigram_entropy_nats() const { return unigram_nats_; }
   const Profiler* profiler() const { return profiler_.get(); }
+  // Data parallel: the ranges the last step's gradient reduce-scatter was begun in (1 = after the backward).
+  int64_t reduce_scatter_ranges() const { return reduce_scatter_ranges_; }
 
   // The newest ckpt-*.rsck in dir, "" when none.
   static std::string latest_checkpoint(const std::string& dir);
@@ -178,6 +186,9 @@ class Trainer {
   Batch my_slice(const Batch& global) const;       // this rank's sequences
   static int64_t target_count(const Batch& b);
   void setup_shards();
+  // The backward; under data parallel it begins the gradient reduce-scatter into this
+  // rank's shard by ranges (grad_bucket_mb), which reduce_and_step* wait for.
+  void backward_reducing();
   void reduce_and_step(GroupNorms& norms, int64_t step_no);  // DP: reduce-scatter, owner step, all-gather
   void reduce_and_step_on_backend(GroupNorms& norms, int64_t step_no);  // the same in the backend's memory
   // NonFiniteError naming the first op with a non-finite gradient, unless every global group norm is finite.
@@ -214,6 +225,7 @@ class Trainer {
   std::unique_ptr<RoutingTraceRecorder> trace_train_, trace_eval_;
   int64_t total_steps_ = 0;
   int64_t started_at_ = 0;      // step index when this invocation began
+  int64_t reduce_scatter_ranges_ = 0;
   double peak_flops_ = 0;
   double flops_per_token_ = 0;
   double unigram_nats_ = 0;

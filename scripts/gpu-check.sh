@@ -196,8 +196,10 @@ if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
     --out "$out/tiny_cuda_bf16" --json
   # Data parallel through NCCL (--dp-collectives backend) on a one-rank communicator: reduce-scatter
   # into the shard, the device optimizer on it, all-gather; 3 steps must equal tiny_cuda's first 3.
+  # The reduce-scatter goes in ~16 KiB ranges during the backward (--grad-bucket-mb), profiled: the
+  # trace's "collectives" lane holds every range and the all-gather (tiny_cuda_dp_collectives_lane).
   json_step tiny_cuda_dp 60 "$rs" train $tiny $backend_flag --dp-collectives backend --stop-after 3 \
-    --threads "$jobs" --out "$out/tiny_cuda_dp" --json
+    --grad-bucket-mb 0.015 --profile --profile-steps 3 --threads "$jobs" --out "$out/tiny_cuda_dp" --json
   # Expert parallel through NCCL (exec/cuda/experts.h) on a one-rank group: one process with --ep 1 on the
   # GPU takes the device transport, with itself as the only peer (the grouped ncclSend/ncclRecv per
   # wave, the ragged count exchange, the host-side plan of exec/ep_plan.h); capacities that bind and

@@ -98,6 +98,19 @@ def nccl_dp():
     rel = rel_diffs(gpu[:len(dp)], dp)
     return {"cuda": gpu[:len(dp)], "cuda_nccl_dp": dp, "max_rel_diff": max(rel), "bitwise": dp == gpu[:len(dp)]}
 part("tiny_moe_nccl_dp_loss", nccl_dp)
+def collectives_lane():
+    # Slices per name on the trace's "collectives" thread: the NCCL stream's reduce-scatter ranges and all-gathers.
+    path = os.path.join(out, "tiny_cuda_dp", "trace.json")
+    if not os.path.exists(path): return None
+    t = json.load(open(path))
+    events = t["traceEvents"] if isinstance(t, dict) else t
+    lanes = {e["tid"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name" and e["args"]["name"] == "collectives"}
+    n = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("tid") in lanes: n[e["name"]] = n.get(e["name"], 0) + 1
+    return n
+part("tiny_cuda_dp_collectives_lane", collectives_lane)
 def nccl_ep():
     ep_cpu, ep_gpu, ep_ragged = run_json("tiny_cpu_ep"), run_json("tiny_cuda_ep"), run_json("tiny_cuda_ep_ragged")
     if not ep_cpu or not ep_gpu or not ep_cpu.get("steps") or len(ep_cpu["steps"]) != len(ep_gpu.get("steps", [])):

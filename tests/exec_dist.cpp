@@ -147,6 +147,23 @@ TEST_CASE("sequence slices split the global batch evenly or refuse", "[dist]") {
   CHECK_THROWS_AS(sequence_slice(6, 4, 0), UserError);
 }
 
+TEST_CASE("a range's reduce-scatter parts are its intersections with the shards in rank order",
+          "[dist]") {
+  const std::vector<int64_t> offsets = {0, 10, 10, 25}, counts = {10, 0, 15, 5};  // rank 1 owns nothing
+  const RangeParts p = range_parts(offsets, counts, 6, 27);
+  CHECK(p.offsets == std::vector<int64_t>{6, 10, 10, 25});
+  CHECK(p.counts == std::vector<int64_t>{4, 0, 15, 2});
+  CHECK(p.shard_offsets == std::vector<int64_t>{6, 0, 0, 0});
+  const RangeParts inside = range_parts(offsets, counts, 12, 20);  // within rank 2's shard
+  CHECK(inside.counts == std::vector<int64_t>{0, 0, 8, 0});
+  CHECK(inside.offsets[2] == 12);
+  CHECK(inside.shard_offsets[2] == 2);
+  const RangeParts whole = range_parts(offsets, counts, 0, 30);  // the whole arena: the shards themselves
+  CHECK(whole.offsets == offsets);
+  CHECK(whole.counts == counts);
+  CHECK(whole.shard_offsets == std::vector<int64_t>{0, 0, 0, 0});
+}
+
 TEST_CASE("one process: the world is rank 0 of 1 and collectives copy", "[dist]") {
   if (launcher_world_size() > 1) return;  // started by mpirun: not this case
   Comm world = Comm::world();
@@ -156,6 +173,10 @@ TEST_CASE("one process: the world is rank 0 of 1 and collectives copy", "[dist]"
   float y[3] = {0, 0, 0};
   world.reduce_scatter_sum(x, y, {3});
   CHECK(y[2] == 3.0f);
+  float z[3] = {0, 0, 0};
+  world.start_reduce_scatter_sum(x, z, {3});
+  world.wait_started();
+  CHECK(z[2] == 3.0f);
   double d = 2.5;
   world.allreduce_sum(&d, 1);
   CHECK(d == 2.5);

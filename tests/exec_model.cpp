@@ -185,6 +185,41 @@ TEST_CASE("same seed and threads give bitwise the same losses", "[exec][model]")
   CHECK(a[2] != a[0]);  // it did train
 }
 
+TEST_CASE("the backward reports the gradient arena final from the top down when it is", "[exec][model]") {
+  // tiny-gpt-gelu ties its LM head to the embedding table: that tensor is
+  // written at both ends of the backward.
+  for (const char* name : {"tiny-moe", "tiny-gpt-gelu"}) {
+    INFO(name);
+    const models::LayerGraph g =
+        models::build_layer_graph(models::load_model(std::string(source_dir()) + "/models/zoo/" + name + ".json"));
+    const TestBatch b = make_batch(2, 32, g.model.vocab, 3);
+    Model m(g, 2, 32);
+    m.init_params(4);
+    m.zero_grads();
+    loss_of(m, b);
+    m.backward();
+    const std::vector<float> final_grads(m.grads().data(), m.grads().data() + m.grads().total_floats());
+    m.zero_grads();
+    loss_of(m, b);
+    std::vector<int64_t> reported;
+    bool final_when_reported = true;
+    m.backward([&](int64_t from) {
+      reported.push_back(from);
+      const float* now = std::as_const(m).grads().data();
+      final_when_reported &= std::memcmp(now + from, final_grads.data() + from,
+                                         sizeof(float) * static_cast<size_t>(m.grads().total_floats() - from)) == 0;
+    });
+    CHECK(final_when_reported);
+    REQUIRE(reported.size() > static_cast<size_t>(g.model.layers));  // at least one range per layer
+    for (size_t i = 1; i < reported.size(); ++i) CHECK(reported[i] < reported[i - 1]);
+    CHECK(reported.back() == 0);
+    CHECK(reported.front() < m.grads().total_floats());
+    const int64_t embedding_end = m.grads().layout().offset(1);  // the table is the arena's first tensor
+    REQUIRE(m.grads().layout().spec(0).name == "embedding.w");
+    CHECK(reported[reported.size() - 2] >= embedding_end);
+  }
+}
+
 TEST_CASE("simulated EP dispatch drops exactly what the dispatch library says", "[exec][model][drops]") {
   const models::LayerGraph g = tiny_graph();
   Model m(g, 2, 64);

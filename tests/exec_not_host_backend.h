@@ -60,29 +60,44 @@ class NotHostOptimizer final : public BackendOptimizer {
   OptimizerState state_;
 };
 
-// BackendCollectives on exec::Comm: MPI_Reduce_scatter and MPI_Allgatherv of
-// the ranges, as the trainer's host path calls them.
+// BackendCollectives on exec::Comm: MPI_Ireduce_scatter of each range's parts
+// and MPI_Allgatherv of the ranges, as the trainer's host path calls them.
 class CommCollectives final : public BackendCollectives {
  public:
-  CommCollectives(const Comm& ranks, std::vector<int64_t> offsets, const std::vector<int64_t>& counts)
-      : ranks_(ranks), offsets_(std::move(offsets)), counts_(counts.begin(), counts.end()) {
+  CommCollectives(const Comm& ranks, std::vector<int64_t> offsets, std::vector<int64_t> counts)
+      : ranks_(ranks), offsets_(std::move(offsets)), counts_(std::move(counts)) {
     int64_t at = 0;
-    for (size_t r = 0; r < counts.size(); ++r) {
+    for (size_t r = 0; r < counts_.size(); ++r) {
       RS_CHECK(offsets_[r] == at, "collectives: ranges must tile the arena in rank order");
-      at += counts[r];
+      at += counts_[r];
     }
   }
-  void reduce_scatter(float* shard, const float* grads) override { ranks_.reduce_scatter_sum(grads, shard, counts_); }
-  void all_gather(float* params) override {
-    const auto me = static_cast<size_t>(ranks_.rank());
-    const std::vector<float> mine(params + offsets_[me], params + offsets_[me] + counts_[me]);
-    ranks_.allgatherv(mine.data(), params, counts_);
+  void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) override {
+    const RangeParts p = range_parts(offsets_, counts_, begin, end);
+    const std::vector<int> counts(p.counts.begin(), p.counts.end());
+    bracket("reduce_scatter",
+            [&] { ranks_.start_reduce_scatter_sum(grads + begin, shard + p.shard_offsets[me()], counts); });
   }
+  void wait_reduce_scatter() override { ranks_.wait_started(); }
+  void all_gather(float* params) override {
+    const std::vector<float> mine(params + offsets_[me()], params + offsets_[me()] + counts_[me()]);
+    const std::vector<int> counts(counts_.begin(), counts_.end());
+    bracket("all_gather", [&] { ranks_.allgatherv(mine.data(), params, counts); });
+  }
+  // The profiler's collectives lane, as NCCL's (the host has one queue: the clock times it as its own).
+  void set_brackets(CollectiveBrackets* brackets) override { brackets_ = brackets; }
 
  private:
+  template <typename Queue>
+  void bracket(const char* name, Queue&& queue) {
+    if (brackets_) brackets_->begin_collective(name, nullptr);
+    queue();
+    if (brackets_) brackets_->end_collective(nullptr);
+  }
+  size_t me() const { return static_cast<size_t>(ranks_.rank()); }
   const Comm& ranks_;  // the trainer's, which outlives this
-  std::vector<int64_t> offsets_;
-  std::vector<int> counts_;
+  std::vector<int64_t> offsets_, counts_;
+  CollectiveBrackets* brackets_ = nullptr;
 };
 
 // Expert parallelism "in its memory" (Backend::make_experts): the MPI

@@ -167,6 +167,63 @@ TEST_CASE("profiler: a device clock's intervals sit at the step's start plus the
   for (size_t i = 1; i < ts.size(); ++i) CHECK(ts[i] - ts[i - 1] == Approx(1000.0).margin(1e-2));  // µs, ns rounding
 }
 
+TEST_CASE("profiler: collectives on their own queue are the trace's collectives lane, not ops", "[exec][profiler]") {
+  const models::LayerGraph g = tiny_graph();
+  Model m(g, 1, 16);
+  m.init_params(1);
+  Profiler prof(g, 1, 16, 1);
+  prof.set_timing(std::make_unique<FakeDeviceTiming>());
+  prof.attach(m);
+  // One step as the trainer's data parallel queues it on a device: reduce-scatter
+  // ranges during the backward, the all-gather inside the optimizer's interval.
+  const auto b = testing::make_batch(1, 16, g.model.vocab, 5);
+  int queue = 0;  // stands for the collectives' stream
+  auto collective = [&](const char* name) {
+    prof.begin_collective(name, &queue);
+    prof.end_collective(&queue);
+  };
+  prof.begin_step(0);
+  m.zero_grads();
+  m.forward(b.inputs.data(), b.targets.data(), b.docs.data());
+  int ranges = 0;
+  m.backward([&](int64_t) {
+    collective("reduce_scatter");
+    ++ranges;
+  });
+  prof.begin_optimizer();
+  collective("all_gather");
+  prof.end_optimizer();
+  prof.end_step();
+  REQUIRE(ranges > 1);
+
+  const nlohmann::json om = prof.measurements();
+  CHECK(om["ops"].size() == 2 * g.ops.size() + 1);  // the ops and the optimizer only
+  for (const auto& o : om["ops"]) CHECK(o["seconds"].get<double>() == 2.5e-4);
+  CHECK(prof.total_seconds() == Approx(2.5e-4 * double(2 * g.ops.size() + 1)));
+
+  TempDir dir("profiler", "collectives");
+  prof.write(dir.path.string());
+  const nlohmann::json t = load_json_file(dir.file("trace.json"));
+  const nlohmann::json& events = t.is_object() ? t["traceEvents"] : t;
+  std::map<int, std::string> thread_name;
+  for (const auto& e : events) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") thread_name[e["tid"]] = e["args"]["name"];
+  }
+  std::map<std::string, int> on_lane;
+  std::vector<double> ts;  // every slice's start, in the order the clock gave them
+  for (const auto& e : events) {
+    if (e.value("ph", "") != "X") continue;
+    ts.push_back(e["ts"].get<double>());
+    const bool lane = thread_name[e["tid"]] == "collectives";
+    CHECK(lane == (e["cat"] == "communication"));
+    if (lane) ++on_lane[e["name"]];
+  }
+  CHECK(on_lane["reduce_scatter"] == ranges);
+  CHECK(on_lane["all_gather"] == 1);
+  CHECK(on_lane.size() == 2);
+  CHECK(ts.size() == 2 * g.ops.size() + 1 + static_cast<size_t>(ranges) + 1);
+}
+
 TEST_CASE("profiler: the default clock keeps intervals in begin order, nested ones inside", "[exec][profiler]") {
   std::unique_ptr<Backend> be = make_backend("cpu");
   std::unique_ptr<OpTiming> t = be->make_op_timing();

@@ -62,6 +62,7 @@ void NcclComm::reduce_scatter_v(float* shard, const float* in, const std::vector
   RS_CHECK(offsets.size() == size_t(size_) && counts.size() == size_t(size_), "reduce_scatter_v: one range per rank");
   RS_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < size_; ++r) {  // recvbuff is read only on the root, the range's owner
+    if (counts[r] == 0) continue;     // every rank skips the same ones
     RS_NCCL_CHECK(ncclReduce(in + offsets[r], shard, size_t(counts[r]), ncclFloat32, ncclSum, r, comm_, stream));
   }
   RS_NCCL_CHECK(ncclGroupEnd());
@@ -127,18 +128,29 @@ class NcclCollectives final : public BackendCollectives {
   NcclCollectives(const NcclCollectives&) = delete;
   NcclCollectives& operator=(const NcclCollectives&) = delete;
 
-  void reduce_scatter(float* shard, const float* grads) override {
-    wait(stream_, compute_, to_comm_);  // the backward has written every gradient
-    comm_.reduce_scatter_v(shard, grads, offsets_, counts_, stream_);
-    wait(compute_, stream_, to_compute_);  // the optimizer reads the shard
+  void start_reduce_scatter(float* shard, const float* grads, int64_t begin, int64_t end) override {
+    wait(stream_, compute_, to_comm_);  // the backward has written the range's gradients
+    const RangeParts p = range_parts(offsets_, counts_, begin, end);
+    timed("reduce_scatter", [&] {
+      comm_.reduce_scatter_v(shard + p.shard_offsets[size_t(comm_.rank())], grads, p.offsets, p.counts, stream_);
+    });
   }
+  void wait_reduce_scatter() override { wait(compute_, stream_, to_compute_); }  // the optimizer reads the shard
+  void set_brackets(CollectiveBrackets* brackets) override { brackets_ = brackets; }
   void all_gather(float* params) override {
     wait(stream_, compute_, to_comm_);  // the owner's step has landed
-    comm_.all_gather_v(params, offsets_, counts_, stream_);
+    timed("all_gather", [&] { comm_.all_gather_v(params, offsets_, counts_, stream_); });
     wait(compute_, stream_, to_compute_);  // the next forward reads every range
   }
 
  private:
+  // Queues a collective on stream_ inside the profiler's brackets, where set.
+  template <typename Queue>
+  void timed(const char* name, Queue&& queue) {
+    if (brackets_) brackets_->begin_collective(name, stream_);
+    queue();
+    if (brackets_) brackets_->end_collective(stream_);
+  }
   // `waiter` runs nothing queued after this before `signaller`'s work so far.
   static void wait(cudaStream_t waiter, cudaStream_t signaller, cudaEvent_t event) {
     RS_CUDA_CHECK(cudaEventRecord(event, signaller));
@@ -150,6 +162,7 @@ class NcclCollectives final : public BackendCollectives {
   cudaStream_t compute_;                   // the backend's
   cudaStream_t stream_ = nullptr;          // the collectives'
   cudaEvent_t to_comm_ = nullptr, to_compute_ = nullptr;
+  CollectiveBrackets* brackets_ = nullptr;  // the profiler's, while it profiles
 };
 
 }  // namespace

@@ -58,7 +58,7 @@ class NcclComm {
   void all_gather(float* out, const float* in, size_t n, cudaStream_t stream);
   // ZeRO shards of unequal sizes, ranges [offsets[r], +counts[r]) of one arena
   // in rank order (exec/dist.h ShardPlan): grouped ncclReduce / ncclBroadcast
-  // rooted at each range's owner, so no range is padded.
+  // rooted at each range's owner, so no range is padded (empty ones are skipped).
   // shard (counts[rank]) = Σ_ranks in[offsets[rank], +counts[rank]).
   void reduce_scatter_v(float* shard, const float* in, const std::vector<int64_t>& offsets,
                         const std::vector<int64_t>& counts, cudaStream_t stream);
@@ -83,7 +83,10 @@ class NcclComm {
 // BackendCollectives) over `ranks`: one NCCL communicator on the current
 // device (its unique id broadcast over `ranks`; one rank: a one-rank
 // communicator, the same code path), reduce_scatter_v / all_gather_v on a
-// stream of their own that waits for `compute` and that `compute` then waits for.
+// stream of their own. Each reduce-scatter range waits for an event recorded
+// on `compute` when it is begun (after the range's last gradient op), so the
+// backward queued after it overlaps it; `compute` waits for the collectives'
+// stream at wait_reduce_scatter and after the all-gather.
 std::unique_ptr<BackendCollectives> make_nccl_collectives(const Comm& ranks, std::vector<int64_t> offsets,
                                                           std::vector<int64_t> counts, cudaStream_t compute);
 

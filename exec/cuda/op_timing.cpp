@@ -33,13 +33,18 @@ class EventTiming final : public OpTiming {
     record();
   }
   // Slots in begin order; end() closes the innermost open one.
-  void begin() override {
+  void begin() override { begin_on(stream_); }
+  void end() override { end_on(stream_); }
+  // Events of another stream (the collectives') time against the step's first
+  // event too; they complete before the step's last, as the backend's stream
+  // waits for the collectives before its optimizer step and next forward.
+  void begin_on(void* queue) override {
     open_.push_back(closed_.size());
-    closed_.push_back({record(), 0});
+    closed_.push_back({record(static_cast<cudaStream_t>(queue)), 0});
   }
-  void end() override {
+  void end_on(void* queue) override {
     RS_CHECK(!open_.empty(), "OpTiming::end without begin");
-    closed_[open_.back()].second = record();
+    closed_[open_.back()].second = record(static_cast<cudaStream_t>(queue));
     open_.pop_back();
   }
   StepTiming end_step() override {
@@ -55,13 +60,14 @@ class EventTiming final : public OpTiming {
   }
 
  private:
-  size_t record() {
+  size_t record() { return record(stream_); }
+  size_t record(cudaStream_t stream) {
     if (used_ == pool_.size()) {  // grows to the largest step once, then reused
       cudaEvent_t e = nullptr;
       RS_CUDA_CHECK(cudaEventCreate(&e));
       pool_.push_back(e);
     }
-    RS_CUDA_CHECK(cudaEventRecord(pool_[used_], stream_));
+    RS_CUDA_CHECK(cudaEventRecord(pool_[used_], stream));
     return used_++;
   }
   double elapsed(size_t from, size_t to) const {

@@ -3,6 +3,8 @@
 // until end_step(), which records the step's last event, waits for it and
 // reads every interval with cudaEventElapsedTime from the step's first event.
 // Events come from a pool that grows to the largest step and is reused.
+// begin_on / end_on record on another stream (the NCCL collectives'), timed
+// from the same first event: the trace's collectives lane.
 //
 //   auto t = make_event_timing(stream);
 //   t->begin_step(); t->begin(); ...kernels on stream...; t->end(); ...

@@ -64,6 +64,7 @@ std::vector<std::pair<std::string, std::string>> flags_of(const TrainArgs& a) {
                                                         {"steps", "--steps"},
                                                         {"precision", "--precision"},
                                                         {"dp_collectives", "--dp-collectives"},
+                                                        {"grad_bucket_mb", "--grad-bucket-mb"},
                                                         {"out_dir", "--out"},
                                                         {"verify_dispatch", "--verify-dispatch"},
                                                         {"routing_trace", "--routing-trace"},
@@ -157,6 +158,12 @@ rackstep::cli::Registration reg{
       app.add_option("--dp-collectives", a->o.dp_collectives,
                      "data parallel's gradient reduce-scatter and parameter all-gather: host (MPI over host copies) "
                      "or backend (in the backend's memory: NCCL on --backend cuda; one process too)")
+          ->capture_default_str();
+      app.add_option("--grad-bucket-mb", a->o.grad_bucket_mb,
+                     "data parallel: begin the gradients' reduce-scatter during the backward, by ranges of at least "
+                     "this many MiB as the backward finishes them (top layers first), overlapping the rest of it; "
+                     "0 = one reduce-scatter after the backward")
+          ->check(CLI::NonNegativeNumber)
           ->capture_default_str();
       app.add_option("--threads", a->o.threads, "OpenMP / OpenBLAS threads (results are bitwise reproducible per count)")
           ->check(CLI::NonNegativeNumber);
