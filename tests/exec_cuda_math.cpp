@@ -592,3 +592,30 @@ TEST_CASE("cuda element math: the aux balancing loss's gradient equals the CPU k
     CHECK(max_rel_error(d, d_cpu) < 1e-6);
   }
 }
+
+TEST_CASE("cuda element math: the router's per-token top-k picks, orders, thresholds and weighs as the CPU kernel",
+          "[cuda][math]") {
+  // Logits and biases on a coarse grid: many biased scores tie, where the
+  // kernel's repeated arg-max and the CPU's partial sort must agree (lower id first).
+  const int N = 64, E = 9;
+  auto logits = randn(size_t(N) * E, 70, 2.0f), bias = randn(E, 71, 0.5f);
+  for (float& x : logits) x = std::round(x * 2.0f) / 2.0f;
+  for (float& x : bias) x = std::round(x * 2.0f) / 2.0f;
+  for (int e = 0; e < E; ++e) logits[size_t(e)] = 1.0f;  // token 0: every score ties without a bias
+  for (RouterKind kind : {RouterKind::kSigmoid, RouterKind::kSoftmax})
+  for (const int k : {1, 3, E - 1, E})
+  for (const bool with_bias : {false, true}) {
+    INFO("k " << k << (kind == RouterKind::kSoftmax ? ", softmax" : ", sigmoid") << (with_bias ? ", bias" : ""));
+    const float* b = with_bias ? bias.data() : nullptr;
+    std::vector<int32_t> expert_cpu(size_t(N) * k), expert(expert_cpu.size());
+    std::vector<float> weight_cpu(expert_cpu.size()), weight(expert_cpu.size()), threshold_cpu(N), threshold(N);
+    router_forward(expert_cpu.data(), weight_cpu.data(), threshold_cpu.data(), logits.data(), b, N, E, k, kind, 2.5f);
+    for (int t = 0; t < N; ++t) {
+      cuda::router_token(&logits[size_t(t) * E], b, E, k, kind == RouterKind::kSoftmax, 2.5f, &expert[size_t(t) * k],
+                         &weight[size_t(t) * k], &threshold[size_t(t)]);
+    }
+    CHECK(expert == expert_cpu);
+    CHECK(std::memcmp(threshold.data(), threshold_cpu.data(), sizeof(float) * threshold.size()) == 0);
+    CHECK(max_rel_error(weight, weight_cpu) == 0.0);
+  }
+}

@@ -13,9 +13,11 @@
 //   rope_rotate(x1, x2, rope_angle(pos, i, rot, theta), +1.f, &y1, &y2);
 //   rope_rotate(x1, x2, rope_angle_yarn(pos, i, rot, theta, s, lo, hi), +1.f, &y1, &y2, yarn_scale(s));
 //   float s = alibi_score(scale * qk, slope_h, i, j);  // ALiBi's linear bias
+//   router_token(l, bias, E, k, softmax, 1.f, expert, weight, &threshold);  // one token's top-k
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define RS_HOST_DEVICE __host__ __device__ __forceinline__
@@ -124,6 +126,51 @@ RS_HOST_DEVICE double router_affinity(float l, double row_max, bool softmax) {
 RS_HOST_DEVICE float aux_loss_dlogit(double s, double S, double f, double fp, double c, bool softmax) {
   const double dp = softmax ? s / S : s * (1.0 - s) / S;
   return static_cast<float>(c * dp * (f - fp));
+}
+
+// The router's choices per token: k + 1 of them (the k experts and the threshold's) kept in registers.
+constexpr int kMaxTopK = 31;
+
+// One token's routing (exec/cpu/moe.cpp, router_forward): the k experts of the
+// best biased scores l_e + bias_e, best first, ties to the lower id; the
+// threshold, the (k+1)-th best biased score (−∞ when k = E); the weights from
+// the unbiased logits, σ(l) or exp(l − the best chosen l), scaled to sum to
+// weight_sum. A repeated arg-max over min(k + 1, E) choices (strict >: the
+// lower id wins a tie), which orders them as the CPU's partial sort does.
+// Needs 1 ≤ k ≤ min(E, kMaxTopK); l, bias: (E); expert, weight: (k).
+RS_HOST_DEVICE void router_token(const float* l, const float* bias, int E, int k, bool softmax, float weight_sum,
+                                 int32_t* expert, float* weight, float* threshold) {
+  const int pick = k + 1 < E ? k + 1 : E;
+  int chosen[kMaxTopK + 1];
+  for (int j = 0; j < pick; ++j) {
+    int best = -1;
+    float best_score = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int m = 0; m < j; ++m) taken |= chosen[m] == e;
+      if (taken) continue;
+      const float s = l[e] + (bias ? bias[e] : 0.0f);
+      if (best < 0 || s > best_score) {
+        best = e;
+        best_score = s;
+      }
+    }
+    chosen[j] = best;
+  }
+  *threshold = k < E ? l[chosen[k]] + (bias ? bias[chosen[k]] : 0.0f) : -INFINITY;
+  const float shift = softmax ? l[chosen[0]] : 0.0f;
+  double sum = 0.0;
+  for (int j = 0; j < k; ++j) {
+    const float lj = l[chosen[j]];
+    const float u = softmax ? expf(lj - shift) : sigmoid(lj);
+    weight[j] = u;
+    sum += u;
+  }
+  const float norm = static_cast<float>(weight_sum / sum);
+  for (int j = 0; j < k; ++j) {
+    weight[j] *= norm;
+    expert[j] = chosen[j];
+  }
 }
 
 // Partial RoPE, NeoX pairing: pair i < rot/2 of a head rotates by pos · θ^(−2i/rot).

@@ -18,43 +18,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// One thread per token (exec/cuda/element_math.h, router_token).
 __global__ void router_forward_kernel(int32_t* expert, float* weight, float* threshold, const float* logits,
                                       const float* bias, int N, int E, int k, bool softmax, float weight_sum) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= N) return;
-  const float* l = logits + size_t(t) * E;
-  const int pick = min(k + 1, E);
-  int chosen[kMaxTopK + 1];
-  // Repeated arg-max over the biased scores; strict > keeps ties on the lower id.
-  for (int j = 0; j < pick; ++j) {
-    int best = -1;
-    float best_score = 0.0f;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int m = 0; m < j; ++m) taken |= chosen[m] == e;
-      if (taken) continue;
-      const float s = l[e] + (bias ? bias[e] : 0.0f);
-      if (best < 0 || s > best_score) {
-        best = e;
-        best_score = s;
-      }
-    }
-    chosen[j] = best;
-  }
-  threshold[t] = k < E ? l[chosen[k]] + (bias ? bias[chosen[k]] : 0.0f) : -INFINITY;
-  const float shift = softmax ? l[chosen[0]] : 0.0f;
-  double sum = 0.0;
-  for (int j = 0; j < k; ++j) {
-    const float lj = l[chosen[j]];
-    const float u = softmax ? expf(lj - shift) : sigmoid(lj);
-    weight[size_t(t) * k + j] = u;
-    sum += u;
-  }
-  const float norm = static_cast<float>(weight_sum / sum);
-  for (int j = 0; j < k; ++j) {
-    weight[size_t(t) * k + j] *= norm;
-    expert[size_t(t) * k + j] = chosen[j];
-  }
+  router_token(logits + size_t(t) * E, bias, E, k, softmax, weight_sum, expert + size_t(t) * k,
+               weight + size_t(t) * k, threshold + t);
 }
 
 __global__ void router_backward_kernel(float* dlogits, const float* dweight, const float* weight,
