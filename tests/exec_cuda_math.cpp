@@ -619,3 +619,30 @@ TEST_CASE("cuda element math: the router's per-token top-k picks, orders, thresh
     CHECK(max_rel_error(weight, weight_cpu) == 0.0);
   }
 }
+
+TEST_CASE("cuda element math: quantile balancing's bins and biases equal the CPU kernel, edge bins included",
+          "[cuda][math]") {
+  const int N = 400, E = 5, k = 2, n_bins = 16;
+  const float lo = -8.0f, hi = 8.0f;
+  auto logits = randn(size_t(N) * E, 72, 4.0f);
+  logits[0] = -8.0f;   // on the low edge
+  logits[1] = 8.0f;    // on the high edge: the last bin
+  logits[2] = -40.0f;  // beyond either end: the edge bins
+  logits[3] = 40.0f;
+  logits[4] = 0.5f;    // on a bin boundary
+  for (size_t t = 0; t < size_t(N); ++t) logits[t * E + 3] = 1.25f;  // expert 3: one bin holds every count
+  std::vector<int64_t> counts_cpu(size_t(E) * n_bins, 0), counts(counts_cpu.size(), 0);
+  qb_histogram(counts_cpu.data(), logits.data(), N, E, n_bins, lo, hi);
+  const double per_unit = n_bins / (double(hi) - lo), width = (double(hi) - lo) / n_bins;
+  for (size_t i = 0; i < logits.size(); ++i)
+    ++counts[i % E * n_bins + size_t(cuda::qb_bin(logits[i], lo, per_unit, n_bins))];
+  REQUIRE(counts == counts_cpu);
+
+  for (int e = 0; e < n_bins; ++e) counts[size_t(4) * n_bins + e] = 0;  // expert 4: no counts, bias 0
+  counts[size_t(2) * n_bins + 15] += 5000;  // expert 2: the quantile in the last bin
+  std::vector<float> bias_cpu(E), bias(E);
+  qb_bias_from_histogram(bias_cpu.data(), counts.data(), E, k, n_bins, lo, hi);
+  for (int e = 0; e < E; ++e) bias[size_t(e)] = cuda::qb_bias(&counts[size_t(e) * n_bins], n_bins, k, E, lo, width);
+  CHECK(std::memcmp(bias.data(), bias_cpu.data(), sizeof(float) * E) == 0);
+  CHECK(bias[4] == 0.0f);
+}

@@ -14,6 +14,7 @@
 //   rope_rotate(x1, x2, rope_angle_yarn(pos, i, rot, theta, s, lo, hi), +1.f, &y1, &y2, yarn_scale(s));
 //   float s = alibi_score(scale * qk, slope_h, i, j);  // ALiBi's linear bias
 //   router_token(l, bias, E, k, softmax, 1.f, expert, weight, &threshold);  // one token's top-k
+//   ++counts[e * n_bins + qb_bin(l_e, lo, n_bins / (hi - lo), n_bins)];  bias[e] = qb_bias(counts + e * n_bins, ...);
 #pragma once
 
 #include <cmath>
@@ -171,6 +172,29 @@ RS_HOST_DEVICE void router_token(const float* l, const float* bias, int E, int k
     weight[j] *= norm;
     expert[j] = chosen[j];
   }
+}
+
+// Quantile balancing (exec/cpu/moe.cpp, qb_histogram / qb_bias_from_histogram).
+// A logit's bin among n_bins of 1/per_unit from lo, the edge bins taking what lies beyond.
+RS_HOST_DEVICE int qb_bin(float logit, float lo, double per_unit, int n_bins) {
+  const double pos = (logit - lo) * per_unit;
+  const long bin = static_cast<long>(floor(pos));
+  return static_cast<int>(bin < 0 ? 0 : (bin > n_bins - 1 ? n_bins - 1 : bin));
+}
+// One expert's selection bias from its histogram ce (n_bins bins of `width` from lo): minus the
+// logit below which a fraction 1 − k/E of its counts lie, linear inside its bin; 0 for an empty one.
+RS_HOST_DEVICE float qb_bias(const int64_t* ce, int n_bins, int k, int E, float lo, double width) {
+  const double level = 1.0 - static_cast<double>(k) / E;
+  int64_t total = 0;
+  for (int b = 0; b < n_bins; ++b) total += ce[b];
+  if (total == 0) return 0.0f;
+  const double target = level * static_cast<double>(total);
+  double below = 0.0;
+  int b = 0;
+  while (b < n_bins - 1 && below + static_cast<double>(ce[b]) < target) below += static_cast<double>(ce[b++]);
+  const double frac = ce[b] > 0 ? (target - below) / static_cast<double>(ce[b]) : 0.0;
+  const double q = lo + (b + (frac < 0.0 ? 0.0 : (frac > 1.0 ? 1.0 : frac))) * width;
+  return static_cast<float>(-q);
 }
 
 // Partial RoPE, NeoX pairing: pair i < rot/2 of a head rotates by pos · θ^(−2i/rot).

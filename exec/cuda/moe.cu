@@ -57,31 +57,13 @@ __global__ void qb_histogram_kernel(unsigned long long* counts, const float* log
                                     float lo, double per_unit) {
   RS_GRID_STRIDE(i, size_t(N) * E) {
     const int e = static_cast<int>(i % E);
-    const double pos = (logits[i] - lo) * per_unit;
-    long bin = static_cast<long>(floor(pos));
-    bin = bin < 0 ? 0 : (bin > n_bins - 1 ? n_bins - 1 : bin);
-    atomicAdd(&counts[size_t(e) * n_bins + bin], 1ull);
+    atomicAdd(&counts[size_t(e) * n_bins + qb_bin(logits[i], lo, per_unit, n_bins)], 1ull);
   }
 }
 
 __global__ void qb_bias_kernel(float* bias, const int64_t* counts, int E, int k, int n_bins, float lo, double width) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  const int64_t* ce = counts + size_t(e) * n_bins;
-  const double level = 1.0 - double(k) / E;
-  int64_t total = 0;
-  for (int b = 0; b < n_bins; ++b) total += ce[b];
-  if (total == 0) {
-    bias[e] = 0.0f;
-    return;
-  }
-  const double target = level * double(total);
-  double below = 0.0;
-  int b = 0;
-  while (b < n_bins - 1 && below + double(ce[b]) < target) below += double(ce[b++]);
-  const double frac = ce[b] > 0 ? (target - below) / double(ce[b]) : 0.0;
-  const double q = lo + (b + fmin(fmax(frac, 0.0), 1.0)) * width;
-  bias[e] = static_cast<float>(-q);
+  if (e < E) bias[e] = qb_bias(counts + size_t(e) * n_bins, n_bins, k, E, lo, width);
 }
 
 // Per token: lse of the logits (max in float, sum in double, as exec/cpu/moe.cpp), z = lse².
