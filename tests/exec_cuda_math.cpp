@@ -377,8 +377,9 @@ TEST_CASE("cuda element math: attention visibility and GQA mapping reproduce the
 
 // The attention kernels of exec/cuda/attention.cu replayed on the host in their
 // own order and precision (fp32; an online softmax per query row in the
-// forward; probabilities recomputed from the saved lse in the backward, dq per
-// query row, dk and dv per key row), every score through alibi_score.
+// forward, the sink taken last; probabilities recomputed from the saved lse in
+// the backward, dq per query row, dk and dv per key row, each head's sink
+// gradient summed over its rows in double), every score through alibi_score.
 namespace {
 
 struct HostAttention {
@@ -386,6 +387,7 @@ struct HostAttention {
   float scale;
   const std::vector<float>& slopes;  // (H) models::alibi_slopes(H) as floats
   const std::vector<int32_t>& doc;   // (B, T)
+  const float* sinks = nullptr;      // (H) gpt-oss's sink logits, or none
   size_t qi(int b, int t, int h) const { return ((size_t(b) * T + t) * H + h) * hd; }
   size_t ki(int b, int t, int g) const { return ((size_t(b) * T + t) * kv_stored + g) * hd; }
   size_t ri(int b, int h, int t) const { return (size_t(b) * H + h) * T + t; }
@@ -407,28 +409,36 @@ struct HostAttention {
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) {
           const int g = cuda::kv_head_of(h, H, kv_used);
-          float m = -INFINITY, l = 0.0f;
+          float m = -INFINITY, l = 0.0f, corr = 0.0f;
           std::vector<float> acc(size_t(hd), 0.0f);
           for (int j = 0; j <= t; ++j) {
             if (!seen(b, t, j)) continue;
-            const float s = score(&q[qi(b, t, h)], &k[ki(b, j, g)], h, t, j);
-            const float m_new = std::max(m, s), corr = std::exp(m - m_new), p = std::exp(s - m_new);
-            l = l * corr + p;
+            const float p = cuda::online_softmax_add(score(&q[qi(b, t, h)], &k[ki(b, j, g)], h, t, j), &m, &l, &corr);
             for (int d = 0; d < hd; ++d) acc[size_t(d)] = acc[size_t(d)] * corr + p * v[ki(b, j, g) + size_t(d)];
-            m = m_new;
+          }
+          if (sinks) {
+            cuda::online_softmax_add(sinks[h], &m, &l, &corr);
+            for (float& a : acc) a *= corr;
           }
           for (int d = 0; d < hd; ++d) o[qi(b, t, h) + size_t(d)] = acc[size_t(d)] / l;
           lse[ri(b, h, t)] = m + std::log(l);
         }
   }
 
+  // dsinks (H) += with sinks.
   void backward(std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv, const std::vector<float>& dout,
                 const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                const std::vector<float>& o, const std::vector<float>& lse) const {
+                const std::vector<float>& o, const std::vector<float>& lse, float* dsinks = nullptr) const {
     std::vector<float> delta(lse.size());
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) delta[ri(b, h, t)] = dot(&dout[qi(b, t, h)], &o[qi(b, t, h)], hd);
+    for (int h = 0; sinks && h < H; ++h) {
+      double sum = 0.0;
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) sum += cuda::sink_grad_term(sinks[h], lse[ri(b, h, t)], delta[ri(b, h, t)]);
+      dsinks[h] += static_cast<float>(sum);
+    }
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) {
@@ -645,4 +655,48 @@ TEST_CASE("cuda element math: quantile balancing's bins and biases equal the CPU
   for (int e = 0; e < E; ++e) bias[size_t(e)] = cuda::qb_bias(&counts[size_t(e) * n_bins], n_bins, k, E, lo, width);
   CHECK(std::memcmp(bias.data(), bias_cpu.data(), sizeof(float) * E) == 0);
   CHECK(bias[4] == 0.0f);
+}
+
+TEST_CASE("cuda element math: attention sinks in the online softmax and their gradient equal the CPU kernel",
+          "[cuda][math]") {
+  // gpt-oss's sinks with ALiBi, a window, documents and GQA; one sink far above
+  // every score (it dominates the denominator), one far below (it vanishes).
+  const int B = 2, T = 20, H = 4, kv_stored = 2, kv_used = 2, hd = 8;
+  const float scale = 0.35f;
+  std::vector<float> slopes;
+  for (const double s : rackstep::models::alibi_slopes(H)) slopes.push_back(static_cast<float>(s));
+  auto sinks = randn(size_t(H), 54, 2.0f);
+  sinks[1] = 12.0f;
+  sinks[2] = -30.0f;
+  const auto q = randn(size_t(B) * T * H * hd, 55), k = randn(size_t(B) * T * kv_stored * hd, 56),
+             v = randn(size_t(B) * T * kv_stored * hd, 57), dout = randn(q.size(), 58);
+  std::vector<int32_t> doc(size_t(B) * T);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) doc[size_t(b) * T + t] = (t + 4 * b) / 9;
+  for (const int window : {0, 6}) {
+    INFO("window " << window);
+    std::vector<float> dsinks_cpu(size_t(H), 0.5f), dsinks(size_t(H), 0.5f);  // "+=" onto 0.5 on both
+    AttentionExtras extras;
+    extras.alibi_slopes = slopes.data();
+    extras.sinks = sinks.data();
+    extras.dsinks = dsinks_cpu.data();
+    std::vector<float> o_cpu(q.size()), lse_cpu(size_t(B) * H * T), dq_cpu(q.size()), dk_cpu(k.size()),
+        dv_cpu(v.size());
+    attention_forward(o_cpu.data(), lse_cpu.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kv_stored,
+                      kv_used, hd, window, scale, extras);
+    attention_backward(dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), dout.data(), q.data(), k.data(), v.data(),
+                       o_cpu.data(), lse_cpu.data(), doc.data(), B, T, H, kv_stored, kv_used, hd, window, scale, false,
+                       extras);
+
+    const HostAttention cu{B, T, H, kv_stored, kv_used, hd, window, scale, slopes, doc, sinks.data()};
+    std::vector<float> o(q.size()), lse(lse_cpu.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    cu.forward(o, lse, q, k, v);
+    cu.backward(dq, dk, dv, dout, q, k, v, o_cpu, lse_cpu, dsinks.data());
+    CHECK(normalised_error(o, o_cpu) < 1e-5);
+    CHECK(normalised_error(lse, lse_cpu) < 1e-5);
+    CHECK(normalised_error(dq, dq_cpu) < 1e-4);
+    CHECK(normalised_error(dk, dk_cpu) < 1e-4);
+    CHECK(normalised_error(dv, dv_cpu) < 1e-4);
+    CHECK(normalised_error(dsinks, dsinks_cpu) < 1e-5);
+  }
 }

@@ -262,6 +262,25 @@ RS_HOST_DEVICE float alibi_score(float scaled_qk, float slope, int i, int j) {
   return scaled_qk - slope * static_cast<float>(i - j);
 }
 
+// Online softmax (Milakov & Gimelshein 2018, "Online normalizer calculation
+// for softmax") of one attention query row, as exec/cuda/attention.cu runs it:
+// the running max *m (−∞ before the first score) and sum *l take score s.
+// Returns s's weight exp(s − new max); *corr = exp(old max − new max) rescales
+// what was accumulated before. A sink logit (gpt-oss) is one more score with no value.
+RS_HOST_DEVICE float online_softmax_add(float s, float* m, float* l, float* corr) {
+  const float m_new = fmaxf(*m, s);
+  *corr = expf(*m - m_new);
+  const float p = expf(s - m_new);
+  *l = *l * *corr + p;
+  *m = m_new;
+  return p;
+}
+// One query row's share of its head's sink gradient: −P_sink δ = −exp(sink − lse) δ,
+// δ = dO·O (exec/cpu/attention.cpp, attention_backward).
+RS_HOST_DEVICE double sink_grad_term(float sink, float lse, float delta) {
+  return -static_cast<double>(expf(sink - lse)) * delta;
+}
+
 // Adam moments of one element (exec/optim.cpp): m ← β1 m + (1−β1) g, v ← β2 v + (1−β2) g².
 RS_HOST_DEVICE void adam_moments(float g, float b1, float b2, float* m, float* v) {
   *m = b1 * *m + (1 - b1) * g;
