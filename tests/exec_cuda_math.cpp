@@ -377,8 +377,9 @@ TEST_CASE("cuda element math: attention visibility and GQA mapping reproduce the
 
 // The attention kernels of exec/cuda/attention.cu replayed on the host in their
 // own order and precision (fp32; an online softmax per query row in the
-// forward; probabilities recomputed from the saved lse in the backward, dq per
-// query row, dk and dv per key row), every score through alibi_score.
+// forward, the sink taken last; probabilities recomputed from the saved lse in
+// the backward, dq per query row, dk and dv per key row, each head's sink
+// gradient summed over its rows in double), every score through alibi_score.
 namespace {
 
 struct HostAttention {
@@ -386,6 +387,7 @@ struct HostAttention {
   float scale;
   const std::vector<float>& slopes;  // (H) models::alibi_slopes(H) as floats
   const std::vector<int32_t>& doc;   // (B, T)
+  const float* sinks = nullptr;      // (H) gpt-oss's sink logits, or none
   size_t qi(int b, int t, int h) const { return ((size_t(b) * T + t) * H + h) * hd; }
   size_t ki(int b, int t, int g) const { return ((size_t(b) * T + t) * kv_stored + g) * hd; }
   size_t ri(int b, int h, int t) const { return (size_t(b) * H + h) * T + t; }
@@ -407,28 +409,36 @@ struct HostAttention {
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) {
           const int g = cuda::kv_head_of(h, H, kv_used);
-          float m = -INFINITY, l = 0.0f;
+          float m = -INFINITY, l = 0.0f, corr = 0.0f;
           std::vector<float> acc(size_t(hd), 0.0f);
           for (int j = 0; j <= t; ++j) {
             if (!seen(b, t, j)) continue;
-            const float s = score(&q[qi(b, t, h)], &k[ki(b, j, g)], h, t, j);
-            const float m_new = std::max(m, s), corr = std::exp(m - m_new), p = std::exp(s - m_new);
-            l = l * corr + p;
+            const float p = cuda::online_softmax_add(score(&q[qi(b, t, h)], &k[ki(b, j, g)], h, t, j), &m, &l, &corr);
             for (int d = 0; d < hd; ++d) acc[size_t(d)] = acc[size_t(d)] * corr + p * v[ki(b, j, g) + size_t(d)];
-            m = m_new;
+          }
+          if (sinks) {
+            cuda::online_softmax_add(sinks[h], &m, &l, &corr);
+            for (float& a : acc) a *= corr;
           }
           for (int d = 0; d < hd; ++d) o[qi(b, t, h) + size_t(d)] = acc[size_t(d)] / l;
           lse[ri(b, h, t)] = m + std::log(l);
         }
   }
 
+  // dsinks (H) += with sinks.
   void backward(std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv, const std::vector<float>& dout,
                 const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-                const std::vector<float>& o, const std::vector<float>& lse) const {
+                const std::vector<float>& o, const std::vector<float>& lse, float* dsinks = nullptr) const {
     std::vector<float> delta(lse.size());
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) delta[ri(b, h, t)] = dot(&dout[qi(b, t, h)], &o[qi(b, t, h)], hd);
+    for (int h = 0; sinks && h < H; ++h) {
+      double sum = 0.0;
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) sum += cuda::sink_grad_term(sinks[h], lse[ri(b, h, t)], delta[ri(b, h, t)]);
+      dsinks[h] += static_cast<float>(sum);
+    }
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < T; ++t) {
@@ -590,5 +600,103 @@ TEST_CASE("cuda element math: the aux balancing loss's gradient equals the CPU k
     for (int e = 0; e < E; ++e) loss += f[size_t(e)] * p_sum[size_t(e)] / N;
     CHECK(double(weight) * E * loss == Approx(loss_cpu).epsilon(1e-12));
     CHECK(max_rel_error(d, d_cpu) < 1e-6);
+  }
+}
+
+TEST_CASE("cuda element math: the router's per-token top-k picks, orders, thresholds and weighs as the CPU kernel",
+          "[cuda][math]") {
+  // Logits and biases on a coarse grid: many biased scores tie, where the
+  // kernel's repeated arg-max and the CPU's partial sort must agree (lower id first).
+  const int N = 64, E = 9;
+  auto logits = randn(size_t(N) * E, 70, 2.0f), bias = randn(E, 71, 0.5f);
+  for (float& x : logits) x = std::round(x * 2.0f) / 2.0f;
+  for (float& x : bias) x = std::round(x * 2.0f) / 2.0f;
+  for (int e = 0; e < E; ++e) logits[size_t(e)] = 1.0f;  // token 0: every score ties without a bias
+  for (RouterKind kind : {RouterKind::kSigmoid, RouterKind::kSoftmax})
+  for (const int k : {1, 3, E - 1, E})
+  for (const bool with_bias : {false, true}) {
+    INFO("k " << k << (kind == RouterKind::kSoftmax ? ", softmax" : ", sigmoid") << (with_bias ? ", bias" : ""));
+    const float* b = with_bias ? bias.data() : nullptr;
+    std::vector<int32_t> expert_cpu(size_t(N) * k), expert(expert_cpu.size());
+    std::vector<float> weight_cpu(expert_cpu.size()), weight(expert_cpu.size()), threshold_cpu(N), threshold(N);
+    router_forward(expert_cpu.data(), weight_cpu.data(), threshold_cpu.data(), logits.data(), b, N, E, k, kind, 2.5f);
+    for (int t = 0; t < N; ++t) {
+      cuda::router_token(&logits[size_t(t) * E], b, E, k, kind == RouterKind::kSoftmax, 2.5f, &expert[size_t(t) * k],
+                         &weight[size_t(t) * k], &threshold[size_t(t)]);
+    }
+    CHECK(expert == expert_cpu);
+    CHECK(std::memcmp(threshold.data(), threshold_cpu.data(), sizeof(float) * threshold.size()) == 0);
+    CHECK(max_rel_error(weight, weight_cpu) == 0.0);
+  }
+}
+
+TEST_CASE("cuda element math: quantile balancing's bins and biases equal the CPU kernel, edge bins included",
+          "[cuda][math]") {
+  const int N = 400, E = 5, k = 2, n_bins = 16;
+  const float lo = -8.0f, hi = 8.0f;
+  auto logits = randn(size_t(N) * E, 72, 4.0f);
+  logits[0] = -8.0f;   // on the low edge
+  logits[1] = 8.0f;    // on the high edge: the last bin
+  logits[2] = -40.0f;  // beyond either end: the edge bins
+  logits[3] = 40.0f;
+  logits[4] = 0.5f;    // on a bin boundary
+  for (size_t t = 0; t < size_t(N); ++t) logits[t * E + 3] = 1.25f;  // expert 3: one bin holds every count
+  std::vector<int64_t> counts_cpu(size_t(E) * n_bins, 0), counts(counts_cpu.size(), 0);
+  qb_histogram(counts_cpu.data(), logits.data(), N, E, n_bins, lo, hi);
+  const double per_unit = n_bins / (double(hi) - lo), width = (double(hi) - lo) / n_bins;
+  for (size_t i = 0; i < logits.size(); ++i)
+    ++counts[i % E * n_bins + size_t(cuda::qb_bin(logits[i], lo, per_unit, n_bins))];
+  REQUIRE(counts == counts_cpu);
+
+  for (int e = 0; e < n_bins; ++e) counts[size_t(4) * n_bins + e] = 0;  // expert 4: no counts, bias 0
+  counts[size_t(2) * n_bins + 15] += 5000;  // expert 2: the quantile in the last bin
+  std::vector<float> bias_cpu(E), bias(E);
+  qb_bias_from_histogram(bias_cpu.data(), counts.data(), E, k, n_bins, lo, hi);
+  for (int e = 0; e < E; ++e) bias[size_t(e)] = cuda::qb_bias(&counts[size_t(e) * n_bins], n_bins, k, E, lo, width);
+  CHECK(std::memcmp(bias.data(), bias_cpu.data(), sizeof(float) * E) == 0);
+  CHECK(bias[4] == 0.0f);
+}
+
+TEST_CASE("cuda element math: attention sinks in the online softmax and their gradient equal the CPU kernel",
+          "[cuda][math]") {
+  // gpt-oss's sinks with ALiBi, a window, documents and GQA; one sink far above
+  // every score (it dominates the denominator), one far below (it vanishes).
+  const int B = 2, T = 20, H = 4, kv_stored = 2, kv_used = 2, hd = 8;
+  const float scale = 0.35f;
+  std::vector<float> slopes;
+  for (const double s : rackstep::models::alibi_slopes(H)) slopes.push_back(static_cast<float>(s));
+  auto sinks = randn(size_t(H), 54, 2.0f);
+  sinks[1] = 12.0f;
+  sinks[2] = -30.0f;
+  const auto q = randn(size_t(B) * T * H * hd, 55), k = randn(size_t(B) * T * kv_stored * hd, 56),
+             v = randn(size_t(B) * T * kv_stored * hd, 57), dout = randn(q.size(), 58);
+  std::vector<int32_t> doc(size_t(B) * T);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) doc[size_t(b) * T + t] = (t + 4 * b) / 9;
+  for (const int window : {0, 6}) {
+    INFO("window " << window);
+    std::vector<float> dsinks_cpu(size_t(H), 0.5f), dsinks(size_t(H), 0.5f);  // "+=" onto 0.5 on both
+    AttentionExtras extras;
+    extras.alibi_slopes = slopes.data();
+    extras.sinks = sinks.data();
+    extras.dsinks = dsinks_cpu.data();
+    std::vector<float> o_cpu(q.size()), lse_cpu(size_t(B) * H * T), dq_cpu(q.size()), dk_cpu(k.size()),
+        dv_cpu(v.size());
+    attention_forward(o_cpu.data(), lse_cpu.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kv_stored,
+                      kv_used, hd, window, scale, extras);
+    attention_backward(dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), dout.data(), q.data(), k.data(), v.data(),
+                       o_cpu.data(), lse_cpu.data(), doc.data(), B, T, H, kv_stored, kv_used, hd, window, scale, false,
+                       extras);
+
+    const HostAttention cu{B, T, H, kv_stored, kv_used, hd, window, scale, slopes, doc, sinks.data()};
+    std::vector<float> o(q.size()), lse(lse_cpu.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    cu.forward(o, lse, q, k, v);
+    cu.backward(dq, dk, dv, dout, q, k, v, o_cpu, lse_cpu, dsinks.data());
+    CHECK(normalised_error(o, o_cpu) < 1e-5);
+    CHECK(normalised_error(lse, lse_cpu) < 1e-5);
+    CHECK(normalised_error(dq, dq_cpu) < 1e-4);
+    CHECK(normalised_error(dk, dk_cpu) < 1e-4);
+    CHECK(normalised_error(dv, dv_cpu) < 1e-4);
+    CHECK(normalised_error(dsinks, dsinks_cpu) < 1e-5);
   }
 }

@@ -1,8 +1,8 @@
 // Exact attention forward and backward, one warp per row (exec/cuda/ops.h).
 // Each lane holds hd/32 elements of the row's vectors in registers; dot
 // products are warp sums (xor shuffles, every lane gets the total); the
-// forward keeps an online softmax (running max m, sum l) as flash attention
-// does, so nothing of size T×T exists. The backward recomputes probabilities
+// forward keeps an online softmax (running max m, sum l; element_math.h,
+// online_softmax_add) as flash attention does, so nothing of size T×T exists. The backward recomputes probabilities
 // from the saved lse: dq per query row, dk/dv per key row, no atomics.
 // Attention sinks (gpt-oss, exec/kernels.h AttentionExtras): a per-head logit
 // in every row's denominator (the online softmax takes it last) and its
@@ -81,26 +81,21 @@ __global__ void forward_kernel(T* o, float* lse, const T* q, const T* k, const T
   float m = -INFINITY, l = 0.0f;
   for (int j = lo; j <= t; ++j) {
     if (!attention_visible(t, j, dm.window, doc_t, dm.doc_of(doc, b, j))) continue;
-    const float s = dm.score(dot_row(qr, k + dm.kv_index(b, j, g), dm.hd, lane), h, t, j);
-    const float m_new = fmaxf(m, s);
-    const float corr = expf(m - m_new), p = expf(s - m_new);
-    l = l * corr + p;
+    float corr;
+    const float p = online_softmax_add(dm.score(dot_row(qr, k + dm.kv_index(b, j, g), dm.hd, lane), h, t, j), &m, &l,
+                                       &corr);
     const T* vj = v + dm.kv_index(b, j, g);
 #pragma unroll
     for (int e = 0; e < kMaxPerLane; ++e) {
       const int d = lane + 32 * e;
       acc[e] = acc[e] * corr + (d < dm.hd ? p * load(vj, d) : 0.0f);
     }
-    m = m_new;
   }
   if (sinks) {  // the head's sink logit joins the denominator and has no value (gpt-oss)
-    const float sk = sinks[h];
-    const float m_new = fmaxf(m, sk);
-    const float corr = expf(m - m_new);
-    l = l * corr + expf(sk - m_new);
+    float corr;
+    online_softmax_add(sinks[h], &m, &l, &corr);
 #pragma unroll
     for (int e = 0; e < kMaxPerLane; ++e) acc[e] *= corr;
-    m = m_new;
   }
   T* orow = o + dm.q_index(b, t, h);
 #pragma unroll
@@ -134,7 +129,7 @@ __global__ void sink_grad_kernel(float* dsinks, const float* sinks, const float*
   for (int b = 0; b < dm.B; ++b) {
     for (int t = 0; t < dm.T; ++t) {
       const size_t r = dm.row_index(b, h, t);
-      sum -= static_cast<double>(expf(sinks[h] - lse[r])) * delta[r];
+      sum += sink_grad_term(sinks[h], lse[r], delta[r]);
     }
   }
   dsinks[h] += static_cast<float>(sum);

@@ -13,9 +13,12 @@
 //   rope_rotate(x1, x2, rope_angle(pos, i, rot, theta), +1.f, &y1, &y2);
 //   rope_rotate(x1, x2, rope_angle_yarn(pos, i, rot, theta, s, lo, hi), +1.f, &y1, &y2, yarn_scale(s));
 //   float s = alibi_score(scale * qk, slope_h, i, j);  // ALiBi's linear bias
+//   router_token(l, bias, E, k, softmax, 1.f, expert, weight, &threshold);  // one token's top-k
+//   ++counts[e * n_bins + qb_bin(l_e, lo, n_bins / (hi - lo), n_bins)];  bias[e] = qb_bias(counts + e * n_bins, ...);
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define RS_HOST_DEVICE __host__ __device__ __forceinline__
@@ -126,6 +129,74 @@ RS_HOST_DEVICE float aux_loss_dlogit(double s, double S, double f, double fp, do
   return static_cast<float>(c * dp * (f - fp));
 }
 
+// The router's choices per token: k + 1 of them (the k experts and the threshold's) kept in registers.
+constexpr int kMaxTopK = 31;
+
+// One token's routing (exec/cpu/moe.cpp, router_forward): the k experts of the
+// best biased scores l_e + bias_e, best first, ties to the lower id; the
+// threshold, the (k+1)-th best biased score (−∞ when k = E); the weights from
+// the unbiased logits, σ(l) or exp(l − the best chosen l), scaled to sum to
+// weight_sum. A repeated arg-max over min(k + 1, E) choices (strict >: the
+// lower id wins a tie), which orders them as the CPU's partial sort does.
+// Needs 1 ≤ k ≤ min(E, kMaxTopK); l, bias: (E); expert, weight: (k).
+RS_HOST_DEVICE void router_token(const float* l, const float* bias, int E, int k, bool softmax, float weight_sum,
+                                 int32_t* expert, float* weight, float* threshold) {
+  const int pick = k + 1 < E ? k + 1 : E;
+  int chosen[kMaxTopK + 1];
+  for (int j = 0; j < pick; ++j) {
+    int best = -1;
+    float best_score = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int m = 0; m < j; ++m) taken |= chosen[m] == e;
+      if (taken) continue;
+      const float s = l[e] + (bias ? bias[e] : 0.0f);
+      if (best < 0 || s > best_score) {
+        best = e;
+        best_score = s;
+      }
+    }
+    chosen[j] = best;
+  }
+  *threshold = k < E ? l[chosen[k]] + (bias ? bias[chosen[k]] : 0.0f) : -INFINITY;
+  const float shift = softmax ? l[chosen[0]] : 0.0f;
+  double sum = 0.0;
+  for (int j = 0; j < k; ++j) {
+    const float lj = l[chosen[j]];
+    const float u = softmax ? expf(lj - shift) : sigmoid(lj);
+    weight[j] = u;
+    sum += u;
+  }
+  const float norm = static_cast<float>(weight_sum / sum);
+  for (int j = 0; j < k; ++j) {
+    weight[j] *= norm;
+    expert[j] = chosen[j];
+  }
+}
+
+// Quantile balancing (exec/cpu/moe.cpp, qb_histogram / qb_bias_from_histogram).
+// A logit's bin among n_bins of 1/per_unit from lo, the edge bins taking what lies beyond.
+RS_HOST_DEVICE int qb_bin(float logit, float lo, double per_unit, int n_bins) {
+  const double pos = (logit - lo) * per_unit;
+  const long bin = static_cast<long>(floor(pos));
+  return static_cast<int>(bin < 0 ? 0 : (bin > n_bins - 1 ? n_bins - 1 : bin));
+}
+// One expert's selection bias from its histogram ce (n_bins bins of `width` from lo): minus the
+// logit below which a fraction 1 − k/E of its counts lie, linear inside its bin; 0 for an empty one.
+RS_HOST_DEVICE float qb_bias(const int64_t* ce, int n_bins, int k, int E, float lo, double width) {
+  const double level = 1.0 - static_cast<double>(k) / E;
+  int64_t total = 0;
+  for (int b = 0; b < n_bins; ++b) total += ce[b];
+  if (total == 0) return 0.0f;
+  const double target = level * static_cast<double>(total);
+  double below = 0.0;
+  int b = 0;
+  while (b < n_bins - 1 && below + static_cast<double>(ce[b]) < target) below += static_cast<double>(ce[b++]);
+  const double frac = ce[b] > 0 ? (target - below) / static_cast<double>(ce[b]) : 0.0;
+  const double q = lo + (b + (frac < 0.0 ? 0.0 : (frac > 1.0 ? 1.0 : frac))) * width;
+  return static_cast<float>(-q);
+}
+
 // Partial RoPE, NeoX pairing: pair i < rot/2 of a head rotates by pos · θ^(−2i/rot).
 // The angle is formed in double: at 16k positions a float angle is off by ~1e-3 rad.
 RS_HOST_DEVICE double rope_angle(int pos, int i, int rot_dims, float theta) {
@@ -189,6 +260,25 @@ RS_HOST_DEVICE int kv_head_of(int h, int H, int kv_used) { return h / (H / kv_us
 // converted to float, then one product and one subtraction), forward and backward.
 RS_HOST_DEVICE float alibi_score(float scaled_qk, float slope, int i, int j) {
   return scaled_qk - slope * static_cast<float>(i - j);
+}
+
+// Online softmax (Milakov & Gimelshein 2018, "Online normalizer calculation
+// for softmax") of one attention query row, as exec/cuda/attention.cu runs it:
+// the running max *m (−∞ before the first score) and sum *l take score s.
+// Returns s's weight exp(s − new max); *corr = exp(old max − new max) rescales
+// what was accumulated before. A sink logit (gpt-oss) is one more score with no value.
+RS_HOST_DEVICE float online_softmax_add(float s, float* m, float* l, float* corr) {
+  const float m_new = fmaxf(*m, s);
+  *corr = expf(*m - m_new);
+  const float p = expf(s - m_new);
+  *l = *l * *corr + p;
+  *m = m_new;
+  return p;
+}
+// One query row's share of its head's sink gradient: −P_sink δ = −exp(sink − lse) δ,
+// δ = dO·O (exec/cpu/attention.cpp, attention_backward).
+RS_HOST_DEVICE double sink_grad_term(float sink, float lse, float delta) {
+  return -static_cast<double>(expf(sink - lse)) * delta;
 }
 
 // Adam moments of one element (exec/optim.cpp): m ← β1 m + (1−β1) g, v ← β2 v + (1−β2) g².

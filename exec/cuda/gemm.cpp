@@ -1,7 +1,5 @@
-// Row-major GEMM on column-major cuBLASLt: a row-major (r, c) matrix is a
-// column-major (c, r) one, so C = op(A)·op(B) in row-major is Cᵀ = op(B)ᵀ·op(A)ᵀ
-// in column-major: cuBLASLt's first operand is our B, its second our A, m and
-// n swap, and each operand keeps its own transpose flag.
+// Row-major GEMM on column-major cuBLASLt: C = op(A)·op(B) in row-major is
+// Cᵀ = op(B)ᵀ·op(A)ᵀ in column-major (exec/cuda/gemm_layout.h, proven on the CPU).
 #include "exec/cuda/gemm.h"
 
 #include <cuda_bf16.h>
@@ -11,6 +9,7 @@
 
 #include "exec/cuda/check.h"
 #include "exec/cuda/gemm_align.h"
+#include "exec/cuda/gemm_layout.h"
 #include "exec/cuda/memory.h"
 #include "exec/cuda/ops.h"
 #include "sim/base/check.h"
@@ -53,18 +52,18 @@ const Gemm::Plan& Gemm::plan_for(const GemmShape& s, DType type, const uint32_t 
   // fp32 compute either way; CUBLAS_COMPUTE_32F never uses TF32 (the parity mode needs that).
   auto* plan = new Plan;
   RS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  // cuBLASLt's first operand is our B, used transposed when ours is.
-  const cublasOperation_t op_first = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_second = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // cuBLASLt's first operand is our B, its second our A (exec/cuda/gemm_layout.h).
+  const ColumnMajorGemm g = column_major_gemm(s.m, s.n, s.k, s.trans_a, s.trans_b);
+  const cublasOperation_t op_first = g.first.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = g.second.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   RS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
   RS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
-  // Column-major layouts (rows, cols, leading dimension) of the stored matrices:
-  // our B stored row-major (k, n) is column-major (n, k); transposed, (k, n) is stored (n, k) row-major → (k, n).
-  const uint64_t first_rows = s.trans_b ? s.k : s.n, first_cols = s.trans_b ? s.n : s.k;
-  const uint64_t second_rows = s.trans_a ? s.m : s.k, second_cols = s.trans_a ? s.k : s.m;
-  RS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, data, first_rows, first_cols, first_rows));
-  RS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, data, second_rows, second_cols, second_rows));
-  RS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, out, s.n, s.m, s.n));
+  const auto layout = [](cublasLtMatrixLayout_t* l, cudaDataType_t element, int64_t rows, int64_t cols, int64_t ld) {
+    RS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(l, element, uint64_t(rows), uint64_t(cols), ld));
+  };
+  layout(&plan->a, data, g.first.rows, g.first.cols, g.first.ld);
+  layout(&plan->b, data, g.second.rows, g.second.cols, g.second.ld);
+  layout(&plan->c, out, g.m, g.n, g.ldc);
 
   cublasLtMatmulPreference_t pref = nullptr;
   RS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -119,9 +118,9 @@ void Gemm::run(const GemmShape& s, DType type, void* c, const void* a, const voi
                                  &plan.algo, workspace_, workspace_bytes_, stream_));
 }
 
-// The same row-major → column-major swap as run(): cuBLAS's A is our B (m and n
-// swapped), each with its own transpose flag and the leading dimension of its
-// stored row-major rows.
+// The same row-major → column-major swap as run() (exec/cuda/gemm_layout.h):
+// cuBLAS's A is our B (m and n swapped), each with its own transpose flag and
+// the leading dimension of its stored row-major rows.
 void Gemm::run_grouped(const std::vector<GemmItem>& items, bool trans_a, bool trans_b, float alpha, float beta,
                        DType type) {
   if (bf16_operands_ && type == DType::kF32) {  // each item through run()'s rounding
@@ -138,12 +137,13 @@ void Gemm::run_grouped(const std::vector<GemmItem>& items, bool trans_a, bool tr
   for (const GemmItem& it : items) {
     if (it.m == 0) continue;
     RS_CHECK(it.m > 0 && it.n > 0 && it.k > 0, "gemm: every dimension must be positive");
-    m.push_back(it.n);  // cuBLAS's (column-major) C is (n, m)
-    n.push_back(it.m);
-    k.push_back(it.k);
-    lda.push_back(trans_b ? it.k : it.n);  // our B: stored (k, n), or (n, k) when transposed
-    ldb.push_back(trans_a ? it.m : it.k);  // our A: stored (m, k), or (k, m) when transposed
-    ldc.push_back(it.n);
+    const ColumnMajorGemm g = column_major_gemm(it.m, it.n, it.k, trans_a, trans_b);
+    m.push_back(static_cast<int>(g.m));
+    n.push_back(static_cast<int>(g.n));
+    k.push_back(static_cast<int>(g.k));
+    lda.push_back(static_cast<int>(g.first.ld));  // our B
+    ldb.push_back(static_cast<int>(g.second.ld));  // our A
+    ldc.push_back(static_cast<int>(g.ldc));
     size.push_back(1);
     a_ptr.push_back(it.b);
     b_ptr.push_back(it.a);

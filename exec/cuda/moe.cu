@@ -18,43 +18,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// One thread per token (exec/cuda/element_math.h, router_token).
 __global__ void router_forward_kernel(int32_t* expert, float* weight, float* threshold, const float* logits,
                                       const float* bias, int N, int E, int k, bool softmax, float weight_sum) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= N) return;
-  const float* l = logits + size_t(t) * E;
-  const int pick = min(k + 1, E);
-  int chosen[kMaxTopK + 1];
-  // Repeated arg-max over the biased scores; strict > keeps ties on the lower id.
-  for (int j = 0; j < pick; ++j) {
-    int best = -1;
-    float best_score = 0.0f;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int m = 0; m < j; ++m) taken |= chosen[m] == e;
-      if (taken) continue;
-      const float s = l[e] + (bias ? bias[e] : 0.0f);
-      if (best < 0 || s > best_score) {
-        best = e;
-        best_score = s;
-      }
-    }
-    chosen[j] = best;
-  }
-  threshold[t] = k < E ? l[chosen[k]] + (bias ? bias[chosen[k]] : 0.0f) : -INFINITY;
-  const float shift = softmax ? l[chosen[0]] : 0.0f;
-  double sum = 0.0;
-  for (int j = 0; j < k; ++j) {
-    const float lj = l[chosen[j]];
-    const float u = softmax ? expf(lj - shift) : sigmoid(lj);
-    weight[size_t(t) * k + j] = u;
-    sum += u;
-  }
-  const float norm = static_cast<float>(weight_sum / sum);
-  for (int j = 0; j < k; ++j) {
-    weight[size_t(t) * k + j] *= norm;
-    expert[size_t(t) * k + j] = chosen[j];
-  }
+  router_token(logits + size_t(t) * E, bias, E, k, softmax, weight_sum, expert + size_t(t) * k,
+               weight + size_t(t) * k, threshold + t);
 }
 
 __global__ void router_backward_kernel(float* dlogits, const float* dweight, const float* weight,
@@ -87,31 +57,13 @@ __global__ void qb_histogram_kernel(unsigned long long* counts, const float* log
                                     float lo, double per_unit) {
   RS_GRID_STRIDE(i, size_t(N) * E) {
     const int e = static_cast<int>(i % E);
-    const double pos = (logits[i] - lo) * per_unit;
-    long bin = static_cast<long>(floor(pos));
-    bin = bin < 0 ? 0 : (bin > n_bins - 1 ? n_bins - 1 : bin);
-    atomicAdd(&counts[size_t(e) * n_bins + bin], 1ull);
+    atomicAdd(&counts[size_t(e) * n_bins + qb_bin(logits[i], lo, per_unit, n_bins)], 1ull);
   }
 }
 
 __global__ void qb_bias_kernel(float* bias, const int64_t* counts, int E, int k, int n_bins, float lo, double width) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  const int64_t* ce = counts + size_t(e) * n_bins;
-  const double level = 1.0 - double(k) / E;
-  int64_t total = 0;
-  for (int b = 0; b < n_bins; ++b) total += ce[b];
-  if (total == 0) {
-    bias[e] = 0.0f;
-    return;
-  }
-  const double target = level * double(total);
-  double below = 0.0;
-  int b = 0;
-  while (b < n_bins - 1 && below + double(ce[b]) < target) below += double(ce[b++]);
-  const double frac = ce[b] > 0 ? (target - below) / double(ce[b]) : 0.0;
-  const double q = lo + (b + fmin(fmax(frac, 0.0), 1.0)) * width;
-  bias[e] = static_cast<float>(-q);
+  if (e < E) bias[e] = qb_bias(counts + size_t(e) * n_bins, n_bins, k, E, lo, width);
 }
 
 // Per token: lse of the logits (max in float, sum in double, as exec/cpu/moe.cpp), z = lse².

@@ -23,8 +23,6 @@
 
 namespace rackstep::exec::cuda {
 
-constexpr int kMaxTopK = 31;  // k + 1 choices kept per token in registers
-
 void router_forward(int32_t* expert, float* weight, float* threshold, const float* logits, const float* bias, int N,
                     int E, int k, RouterKind kind, float weight_sum, cudaStream_t stream);
 void router_backward(float* dlogits, const float* dweight, const float* weight, const int32_t* expert,
