@@ -623,22 +623,7 @@ LossResult Model::forward(const int32_t* inputs, const int32_t* targets, const i
   load_batch(inputs, targets, doc_ids);
   LossResult r;
   router_loss_ = 0;
-  for (size_t i = 0; i < graph_.ops.size(); ++i) {
-    if (brackets_) {
-      brackets_->begin_op(i, 0);
-      forward_op(i);
-      brackets_->end_op(i, 0);
-      continue;
-    }
-    if (!timer_) {
-      forward_op(i);
-      continue;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    forward_op(i);
-    backend_->synchronize();
-    timer_(i, 0, t0, std::chrono::steady_clock::now());
-  }
+  for (size_t i = 0; i < graph_.ops.size(); ++i) op_timed(i, 0);
   r.ce = last_ce_;
   r.z_loss = last_z_;
   r.router_loss = router_loss_;
@@ -761,7 +746,7 @@ void Model::backward(const GradsFinal& grads_final) {
   if (!host_memory) backend_current(grads_, grad_dev_, grads_fresh_);  // "+=" onto what the host holds
   int64_t final_from = grads_.total_floats();
   for (size_t i = graph_.ops.size(); i-- > 0;) {
-    backward_op_timed(i);
+    op_timed(i, 1);
     if (!grads_final || grads_final_from_[i] == final_from) continue;
     final_from = grads_final_from_[i];
     grads_final(final_from);
@@ -769,21 +754,22 @@ void Model::backward(const GradsFinal& grads_final) {
   if (!host_memory) grads_fresh_ = Fresh::kBackend;
 }
 
-void Model::backward_op_timed(size_t i) {
+void Model::op_timed(size_t i, int pass) {
+  const auto run = [&] { pass == 0 ? forward_op(i) : backward_op(i); };
   if (brackets_) {
-    brackets_->begin_op(i, 1);
-    backward_op(i);
-    brackets_->end_op(i, 1);
+    brackets_->begin_op(i, pass);
+    run();
+    brackets_->end_op(i, pass);
     return;
   }
   if (!timer_) {
-    backward_op(i);
+    run();
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  backward_op(i);
+  run();
   backend_->synchronize();
-  timer_(i, 1, t0, std::chrono::steady_clock::now());
+  timer_(i, pass, t0, std::chrono::steady_clock::now());
 }
 
 void Model::backward_op(size_t i) {

@@ -329,7 +329,7 @@ class Model {
   void load_batch(const int32_t* inputs, const int32_t* targets, const int32_t* doc_ids);  // and the parameters
   void forward_op(size_t i);
   void backward_op(size_t i);
-  void backward_op_timed(size_t i);  // with the profiler's brackets or timer, where set
+  void op_timed(size_t i, int pass);  // pass 0 forward, 1 backward; with the profiler's brackets or timer, where set
   void decide_drops(MoeState& m, const float* weights);  // weights: (N, k) in backend memory
   double aux_loss(MoeState& m, size_t i);                  // op i: the layer's kTopK
   ExpertLayer expert_layer(const OpPlan& p);  // the kExpertMlp op's layer for the expert backend

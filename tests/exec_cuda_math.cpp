@@ -471,6 +471,29 @@ struct HostAttention {
   }
 };
 
+// The CPU kernel's forward and backward next to the host replay of the CUDA
+// kernels on the same inputs (extras.sinks / dsinks as the replay's sinks; the
+// replay's sink gradient into dsinks), each output compared.
+void check_against_cpu(const HostAttention& cu, const std::vector<float>& q, const std::vector<float>& k,
+                       const std::vector<float>& v, const std::vector<float>& dout, const AttentionExtras& extras,
+                       float* dsinks = nullptr) {
+  std::vector<float> o_cpu(q.size()), lse_cpu(size_t(cu.B) * cu.H * cu.T), dq_cpu(q.size()), dk_cpu(k.size()),
+      dv_cpu(v.size());
+  attention_forward(o_cpu.data(), lse_cpu.data(), q.data(), k.data(), v.data(), cu.doc.data(), cu.B, cu.T, cu.H,
+                    cu.kv_stored, cu.kv_used, cu.hd, cu.window, cu.scale, extras);
+  attention_backward(dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), dout.data(), q.data(), k.data(), v.data(),
+                     o_cpu.data(), lse_cpu.data(), cu.doc.data(), cu.B, cu.T, cu.H, cu.kv_stored, cu.kv_used, cu.hd,
+                     cu.window, cu.scale, false, extras);
+  std::vector<float> o(q.size()), lse(lse_cpu.size()), dq(q.size()), dk(k.size()), dv(v.size());
+  cu.forward(o, lse, q, k, v);
+  cu.backward(dq, dk, dv, dout, q, k, v, o_cpu, lse_cpu, dsinks);
+  CHECK(normalised_error(o, o_cpu) < 1e-5);
+  CHECK(normalised_error(lse, lse_cpu) < 1e-5);
+  CHECK(normalised_error(dq, dq_cpu) < 1e-4);
+  CHECK(normalised_error(dk, dk_cpu) < 1e-4);
+  CHECK(normalised_error(dv, dv_cpu) < 1e-4);
+}
+
 }  // namespace
 
 TEST_CASE("cuda element math: ALiBi scores, forward and backward as the CUDA kernels run them, equal the CPU kernel",
@@ -490,23 +513,7 @@ TEST_CASE("cuda element math: ALiBi scores, forward and backward as the CUDA ker
     INFO("window " << window);
     AttentionExtras extras;
     extras.alibi_slopes = slopes.data();
-    std::vector<float> o_cpu(q.size()), lse_cpu(size_t(B) * H * T), dq_cpu(q.size()), dk_cpu(k.size()),
-        dv_cpu(v.size());
-    attention_forward(o_cpu.data(), lse_cpu.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kv_stored,
-                      kv_used, hd, window, scale, extras);
-    attention_backward(dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), dout.data(), q.data(), k.data(), v.data(),
-                       o_cpu.data(), lse_cpu.data(), doc.data(), B, T, H, kv_stored, kv_used, hd, window, scale, false,
-                       extras);
-
-    const HostAttention cu{B, T, H, kv_stored, kv_used, hd, window, scale, slopes, doc};
-    std::vector<float> o(q.size()), lse(lse_cpu.size()), dq(q.size()), dk(k.size()), dv(v.size());
-    cu.forward(o, lse, q, k, v);
-    cu.backward(dq, dk, dv, dout, q, k, v, o_cpu, lse_cpu);
-    CHECK(normalised_error(o, o_cpu) < 1e-5);
-    CHECK(normalised_error(lse, lse_cpu) < 1e-5);
-    CHECK(normalised_error(dq, dq_cpu) < 1e-4);
-    CHECK(normalised_error(dk, dk_cpu) < 1e-4);
-    CHECK(normalised_error(dv, dv_cpu) < 1e-4);
+    check_against_cpu({B, T, H, kv_stored, kv_used, hd, window, scale, slopes, doc}, q, k, v, dout, extras);
   }
 }
 
@@ -680,23 +687,8 @@ TEST_CASE("cuda element math: attention sinks in the online softmax and their gr
     extras.alibi_slopes = slopes.data();
     extras.sinks = sinks.data();
     extras.dsinks = dsinks_cpu.data();
-    std::vector<float> o_cpu(q.size()), lse_cpu(size_t(B) * H * T), dq_cpu(q.size()), dk_cpu(k.size()),
-        dv_cpu(v.size());
-    attention_forward(o_cpu.data(), lse_cpu.data(), q.data(), k.data(), v.data(), doc.data(), B, T, H, kv_stored,
-                      kv_used, hd, window, scale, extras);
-    attention_backward(dq_cpu.data(), dk_cpu.data(), dv_cpu.data(), dout.data(), q.data(), k.data(), v.data(),
-                       o_cpu.data(), lse_cpu.data(), doc.data(), B, T, H, kv_stored, kv_used, hd, window, scale, false,
-                       extras);
-
-    const HostAttention cu{B, T, H, kv_stored, kv_used, hd, window, scale, slopes, doc, sinks.data()};
-    std::vector<float> o(q.size()), lse(lse_cpu.size()), dq(q.size()), dk(k.size()), dv(v.size());
-    cu.forward(o, lse, q, k, v);
-    cu.backward(dq, dk, dv, dout, q, k, v, o_cpu, lse_cpu, dsinks.data());
-    CHECK(normalised_error(o, o_cpu) < 1e-5);
-    CHECK(normalised_error(lse, lse_cpu) < 1e-5);
-    CHECK(normalised_error(dq, dq_cpu) < 1e-4);
-    CHECK(normalised_error(dk, dk_cpu) < 1e-4);
-    CHECK(normalised_error(dv, dv_cpu) < 1e-4);
+    check_against_cpu({B, T, H, kv_stored, kv_used, hd, window, scale, slopes, doc, sinks.data()}, q, k, v, dout,
+                      extras, dsinks.data());
     CHECK(normalised_error(dsinks, dsinks_cpu) < 1e-5);
   }
 }

@@ -78,6 +78,18 @@ class FakeDeviceTiming final : public OpTiming {
   int n_ = 0;
 };
 
+// The tiny model profiled on FakeDeviceTiming's clock.
+struct FakeDeviceRun {
+  const models::LayerGraph g = tiny_graph();
+  Model m{g, 1, 16};
+  Profiler prof{g, 1, 16, 1};
+  FakeDeviceRun() {
+    m.init_params(1);
+    prof.set_timing(std::make_unique<FakeDeviceTiming>());
+    prof.attach(m);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("profiler: the CPU backend's default clock keeps the profile's form", "[exec][profiler]") {
@@ -140,12 +152,10 @@ TEST_CASE("profiler: the CPU backend's default clock keeps the profile's form", 
 }
 
 TEST_CASE("profiler: a device clock's intervals sit at the step's start plus their offsets", "[exec][profiler]") {
-  const models::LayerGraph g = tiny_graph();
-  Model m(g, 1, 16);
-  m.init_params(1);
-  Profiler prof(g, 1, 16, 1);
-  prof.set_timing(std::make_unique<FakeDeviceTiming>());
-  prof.attach(m);
+  FakeDeviceRun run;
+  const models::LayerGraph& g = run.g;
+  Model& m = run.m;
+  Profiler& prof = run.prof;
   profile_steps(m, prof, 1);
   const nlohmann::json om = prof.measurements();
   CHECK(om["op_clock"] == "fake_events");
@@ -168,12 +178,10 @@ TEST_CASE("profiler: a device clock's intervals sit at the step's start plus the
 }
 
 TEST_CASE("profiler: collectives on their own queue are the trace's collectives lane, not ops", "[exec][profiler]") {
-  const models::LayerGraph g = tiny_graph();
-  Model m(g, 1, 16);
-  m.init_params(1);
-  Profiler prof(g, 1, 16, 1);
-  prof.set_timing(std::make_unique<FakeDeviceTiming>());
-  prof.attach(m);
+  FakeDeviceRun run;
+  const models::LayerGraph& g = run.g;
+  Model& m = run.m;
+  Profiler& prof = run.prof;
   // One step as the trainer's data parallel queues it on a device: reduce-scatter
   // ranges during the backward, the all-gather inside the optimizer's interval.
   const auto b = testing::make_batch(1, 16, g.model.vocab, 5);
