@@ -67,3 +67,29 @@ TEST_CASE("A GB300 runs the same GEMM faster than a GB200 at equal datasheet pea
   CHECK(q300 == Approx(q200));
   CHECK(price_op(mlp, fp8_300).fwd_s - q300 < price_op(mlp, fp8_200).fwd_s - q200);
 }
+
+TEST_CASE("An H100 SXM's GEMMs are priced at the rate it sustains at its power limit, not its burst rate", "[gemm]") {
+  const auto h100 = topologies::load_system(src("topologies/zoo/hgx-h100.json")).gpu;
+  const Calibration& sustained = default_calibration();
+  // cuBLAS BF16 8192^3 measured twice on an H100 SXM at 700 W (the sources of
+  // gemm.sustained_ratio.H100-SXM): 797.8 TF over 11 ms after a 5 s rest, ~730 TF averaged
+  // over 60 s of back-to-back launches. A training step is the second case.
+  const double burst_flops_per_s = 797.8e12, sustained_flops_per_s = 730e12;
+  const double rate = gemm_efficiency(sustained, h100, 8192, 8192, 8192) * h100.peak_bf16_flops_per_s;
+  CHECK(rate == Approx(sustained_flops_per_s).epsilon(0.005));
+  CHECK(rate < burst_flops_per_s);
+
+  // Priced: the MLP's compute-bound GEMMs take 1 / ratio longer than at the 8192^3 share
+  // alone; the Grand Teton H100 is the same part (its 500 W limit can only slow it further).
+  Calibration burst = sustained;
+  burst.gemm_sustained_ratio.erase(h100.name);
+  const double ratio = sustained.gemm_sustained_ratio.at(h100.name);
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const OpEntry& mlp = find_op(t, models::OpKind::kSharedMlp);
+  const OpTime with = price_op(mlp, gemm_context(h100, sustained, false));
+  const OpTime without = price_op(mlp, gemm_context(h100, burst, false));
+  CHECK(with.fwd_s / without.fwd_s == Approx(1.0 / ratio).epsilon(0.01));
+  CHECK(with.bwd_s / without.bwd_s == Approx(1.0 / ratio).epsilon(0.01));
+  const auto grand_teton = topologies::load_system(src("topologies/zoo/grand-teton-h100.json")).gpu;
+  CHECK(gemm_peak_efficiency(sustained, grand_teton) == gemm_peak_efficiency(sustained, h100));
+}
