@@ -134,6 +134,11 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     if (dk.has("activation_bwd_bytes_per_fc1_elem")) {
       c.dense_act_bwd_bytes = sourced(dk, "activation_bwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
     }
+    if (dk.has("glu_activation_fwd_bytes_per_fc1_elem") || dk.has("glu_activation_bwd_bytes_per_fc1_elem")) {
+      c.dense_glu_act_own = true;
+      c.dense_glu_act_fwd_bytes = sourced(dk, "glu_activation_fwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
+      c.dense_glu_act_bwd_bytes = sourced(dk, "glu_activation_bwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
+    }
     dk.ignore("comment");
     dk.finish();
   }

@@ -87,6 +87,12 @@ struct Calibration {
   // HBM per fc1-output element (2 x width per row for a gated MLP) in forward and backward.
   // 0: fused into the GEMMs or hidden by a compiler (Marin's XLA step).
   double dense_act_fwd_bytes = 0, dense_act_bwd_bytes = 0;
+  // The same for a gated MLP (GLU: silu(h1) * h3) where the stack runs it in other
+  // kernels than a plain activation (dense_kernels glu_activation_*; eager PyTorch's
+  // F.silu and the product are two passes, a compiled step fuses them into one).
+  // dense_glu_act_own false: a gated MLP takes dense_act_*_bytes as well.
+  bool dense_glu_act_own = false;
+  double dense_glu_act_fwd_bytes = 0, dense_glu_act_bwd_bytes = 0;
   // Attention kernels (flash): fraction of peak in forward / backward.
   double attention_fwd_eff = 0.45;
   double attention_bwd_eff = 0.45;

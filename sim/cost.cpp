@@ -334,9 +334,11 @@ ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibrat
 DenseActivationBytes dense_activation_bytes(const OpEntry& e, const Calibration& cal, double rows, double n) {
   DenseActivationBytes x;
   if (e.kind != OpKind::kSharedMlp) return x;
-  const double fc1 = rows * (e.gemm_count == 3 ? 2.0 : 1.0) * n;
-  x.fwd = fc1 * cal.dense_act_fwd_bytes;
-  x.bwd = fc1 * cal.dense_act_bwd_bytes;
+  const bool gated = e.gemm_count == 3;
+  const double fc1 = rows * (gated ? 2.0 : 1.0) * n;
+  const bool glu_own = gated && cal.dense_glu_act_own;
+  x.fwd = fc1 * (glu_own ? cal.dense_glu_act_fwd_bytes : cal.dense_act_fwd_bytes);
+  x.bwd = fc1 * (glu_own ? cal.dense_glu_act_bwd_bytes : cal.dense_act_bwd_bytes);
   return x;
 }
 
