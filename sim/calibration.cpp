@@ -134,8 +134,38 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     if (dk.has("activation_bwd_bytes_per_fc1_elem")) {
       c.dense_act_bwd_bytes = sourced(dk, "activation_bwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
     }
+    if (dk.has("glu_activation_fwd_bytes_per_fc1_elem") || dk.has("glu_activation_bwd_bytes_per_fc1_elem")) {
+      c.dense_glu_act_own = true;
+      c.dense_glu_act_fwd_bytes = sourced(dk, "glu_activation_fwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
+      c.dense_glu_act_bwd_bytes = sourced(dk, "glu_activation_bwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
+    }
     dk.ignore("comment");
     dk.finish();
+  }
+
+  if (r.has("eager_elementwise")) {  // optional: norms, RoPE, residual adds as several eager ops
+    JsonReader ee = r.object("eager_elementwise");
+    ee.ignore("comment");
+    for (auto it = ee.raw().begin(); it != ee.raw().end(); ++it) {
+      if (it.key() == "comment") continue;
+      bool known = false;
+      for (const models::OpKind k : models::kAllOpKinds) {
+        known = known || (it.key() == models::to_string(k) &&
+                          (k == models::OpKind::kRmsNorm || k == models::OpKind::kRope || k == models::OpKind::kResidualAdd));
+      }
+      if (!known) {
+        throw UserError(file, "/eager_elementwise/" + it.key(), "an op kind run as eager passes (rmsnorm, rope, residual_add)",
+                        it.key());
+      }
+      JsonReader op = ee.object(it.key());
+      Calibration::EagerPasses& p = c.eager_elementwise[it.key()];
+      p.fwd_bytes_per_elem = sourced(op, "fwd_bytes_per_elem", {.min_exclusive = 0, .max = 256});
+      p.bwd_bytes_per_elem = sourced(op, "bwd_bytes_per_elem", {.min_exclusive = 0, .max = 256});
+      p.fwd_kernels = sourced(op, "fwd_kernels", {.min = 1, .max = 64});
+      p.bwd_kernels = sourced(op, "bwd_kernels", {.min = 1, .max = 64});
+      op.finish();
+    }
+    ee.finish();
   }
 
   if (r.has("moe_kernels")) {  // optional: the trainer's MoE kernels beside the expert GEMMs

@@ -87,6 +87,22 @@ struct Calibration {
   // HBM per fc1-output element (2 x width per row for a gated MLP) in forward and backward.
   // 0: fused into the GEMMs or hidden by a compiler (Marin's XLA step).
   double dense_act_fwd_bytes = 0, dense_act_bwd_bytes = 0;
+  // The same for a gated MLP (GLU: silu(h1) * h3) where the stack runs it in other
+  // kernels than a plain activation (dense_kernels glu_activation_*; eager PyTorch's
+  // F.silu and the product are two passes, a compiled step fuses them into one).
+  // dense_glu_act_own false: a gated MLP takes dense_act_*_bytes as well.
+  bool dense_glu_act_own = false;
+  double dense_glu_act_fwd_bytes = 0, dense_glu_act_bwd_bytes = 0;
+  // Norms, RoPE and residual adds an eager trainer runs as several framework ops, each a
+  // pass through HBM (calibration block `eager_elementwise`, keyed by the op kind's name,
+  // models::to_string(OpKind): rmsnorm, rope, residual_add): bytes per element of the
+  // op's input (its in_elems per token) moved in one forward and in one backward, and
+  // the kernels each launches. Absent: the op is one fused pass (sim/cost.cpp).
+  struct EagerPasses {
+    double fwd_bytes_per_elem = 0, bwd_bytes_per_elem = 0;
+    double fwd_kernels = 1, bwd_kernels = 1;
+  };
+  std::map<std::string, EagerPasses, std::less<>> eager_elementwise;
   // Attention kernels (flash): fraction of peak in forward / backward.
   double attention_fwd_eff = 0.45;
   double attention_bwd_eff = 0.45;

@@ -334,9 +334,11 @@ ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibrat
 DenseActivationBytes dense_activation_bytes(const OpEntry& e, const Calibration& cal, double rows, double n) {
   DenseActivationBytes x;
   if (e.kind != OpKind::kSharedMlp) return x;
-  const double fc1 = rows * (e.gemm_count == 3 ? 2.0 : 1.0) * n;
-  x.fwd = fc1 * cal.dense_act_fwd_bytes;
-  x.bwd = fc1 * cal.dense_act_bwd_bytes;
+  const bool gated = e.gemm_count == 3;
+  const double fc1 = rows * (gated ? 2.0 : 1.0) * n;
+  const bool glu_own = gated && cal.dense_glu_act_own;
+  x.fwd = fc1 * (glu_own ? cal.dense_glu_act_fwd_bytes : cal.dense_act_fwd_bytes);
+  x.bwd = fc1 * (glu_own ? cal.dense_glu_act_bwd_bytes : cal.dense_act_bwd_bytes);
   return x;
 }
 
@@ -423,6 +425,12 @@ bool rope_runs_unfused(const OpEntry& e, const Calibration& cal) {
   return e.kind == models::OpKind::kRope && e.rope_yarn && cal.rope_yarn_unfused;
 }
 
+const Calibration::EagerPasses* eager_passes(const OpEntry& e, const Calibration& cal) {
+  if (cal.eager_elementwise.empty()) return nullptr;
+  const auto it = cal.eager_elementwise.find(std::string_view(models::to_string(e.kind)));  // no allocation per op
+  return it != cal.eager_elementwise.end() ? &it->second : nullptr;
+}
+
 namespace {
 
 // Kernels an op launches (the GPU-side launch count of price_op), with the grouped
@@ -433,7 +441,11 @@ double op_kernel_launches(const OpEntry& e, const PriceContext& ctx) {
     case OpClass::kGemm: return e.gemm_count + (e.ew_flops_per_token > 0 ? 1.0 : 0.0);
     case OpClass::kGroupedGemm:
       return e.gemm_count * (ctx.cal->grouped_gemm_launch_per_expert ? ctx.local_experts : 1.0) + 1.0;
-    default: return rope_runs_unfused(e, *ctx.cal) ? kRotatedTensors * ctx.cal->rope_yarn_fwd_kernels : 1.0;
+    default: {
+      if (rope_runs_unfused(e, *ctx.cal)) return kRotatedTensors * ctx.cal->rope_yarn_fwd_kernels;
+      const Calibration::EagerPasses* eager = eager_passes(e, *ctx.cal);
+      return eager != nullptr ? eager->fwd_kernels : 1.0;
+    }
   }
 }
 
@@ -482,6 +494,8 @@ double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
   double calls = it != cal.host_calls_per_op.end() ? it->second : 1.0;
   // Eager RoPE: every kernel of the rotation is a framework call of its own.
   if (rope_runs_unfused(e, cal)) calls = kRotatedTensors * cal.rope_yarn_fwd_kernels;
+  // Eager norms, RoPE, residual adds: likewise every kernel is a framework call.
+  if (const Calibration::EagerPasses* eager = eager_passes(e, cal)) calls = eager->fwd_kernels;
   if (e.cls == OpClass::kGroupedGemm) calls += cal.host_calls_per_local_expert * ctx.local_experts;
   return calls * ctx.op_issue_s + op_kernel_launches(e, ctx) * cal.launch_overhead_s;
 }
@@ -623,6 +637,21 @@ OpTime price_unfused_rope(const OpEntry& e, const PriceContext& ctx) {
   return t;
 }
 
+// A norm, RoPE or residual add run as several eager framework ops (eager_passes): each
+// op streams its tensors through HBM on its own, the stack's bytes per input element in
+// all, and each is a kernel launch of its own.
+OpTime price_eager_passes(const OpEntry& e, const Calibration::EagerPasses& p, const PriceContext& ctx) {
+  const Calibration& cal = *ctx.cal;
+  const double elems = e.in_elems * ctx.tokens / ctx.tp;  // the sequence-parallel share, as the fused pass
+  const double bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_elementwise;
+  OpTime t;
+  t.fwd_flops = e.ew_flops_per_token * ctx.tokens / ctx.tp;
+  t.bwd_flops = 2.0 * t.fwd_flops;
+  t.fwd_s = elems * p.fwd_bytes_per_elem / bw + p.fwd_kernels * cal.launch_overhead_s;
+  t.bwd_s = elems * p.bwd_bytes_per_elem / bw + p.bwd_kernels * cal.launch_overhead_s;
+  return t;
+}
+
 OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;
   const double peak_bf16 = ctx.peak_flops_per_s;
@@ -724,6 +753,7 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
     }
     default: {
       if (rope_runs_unfused(e, cal)) return price_unfused_rope(e, ctx);
+      if (const Calibration::EagerPasses* eager = eager_passes(e, cal)) return price_eager_passes(e, *eager, ctx);
       // Memory-bound: read the input (and weights), write the output.
       const double bytes = (e.in_elems + e.out_elems) * tokens * 2.0 + e.param_elems * 2.0;
       const double s = bytes / (bw * mem_eff(cal, e.cls));

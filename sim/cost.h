@@ -57,6 +57,10 @@ struct OpEntry {
 // fused kernel (Calibration::rope_yarn_unfused): priced per pass and per kernel.
 bool rope_runs_unfused(const OpEntry& e, const Calibration& cal);
 
+// The stack's eager passes for this op (Calibration::eager_elementwise, by op kind), or
+// nullptr where the op is one fused pass.
+const Calibration::EagerPasses* eager_passes(const OpEntry& e, const Calibration& cal);
+
 // Blocks with identical op lists (same attention kind, MoE or dense).
 struct LayerClass {
   int64_t first_layer = 0;

@@ -105,6 +105,31 @@ TEST_CASE("Megatron's GeLU MLP: two GEMMs of h x 4h, its fused bias-GeLU over th
   }
 }
 
+TEST_CASE("pytorch-fsdp: a gated MLP's activation is one compiled kernel, a GeLU one eager kernel", "[dense_kernels]") {
+  // torchtitan / fms-fsdp under torch.compile: w2(F.silu(w1(x)) * w3(x)) becomes one Inductor
+  // pointwise kernel between the GEMMs (reads h1 and h3, writes the product; its backward
+  // reads the gradient, h1 and h3 and writes dh1 and dh3); llm-foundry's MPT applies
+  // nn.GELU between up_proj and down_proj, one F.gelu kernel.
+  const Calibration c = stack_calibration(load_stack(stack_path("pytorch-fsdp")));
+  const OpTable llama = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const OpEntry& swiglu = find_op(llama, models::OpKind::kSharedMlp);
+  REQUIRE(swiglu.gemm_count == 3);
+  const double rows = 2048.0, n = 14336.0, fc1 = rows * 2.0 * n;  // h1 and h3
+  CHECK(dense_activation_bytes(swiglu, c, rows, n).fwd == Approx(fc1 * 3.0).epsilon(1e-12));
+  CHECK(dense_activation_bytes(swiglu, c, rows, n).bwd == Approx(fc1 * 5.0).epsilon(1e-12));
+  const OpTable mpt = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/mpt-7b.json"))));
+  const OpEntry& gelu = find_op(mpt, models::OpKind::kSharedMlp);
+  REQUIRE(gelu.gemm_count == 2);
+  const double width = 4.0 * 4096.0;
+  CHECK(dense_activation_bytes(gelu, c, rows, width).fwd == Approx(rows * width * 4.0).epsilon(1e-12));
+  CHECK(dense_activation_bytes(gelu, c, rows, width).bwd == Approx(rows * width * 6.0).epsilon(1e-12));
+  // Without glu_activation_* a gated MLP takes the plain activation's bytes (the Megatron stacks).
+  Calibration plain = c;
+  plain.dense_glu_act_own = false;
+  CHECK(dense_activation_bytes(swiglu, plain, rows, n).fwd == Approx(fc1 * 4.0).epsilon(1e-12));
+  CHECK(dense_activation_bytes(swiglu, plain, rows, n).bwd == Approx(fc1 * 6.0).epsilon(1e-12));
+}
+
 TEST_CASE("Unfused attention passes its score matrices through HBM: 2021-22 Megatron stacks only", "[dense_kernels]") {
   CHECK(default_calibration().attention_unfused_fwd_bytes == 0);
   CHECK(stack_calibration(load_stack(stack_path("megatron-bridge-2025"))).attention_unfused_fwd_bytes == 0);  // cuDNN fused attention

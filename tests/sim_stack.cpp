@@ -150,7 +150,8 @@ TEST_CASE("training stacks limit layouts and change the overheads", "[stack]") {
   CHECK(stack_calibration(marin).gc_pause_s == base.gc_pause_s);
   // Every shipped stack reads.
   for (const char* s : {"marin-july-2026", "marin-hero-later", "marin-hero-late", "megatron-lm", "megatron-lm-2021",
-                        "megatron-lm-2022", "megatron-deepspeed-2021", "megatron-bridge-2025", "pytorch-fsdp", "deepspeed"}) {
+                        "megatron-lm-2022", "megatron-deepspeed-2021", "megatron-bridge-2025", "pytorch-fsdp", "pytorch-fsdp-eager",
+                        "deepspeed"}) {
     CHECK_NOTHROW(stack_calibration(load_stack(stack_path(s))));
   }
 }
