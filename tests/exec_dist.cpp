@@ -164,6 +164,21 @@ TEST_CASE("a range's reduce-scatter parts are its intersections with the shards 
   CHECK(whole.shard_offsets == std::vector<int64_t>{0, 0, 0, 0});
 }
 
+TEST_CASE("a range splits evenly over the ranks only when every part has the same nonzero size", "[dist]") {
+  const auto even = [](const std::vector<int64_t>& offsets, const std::vector<int64_t>& counts, int64_t begin,
+                       int64_t end) {
+    const RangeParts p = range_parts(offsets, counts, begin, end);
+    return even_part_floats(p.offsets, p.counts);
+  };
+  const std::vector<int64_t> offsets = {0, 8, 16, 24}, counts = {8, 8, 8, 8};
+  CHECK(even(offsets, counts, 0, 32) == 8);  // the whole arena: one ncclReduceScatter
+  CHECK(even(offsets, counts, 4, 28) == 0);  // parts of 4, 8, 8, 4
+  CHECK(even(offsets, counts, 8, 16) == 0);  // rank 1's shard only: the other parts are empty
+  CHECK(even(offsets, counts, 0, 0) == 0);   // nothing to reduce
+  CHECK(even({0, 10, 10, 25}, {10, 0, 15, 5}, 0, 30) == 0);  // uneven shards
+  CHECK(even({0}, {12}, 3, 9) == 6);                         // one rank: always even
+}
+
 TEST_CASE("one process: the world is rank 0 of 1 and collectives copy", "[dist]") {
   if (launcher_world_size() > 1) return;  // started by mpirun: not this case
   Comm world = Comm::world();
