@@ -210,7 +210,7 @@ std::string load_backend_plugin(const std::string& name) {
 }
 
 std::unique_ptr<ExpertBackend> Backend::make_experts(Comm /*group*/, const sim::DispatchConfig& /*config*/,
-                                                     bool /*verify*/, std::string& why) {
+                                                     const ExpertTransportOptions& /*options*/, std::string& why) {
   why = uses_host_memory() ? "the host transport (exec/dist.h MpiExperts: this backend uses host memory)"
                            : "expert parallelism in the " + name() + " backend's memory (it has none)";
   return nullptr;

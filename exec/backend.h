@@ -279,6 +279,14 @@ struct DeviceMemory {
 class Comm;           // exec/dist.h: the ranks (MPI, or one process)
 class ExpertBackend;  // exec/model.h: routed experts computed across an EP group
 
+// How a backend's expert-parallel transport runs (Backend::make_experts).
+struct ExpertTransportOptions {
+  bool verify = false;  // check every layer against sim::dispatch (exec/dist.h verify_against_dispatch)
+  // A pooled wave's exchange travels while the previous wave's experts compute
+  // (exec/cuda/experts.h); off: one after the other, the same arithmetic.
+  bool overlap = true;
+};
+
 // Scalars an op's forward returns to the driver's loss bookkeeping.
 struct OpResult {
   double ce = 0, z_loss = 0;  // kCrossEntropy
@@ -337,9 +345,9 @@ class Backend {
   // (exec/cuda: NCCL), pooled or ragged as `config` says, or nullptr with
   // `why` set. A backend that uses host memory needs none (the trainer runs
   // exec/dist.h's MpiExperts on it). Every rank of `group` calls it. The
-  // backend outlives it. `verify`: check every layer against sim::dispatch.
-  virtual std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config, bool verify,
-                                                      std::string& why);
+  // backend outlives it.
+  virtual std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config,
+                                                      const ExpertTransportOptions& options, std::string& why);
 
   // --- the op set -----------------------------------------------------------
   virtual OpResult forward(const OpCall& c) = 0;

@@ -346,6 +346,16 @@ RangeParts range_parts(const std::vector<int64_t>& offsets, const std::vector<in
   return p;
 }
 
+int64_t even_part_floats(const std::vector<int64_t>& offsets, const std::vector<int64_t>& counts) {
+  RS_CHECK(!counts.empty() && offsets.size() == counts.size(), "even_part_floats: one part per rank");
+  const int64_t n = counts[0];
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] != n || n == 0) return 0;
+    RS_CHECK(offsets[r] == offsets[0] + int64_t(r) * n, "even_part_floats: parts tile a range in rank order");
+  }
+  return n;
+}
+
 std::vector<int> ShardPlan::floats() const { return ints(shards, &ParamShard::floats); }
 std::vector<int> ShardPlan::v_floats() const { return ints(shards, &ParamShard::v_floats); }
 std::vector<int> ShardPlan::w0_counts() const { return ints(shards, &ParamShard::w0_count); }

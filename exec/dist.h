@@ -160,6 +160,13 @@ struct RangeParts {
 };
 RangeParts range_parts(const std::vector<int64_t>& offsets, const std::vector<int64_t>& counts, int64_t begin,
                        int64_t end);
+// The floats every rank's part holds when parts (offsets, counts: a
+// RangeParts') split evenly over the ranks (all counts equal and nonzero):
+// then the parts are one contiguous
+// (ranks, n) block from offsets[0], a plain reduce-scatter of n per rank
+// (NCCL's ncclReduceScatter); 0 when they do not (a part of another size, an
+// empty one), which goes rooted at each part's owner instead.
+int64_t even_part_floats(const std::vector<int64_t>& offsets, const std::vector<int64_t>& counts);
 // The layout of just one shard's tensors (its own arena and optimizer state).
 std::shared_ptr<const ArenaLayout> shard_layout(const ArenaLayout& layout, const ParamShard& shard);
 

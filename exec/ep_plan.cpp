@@ -59,28 +59,29 @@ RecvPlan group_kept(const std::vector<std::vector<int64_t>>& by_expert, int64_t 
 }
 }  // namespace
 
-RecvPlan plan_pooled_receive(const int32_t* header, int64_t S, int64_t local, int64_t waves, int64_t pool_rows,
-                             int64_t receiver_limit) {
-  // Per wave, capacity per local expert goes slot-major, source-minor (sim/base/dispatch.cpp).
+namespace {
+
+// Wave w's receiver decisions: its kept rows by local expert. Per wave, capacity per local expert goes
+// slot-major, source-minor (sim/base/dispatch.cpp); a wave reads only its own rows' headers.
+std::vector<std::vector<int64_t>> pooled_wave_receive(const int32_t* header, int64_t S, int64_t local, int64_t w,
+                                                      int64_t pool_rows, int64_t receiver_limit) {
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(local));
-  std::vector<int64_t> used(static_cast<size_t>(local));
-  for (int64_t w = 0; w < waves; ++w) {
-    std::fill(used.begin(), used.end(), 0);
-    for (int64_t slot = 0; slot < pool_rows; ++slot) {
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t row = (w * S + s) * pool_rows + slot;
-        const int32_t e = header[row];
-        if (e < 0) continue;
-        RS_CHECK(e < local, "a received row names an expert this rank does not hold");
-        if (used[e]++ < receiver_limit) by_expert[e].push_back(row);  // else: receiver drop
-      }
+  std::vector<int64_t> used(static_cast<size_t>(local), 0);
+  for (int64_t slot = 0; slot < pool_rows; ++slot) {
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t row = (w * S + s) * pool_rows + slot;
+      const int32_t e = header[row];
+      if (e < 0) continue;
+      RS_CHECK(e < local, "a received row names an expert this rank does not hold");
+      if (used[e]++ < receiver_limit) by_expert[e].push_back(row);  // else: receiver drop
     }
   }
-  return group_kept(by_expert, waves * S * pool_rows);
+  return by_expert;
 }
 
-RecvPlan plan_ragged_receive(const int32_t* header, const std::vector<int>& rows_from, int64_t local, int chunks,
-                             int64_t gate) {
+// The ragged receiver's kept rows by local expert.
+std::vector<std::vector<int64_t>> ragged_receive(const int32_t* header, const std::vector<int>& rows_from,
+                                                 int64_t local, int chunks, int64_t gate) {
   const int64_t S = static_cast<int64_t>(rows_from.size());
   // rows[e][s]: rows from source s for local expert e, in the sender's position order.
   std::vector<std::vector<std::vector<int64_t>>> rows(static_cast<size_t>(local),
@@ -104,7 +105,25 @@ RecvPlan plan_ragged_receive(const int32_t* header, const std::vector<int>& rows
         for (int64_t r : rows[e][s])
           if (used++ < cap) by_expert[e].push_back(r);  // else: receiver drop
   }
-  return group_kept(by_expert, at);
+  return by_expert;
+}
+
+}  // namespace
+
+RecvPlan plan_pooled_receive(const int32_t* header, int64_t S, int64_t local, int64_t waves, int64_t pool_rows,
+                             int64_t receiver_limit) {
+  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(local));
+  for (int64_t w = 0; w < waves; ++w) {
+    const auto wave = pooled_wave_receive(header, S, local, w, pool_rows, receiver_limit);
+    for (int64_t e = 0; e < local; ++e) by_expert[e].insert(by_expert[e].end(), wave[e].begin(), wave[e].end());
+  }
+  return group_kept(by_expert, waves * S * pool_rows);
+}
+
+RecvPlan plan_ragged_receive(const int32_t* header, const std::vector<int>& rows_from, int64_t local, int chunks,
+                             int64_t gate) {
+  const int64_t rows = std::accumulate(rows_from.begin(), rows_from.end(), int64_t{0});
+  return group_kept(ragged_receive(header, rows_from, local, chunks, gate), rows);
 }
 
 TransportLimits transport_limits(const sim::DispatchConfig& cfg, int64_t S, int64_t tokens) {
@@ -187,13 +206,44 @@ void EpLayerPlan::set_rows_from(const int32_t* counts) { rows_from.assign(counts
 
 int64_t EpLayerPlan::recv_rows() const { return std::accumulate(rows_from.begin(), rows_from.end(), int64_t{0}); }
 
-void EpLayerPlan::plan_receive(const int32_t* header) {
-  recv = pooled_ ? plan_pooled_receive(header, S_, local_, waves_, P_, receiver_limit_)
-                 : plan_ragged_receive(header, rows_from, local_, chunks_, receiver_limit_);
+int64_t EpLayerPlan::recv_phase_begin(int phase) const {
+  RS_CHECK(phase >= 0 && phase <= phases(), "recv_phase_begin: a phase of the exchange, or the end");
+  if (pooled_) return phase * S_ * P_;
+  return phase == 0 ? 0 : recv_rows();
+}
+
+void EpLayerPlan::plan_receive_phase(int phase, const int32_t* header) {
+  RS_CHECK(phase >= 0 && phase < phases(), "plan_receive_phase: a phase of the exchange");
   const int64_t rows = recv_rows();
-  recv_header.assign(recv.kept.begin(), recv.kept.end());
-  local_of_row.assign(static_cast<size_t>(rows), -1);
-  for (size_t j = 0; j < recv.kept_rows.size(); ++j) local_of_row[recv.kept_rows[j]] = static_cast<int32_t>(j);
+  if (phase == 0) {
+    by_expert_.assign(static_cast<size_t>(local_), {});
+    recv_header.assign(static_cast<size_t>(rows), 0);
+    compute_rows.clear();
+    compute_of_row.assign(static_cast<size_t>(rows), -1);
+    phase_rows.clear();
+  }
+  RS_CHECK(phase == static_cast<int>(phase_rows.size()), "plan_receive_phase: the phases in order");
+  const std::vector<std::vector<int64_t>> mine =
+      pooled_ ? pooled_wave_receive(header, S_, local_, phase, P_, receiver_limit_)
+              : ragged_receive(header, rows_from, local_, chunks_, receiver_limit_);
+  PhaseRows pr;
+  pr.first = static_cast<int64_t>(compute_rows.size());
+  pr.offsets.push_back(0);
+  for (int64_t e = 0; e < local_; ++e) {
+    for (int64_t r : mine[e]) {
+      compute_of_row[r] = static_cast<int32_t>(compute_rows.size());
+      compute_rows.push_back(static_cast<int32_t>(r));
+      recv_header[r] = 1;
+      by_expert_[e].push_back(r);
+    }
+    pr.offsets.push_back(static_cast<int32_t>(int64_t(compute_rows.size()) - pr.first));
+  }
+  phase_rows.push_back(std::move(pr));
+  if (phase + 1 == phases()) recv = group_kept(by_expert_, rows);
+}
+
+void EpLayerPlan::plan_receive(const int32_t* header) {
+  for (int p = 0; p < phases(); ++p) plan_receive_phase(p, header);
 }
 
 void EpLayerPlan::finish(const int32_t* returned_header, uint8_t* keep, sim::DropCounts& drops) {

@@ -26,6 +26,7 @@
 //   if (!plan.pooled()) plan.set_rows_from(counts);    // 2. ragged: after the count exchange of rows_to
 //   for (int w = 0; w < plan.phases(); ++w) exchange(plan.blocks(w, false), ...);
 //   plan.plan_receive(received_header);                // 3. the receiver's decisions: recv.kept_rows ...
+//                                                      //    (or plan_receive_phase(w, ...) as each phase lands)
 //   ... compute the kept rows, send back recv.kept as the header ...
 //   plan.finish(returned_header, keep, drops);         // 4. keep, drops, result_row
 #pragma once
@@ -82,6 +83,13 @@ struct ExchangeBlocks {
   std::vector<int64_t> send_at, send_rows, recv_at, recv_rows;  // (S) each
 };
 
+// One exchange phase's kept rows in the device's compute order
+// (EpLayerPlan::compute_rows): one grouped expert call.
+struct PhaseRows {
+  int64_t first = 0;             // its first row in compute_rows
+  std::vector<int32_t> offsets;  // (local + 1) each local expert's rows, counted from `first`
+};
+
 // One MoE layer's exchange on one rank of an EP group of S. The send buffer
 // holds send.rows rows, the receive buffer recv_rows() rows, in the layouts
 // of SendPlan / RecvPlan; a "back" exchange (the combine, the input
@@ -102,7 +110,17 @@ class EpLayerPlan {
   // send.rows_to (pooled: fixed, set by the constructor).
   void set_rows_from(const int32_t* counts);
   int64_t recv_rows() const;
-  // The receiver's decisions, from the received headers (recv_rows()).
+  // The first received row of exchange phase `phase` (recv_phase_begin(phases()) = recv_rows()):
+  // a pooled wave's rows are [w * S * P, (w + 1) * S * P), the ragged exchange's all of them.
+  int64_t recv_phase_begin(int phase) const;
+  // The receiver's decisions phase by phase, as each phase's rows arrive:
+  // phase `phase`'s from `header` (recv_rows(): the receive buffer's header
+  // plane, read only in that phase's rows), after phases 0 .. phase - 1. A
+  // pooled wave's receiver capacity is its own, so its decisions need no
+  // later wave's rows. Sets that phase's rows of recv_header and compute_of_row
+  // and its PhaseRows; after the last phase, recv.
+  void plan_receive_phase(int phase, const int32_t* header);
+  // Every phase's decisions at once (header: every received row).
   void plan_receive(const int32_t* header);
   // The sender's results, from the headers the combine returned (send.rows:
   // 1 = computed). keep (A): per grouped row, 1 = computed; drops: this rank's counts.
@@ -114,7 +132,12 @@ class EpLayerPlan {
   std::vector<int> rows_from;         // (S) rows received from each source
   RecvPlan recv;
   std::vector<int32_t> recv_header;   // (recv_rows()) the combine's header: 1 = computed, 0 = dropped
-  std::vector<int32_t> local_of_row;  // (recv_rows()) kept row j of received row r, -1 = not computed
+  // The order the device transport computes the kept rows in (exec/cuda/experts.cpp: phase by phase, so
+  // that one phase's experts overlap the next phase's exchange): phase-major, then by local expert, then
+  // as recv.kept_rows orders them. One phase (ragged, or one wave): recv.kept_rows' order.
+  std::vector<int32_t> compute_rows;    // (R) the received row of each computed row
+  std::vector<int32_t> compute_of_row;  // (recv_rows()) computed row of received row r, -1 = not computed
+  std::vector<PhaseRows> phase_rows;    // (phases()) each phase's part of compute_rows
   std::vector<uint8_t> sent_kept;     // (A) assignment order: computed by its expert
   std::vector<int32_t> result_row;    // (A) by grouped row: the send row its output returns in, -1 = dropped
   std::vector<int32_t> grad_source;   // (send.rows) by send row: the grouped row whose gradient it carries, -1 = none
@@ -125,6 +148,7 @@ class EpLayerPlan {
   int waves_ = 1, chunks_ = 1;
   int64_t receiver_limit_ = 0;
   std::vector<int32_t> sorted_pos_;  // (A)
+  std::vector<std::vector<int64_t>> by_expert_;  // (local) kept rows of the phases planned so far
 };
 
 // The whole group's decisions made the way the ranks make them (an

@@ -246,6 +246,12 @@ Trainer::Trainer(TrainOptions options, const Comm* comm) : o_(std::move(options)
 
 // --- expert parallel ---------------------------------------------------------------
 
+namespace {
+ExpertTransportOptions transport_options(const TrainOptions& o) {
+  return {.verify = o.verify_dispatch, .overlap = o.ep_overlap};
+}
+}  // namespace
+
 // Expert parallelism across processes: EP groups of `ep` consecutive ranks
 // exchange their routed rows, over MPI in host memory (MpiExperts) or through
 // the backend's own transport in its memory (Backend::make_experts: NCCL on the
@@ -268,7 +274,7 @@ void Trainer::make_experts() {
     } else {
       check_ep_transport(o_.dispatch.config, ep);  // capacity: the same refusal as on the host
       std::string why;
-      experts_ = model_->backend().make_experts(std::move(group), o_.dispatch.config, o_.verify_dispatch, why);
+      experts_ = model_->backend().make_experts(std::move(group), o_.dispatch.config, transport_options(o_), why);
       if (!experts_) throw ValueError("train", "ep", why, std::to_string(ep) + " on backend " + o_.backend);
     }
     model_->set_expert_backend(experts_.get());
@@ -276,7 +282,7 @@ void Trainer::make_experts() {
   }
   if (!host_memory && transport && !distributed() && ep == 1) {
     std::string why;
-    experts_ = model_->backend().make_experts(ranks().split(0), o_.dispatch.config, o_.verify_dispatch, why);
+    experts_ = model_->backend().make_experts(ranks().split(0), o_.dispatch.config, transport_options(o_), why);
     if (experts_) {
       model_->set_expert_backend(experts_.get());
       return;

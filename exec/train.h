@@ -101,6 +101,7 @@ struct TrainOptions {
   DispatchOptions dispatch;     // with several processes, dispatch.ep > 1 = real expert parallelism;
                                 // experts and top-k are the model's (filled in by the Trainer)
   bool verify_dispatch = false; // EP across processes: check every layer against sim::dispatch
+  bool ep_overlap = true;       // a backend's EP transport: a wave's exchange overlaps the previous wave's experts
   std::string routing_trace;       // training steps' routing (exec/routing_trace.h); "" = none
   std::string routing_trace_eval;  // the last evaluation's routing; "" = none
   int64_t routing_trace_every = 1; // record every N-th training step

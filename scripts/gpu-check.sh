@@ -12,7 +12,8 @@
 #      against that fp32 GPU curve, 3 steps of data parallel on NCCL (--dp-collectives backend, one rank)
 #      against its first 3, 3 steps of expert parallel on NCCL (--ep 1 in one process: exec/cuda/experts.h
 #      with itself as the only peer; pooled and ragged, --verify-dispatch) against the CPU backend's
-#      simulated dispatch (the same drops); the same CPU/GPU comparison on tiny-gpt-gelu (GPT-2's block:
+#      simulated dispatch (the same drops), pooled with --ep-overlap off against itself overlapped (bitwise);
+#      the same CPU/GPU comparison on tiny-gpt-gelu (GPT-2's block:
 #      learned positions, GeLU MLP, MLP and attention biases, LayerNorm; a few seconds each);
 #   4. a training step (forward, backward, resident optimizer) of the medium zoo MoE
 #      (marin-ladder-d768, 1.6 B total) on the GPU, per step and per op kind, fp32 then bf16
@@ -212,6 +213,11 @@ if [ -x "$rs" ] && { [ "$have_gpu" = 1 ] || [ "$dry" = cpu ]; }; then
     --out "$out/tiny_cuda_ep" --json
   json_step tiny_cuda_ep_ragged 60 "$rs" train $tiny $backend_flag --dispatch ragged $ep --verify-dispatch \
     --out "$out/tiny_cuda_ep_ragged" --json
+  # The waves' exchange not overlapping their experts (--ep-overlap off): the same calls one after the
+  # other, so the losses must equal tiny_cuda_ep's bit for bit (tiny_moe_nccl_ep_loss.overlap_off_bitwise);
+  # tiny_cuda_ep's flags but that one, so nothing else can tell the two runs apart.
+  json_step tiny_cuda_ep_serial 60 "$rs" train $tiny $backend_flag --dispatch pooled $ep --verify-dispatch \
+    --ep-overlap off --out "$out/tiny_cuda_ep_serial" --json
   gelu="--model models/zoo/tiny-gpt-gelu.json --data $out/data --batch 2 --seq 128 --steps ${TINY_STEPS:-10} --seed 7"
   json_step gelu_cpu 90 "$rs" train $gelu --threads "$jobs" --out "$out/gelu_cpu" --json
   json_step gelu_cuda 90 "$rs" train $gelu $backend_flag --threads "$jobs" --out "$out/gelu_cuda" --json

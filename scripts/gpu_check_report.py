@@ -113,6 +113,7 @@ def collectives_lane():
 part("tiny_cuda_dp_collectives_lane", collectives_lane)
 def nccl_ep():
     ep_cpu, ep_gpu, ep_ragged = run_json("tiny_cpu_ep"), run_json("tiny_cuda_ep"), run_json("tiny_cuda_ep_ragged")
+    ep_serial = run_json("tiny_cuda_ep_serial")  # --ep-overlap off
     if not ep_cpu or not ep_gpu or not ep_cpu.get("steps") or len(ep_cpu["steps"]) != len(ep_gpu.get("steps", [])):
         return None
     drops = lambda j: [[s["drops"][k] for k in ("assignments", "sender", "receiver")] for s in j["steps"]]
@@ -120,7 +121,8 @@ def nccl_ep():
     return {"cpu_simulated": c, "cuda_nccl_ep": g, "max_rel_diff": max(rel_diffs(c, g)),
             "drops_cpu": drops(ep_cpu), "drops_cuda": drops(ep_gpu), "drops_equal": drops(ep_cpu) == drops(ep_gpu),
             "verified_dispatch_layers": ep_gpu.get("verified_dispatch_layers"),
-            "ragged_verified_dispatch_layers": (ep_ragged or {}).get("verified_dispatch_layers")}
+            "ragged_verified_dispatch_layers": (ep_ragged or {}).get("verified_dispatch_layers"),
+            "overlap_off_bitwise": None if not ep_serial else [s["loss"] for s in ep_serial.get("steps", [])] == g}
 part("tiny_moe_nccl_ep_loss", nccl_ep)
 def bf16_curve():
     b16 = losses(os.path.join(out, "tiny_cuda_bf16.json"))

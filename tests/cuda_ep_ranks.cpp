@@ -9,6 +9,8 @@
 // (every layer's kept assignments checked against sim::dispatch on every
 // rank). The two runs share the planning (exec/ep_plan.h): each step's drops
 // must be equal and the losses equal to the rounding of the GPU's arithmetic.
+// The GPU runs again with the waves' exchange not overlapping their experts
+// (ep_overlap off): its losses must be the overlapped run's bit for bit.
 //
 // Needs >= 2 ranks and a GPU per rank; otherwise every rank prints why and
 // exits 77, which CTest reports as skipped, never as passed.
@@ -41,7 +43,8 @@ struct Run {
   int64_t verified = 0;
 };
 
-Run train(const Comm& world, const std::string& data, const std::string& backend, sim::Transport transport) {
+Run train(const Comm& world, const std::string& data, const std::string& backend, sim::Transport transport,
+          bool overlap = true) {
   TrainOptions o;
   o.model_path = std::string(source_dir()) + "/models/zoo/tiny-moe.json";
   o.data_dir = data;
@@ -59,6 +62,7 @@ Run train(const Comm& world, const std::string& data, const std::string& backend
   o.dispatch.config.receiver_cf = 0.8;
   o.dispatch.config.waves = 2;
   o.verify_dispatch = true;
+  o.ep_overlap = overlap;
   Run r;
   Trainer t(o, &world);
   while (!t.done()) r.logs.push_back(t.step());
@@ -106,6 +110,12 @@ int main() {
       }
     }
     expect(dropped > 0, name + ": the capacities bind (something is dropped)", r);
+    // The waves' exchange not overlapping their experts: the same calls in the same order, bit for bit.
+    const Run serial = train(world, data, "cuda", transport, false);
+    expect(serial.logs.size() == gpu.logs.size(), name + ": --ep-overlap off: 3 steps", r);
+    for (size_t i = 0; i < serial.logs.size() && i < gpu.logs.size(); ++i) {
+      expect(serial.logs[i].loss == gpu.logs[i].loss, name + ": --ep-overlap off: losses bitwise equal", r);
+    }
   }
   const bool passed = testing::all_passed(world);
   world.barrier();

@@ -164,6 +164,21 @@ TEST_CASE("a range's reduce-scatter parts are its intersections with the shards 
   CHECK(whole.shard_offsets == std::vector<int64_t>{0, 0, 0, 0});
 }
 
+TEST_CASE("a range splits evenly over the ranks only when every part has the same nonzero size", "[dist]") {
+  const auto even = [](const std::vector<int64_t>& offsets, const std::vector<int64_t>& counts, int64_t begin,
+                       int64_t end) {
+    const RangeParts p = range_parts(offsets, counts, begin, end);
+    return even_part_floats(p.offsets, p.counts);
+  };
+  const std::vector<int64_t> offsets = {0, 8, 16, 24}, counts = {8, 8, 8, 8};
+  CHECK(even(offsets, counts, 0, 32) == 8);  // the whole arena: one ncclReduceScatter
+  CHECK(even(offsets, counts, 4, 28) == 0);  // parts of 4, 8, 8, 4
+  CHECK(even(offsets, counts, 8, 16) == 0);  // rank 1's shard only: the other parts are empty
+  CHECK(even(offsets, counts, 0, 0) == 0);   // nothing to reduce
+  CHECK(even({0, 10, 10, 25}, {10, 0, 15, 5}, 0, 30) == 0);  // uneven shards
+  CHECK(even({0}, {12}, 3, 9) == 6);                         // one rank: always even
+}
+
 TEST_CASE("one process: the world is rank 0 of 1 and collectives copy", "[dist]") {
   if (launcher_world_size() > 1) return;  // started by mpirun: not this case
   Comm world = Comm::world();
@@ -247,7 +262,7 @@ TEST_CASE("the capacity transport is not an EP transport across processes", "[di
 
 // The shared plan (exec/ep_plan.h) as a transport uses it, with the dispatch's
 // grouping a permutation: every index a device gather reads (send_source,
-// result_row, grad_source, local_of_row) must point where the MPI transport
+// result_row, grad_source, compute_of_row) must point where the MPI transport
 // copies, and the exchange blocks must tile both buffers.
 TEST_CASE("one rank's EP plan: gather indices and exchange blocks agree with its decisions", "[dist][dispatch]") {
   for (sim::Transport t : {sim::Transport::pooled, sim::Transport::ragged}) {
@@ -310,6 +325,93 @@ TEST_CASE("one rank's EP plan: gather indices and exchange blocks agree with its
       if (row >= 0) CHECK(plans[0].send_source[row] == pos);  // the dispatch gathers the assignment's row
       CHECK(plans[0].result_row[pos] == (want.keep[0][a] ? row : -1));
       if (row >= 0) CHECK(plans[0].grad_source[row] == (want.keep[0][a] ? pos : -1));
+    }
+  }
+}
+
+// The device transport plans each exchange phase as its rows land and computes
+// phase by phase (exec/cuda/experts.cpp), so that a pooled wave's experts run
+// while the next wave travels: a phase's decisions must read only its own rows'
+// headers, and the compute order must hold each phase's rows together, by
+// local expert, in the receive buffer's part of that phase.
+TEST_CASE("EP receive decisions phase by phase: each wave's from its own rows, computed wave by wave",
+          "[dist][dispatch]") {
+  for (sim::Transport t : {sim::Transport::pooled, sim::Transport::ragged}) {
+    const int S = 2, tokens = 48, E = 8, k = 2, local = E / S;
+    sim::DispatchConfig cfg;
+    cfg.n_experts = E;
+    cfg.top_k = k;
+    cfg.transport = t;
+    cfg.sender_cf = 0.9;
+    cfg.receiver_cf = 0.7;
+    cfg.waves = 3;
+    cfg.ragged_chunks = 2;
+    INFO(sim::transport_name(t));
+    const auto experts = random_assignments(11, S, tokens, E, k, 0.5);
+    std::vector<int32_t> identity(static_cast<size_t>(tokens * k));
+    std::iota(identity.begin(), identity.end(), 0);
+    std::vector<EpLayerPlan> plans;
+    for (int s = 0; s < S; ++s) plans.emplace_back(cfg, S, experts[s].data(), identity.data(), tokens);
+    for (int d = 0; d < S; ++d) {
+      std::vector<int32_t> counts(static_cast<size_t>(S));
+      for (int s = 0; s < S; ++s) counts[s] = plans[s].send.rows_to[d];
+      plans[d].set_rows_from(counts.data());
+    }
+    // Rank 0's received headers, every source's blocks moved as the exchange moves them.
+    EpLayerPlan& me = plans[0];
+    std::vector<int32_t> header(static_cast<size_t>(me.recv_rows()), -7);
+    for (int w = 0; w < me.phases(); ++w) {
+      const ExchangeBlocks mine = me.blocks(w, false);
+      for (int s = 0; s < S; ++s) {
+        const ExchangeBlocks theirs = plans[s].blocks(w, false);
+        std::copy_n(plans[s].send_header.begin() + theirs.send_at[0], theirs.send_rows[0],
+                    header.begin() + mine.recv_at[s]);
+      }
+    }
+    EpLayerPlan whole = me, phased = me;
+    whole.plan_receive(header.data());
+    CHECK(me.recv_phase_begin(me.phases()) == me.recv_rows());
+    for (int p = 0; p < phased.phases(); ++p) {
+      // Later phases' rows not landed yet: empty slots, which would change the decisions if read.
+      std::vector<int32_t> landed(header.begin(), header.begin() + phased.recv_phase_begin(p + 1));
+      landed.resize(header.size(), -1);
+      phased.plan_receive_phase(p, landed.data());
+    }
+    CHECK(phased.recv.kept_rows == whole.recv.kept_rows);
+    CHECK(phased.recv.offsets == whole.recv.offsets);
+    CHECK(phased.recv_header == whole.recv_header);
+    CHECK(phased.compute_rows == whole.compute_rows);
+    const auto R = static_cast<int64_t>(whole.recv.kept_rows.size());
+    REQUIRE(static_cast<int64_t>(whole.compute_rows.size()) == R);
+    REQUIRE(static_cast<int>(whole.phase_rows.size()) == whole.phases());
+    int64_t next = 0;
+    for (int p = 0; p < whole.phases(); ++p) {
+      const PhaseRows& pr = whole.phase_rows[static_cast<size_t>(p)];
+      CHECK(pr.first == next);
+      REQUIRE(static_cast<int>(pr.offsets.size()) == local + 1);
+      for (int e = 0; e < local; ++e) {
+        for (int32_t j = pr.offsets[e]; j < pr.offsets[e + 1]; ++j) {
+          const int32_t row = whole.compute_rows[static_cast<size_t>(pr.first + j)];
+          CHECK(row >= whole.recv_phase_begin(p));  // the phase's own part of the receive buffer
+          CHECK(row < whole.recv_phase_begin(p + 1));
+          CHECK(header[row] == e);  // grouped by local expert
+          CHECK(whole.compute_of_row[row] == pr.first + j);
+        }
+      }
+      next = pr.first + pr.offsets[local];
+    }
+    CHECK(next == R);
+    CHECK(std::count_if(whole.compute_of_row.begin(), whole.compute_of_row.end(), [](int32_t j) { return j >= 0; }) ==
+          R);
+    std::vector<int64_t> computed(whole.compute_rows.begin(), whole.compute_rows.end()), kept = whole.recv.kept_rows;
+    std::sort(computed.begin(), computed.end());
+    std::sort(kept.begin(), kept.end());
+    CHECK(computed == kept);  // the same rows as the one-call order, reordered
+    if (t == sim::Transport::pooled) {
+      CHECK(R < whole.recv_rows());  // the receiver capacity binds
+      CHECK(std::vector<int64_t>(whole.compute_rows.begin(), whole.compute_rows.end()) != whole.recv.kept_rows);
+    } else {
+      CHECK(std::vector<int64_t>(whole.compute_rows.begin(), whole.compute_rows.end()) == whole.recv.kept_rows);
     }
   }
 }

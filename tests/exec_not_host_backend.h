@@ -133,10 +133,10 @@ class NotHostBackend final : public Backend {
     if (!collectives_) return Backend::make_collectives(ranks, offsets, counts, why);
     return std::make_unique<CommCollectives>(ranks, offsets, counts);
   }
-  std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config, bool verify,
-                                              std::string& why) override {
-    if (!collectives_) return Backend::make_experts(std::move(group), config, verify, why);
-    return std::make_unique<NotHostExperts>(std::move(group), config, verify);
+  std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config,
+                                              const ExpertTransportOptions& options, std::string& why) override {
+    if (!collectives_) return Backend::make_experts(std::move(group), config, options, why);
+    return std::make_unique<NotHostExperts>(std::move(group), config, options.verify);
   }
   std::unique_ptr<Buffer> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
   void copy_to_backend(void* dst, const void* src, size_t bytes) override { cpu_->copy_to_backend(dst, src, bytes); }

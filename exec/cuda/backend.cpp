@@ -127,13 +127,13 @@ class CudaBackend final : public Backend {
   }
   // Expert parallel on the device: NCCL where this backend was built with it
   // (exec/cuda/experts.h), computing on this stream with this GEMM engine.
-  std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config, bool verify,
-                                              std::string& why) override {
+  std::unique_ptr<ExpertBackend> make_experts(Comm group, const sim::DispatchConfig& config,
+                                              const ExpertTransportOptions& options, std::string& why) override {
 #if defined(RACKSTEP_HAVE_NCCL)
     why.clear();
-    return make_nccl_experts(std::move(group), config, verify, gemm_);
+    return make_nccl_experts(std::move(group), config, options, gemm_);
 #else
-    (void)group, (void)config, (void)verify;
+    (void)group, (void)config, (void)options;
     why = "NCCL (this CUDA backend was built without it: expert parallelism on the GPU exchanges rows with NCCL)";
     return nullptr;
 #endif

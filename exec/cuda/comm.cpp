@@ -60,6 +60,11 @@ void NcclComm::all_gather(float* out, const float* in, size_t n, cudaStream_t st
 void NcclComm::reduce_scatter_v(float* shard, const float* in, const std::vector<int64_t>& offsets,
                                 const std::vector<int64_t>& counts, cudaStream_t stream) {
   RS_CHECK(offsets.size() == size_t(size_) && counts.size() == size_t(size_), "reduce_scatter_v: one range per rank");
+  const int64_t even = even_part_floats(offsets, counts);
+  if (even > 0) {  // every rank sees the same counts, so every rank takes the same path
+    reduce_scatter(shard, in + offsets[0], size_t(even), stream);
+    return;
+  }
   RS_NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < size_; ++r) {  // recvbuff is read only on the root, the range's owner
     if (counts[r] == 0) continue;     // every rank skips the same ones

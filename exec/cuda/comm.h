@@ -60,6 +60,11 @@ class NcclComm {
   // in rank order (exec/dist.h ShardPlan): grouped ncclReduce / ncclBroadcast
   // rooted at each range's owner, so no range is padded (empty ones are skipped).
   // shard (counts[rank]) = Σ_ranks in[offsets[rank], +counts[rank]).
+  // Ranges that split evenly over the ranks (exec/dist.h even_part_floats) go
+  // as one ncclReduceScatter instead. The two paths may add the ranks'
+  // values in different orders (NCCL picks ring or tree per call), so an
+  // element's sum is not bitwise the same on both: a run is reproducible for
+  // a given rank count and --grad-bucket-mb, which fix each range's path.
   void reduce_scatter_v(float* shard, const float* in, const std::vector<int64_t>& offsets,
                         const std::vector<int64_t>& counts, cudaStream_t stream);
   // buf[offsets[r], +counts[r]) = rank r's, for every r, in place.

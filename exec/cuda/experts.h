@@ -20,21 +20,31 @@
 //   5. the combine: outputs back in the received slots with header 1 =
 //      computed, 0 = dropped, exchanged back; the sender's keep and drop
 //      counts (host) and its output rows (gather_rows; 0 for a dropped row).
-// Backward runs steps 3 and 5 on the gradients, without headers. The
-// exchanges run on a stream of their own, which waits for the compute stream
-// (an event) before each exchange and which the compute stream waits for
-// after it; the host waits on it only where a decision needs the headers.
+// Steps 3 to 5 go phase by phase (a pooled wave; the ragged exchange is one
+// phase): a wave's receiver capacity is its own (exec/ep_plan.h), so wave w is
+// planned (its headers to pinned host memory, an event per wave), computed by
+// one grouped expert call and combined as soon as it lands, and with overlap on
+// (ExpertTransportOptions, `--ep-overlap`) wave w + 1's dispatch is queued
+// before wave w's experts, so it travels while they compute. Backward runs
+// steps 3 and 5 on the gradients, without headers, the same way; the weight
+// gradients add wave by wave. The exchanges run on a stream of their own
+// (one: NCCL needs every rank to queue them in one order), which waits for the
+// compute stream (an event) before each exchange; the compute stream waits for
+// one wave's dispatch (its event) before computing it. Overlap off queues
+// wave w + 1's dispatch after wave w's combine instead: the same calls on the
+// same rows in the same order, so the same results bit for bit.
 // The NCCL unique id travels over the group's exec::Comm (MPI), as for data
 // parallel (exec/cuda/comm.h). Expert weights stay replicated in every rank's
 // arena (exec/dist.h's limits): a rank computes, and has gradients for, its
 // own experts [rank * E/S, (rank + 1) * E/S).
 //
-//   auto experts = cuda::make_nccl_experts(group, config, verify, gemm);  // gemm: the backend's
+//   auto experts = cuda::make_nccl_experts(group, config, {.verify = true}, gemm);  // gemm: the backend's
 //   model.set_expert_backend(experts.get());
 #pragma once
 
 #include <memory>
 
+#include "exec/backend.h"
 #include "exec/cuda/gemm.h"
 #include "exec/dist.h"
 #include "exec/model.h"
@@ -46,7 +56,7 @@ namespace rackstep::exec::cuda {
 // gemm.stream() with `gemm` (which outlives it). UserError for a dispatch the
 // group cannot run (capacity; an expert count the group does not divide).
 // Defined only where the backend is built with NCCL (RACKSTEP_HAVE_NCCL).
-std::unique_ptr<ExpertBackend> make_nccl_experts(Comm group, const sim::DispatchConfig& config, bool verify,
-                                                 Gemm& gemm);
+std::unique_ptr<ExpertBackend> make_nccl_experts(Comm group, const sim::DispatchConfig& config,
+                                                 const ExpertTransportOptions& options, Gemm& gemm);
 
 }  // namespace rackstep::exec::cuda

@@ -67,6 +67,7 @@ std::vector<std::pair<std::string, std::string>> flags_of(const TrainArgs& a) {
                                                         {"grad_bucket_mb", "--grad-bucket-mb"},
                                                         {"out_dir", "--out"},
                                                         {"verify_dispatch", "--verify-dispatch"},
+                                                        {"ep_overlap", "--ep-overlap"},
                                                         {"routing_trace", "--routing-trace"},
                                                         {"routing_trace_eval", "--routing-trace-eval"},
                                                         {"routing_trace_every", "--routing-trace-every"}};
@@ -180,6 +181,10 @@ rackstep::cli::Registration reg{
           ->check(CLI::PositiveNumber);
       app.add_flag("--verify-dispatch", a->o.verify_dispatch,
                    "expert parallel under mpirun: check every layer's drops against sim/dispatch (all-gather)");
+      app.add_option("--ep-overlap", a->o.ep_overlap,
+                     "expert parallel on --backend cuda: a pooled wave's exchange travels while the previous "
+                     "wave's experts compute (off: one after the other, bitwise the same results)")
+          ->capture_default_str();
       app.add_option("--sender-cf", a->config.sender_cf, "pooled sender capacity factor")->capture_default_str();
       app.add_option("--receiver-cf", a->config.receiver_cf, "receiver / per-expert capacity factor")
           ->capture_default_str();
