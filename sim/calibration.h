@@ -294,9 +294,11 @@ struct Calibration {
   // Bytes per attention score an unfused attention keeps for its backward (optional
   // memory.attention_score_bytes): 0 for a fused (flash) kernel, which keeps none.
   double attention_score_bytes = 0.0;
-  // Whether ZeRO-1/2 states are sharded over data x context-parallel ranks (1:
-  // Megatron-Core's distributed optimizer uses the intra_dp_cp group) or over
-  // the fsdp ranks only (0).
+  // Whether the ZeRO shard group spans the context-parallel ranks (1: states of
+  // every ZeRO stage sharded, and ZeRO-3 weights gathered and gradients
+  // reduce-scattered, over fsdp x cp GPUs; Megatron-Core's data-parallel group with
+  // CP, torchtitan's dp_shard_cp mesh) or the fsdp ranks only (0). See
+  // sim/layout.h and LayoutShape::shard_ranks.
   double zero_shards_over_cp = 0.0;
   // Whether device memory peaks at one moment of the step (1: a framework that
   // frees each buffer after its last use, so the peak is the largest sum of what

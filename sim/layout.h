@@ -17,6 +17,11 @@
 //        default). keep_gathered_weights: ZeRO-3 gathers once per step and
 //        keeps the gathered weights and unsharded gradients across
 //        micro-batches (FSDP reshard_after_forward=False with no_sync).
+//        A trainer whose shard group spans the context-parallel ranks too
+//        (calibration memory.zero_shards_over_cp: torchtitan's dp_shard_cp mesh,
+//        Megatron-Core's data-parallel group with CP) shards over fsdp × cp GPUs
+//        whenever zero_stage ≥ 1, fsdp = 1 included (torchtitan's 'FSDP 1, CP 8');
+//        under such a trainer zero_stage 0 is how a layout says nothing is sharded.
 //   ep   divides data: EP groups are `ep` consecutive data ranks; the experts
 //        are split over them (experts/ep per GPU) and replicated across the
 //        data/ep groups. When fsdp > ep, expert state is further sharded by

@@ -468,7 +468,7 @@ MemoryBreakdown peak_by_phase(const OpTable& t, const Layout& l, const Calibrati
 
 }  // namespace
 
-LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const Layout& l) {
+LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const Layout& l, const Calibration& cal) {
   LayoutShape s;
   s.seq = l.seq_len > 0 ? l.seq_len : t.seq_len;
   const double seq = static_cast<double>(s.seq);
@@ -485,10 +485,16 @@ LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const L
   s.ep_tokens_mb = l.folded() ? s.tokens_mb * etp / tp : s.tokens_mb;
   s.expert_rows_mb = s.ep_tokens_mb * static_cast<double>(t.top_k);
   s.local_experts = t.experts > 0 ? static_cast<double>(t.experts) / static_cast<double>(l.ep) : 1.0;
-  s.dense_shard = static_cast<double>(l.fsdp) * tp;
+  // Context-parallel ranks hold the same parameters: a trainer whose shard group
+  // spans them (torchtitan's dp_shard_cp, Megatron-Core's data-parallel group with
+  // CP) splits every sharded state over data x cp, not only over the fsdp ranks.
+  s.shards_over_cp = cal.zero_shards_over_cp > 0 && l.cp > 1 && l.zero_stage >= 1;
+  const int64_t shard_cp = s.shards_over_cp ? l.cp : 1;
+  s.shard_ranks = l.fsdp * shard_cp;
+  s.dense_shard = static_cast<double>(s.shard_ranks) * tp;
   const double expert_split = static_cast<double>(std::max(l.ep, l.fsdp));
   s.expert_zero = expert_split / static_cast<double>(l.ep);
-  s.expert_shard = expert_split * tp;
+  s.expert_shard = expert_split * tp * static_cast<double>(shard_cp);
   if (l.folded()) {
     // The fsdp data ranks × their tp × cp GPUs hold one copy of the state; inside that
     // block the experts are split ep × etp ways and ZeRO-sharded over what is left
@@ -547,18 +553,11 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   // A bf16 master with whole weights on every GPU is those weights (no separate copy).
   const bool whole_weights = l.zero_stage < 3 || l.keep_gathered_weights;
   const bool bf16_master = l.master_dtype == MasterDtype::kBf16;
-  // Context-parallel ranks hold the same parameters: a trainer whose sharded
-  // optimizer spans them (cal.zero_shards_over_cp) splits the ZeRO-1/2 states
-  // over data x cp, not only over the fsdp ranks.
-  const double cp_split = cal.zero_shards_over_cp > 0 && l.cp > 1 && l.fsdp == l.data && l.fsdp > 1 &&
-                                  (l.zero_stage == 1 || l.zero_stage == 2)
-                              ? static_cast<double>(l.cp)
-                              : 1.0;
   m.master_weights = whole_weights && bf16_master && l.zero_stage < 3 ? s.weights_whole_local * 2.0
-                                                                       : s.params_local * s.master_bytes / cp_split;
-  m.gradients = s.grads_local * s.grad_bytes / (l.zero_stage == 2 ? cp_split : 1.0);
+                                                                       : s.params_local * s.master_bytes;
+  m.gradients = s.grads_local * s.grad_bytes;
   const double muon_local = s.muon_dense_local + s.muon_expert_local;
-  const double states = (s.adam_local * 8.0 + muon_local * 4.0) / cp_split;  // fp32 m, v / momentum
+  const double states = s.adam_local * 8.0 + muon_local * 4.0;  // fp32 m, v / momentum
   if (l.optimizer_state == StatePlacement::kHost) {
     m.host_optimizer = states;
   } else {
@@ -571,9 +570,9 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   const double dense_layer = s.dense_stage_params / layers / tp;
   const double expert_mesh = static_cast<double>(l.ep * l.expert_tp());  // ep × etp
   const double expert_layer_local = s.expert_stage_params / layers / expert_mesh;
-  const bool gathered = l.fsdp > 1 || l.master_dtype == MasterDtype::kFp32;
+  const bool gathered = s.shard_ranks > 1 || l.master_dtype == MasterDtype::kFp32;
   const bool deepspeed_walk = !whole_weights && cal.fsdp_max_live_params > 0 && cal.grad_reduce_bucket_params > 0 &&
-                              l.fsdp > 1 && (t.experts == 0 || s.expert_zero <= 1.0);
+                              s.shard_ranks > 1 && (t.experts == 0 || s.expert_zero <= 1.0);
   if (whole_weights) {
     m.working_weights = bf16_master && l.zero_stage < 3 ? 0.0 : s.weights_whole_local * 2.0;
     if (m.working_weights > 0 && l.fp8_params) m.working_weights -= fp8_weight_savings(t, c, l, cal, s);
@@ -582,7 +581,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   } else {
     m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
                         (s.expert_zero > 1.0 || l.master_dtype == MasterDtype::kFp32 ? expert_layer_local * 2.0 : 0.0) +
-                        (l.fsdp > 1 ? dense_layer * s.grad_bytes : 0.0);
+                        (s.shard_ranks > 1 ? dense_layer * s.grad_bytes : 0.0);
   }
 
   // Activations of one layer for one micro-batch (bf16 elements; an FP8 one counts

@@ -43,7 +43,7 @@
 // In-flight micro-batches per pipeline schedule: 1F1B / zero-bubble (H1) keep
 // min(M, pp) on the first stage; interleaved adds (pp-1)/(pp·v); DualPipeV pp+1.
 //
-//   LayoutShape s = layout_shape(table, cluster, layout);
+//   LayoutShape s = layout_shape(table, cluster, layout, cal);
 //   MemoryBreakdown m = estimate_memory(table, cluster, layout, cal, s);
 //   if (!m.fits_device) ...
 #pragma once
@@ -74,8 +74,13 @@ struct LayoutShape {
   double ep_tokens_mb = 0;
   double expert_rows_mb = 0;
   double local_experts = 1;
-  double dense_shard = 1;            // fsdp × tp
-  double expert_shard = 1;           // max(ep, fsdp) × tp
+  // GPUs of one tp rank that one copy of the sharded (ZeRO) state spans: fsdp, or
+  // fsdp × cp when the trainer's shard group spans the context-parallel ranks
+  // (cal.zero_shards_over_cp, layout.h).
+  int64_t shard_ranks = 1;
+  bool shards_over_cp = false;
+  double dense_shard = 1;            // shard_ranks × tp
+  double expert_shard = 1;           // max(ep, fsdp) × tp (× cp when shards_over_cp)
   double expert_zero = 1;            // extra expert sharding beyond EP (fsdp / ep when > 1)
   double layers_per_stage = 0;
   double stage_scale = 1;            // layers_per_stage / (layers / pp): > 1 on uneven stages
@@ -96,7 +101,7 @@ struct LayoutShape {
   bool gathers_per_layer = false;    // ZeRO-3: weights all-gathered layer by layer
 };
 
-LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const Layout& l);
+LayoutShape layout_shape(const OpTable& t, const topologies::Cluster& c, const Layout& l, const Calibration& cal);
 
 struct MemoryBreakdown {
   double master_weights = 0, gradients = 0, optimizer_states = 0, working_weights = 0,

@@ -118,14 +118,18 @@ GradSyncGroups grad_sync_groups(const Network& net, const Layout& l, const Layou
   // gathered weights) hold whole gradients: they reduce over every data rank (a
   // reduce-scatter, then the updated shards all-gathered back: the bytes of one
   // all-reduce, Rajbhandari et al. 2020, section 7).
+  // A shard group that spans the context-parallel ranks (s.shards_over_cp) leaves
+  // only the data/fsdp replicas to reduce across.
   const bool whole = !s.gathers_per_layer;
+  const int64_t shard_cp = s.shards_over_cp ? cp : 1;
   const int64_t expert_split = whole ? l.ep : std::max(l.ep, l.fsdp);
   const int64_t dense_split = whole ? 1 : l.fsdp;
+  const int64_t split_cp = whole ? 1 : shard_cp;
   GradSyncGroups g;
-  g.dense_shard = static_cast<double>(dense_split * tp);
-  g.expert_shard = static_cast<double>(expert_split * tp);
-  g.dense = group_of(net, l.data / dense_split * cp, tp * dense_split);
-  g.expert = group_of(net, l.data / expert_split * cp, tp * expert_split);
+  g.dense_shard = static_cast<double>(dense_split * split_cp * tp);
+  g.expert_shard = static_cast<double>(expert_split * split_cp * tp);
+  g.dense = group_of(net, l.data / dense_split * cp / split_cp, tp * dense_split * split_cp);
+  g.expert = group_of(net, l.data / expert_split * cp / split_cp, tp * expert_split * split_cp);
   g.replicated = group_of(net, l.data * cp, tp);
   if (l.folded()) {
     // Expert-DP replicas of the folded mesh (layout.h): each GPU holds 1/(ep·etp) of a
@@ -214,7 +218,7 @@ double ep_link_eff(const Calibration& cal, const Layout& l, bool dispatch) {
 class StepModel {
  public:
   StepModel(const OpTable& t, const topologies::Cluster& c, const Calibration& cal, const Network& net, const Layout& l)
-      : t_(t), c_(c), cal_(cal), net_(net), l_(l), s_(layout_shape(t, c, l)) {
+      : t_(t), c_(c), cal_(cal), net_(net), l_(l), s_(layout_shape(t, c, l, cal)) {
     const auto& gpu = c.system.gpu;
     ctx_.gpu = &gpu;
     ctx_.cal = &cal;
@@ -248,7 +252,10 @@ class StepModel {
     const double a = s_.expert_rows_mb;
     ctx_.expert_rows = l.ep > 1 && l.ep_transport == Transport::pooled ? l.receiver_cf * a : a * (1.0 - drop_);
     const int64_t tp = l.tp, cp = l.cp;
-    g_.fsdp = group_of(net, l.fsdp, tp * cp);
+    // The shard group: fsdp data ranks at stride tp·cp, or (spanning the CP ranks)
+    // fsdp × cp consecutive ranks at stride tp: torchtitan flattens its (dp_shard, cp)
+    // mesh dims, Megatron-Core orders its ranks tp-cp-ep-dp.
+    g_.fsdp = s_.shards_over_cp ? group_of(net, s_.shard_ranks, tp) : group_of(net, l.fsdp, tp * cp);
     // EP groups: `ep` ranks at the layout's stride (tp·cp over data ranks; etp when folded).
     g_.ezero = group_of(net, static_cast<int64_t>(s_.expert_zero), l.ep_stride() * l.ep);
     g_.ep = group_of(net, l.ep, l.ep_stride());
@@ -277,7 +284,7 @@ class StepModel {
     // ZeRO-3 gathers each layer's weights (per micro-batch, or once per step when
     // kept) and reduce-scatters its gradient per micro-batch; ZeRO 0-2 do neither.
     const bool zero3 = l_.zero_stage >= 3;
-    if (l_.fsdp > 1 && zero3) {
+    if (s_.shard_ranks > 1 && zero3) {
       k.fsdp_gather_s = dense_gather_s(lc);
       k.fsdp_bwd_gather_s = k.fsdp_gather_s - kept_from_recompute_s(lc);
       if (s_.gathers_per_layer) k.grad_rs_s = dense_reduce_scatter_s(lc);
@@ -444,7 +451,7 @@ class StepModel {
     LayerCollectives c;
     const double tp = static_cast<double>(l_.tp);
     Traffic gather, rs;
-    if (l_.fsdp > 1) {
+    if (s_.shard_ranks > 1) {
       gather += all_gather_traffic(net_, g_.fsdp, lc.dense_params / tp * 2.0);
       rs += reduce_scatter_traffic(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     }
@@ -556,7 +563,10 @@ class StepModel {
   std::vector<MuonCall> muon_calls() const {
     std::vector<MuonCall> out;
     const int64_t tp = l_.tp, cp = l_.cp;
-    if (s_.dense_shard > 1.0) out.push_back({group_of(net_, l_.fsdp * tp, cp), s_.muon_dense_local * 2.0});
+    if (s_.dense_shard > 1.0) {
+      const Group owners = s_.shards_over_cp ? group_of(net_, s_.shard_ranks * tp, 1) : group_of(net_, l_.fsdp * tp, cp);
+      out.push_back({owners, s_.muon_dense_local * 2.0});
+    }
     if (s_.expert_zero > 1.0) {
       const Group ezero = group_of(net_, static_cast<int64_t>(s_.expert_zero), l_.ep_stride() * l_.ep);
       out.push_back({ezero, s_.muon_expert_local * 2.0});
@@ -857,7 +867,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     }
     // A trainer that releases weights after every forward gathers again for the
     // recompute and once more for the backward (cal.fsdp_regather_for_recompute).
-    const bool deepspeed = cal_.fsdp_max_live_params > 0 && s.gathers_per_layer && l.fsdp > 1 &&
+    const bool deepspeed = cal_.fsdp_max_live_params > 0 && s.gathers_per_layer && s.shard_ranks > 1 &&
                            l.zero_stage >= 3 && (table_.experts == 0 || s.expert_zero <= 1.0);
     const bool regather = cal_.fsdp_regather_for_recompute && full;
     const double bwd_gathers =

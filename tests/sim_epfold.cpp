@@ -131,7 +131,7 @@ TEST_CASE("folding: the EP group spans TP ranks, and nodes when it outgrows one"
   l.ep = 4;
   l.etp = 8;
   const LayerCollectives strided = moe_layer(l);
-  const double gathered = layout_shape(p.table(), p.cluster(), l).expert_rows_mb * 4096 * 2.0;
+  const double gathered = layout_shape(p.table(), p.cluster(), l, p.calibration()).expert_rows_mb * 4096 * 2.0;
   CHECK(strided.ep_dispatch.nvlink_bytes == Approx(7.0 / 8.0 * gathered));
   CHECK(strided.ep_dispatch.nic_bytes == Approx(3.0 / 4.0 * gathered / 8.0));
   // EP 4 x ETP 2 (x expert-DP 4): 4 ranks at stride 2 inside one node.
@@ -148,8 +148,8 @@ TEST_CASE("folding: token rows, expert shards and expert state follow ep x etp",
   Layout unfolded = folded;               // EP 16, ETP = TP 2: the same 32 GPUs per expert set
   unfolded.ep = 16;
   unfolded.etp = 0;
-  const LayoutShape f = layout_shape(p.table(), p.cluster(), folded);
-  const LayoutShape u = layout_shape(p.table(), p.cluster(), unfolded);
+  const LayoutShape f = layout_shape(p.table(), p.cluster(), folded, p.calibration());
+  const LayoutShape u = layout_shape(p.table(), p.cluster(), unfolded, p.calibration());
   // Sequence parallel: each TP rank holds 1/tp of the micro-batch; ETP 1 dispatches just that share.
   CHECK(f.tokens_mb == 4096.0);
   CHECK(f.ep_tokens_mb == 2048.0);
@@ -245,7 +245,7 @@ TEST_CASE("folding: with etp > 1 each GPU sends its SP share, then gathers over 
   l.ep = 16;
   l.etp = 2;  // 16 x 2 = 32 = 4 x 8: folded (etp 2 != tp 4)
   REQUIRE(check_layout(l, p.graph(), p.cluster()).empty());
-  const LayoutShape s = layout_shape(p.table(), p.cluster(), l);
+  const LayoutShape s = layout_shape(p.table(), p.cluster(), l, p.calibration());
   CHECK(s.ep_tokens_mb == 4096.0 * 2 / 4);
   const double gathered = s.expert_rows_mb * 4096 * 2.0;  // bf16 rows of d_model the pair's experts compute
   const double sent = gathered / 2;                      // this GPU's 1/tp share of the micro-batch, x k

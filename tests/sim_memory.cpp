@@ -21,7 +21,7 @@ Layout hero_layout() { return load_layout(std::string(rackstep::source_dir()) + 
 
 MemoryBreakdown mem(const Layout& l) {
   const auto& p = hero();
-  return estimate_memory(p.table(), p.cluster(), l, p.calibration(), layout_shape(p.table(), p.cluster(), l));
+  return estimate_memory(p.table(), p.cluster(), l, p.calibration(), layout_shape(p.table(), p.cluster(), l, p.calibration()));
 }
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;

@@ -56,7 +56,7 @@ Layout with_modules(std::initializer_list<models::RecomputeModule> modules) {
 
 MemoryBreakdown mem(const Layout& l, const Calibration& cal) {
   const Predictor& p = dsv3();
-  return estimate_memory(p.table(), p.cluster(), l, cal, layout_shape(p.table(), p.cluster(), l));
+  return estimate_memory(p.table(), p.cluster(), l, cal, layout_shape(p.table(), p.cluster(), l, cal));
 }
 MemoryBreakdown mem(const Layout& l) { return mem(l, dsv3().calibration()); }
 
@@ -211,7 +211,7 @@ TEST_CASE("FP8 parameters: one byte per FP8 GEMM weight where FP8 GEMMs take any
   l.fp8_params = true;
   const MemoryBreakdown fp8 = mem(l);
   const Predictor& p = dsv3();
-  const LayoutShape s = layout_shape(p.table(), p.cluster(), l);
+  const LayoutShape s = layout_shape(p.table(), p.cluster(), l, p.calibration());
   // Every block parameter (attention, dense and shared MLPs, router, norms) and the local experts.
   CHECK(bf16.working_weights - fp8.working_weights == Approx(s.dense_stage_params + s.expert_stage_params / 64.0));
   CHECK(fp8.master_weights == Approx(bf16.master_weights));
@@ -241,7 +241,7 @@ TEST_CASE("embedding and loss as pipeline layers: the heaviest rank and its in-f
   l.edges_in_pipeline_split = true;
   const MemoryBreakdown split = mem(l);
   const Predictor& p = dsv3();
-  const LayoutShape s = layout_shape(p.table(), p.cluster(), l);
+  const LayoutShape s = layout_shape(p.table(), p.cluster(), l, p.calibration());
   CHECK(s.layers_per_stage == 16.0);
   CHECK(s.in_flight * s.layers_per_stage == Approx(69.0));
   CHECK(split.activations / plain.activations == Approx(69.0 / 76.0));
@@ -249,7 +249,7 @@ TEST_CASE("embedding and loss as pipeline layers: the heaviest rank and its in-f
   // 1F1B (v = 1): 16 layers a stage; rank 0 holds 4 x 15, rank 1 3 x 16.
   l.pp_virtual = 1;
   l.schedule = PpSchedule::k1F1B;
-  const LayoutShape s1 = layout_shape(p.table(), p.cluster(), l);
+  const LayoutShape s1 = layout_shape(p.table(), p.cluster(), l, p.calibration());
   CHECK(s1.in_flight * s1.layers_per_stage == Approx(60.0));
   // It needs a pipeline; only a stack that splits this way runs it.
   nlohmann::json j = layout_to_json(l);

@@ -42,7 +42,7 @@ Layout sharded(int64_t zero) {
 }
 
 MemoryBreakdown mem(const Predictor& p, const Layout& l) {
-  return estimate_memory(p.table(), p.cluster(), l, p.calibration(), layout_shape(p.table(), p.cluster(), l));
+  return estimate_memory(p.table(), p.cluster(), l, p.calibration(), layout_shape(p.table(), p.cluster(), l, p.calibration()));
 }
 
 }  // namespace
@@ -119,8 +119,8 @@ TEST_CASE("uneven pipeline stages carry the extra layer", "[stack][pipeline]") {
   // Only the GPU count is off (56 GPUs of 64) once uneven stages are allowed.
   REQUIRE(issues.size() == 1);
   CHECK(issues[0].reason == Reason::kGpuProduct);
-  const LayoutShape even = layout_shape(p.table(), p.cluster(), l);
-  const LayoutShape uneven = layout_shape(p.table(), p.cluster(), odd);
+  const LayoutShape even = layout_shape(p.table(), p.cluster(), l, p.calibration());
+  const LayoutShape uneven = layout_shape(p.table(), p.cluster(), odd, p.calibration());
   CHECK(even.layers_per_stage == 12.0);
   CHECK(uneven.layers_per_stage == 14.0);
   CHECK(uneven.dense_stage_params / even.dense_stage_params == Approx(14.0 / 12.0).epsilon(1e-9));
@@ -336,4 +336,91 @@ TEST_CASE("Megatron-LM 2021 reduces fp16 gradients in 16 bits across data ranks"
   CHECK(ph.breakdown.grad_sync_s / pf.breakdown.grad_sync_s == Approx(0.5).margin(0.02));
   CHECK(ph.memory.gradients == Approx(0.5 * pf.memory.gradients));
   CHECK(ph.step_time_s < pf.step_time_s);
+}
+
+namespace {
+
+// Llama 3.1 8B at 65536 tokens on one 8-GPU Grand Teton H100 host under the
+// pytorch-fsdp stack (torchtitan's Table 2 runs), or with that stack's shard group
+// confined to the fsdp ranks (zero_shards_over_cp 0).
+const Predictor& titan_8b(bool shards_over_cp) {
+  static const auto graph =
+      models::build_layer_graph(models::load_model(src("tests/validation/models/llama31-8b-s65536.json")));
+  static const auto cluster = topologies::load_cluster(src("topologies/zoo/grand-teton-h100.json"), 1);
+  static const Calibration over_cp = stack_calibration(load_stack(stack_path("pytorch-fsdp")));
+  static const Calibration data_only = [] {
+    Calibration c = over_cp;
+    c.zero_shards_over_cp = 0.0;
+    return c;
+  }();
+  static const Predictor over(graph, cluster, over_cp), only(graph, cluster, data_only);
+  return shards_over_cp ? over : only;
+}
+
+// ZeRO-3 over `data` ranks x `cp` context-parallel ranks, full recompute, one sequence each.
+Layout fsdp_cp(int64_t data, int64_t cp) {
+  Layout l;
+  l.data = data;
+  l.fsdp = data;
+  l.cp = cp;
+  l.cp_kind = CpKind::kAllGatherKv;
+  l.zero_stage = 3;
+  l.micro_batch_seqs = 1;
+  l.tokens_per_step = data * 65536;
+  l.recompute = models::Recompute::kFull;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("torchtitan shards FSDP over data x context-parallel ranks: states / (data x cp)", "[stack][zero][cp]") {
+  // torchtitan 9dec370 parallelize_llama.py: fully_shard over the flattened
+  // ('dp_shard', 'cp') mesh, so FSDP 4 x CP 2 holds 1/8 of every state.
+  CHECK(titan_8b(true).calibration().zero_shards_over_cp == 1.0);
+  const Layout l = fsdp_cp(4, 2);
+  const MemoryBreakdown over = mem(titan_8b(true), l), only = mem(titan_8b(false), l);
+  CHECK(over.master_weights == Approx(only.master_weights / 2.0).epsilon(1e-9));
+  CHECK(over.gradients == Approx(only.gradients / 2.0).epsilon(1e-9));
+  CHECK(over.optimizer_states == Approx(only.optimizer_states / 2.0).epsilon(1e-9));
+  // The gathered layers and the reduce-scatter's input stay whole layers.
+  CHECK(over.working_weights == Approx(only.working_weights).epsilon(1e-9));
+  // The same states as FSDP over 8 data ranks without CP.
+  CHECK(over.master_weights == Approx(mem(titan_8b(true), fsdp_cp(8, 1)).master_weights).epsilon(1e-9));
+  // 'FSDP 1, CP 8': no data sharding, yet the states split over the 8 CP ranks and
+  // the weights are gathered layer by layer.
+  const MemoryBreakdown cp8 = mem(titan_8b(true), fsdp_cp(1, 8));
+  CHECK(cp8.master_weights == Approx(over.master_weights).epsilon(1e-9));
+  CHECK(cp8.working_weights == Approx(over.working_weights).epsilon(1e-9));
+  const MemoryBreakdown cp8_whole = mem(titan_8b(false), fsdp_cp(1, 8));
+  CHECK(cp8_whole.master_weights == Approx(8.0 * over.master_weights).epsilon(1e-9));
+  // Under a trainer that shards over cp, zero_stage 0 still shards nothing.
+  Layout ddp = fsdp_cp(1, 8);
+  ddp.zero_stage = 0;
+  CHECK(mem(titan_8b(true), ddp).master_weights == Approx(cp8_whole.master_weights).epsilon(1e-9));
+}
+
+TEST_CASE("FSDP over data x cp gathers and reduce-scatters over data x cp ranks, no replica sync left", "[stack][zero][cp]") {
+  const Layout l = fsdp_cp(4, 2);
+  const Predictor& p = titan_8b(true);
+  const LayoutShape s = layout_shape(p.table(), p.cluster(), l, p.calibration());
+  CHECK(s.shard_ranks == 8);
+  CHECK(layout_shape(p.table(), p.cluster(), l, titan_8b(false).calibration()).shard_ranks == 4);
+  const StepPrice over = p.price(l), only = titan_8b(false).price(l);
+  const LayerCollectives& c8 = over.collectives.front();
+  const LayerCollectives& c4 = only.collectives.front();
+  // A ring all-gather sends (n-1)/n of the gathered bytes from each GPU: 7/8 over
+  // the 8 shard ranks, 3/4 over 4 (all on NVLink inside the host).
+  CHECK(c8.fsdp_gather.nvlink_bytes / c4.fsdp_gather.nvlink_bytes == Approx((7.0 / 8.0) / (3.0 / 4.0)).epsilon(1e-9));
+  CHECK(c8.grad_reduce_scatter.nvlink_bytes / c4.grad_reduce_scatter.nvlink_bytes ==
+        Approx((7.0 / 8.0) / (3.0 / 4.0)).epsilon(1e-9));
+  const Group g8 = group_of(p.network(), 8, 1);
+  const double layer_bf16 = p.table().classes.front().dense_params * 2.0;
+  CHECK(c8.fsdp_gather.nvlink_bytes == Approx(all_gather_traffic(p.network(), g8, layer_bf16).nvlink_bytes).epsilon(1e-9));
+  // The shard group spans every GPU: no replica is left to all-reduce with; over
+  // the fsdp ranks only, the 2 CP ranks' shards are all-reduced once per step.
+  CHECK(c8.grad_sync_dense.time_s() == 0.0);
+  CHECK(c4.grad_sync_dense.time_s() > 0.0);
+  // FSDP 1, CP 8: a layout that gathered nothing gathers over the 8 CP ranks.
+  CHECK(p.price(fsdp_cp(1, 8)).collectives.front().fsdp_gather.time_s() > 0.0);
+  CHECK(titan_8b(false).price(fsdp_cp(1, 8)).collectives.front().fsdp_gather.time_s() == 0.0);
 }
