@@ -327,6 +327,22 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (col.has("fsdp_regather_for_recompute")) {
     c.fsdp_regather_for_recompute = sourced_flag(col, "fsdp_regather_for_recompute");
   }
+  // Optional: a trainer's HBM passes over gathered parameters and unsharded gradients (none by default).
+  if (col.has("fsdp_hbm_passes")) {
+    JsonReader hp = col.object("fsdp_hbm_passes");
+    hp.ignore("comment");
+    c.fsdp_gather_copy_passes = sourced(hp, "gather_copy_passes", {.min = 0, .max = 8});
+    c.fsdp_grad_view_passes = sourced(hp, "grad_view_passes", {.min = 0, .max = 8});
+    JsonReader copy = hp.object("grad_copy");
+    const std::string when = copy.choice("value", {"none", "when_cast", "always"}, "none");
+    copy.string("source");
+    copy.finish();
+    c.fsdp_grad_copy = when == "always"      ? Calibration::FsdpGradCopy::kAlways
+                       : when == "when_cast" ? Calibration::FsdpGradCopy::kWhenCast
+                                             : Calibration::FsdpGradCopy::kNone;
+    c.fsdp_grad_reduce_dtype_passes = sourced(hp, "grad_reduce_dtype_passes", {.min = 0, .max = 8});
+    hp.finish();
+  }
   c.grad_sync_bucket_layers = static_cast<int64_t>(sourced(col, "grad_sync_bucket_layers", {.min = 0, .max = 1e6}));
   c.tp_overlap = sourced(col, "tp_overlap", {.min = 0, .max = 1});
   c.cp_ring_overlap = sourced(col, "cp_ring_overlap", {.min = 0, .max = 1});

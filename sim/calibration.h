@@ -204,6 +204,23 @@ struct Calibration {
   // trainer releases a module's weights after each forward), so the backward
   // gathers a third time instead of reusing the recompute's gather.
   bool fsdp_regather_for_recompute = false;
+  // HBM passes a ZeRO-3 trainer makes over the gathered parameters and their unsharded
+  // gradients each micro-batch besides the collectives (predict.cpp price_fsdp_copies), read
+  // from the stack; all 0 = none (Megatron's distributed optimizer, JAX):
+  //   fsdp_gather_copy_passes      per gather, at the gather dtype (2 B): FSDP2's copy-out
+  //                                of the all-gather output into per-parameter tensors
+  //   fsdp_grad_view_passes        per backward, at the param dtype (2 B): FSDP1's flat
+  //                                parameter gradient assembled from its views' gradients
+  //   fsdp_grad_copy               when the unsharded gradient is copied into a buffer at
+  //                                the reduce dtype (a read at 2 B, a write at grad_bytes):
+  //                                kAlways, FSDP2's reduce-scatter copy-in; kWhenCast, only
+  //                                when the reduce dtype is not the param dtype (FSDP1's cast)
+  //   fsdp_grad_reduce_dtype_passes per backward, at the reduce dtype: FSDP1's pre-division
+  enum class FsdpGradCopy { kNone, kWhenCast, kAlways };
+  double fsdp_gather_copy_passes = 0;
+  double fsdp_grad_view_passes = 0;
+  FsdpGradCopy fsdp_grad_copy = FsdpGradCopy::kNone;
+  double fsdp_grad_reduce_dtype_passes = 0;
   // Parameters the trainer prefetches ahead of the running module (0 = no limit): a
   // module larger than this is fetched when it is reached, so only this share of
   // its gather can hide behind the previous module's compute.

@@ -193,6 +193,7 @@ struct ClassCost {
   double ep_dispatch_s = 0, ep_combine_s = 0;   // one call each
   double fsdp_gather_s = 0, grad_rs_s = 0;
   double fsdp_bwd_gather_s = 0;                 // the backward's re-gather (modules kept from the recompute left out)
+  double fsdp_copy_fwd_s = 0, fsdp_copy_bwd_s = 0;  // the trainer's HBM passes over gathered weights and grads
   double tp_pass_s = 0;                          // TP collectives of one pass
   double cp_pass_s = 0;                          // CP KV traffic of one forward pass
   double attention_fwd_s = 0, attention_bwd_s = 0;
@@ -295,6 +296,7 @@ class StepModel {
       k.fsdp_bwd_gather_s += all_gather_s(net_, g_.ezero, local * 2.0);
       if (s_.gathers_per_layer) k.grad_rs_s += reduce_scatter_s(net_, g_.ezero, local * s_.grad_bytes);
     }
+    if (zero3 && s_.gathers_per_layer) price_fsdp_copies(lc, &k);
     if (lc.moe && l_.ep > 1) {
       const bool pooled = l_.ep_transport == Transport::pooled;
       const double bytes = ep_bytes();
@@ -324,6 +326,28 @@ class StepModel {
       k.carry_xfer_s = s_.tokens_mb / tp * static_cast<double>(t_.d_model) * 2.0 / net_.h2d_bw_bytes_per_s;
     }
     return k;
+  }
+
+  // Device time of the HBM passes the trainer makes, besides its collectives, over the
+  // layer's gathered parameters (one gather in the forward, one in the backward) and
+  // their unsharded gradient (once in the backward), per micro-batch: the stack's pass
+  // counts (Calibration::fsdp_gather_copy_passes ...) at the gather dtype (2 B), the param
+  // dtype (2 B) and the reduce dtype (grad_bytes), at HBM bandwidth and the elementwise
+  // memory efficiency. Copies on the trainer's side streams are charged too: they are
+  // memory-bound kernels beside compute-bound GEMMs that hold every SM [A], so they
+  // take their time from the critical path rather than hide.
+  void price_fsdp_copies(const LayerClass& lc, ClassCost* k) const {
+    double elems = 0.0;  // what this GPU gathers of the layer
+    if (l_.fsdp > 1) elems += lc.dense_params / static_cast<double>(l_.tp);
+    if (s_.expert_zero > 1.0) elems += lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
+    const double hbm_bytes_per_s = ctx_.hbm_bw_bytes_per_s * cal_.mem_eff_elementwise;
+    const double gather_bytes = cal_.fsdp_gather_copy_passes * 2.0;
+    const bool copy = cal_.fsdp_grad_copy == Calibration::FsdpGradCopy::kAlways ||
+                      (cal_.fsdp_grad_copy == Calibration::FsdpGradCopy::kWhenCast && s_.grad_bytes != 2.0);
+    const double grad_bytes = cal_.fsdp_grad_view_passes * 2.0 + (copy ? 2.0 + s_.grad_bytes : 0.0) +
+                              cal_.fsdp_grad_reduce_dtype_passes * s_.grad_bytes;
+    k->fsdp_copy_fwd_s = elems * gather_bytes / hbm_bytes_per_s;
+    k->fsdp_copy_bwd_s = elems * (gather_bytes + grad_bytes) / hbm_bytes_per_s;
   }
 
   // One pass of ZeRO-3 gathers of a layer's dense weights (bf16): one call per layer,
@@ -842,9 +866,11 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
                              : by_modules ? modules.fwd_flops
                              : selective  ? bt.recompute_selective_flops
                                           : 0.0;
-    f += n * bt.fwd_s;
+    // The trainer's copies of gathered weights and gradients run on the device beside the passes' kernels.
+    const double fwd_s = bt.fwd_s + k.fsdp_copy_fwd_s, bwd_s = bt.bwd_s + k.fsdp_copy_bwd_s;
+    f += n * fwd_s;
     r += n * rec;
-    b += n * bt.bwd_s;
+    b += n * bwd_s;
     hw_flops += n * (bt.fwd_flops + bt.bwd_flops + rec_flops);
     // EP: forward, the full-recompute replay, and backward (grads of combine and dispatch).
     const double pass = k.ep_dispatch_s + k.ep_combine_s;
@@ -886,10 +912,10 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
                             std::max(0.0, 2.0 * k.cp_pass_s - cal_.cp_ring_overlap * k.attention_bwd_s);
     const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);
     const double comm_layer = ep_layer + fsdp_layer + tp_layer + cp_layer + off_layer;
-    const double busy = bt.fwd_s + rec + bt.bwd_s;
-    bwd_wall[ci] = rec + bt.bwd_s + (busy > 0 ? comm_layer * (rec + bt.bwd_s) / busy : 0.0);
+    const double busy = fwd_s + rec + bwd_s;
+    bwd_wall[ci] = rec + bwd_s + (busy > 0 ? comm_layer * (rec + bwd_s) / busy : 0.0);
     // The device's time per pass of this layer, its exposed communication included.
-    const double gpu_f = bt.fwd_s + (busy > 0 ? comm_layer * bt.fwd_s / busy : 0.0);
+    const double gpu_f = fwd_s + (busy > 0 ? comm_layer * fwd_s / busy : 0.0);
     const double gpu_b = bwd_wall[ci];
     // The layer's host issue under the layout's CUDA graphs (sim/cost.h layer_host_issue).
     const LayerHostIssue host = layer_host_issue(lc, ctx, l.cuda_graphs);
@@ -1095,8 +1121,8 @@ StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
     const ClassCost& k = costs[ci];
     LayerTiming t;
     t.layer = static_cast<int32_t>(i);
-    t.fwd_s = k.compute.fwd_s;
-    t.bwd_s = k.compute.bwd_s;
+    t.fwd_s = k.compute.fwd_s + k.fsdp_copy_fwd_s;
+    t.bwd_s = k.compute.bwd_s + k.fsdp_copy_bwd_s;
     t.recompute_s = rc == models::Recompute::kFull ? k.compute.fwd_s
                     : rc == models::Recompute::kSelective
                         ? (l.recompute_modules != 0 ? module_recompute(table_.classes[ci], l, sm.ctx()).fwd_s
