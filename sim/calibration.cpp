@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 
 #include "models/layer_graph.h"
+#include "sim/base/check.h"
 #include "sim/base/json_io.h"
 
 namespace rackstep::sim {
@@ -67,6 +69,50 @@ std::vector<EpBandwidthPoint> ep_bandwidth_points(JsonReader& col, const std::st
   if (pts.empty()) col.fail(key, "at least one measured EP bandwidth point", "an empty list");
   std::sort(pts.begin(), pts.end(), [](const auto& a, const auto& b) { return a.ep < b.ep; });
   return pts;
+}
+
+// A key of a number-keyed object ("64", "8192") as that number (> 0), else one error at `path`.
+double positive_key(const std::string& key, const std::string& file, const std::string& path, const char* what) {
+  char* end = nullptr;
+  const double x = std::strtod(key.c_str(), &end);
+  if (end == key.c_str() || *end != '\0' || !(x > 0)) throw UserError(file, path, what, key);
+  return x;
+}
+
+// attention_kernels: kernel name -> {per_gpu: GPU name -> {fwd_over_bwd_rate,
+// fwd_bwd_efficiency: head dim -> sequence -> fraction of the BF16 peak}}.
+void parse_attention_kernels(JsonReader kernels, const std::string& file, Calibration& c) {
+  kernels.ignore("comment");
+  for (auto it = kernels.raw().begin(); it != kernels.raw().end(); ++it) {
+    if (it.key() == "comment") continue;
+    JsonReader kernel = kernels.object(it.key());
+    kernel.ignore("comment");
+    JsonReader per_gpu = kernel.object("per_gpu");
+    for (auto g = per_gpu.raw().begin(); g != per_gpu.raw().end(); ++g) {
+      JsonReader gpu = per_gpu.object(g.key());
+      Calibration::AttentionKernelCurve& curve = c.attention_kernels[it.key()][g.key()];
+      curve.fwd_over_bwd_rate = sourced(gpu, "fwd_over_bwd_rate", {.min_exclusive = 0, .max = 4});
+      JsonReader by_dim = gpu.object("fwd_bwd_efficiency");
+      for (auto d = by_dim.raw().begin(); d != by_dim.raw().end(); ++d) {
+        const double head_dim = positive_key(d.key(), file, by_dim.path_of(d.key()), "a head dim (a number > 0)");
+        JsonReader by_seq = by_dim.object(d.key());
+        std::vector<std::pair<double, double>>& points = curve.fwd_bwd_eff_by_ln_seq[head_dim];
+        for (auto q = by_seq.raw().begin(); q != by_seq.raw().end(); ++q) {
+          const double seq = positive_key(q.key(), file, by_seq.path_of(q.key()), "a sequence length (a number > 0)");
+          points.emplace_back(std::log(seq), sourced(by_seq, q.key(), {.min_exclusive = 0, .max = 1}));
+        }
+        by_seq.finish();
+        if (points.empty()) throw UserError(file, by_seq.path(), "at least one sequence length", "none");
+        std::sort(points.begin(), points.end());
+      }
+      by_dim.finish();
+      if (curve.fwd_bwd_eff_by_ln_seq.empty()) throw UserError(file, by_dim.path(), "at least one head dim", "none");
+      gpu.finish();
+    }
+    per_gpu.finish();
+    kernel.finish();
+  }
+  kernels.finish();
 }
 
 }  // namespace
@@ -187,7 +233,22 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     rc.finish();
   }
 
+  if (r.has("attention_kernels")) parse_attention_kernels(r.object("attention_kernels"), file, c);
   JsonReader att = r.object("attention");
+  if (att.has("kernel")) {
+    JsonReader k = att.object("kernel");
+    c.attention_kernel = k.string("value");
+    k.string("source");
+    k.finish();
+    if (!c.attention_kernels.contains(c.attention_kernel)) {
+      throw UserError(file, "/attention/kernel/value", "a kernel of /attention_kernels", c.attention_kernel);
+    }
+    // A kernel's curve holds its diagonal tiles and head dims already: the flat pricing's
+    // tile and head-dim terms on top of it would count them twice.
+    for (const char* key : {"tile_tokens", "masked_tile_cost", "head_dim_fwd_factor", "head_dim_bwd_factor"}) {
+      if (att.has(key)) throw UserError(file, "/attention/" + std::string(key), "none beside /attention/kernel", key);
+    }
+  }
   c.attention_fwd_eff = sourced(att, "fwd_efficiency", frac);
   c.attention_bwd_eff = sourced(att, "bwd_efficiency", frac);
   // Optional: head-dim factors and the kernel tile (flash kernels measured at head dim 128).
@@ -196,11 +257,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     if (!att.has(key)) return points;
     JsonReader per_dim = att.object(key);
     for (auto it = per_dim.raw().begin(); it != per_dim.raw().end(); ++it) {
-      char* end = nullptr;
-      const double hd = std::strtod(it.key().c_str(), &end);
-      if (end == it.key().c_str() || *end != '\0' || !(hd > 0)) {
-        throw UserError(file, "/attention/" + key + "/" + it.key(), "a head dim (a number > 0)", it.key());
-      }
+      const double hd = positive_key(it.key(), file, "/attention/" + key + "/" + it.key(), "a head dim (a number > 0)");
       points.emplace_back(hd, sourced(per_dim, it.key(), {.min_exclusive = 0, .max = 2}));
     }
     per_dim.finish();
@@ -477,6 +534,41 @@ Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, cons
   sustained.bwd *= sustained.sustained_ratio;
   sustained.sustained_ratio = 1.0;  // a sustained rate now: nothing downstream applies it again
   return sustained;
+}
+
+const Calibration::AttentionKernelCurve* attention_kernel_curve(const Calibration& c, const topologies::GpuSpec& gpu) {
+  if (c.attention_kernel.empty()) return nullptr;
+  const auto& per_gpu = c.attention_kernels.at(c.attention_kernel);
+  const auto it = per_gpu.find(gpu.name);
+  return it == per_gpu.end() ? nullptr : &it->second;
+}
+
+double interpolate_held(const std::vector<std::pair<double, double>>& points, double x) {
+  RS_CHECK(!points.empty(), "interpolation needs at least one point");
+  if (x <= points.front().first) return points.front().second;
+  if (x >= points.back().first) return points.back().second;
+  const auto hi = std::lower_bound(points.begin(), points.end(), x, [](const auto& p, double v) { return p.first < v; });
+  const auto lo = hi - 1;
+  return lo->second + (hi->second - lo->second) * (x - lo->first) / (hi->first - lo->first);
+}
+
+Calibration::AttentionEfficiency attention_kernel_efficiency(const Calibration::AttentionKernelCurve& k, double seq_tokens,
+                                                             double head_dim) {
+  RS_CHECK(seq_tokens > 0 && head_dim > 0, "an attention kernel is priced at a sequence and head dim > 0");
+  // The head dims around head_dim (one alone at or beyond the ends), each curve at this
+  // sequence in log(length): the benchmarks double the length from point to point.
+  const auto& curves = k.fwd_bwd_eff_by_ln_seq;
+  RS_CHECK(!curves.empty(), "an attention kernel's curve has a head dim");
+  auto hi = curves.lower_bound(head_dim);
+  if (hi == curves.end()) --hi;
+  const auto lo = hi == curves.begin() || hi->first <= head_dim ? hi : std::prev(hi);
+  const double ln_seq = std::log(seq_tokens);
+  const double y_lo = interpolate_held(lo->second, ln_seq), y_hi = interpolate_held(hi->second, ln_seq);
+  const double fwd_bwd = lo == hi ? y_hi : y_lo + (y_hi - y_lo) * (head_dim - lo->first) / (hi->first - lo->first);
+  // fwd + bwd FLOPs are 1 + 2.5 forward units (the backward recomputes QK^T: models::op_cost).
+  const double r = k.fwd_over_bwd_rate;
+  const double fwd = fwd_bwd * (1.0 + 2.5 * r) / 3.5;
+  return {.fwd = fwd, .bwd = fwd / r};
 }
 
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured) {

@@ -137,6 +137,22 @@ struct Calibration {
   // sequences and windows move.
   double attention_masked_tile_cost = 1;
   double attention_efficiency_seq_tokens = 0;
+  // Attention kernels priced by sequence length (block attention_kernels: kernel name ->
+  // GPU name -> curve), one used where the stack names it (attention.kernel): a flash
+  // kernel's fixed costs per (batch, head) and per query tile, and its causal diagonal
+  // tiles, weigh more the shorter the sequence, so its rate rises with the length
+  // (attention_kernel_efficiency). Each curve is a published fwd+bwd benchmark of causal
+  // attention at a few head dims and sequences, FLOPs counted as sim/cost.cpp counts
+  // them (the causal half, backward 2.5x the forward), so its diagonal tiles are in it.
+  struct AttentionKernelCurve {
+    // head dim -> (ln of the sequence in tokens, fwd+bwd fraction of the BF16 peak), ascending
+    std::map<double, std::vector<std::pair<double, double>>> fwd_bwd_eff_by_ln_seq;
+    double fwd_over_bwd_rate = 1;  // the forward's rate over the backward's: splits fwd+bwd into the passes
+  };
+  std::map<std::string, std::map<std::string, AttentionKernelCurve>> attention_kernels;
+  // The stack's kernel (attention.kernel; empty: the flat efficiencies above). A GPU
+  // the kernel has no curve for runs at the flat efficiencies.
+  std::string attention_kernel;
   // Unfused attention (block attention.unfused; 0 = a fused flash kernel): the trainer
   // materialises every head's seq x seq score matrix in HBM: a batched GEMM writes the
   // scores, elementwise kernels (scale-mask-softmax, dropout) pass over them, a second
@@ -346,6 +362,17 @@ double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu
 // sustained_ratio; the result's sustained_ratio is 1), else the stack-wide fwd_efficiency /
 // bwd_efficiency.
 Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);
+// Linear in x between (x, y) points sorted by x, held at the first and last y beyond them.
+double interpolate_held(const std::vector<std::pair<double, double>>& points, double x);
+// The curve of the stack's attention kernel on `gpu` (nullptr: no kernel named, or none
+// measured on that GPU: the flat efficiencies above apply).
+const Calibration::AttentionKernelCurve* attention_kernel_curve(const Calibration& c, const topologies::GpuSpec& gpu);
+// A kernel's forward and backward efficiency at a causal sequence and head dim: its fwd+bwd
+// curve interpolated linearly in log(sequence) between the published lengths and linearly
+// in head dim, held beyond the ends, then split by the forward over backward rate r
+// (3.5 / fb = 1 / fwd + 2.5 / bwd with fwd = r bwd: fwd = fb (1 + 2.5 r) / 3.5).
+Calibration::AttentionEfficiency attention_kernel_efficiency(const Calibration::AttentionKernelCurve& k, double seq_tokens,
+                                                             double head_dim);
 // Dense FP8 GEMM efficiency relative to the BF16 curve on this GPU (its measured entry,
 // else gemm.fp8_relative_efficiency); `measured` says which.
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured = nullptr);

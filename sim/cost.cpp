@@ -343,16 +343,7 @@ DenseActivationBytes dense_activation_bytes(const OpEntry& e, const Calibration&
 }
 
 double attention_head_dim_factor(const std::vector<std::pair<double, double>>& points, double head_dim) {
-  if (points.empty()) return 1.0;
-  if (head_dim <= points.front().first) return points.front().second;
-  if (head_dim >= points.back().first) return points.back().second;
-  for (size_t i = 1; i < points.size(); ++i) {
-    const auto& [x1, y1] = points[i];
-    if (head_dim > x1) continue;
-    const auto& [x0, y0] = points[i - 1];
-    return y0 + (y1 - y0) * (head_dim - x0) / (x1 - x0);
-  }
-  return points.back().second;
+  return points.empty() ? 1.0 : interpolate_held(points, head_dim);
 }
 
 double attention_tiled_span(int64_t window, double seq, double tile, double masked_tile_cost) {
@@ -734,12 +725,19 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double per_token = attention_flops_per_token(e, span);
       const double flops = per_token * ctx.tokens / ctx.tp;
       const double kernel_flops = attention_flops_per_token(e, kernel_span) * ctx.tokens / ctx.tp;
-      // The measured efficiencies hold at head dim 128; the QK^T and PV products contract
+      // The flat efficiencies hold at head dim 128; the QK^T and PV products contract
       // over / produce the head dim while the softmax work per score does not, so a smaller
-      // head dim spends a larger share of the kernel outside the tensor cores.
+      // head dim spends a larger share of the kernel outside the tensor cores. The stack's
+      // kernel, where measured on this GPU, runs at its curve's rate at this sequence and
+      // head dim instead (a causal benchmark: its diagonal tiles are in it).
       const double hd = std::min(e.qk_head_dim, e.head_dim);
-      const double fwd_eff = at128.fwd * attention_head_dim_factor(cal.attention_head_dim_fwd, hd);
-      const double bwd_eff = at128.bwd * attention_head_dim_factor(cal.attention_head_dim_bwd, hd);
+      const Calibration::AttentionKernelCurve* curve = ctx.gpu != nullptr ? attention_kernel_curve(cal, *ctx.gpu) : nullptr;
+      const Calibration::AttentionEfficiency eff =
+          curve != nullptr ? attention_kernel_efficiency(*curve, ctx.seq, hd)
+                           : Calibration::AttentionEfficiency{
+                                 .fwd = at128.fwd * attention_head_dim_factor(cal.attention_head_dim_fwd, hd),
+                                 .bwd = at128.bwd * attention_head_dim_factor(cal.attention_head_dim_bwd, hd)};
+      const double fwd_eff = eff.fwd, bwd_eff = eff.bwd;
       // ALiBi and sinks: elementwise work inside the kernel (one more pass over the scores in backward).
       const double extra = models::attention_extra_flops_per_token(e.alibi, e.sinks, e.heads, span) * ctx.tokens / ctx.tp;
       const double bytes = (e.in_elems + e.out_elems) * ctx.tokens / ctx.tp * 2.0;

@@ -1,0 +1,119 @@
+// Attention kernels priced by sequence length (issue 13, sim/calibration.json
+// attention_kernels, sim/calibration.h AttentionKernelCurve): a flash kernel's rate rises with
+// the sequence (fixed costs per (batch, head) and per query tile, causal diagonal tiles), as
+// the FlashAttention-2 paper's benchmarks show from 512 to 16k tokens. A stack that names its
+// kernel (attention.kernel) prices attention on that curve; one that does not (Marin's) keeps
+// its flat efficiencies.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/base/json_io.h"
+#include "sim/base/source_dir.h"
+#include "sim/calibration.h"
+#include "sim/cost.h"
+#include "sim/stack.h"
+#include "tests/sim_op_find.h"
+
+using namespace rackstep;
+using namespace rackstep::sim;
+using json = nlohmann::json;
+
+namespace {
+
+std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
+
+// sim/calibration.json with the attention block naming `kernel`.
+Calibration with_kernel(const std::string& kernel) {
+  json doc = load_json_file(src("sim/calibration.json"));
+  doc["attention"]["kernel"] = {{"value", kernel}, {"source", "test"}};
+  return parse_calibration(doc, "test.json");
+}
+
+// One micro-batch of 64k tokens in sequences of `seq` of Llama 3 8B (head dim 128) on `topo`'s GPU.
+struct Priced {
+  topologies::SystemSpec sys;
+  OpTable t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+
+  explicit Priced(const std::string& topo) : sys(topologies::load_system(src("topologies/zoo/" + topo + ".json"))) {}
+
+  // Seconds per attention FLOP of forward + backward.
+  double s_per_flop(const Calibration& cal, double seq) const {
+    PriceContext c;
+    c.gpu = &sys.gpu;
+    c.cal = &cal;
+    c.tokens = 65536;
+    c.seq = seq;
+    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
+    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s;
+    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
+    const OpTime o = price_op(find_op(t, models::OpKind::kAttention), c);
+    return (o.fwd_s + o.bwd_s) / (o.fwd_flops + o.bwd_flops);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an attention kernel's curve rises with the sequence, interpolated in log length and head dim", "[attention_kernels]") {
+  const Calibration cal = load_calibration();
+  const Calibration::AttentionKernelCurve& fa2 = cal.attention_kernels.at("flash_attention_2").at("A100-SXM4-80GB");
+  const auto fb = [&](double seq, double hd) {  // fwd + bwd efficiency of the split
+    const Calibration::AttentionEfficiency e = attention_kernel_efficiency(fa2, seq, hd);
+    return 3.5 / (1.0 / e.fwd + 2.5 / e.bwd);
+  };
+  // The published points (FlashAttention-2 paper, A100, causal, head dim 128): 99 TF/s at 512,
+  // 155 at 2k, 182 at 8k, of 312.
+  CHECK(fb(512, 128) == Approx(99.0 / 312.0).epsilon(1e-3));
+  CHECK(fb(2048, 128) == Approx(155.0 / 312.0).epsilon(1e-3));
+  CHECK(fb(8192, 128) == Approx(182.0 / 312.0).epsilon(1e-3));
+  CHECK(fb(512, 128) < fb(2048, 128));
+  CHECK(fb(2048, 128) < fb(8192, 128));
+  // Halfway in log length between 1k and 2k, halfway in value; held beyond 512 and 16k.
+  CHECK(fb(std::sqrt(1024.0 * 2048.0), 128) == Approx((133.0 + 155.0) / 2.0 / 312.0).epsilon(1e-3));
+  CHECK(fb(131072, 128) == Approx(fb(16384, 128)));
+  CHECK(fb(128, 128) == Approx(fb(512, 128)));
+  // Head dim 96: halfway between the 64 and 128 curves.
+  CHECK(fb(2048, 96) == Approx((140.0 + 155.0) / 2.0 / 312.0).epsilon(1e-3));
+  // The split keeps the fwd + bwd time and the forward over backward rate.
+  const Calibration::AttentionEfficiency e = attention_kernel_efficiency(fa2, 4096, 128);
+  CHECK(e.fwd / e.bwd == Approx(fa2.fwd_over_bwd_rate));
+}
+
+TEST_CASE("a calibration naming its attention kernel prices attention on the kernel's curve", "[attention_kernels]") {
+  const Priced a100("dgx-a100-80gb");
+  const Calibration flat = load_calibration();
+  const Calibration fa2 = with_kernel("flash_attention_2");
+  CHECK(flat.attention_kernel.empty());
+  // Flat: the same time per attention FLOP at every length.
+  CHECK(a100.s_per_flop(flat, 512) == Approx(a100.s_per_flop(flat, 16384)).epsilon(0.01));
+  // The kernel: cheaper per FLOP the longer the sequence, at the curve's rate.
+  CHECK(a100.s_per_flop(fa2, 512) > 1.5 * a100.s_per_flop(fa2, 16384));
+  const double peak = a100.sys.gpu.peak_bf16_flops_per_s;
+  CHECK(1.0 / (a100.s_per_flop(fa2, 16384) * peak) == Approx(189.0 / 312.0).epsilon(0.02));
+  // A GPU the kernel was not measured on runs at the flat efficiencies.
+  const Priced b200("dgx-b200");
+  CHECK(b200.s_per_flop(fa2, 2048) == Approx(b200.s_per_flop(flat, 2048)));
+}
+
+TEST_CASE("attention kernels: Marin keeps its flat rates; a bad kernel entry is one error naming its path", "[attention_kernels]") {
+  for (const char* s : {"marin-july-2026", "marin-hero-late", "marin-hero-later", "megatron-bridge-2025"}) {
+    CHECK(stack_calibration(load_stack(stack_path(s))).attention_kernel.empty());
+  }
+  json doc = load_json_file(src("sim/calibration.json"));
+  json unknown = doc;
+  unknown["attention"]["kernel"] = {{"value", "no_such_kernel"}, {"source", "test"}};
+  CHECK_THROWS_WITH(parse_calibration(unknown, "t.json"), Catch::Contains("/attention/kernel/value"));
+  // The curve holds the diagonal tiles: a tile count beside it would count them twice.
+  json tiled = doc;
+  tiled["attention"]["kernel"] = {{"value", "flash_attention_2"}, {"source", "test"}};
+  tiled["attention"]["tile_tokens"] = {{"value", 128}, {"source", "test"}};
+  CHECK_THROWS_WITH(parse_calibration(tiled, "t.json"), Catch::Contains("/attention/tile_tokens"));
+  json bad_seq = doc;
+  bad_seq["attention_kernels"]["flash_attention_2"]["per_gpu"]["H100-SXM"]["fwd_bwd_efficiency"]["128"]["long"] = {
+      {"value", 0.3}, {"source", "test"}};
+  CHECK_THROWS_WITH(parse_calibration(bad_seq, "t.json"),
+                    Catch::Contains("/attention_kernels/flash_attention_2/per_gpu/H100-SXM/fwd_bwd_efficiency/128/long"));
+}
