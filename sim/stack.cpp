@@ -135,7 +135,26 @@ Stack parse_stack(const nlohmann::json& doc, const std::string& file) {
   return s;
 }
 
-Stack load_stack(const std::string& path) { return parse_stack(load_json_file(path), path); }
+namespace {
+
+// A stack file with "extends": the named stack's document (itself resolved the same way)
+// with this file's entries merged over it (JSON merge patch: this file's name, comment,
+// supports and calibration entries replace the base's, key by key).
+nlohmann::json resolved_stack_document(const std::string& path, int depth) {
+  nlohmann::json doc = load_json_file(path);
+  const auto it = doc.find("extends");
+  if (it == doc.end()) return doc;
+  if (!it->is_string()) throw UserError(path, "/extends", "the name of the stack this one extends", it->dump());
+  if (depth >= 8) throw UserError(path, "/extends", "a chain of at most 8 stacks (no cycle)", it->get<std::string>());
+  nlohmann::json merged = resolved_stack_document(stack_path(it->get<std::string>()), depth + 1);
+  doc.erase("extends");
+  merged.merge_patch(doc);
+  return merged;
+}
+
+}  // namespace
+
+Stack load_stack(const std::string& path) { return parse_stack(resolved_stack_document(path, 0), path); }
 
 Calibration stack_calibration(const Stack& s, const std::string& base_path) {
   nlohmann::json doc = load_json_file(base_path);

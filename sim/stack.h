@@ -73,6 +73,7 @@ struct Stack {
 
 // "marin-july-2026" -> <source dir>/sim/stacks/marin-july-2026.json; a path is returned as is.
 std::string stack_path(const std::string& name_or_path);
+// A file may name "extends": "<stack>": it is that stack with the file's entries merged over it.
 Stack load_stack(const std::string& path);
 Stack parse_stack(const nlohmann::json& doc, const std::string& file);
 // sim/calibration.json (or `base_path`) with the stack's overrides merged in.

@@ -117,3 +117,18 @@ TEST_CASE("attention kernels: Marin keeps its flat rates; a bad kernel entry is 
   CHECK_THROWS_WITH(parse_calibration(bad_seq, "t.json"),
                     Catch::Contains("/attention_kernels/flash_attention_2/per_gpu/H100-SXM/fwd_bwd_efficiency/128/long"));
 }
+
+TEST_CASE("a stack file extends another: llm-foundry is pytorch-fsdp with its Triton attention kernel", "[attention_kernels][stack]") {
+  const Stack base = load_stack(stack_path("pytorch-fsdp"));
+  const Stack foundry = load_stack(stack_path("llm-foundry"));
+  CHECK(foundry.name == "llm-foundry");
+  CHECK(foundry.supports.zero_stages == base.supports.zero_stages);
+  const Calibration b = stack_calibration(base), f = stack_calibration(foundry);
+  CHECK(f.attention_kernel == "flash_attention_triton");
+  // Everything else of pytorch-fsdp's calibration comes along (its compiled dense MLP activation).
+  CHECK(f.dense_act_fwd_bytes == b.dense_act_fwd_bytes);
+  CHECK(f.dense_act_fwd_bytes > 0);
+  // Priced: on A100 the Triton curve, not the flat rates pytorch-fsdp keeps without a kernel.
+  const Priced a100("dgx-a100-80gb");
+  CHECK(a100.s_per_flop(f, 2048) != Approx(a100.s_per_flop(b, 2048)));
+}

@@ -6,7 +6,7 @@
 //    cast to an fp32 reduce dtype (2 B read, 4 B write; none when it reduces in bf16), and
 //    the pre-division before the reduce-scatter (a read and a write at the reduce dtype);
 //    nothing in the forward: the all-gather lands in the flat parameter itself; torch 1.13
-//    (pytorch-fsdp1-torch113) also copies the gradient into F.pad's padded tensor.
+//    (llm-foundry-torch113) also copies the gradient into F.pad's padded tensor.
 //  - FSDP2 (pytorch-fsdp, torch 2.6 _fsdp_collectives.py): each gather's copy-out into the
 //    parameters (a read and a write at 2 B), forward and backward, and the gradients'
 //    copy into the reduce-scatter buffer at the reduce dtype, always.
@@ -89,9 +89,9 @@ TEST_CASE("FSDP1: the flat gradient's assembly, cast and pre-division each backw
   CHECK(bf16.fwd_s == 0.0);
   CHECK(bf16.bwd_s == Approx(hbm_s("pytorch-fsdp1", 8.0)).epsilon(1e-9));
   // torch 1.13 copies the fp32 gradient once more, into F.pad's padded tensor: 18 + 2 x 4 = 26 B.
-  const Passes padded = added("pytorch-fsdp1-torch113", GradDtype::kFp32);
+  const Passes padded = added("llm-foundry-torch113", GradDtype::kFp32);
   CHECK(padded.fwd_s == 0.0);
-  CHECK(padded.bwd_s == Approx(hbm_s("pytorch-fsdp1-torch113", 26.0)).epsilon(1e-9));
+  CHECK(padded.bwd_s == Approx(hbm_s("llm-foundry-torch113", 26.0)).epsilon(1e-9));
 }
 
 TEST_CASE("FSDP2: each gather's copy-out, and the gradients' copy into the reduce-scatter buffer",

@@ -151,7 +151,7 @@ TEST_CASE("training stacks limit layouts and change the overheads", "[stack]") {
   // Every shipped stack reads.
   for (const char* s : {"marin-july-2026", "marin-hero-later", "marin-hero-late", "megatron-lm", "megatron-lm-2021",
                         "megatron-lm-2022", "megatron-deepspeed-2021", "megatron-bridge-2025", "pytorch-fsdp", "pytorch-fsdp-eager",
-                        "pytorch-fsdp1", "pytorch-fsdp1-torch113", "deepspeed"}) {
+                        "pytorch-fsdp1", "llm-foundry", "llm-foundry-torch113", "deepspeed"}) {
     CHECK_NOTHROW(stack_calibration(load_stack(stack_path(s))));
   }
 }

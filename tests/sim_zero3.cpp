@@ -341,7 +341,7 @@ TEST_CASE("peak by phase: score gradients inside the attention's backward, with 
 TEST_CASE("the PyTorch stacks peak by phase; Marin's and the default calibration sum the lines", "[zero3][stack][peak_by_phase]") {
   for (const char* s : {"deepspeed", "megatron-deepspeed-2021", "megatron-lm-2021", "megatron-lm-2022", "megatron-lm",
                         "megatron-bridge-2025", "pytorch-fsdp", "pytorch-fsdp-eager", "pytorch-fsdp1",
-                        "pytorch-fsdp1-torch113"}) {
+                        "llm-foundry-torch113"}) {
     CHECK(stack_calibration(load_stack(stack_path(s))).peak_by_phase == 1.0);
   }
   CHECK(stack_calibration(load_stack(stack_path("marin-july-2026"))).peak_by_phase == 0.0);
