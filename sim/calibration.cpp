@@ -370,7 +370,8 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   if (col.has("fsdp_prefetch_bucket_params")) {
     c.fsdp_prefetch_bucket_params = sourced(col, "fsdp_prefetch_bucket_params", {.min = 0});
   }
-  // DeepSpeed's coordinator, bucketed reductions, list collectives and NCCL's ring latency model: optional.
+  // DeepSpeed's coordinator, bucketed reductions, list collectives, NCCL's ring latency model and
+  // Transformer Engine's userbuffers TP overlap: optional.
   for (const auto& [key, field] : {std::pair{"fsdp_max_live_params", &c.fsdp_max_live_params},
                                    std::pair{"fsdp_persistence_threshold_params", &c.fsdp_persistence_threshold_params},
                                    std::pair{"fsdp_max_reuse_distance_params", &c.fsdp_max_reuse_distance_params},
@@ -378,7 +379,10 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
                                    std::pair{"fsdp_list_ops_per_rank", &c.fsdp_list_ops_per_rank},
                                    std::pair{"ring_base_latency_s", &c.ring_base_latency_s},
                                    std::pair{"ring_intra_hop_latency_s", &c.ring_intra_hop_latency_s},
-                                   std::pair{"ring_inter_hop_latency_s", &c.ring_inter_hop_latency_s}}) {
+                                   std::pair{"ring_inter_hop_latency_s", &c.ring_inter_hop_latency_s},
+                                   std::pair{"tp_userbuffers_pipeline_sms", &c.tp_ub_pipeline_sms},
+                                   std::pair{"tp_userbuffers_pipeline_splits", &c.tp_ub_pipeline_splits},
+                                   std::pair{"tp_userbuffers_bulk_sms", &c.tp_ub_bulk_sms}}) {
     if (col.has(key)) *field = sourced(col, key, {.min = 0});
   }
   if (col.has("fsdp_regather_for_recompute")) {

@@ -271,6 +271,13 @@ struct Calibration {
   // the exposed share from the schedule.
   int64_t grad_sync_bucket_layers = 1;
   double tp_overlap = 0.0;
+  // Transformer Engine userbuffers TP overlap (Layout::tp_userbuffers): SMs the comm
+  // kernels of the pipelined reduce-scatters (proj/fc2 forward) and of the bulk overlaps
+  // (the backward's reduce-scatters beside the weight-gradient GEMMs) hold, and the chunks
+  // a pipelined GEMM is split into. The ring-exchange all-gathers move data on copy
+  // engines (no SMs) in tp chunks. Pipeline and bulk GEMMs run on the SMs left (set_sm_margin).
+  // 0 = not given (a layout with userbuffers is refused).
+  double tp_ub_pipeline_sms = 0, tp_ub_pipeline_splits = 0, tp_ub_bulk_sms = 0;
   double cp_ring_overlap = 1.0;
 
   // Host.

@@ -347,6 +347,12 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
     r.fail("fp8_params", "fp8 \"linear\" or \"experts\" (FP8 weights are those of FP8 GEMMs)", "fp8 \"none\"");
   }
   l.tp_comm_overlap = r.number("tp_comm_overlap", -1.0, {.min = -1, .max = 1});
+  l.tp_userbuffers = r.boolean("tp_userbuffers", false);
+  if (l.tp_userbuffers && l.tp < 2) r.fail("tp_userbuffers", "tp of 2 or more (it overlaps TP collectives)", "tp " + std::to_string(l.tp));
+  if (l.tp_userbuffers && l.tp_comm_overlap >= 0) {
+    r.fail("tp_userbuffers", "no tp_comm_overlap share beside it (userbuffers prices the overlap per GEMM)",
+           "tp_comm_overlap " + std::to_string(l.tp_comm_overlap));
+  }
   l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_dispatcher = r.choice("ep_dispatcher", {"all_to_all", "flex"}, "all_to_all") == "flex" ? EpDispatcher::kFlex
                                                                                           : EpDispatcher::kAllToAll;
@@ -426,6 +432,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.fp8_params) j["fp8_params"] = true;
   if (l.edges_in_pipeline_split) j["edges_in_pipeline_split"] = true;
   if (l.tp_comm_overlap >= 0) j["tp_comm_overlap"] = l.tp_comm_overlap;
+  if (l.tp_userbuffers) j["tp_userbuffers"] = true;
   if (l.ep_comm_overlap >= 0) j["ep_comm_overlap"] = l.ep_comm_overlap;
   if (l.ep_dispatcher == EpDispatcher::kFlex) j["ep_dispatcher"] = "flex";
   if (l.ep_dispatcher == EpDispatcher::kFlex && l.ep_flex_backend == FlexBackend::kHybridEp) j["ep_flex_backend"] = "hybridep";

@@ -159,6 +159,10 @@ struct Layout {
   Fp8Gemms fp8 = Fp8Gemms::kNone;  // linear: every block GEMM (experts included); experts: grouped GEMMs only
   Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;  // scaling of the FP8 GEMM inputs (read only with fp8)
   double tp_comm_overlap = -1;   // share of TP collectives hidden (this run's setting); < 0 = the stack's
+  // Transformer Engine userbuffers TP overlap (Megatron's --tp-comm-overlap, NeMo's
+  // ub_tp_comm_overlap): each TP all-gather / reduce-scatter runs beside the GEMM it feeds
+  // or follows, priced per GEMM by sim/predict.cpp tp_userbuffers_exposed (instead of a share).
+  bool tp_userbuffers = false;
   double ep_comm_overlap = -1;   // share of ragged EP all-to-all hidden; < 0 = none (exposed)
   EpDispatcher ep_dispatcher = EpDispatcher::kAllToAll;  // what the EP all-to-all sends (above)
   FlexBackend ep_flex_backend = FlexBackend::kDeepEp;     // flex only: whose kernels move the rows (above)

@@ -195,6 +195,7 @@ struct ClassCost {
   double fsdp_bwd_gather_s = 0;                 // the backward's re-gather (modules kept from the recompute left out)
   double fsdp_copy_fwd_s = 0, fsdp_copy_bwd_s = 0;  // the trainer's HBM passes over gathered weights and grads
   double tp_pass_s = 0;                          // TP collectives of one pass
+  double tp_fwd_s = 0, tp_bwd_s = 0;             // exposed TP time of a forward / backward pass
   double cp_pass_s = 0;                          // CP KV traffic of one forward pass
   double attention_fwd_s = 0, attention_bwd_s = 0;
   double carry_xfer_s = 0;                       // residual carry to/from host
@@ -213,6 +214,33 @@ double ep_link_eff(const Calibration& cal, const Layout& l, bool dispatch) {
     return dispatch ? ep_hybridep_dispatch_eff(cal, l.ep) : ep_hybridep_combine_eff(cal, l.ep);
   }
   return dispatch ? ep_dispatch_eff(cal, l.ep) : ep_combine_eff(cal, l.ep);
+}
+
+// Transformer Engine userbuffers overlaps (transformer_engine/pytorch/module/base.py
+// initialize_ub; csrc comm_gemm_overlap), each pricing a TP collective of comm_s with the
+// GEMM it feeds or follows (gemm_s whole, split_s as the overlap runs it in chunks): the
+// time the pair takes beyond gemm_s, the collective's exposed cost.
+//
+// Ring exchange (the all-gather before a column-parallel GEMM, the forward's and the
+// backward's): the GEMM runs in `chunks` (tp) pieces, one per rank's shard; each piece
+// is computed while the next shard moves on the copy engines (use_ce, no SMs), so the
+// transfers hide behind all pieces but the last.
+double ring_exchange_exposed_s(double comm_s, double gemm_s, double split_s, double chunks) {
+  return (split_s - gemm_s) + std::max(0.0, comm_s - split_s * (chunks - 1.0) / chunks);
+}
+// Pipeline (the reduce-scatter after a row-parallel GEMM): the GEMM runs in `chunks`
+// pieces on the SMs the comm kernels leave (set_sm_margin), piece i's reduce-scatter
+// beside piece i+1; the last piece's is exposed.
+double pipeline_exposed_s(double comm_s, double gemm_s, double split_s, double chunks, double slow) {
+  const double run_s = split_s * slow;
+  return (run_s - gemm_s) + comm_s / chunks + (chunks - 1.0) / chunks * std::max(0.0, comm_s - run_s);
+}
+// Bulk (the backward's reduce-scatter of a data gradient beside the weight-gradient
+// GEMM): the collective and the whole GEMM start together, the GEMM on the SMs the comm
+// kernels leave (set_sm_margin, TE's default for it).
+double bulk_exposed_s(double comm_s, double gemm_s, double slow) {
+  const double run_s = gemm_s * slow;
+  return (run_s - gemm_s) + std::max(0.0, comm_s - run_s);
 }
 }  // namespace
 
@@ -313,7 +341,14 @@ class StepModel {
     if (l_.tp > 1) {
       // Sequence parallel: AG before and RS after attention and MLP.
       const double act = s_.tokens_mb * static_cast<double>(t_.d_model) * 2.0;
-      k.tp_pass_s = 2.0 * (all_gather_s(net_, g_.tp, act) + reduce_scatter_s(net_, g_.tp, act));
+      const double ag = all_gather_s(net_, g_.tp, act), rs = reduce_scatter_s(net_, g_.tp, act);
+      k.tp_pass_s = 2.0 * (ag + rs);
+      if (l_.tp_userbuffers) {
+        tp_userbuffers_exposed(lc, ag, rs, k);
+      } else {
+        const double hidden = l_.tp_comm_overlap >= 0 ? l_.tp_comm_overlap : cal_.tp_overlap;
+        k.tp_fwd_s = k.tp_bwd_s = k.tp_pass_s * (1.0 - hidden);
+      }
     }
     for (const auto& e : lc.ops) {
       if (e.kind != OpKind::kAttention) continue;
@@ -348,6 +383,66 @@ class StepModel {
                               cal_.fsdp_grad_reduce_dtype_passes * s_.grad_bytes;
     k->fsdp_copy_fwd_s = elems * gather_bytes / hbm_bytes_per_s;
     k->fsdp_copy_bwd_s = elems * (gather_bytes + grad_bytes) / hbm_bytes_per_s;
+  }
+
+  // Exposed TP time of one forward and one backward pass of a layer under Transformer
+  // Engine's userbuffers overlap (Layout::tp_userbuffers), all-gather ag_s and
+  // reduce-scatter rs_s each (sequence parallel). Per block (attention: the QKV
+  // projections before the attention and the output projection after it; MLP: fc1, the
+  // gated pair, and fc2) TE's default methods (base.py initialize_ub):
+  //   forward   all-gather  -> QKV / fc1 fprop       ring exchange
+  //             proj / fc2 fprop -> reduce-scatter   pipeline (tp_ub_pipeline_splits chunks)
+  //   backward  all-gather  -> proj / fc2 dgrad      ring exchange
+  //             reduce-scatter of the QKV / fc1 dgrad beside their wgrad GEMM   bulk
+  // A GEMM's backward is taken as half data, half weight gradient. A block without the
+  // GEMM (none of that kind in the layer) leaves its collective exposed.
+  void tp_userbuffers_exposed(const LayerClass& lc, double ag_s, double rs_s, ClassCost& k) const {
+    const double sms = static_cast<double>(c_.system.gpu.sms);
+    const double splits = cal_.tp_ub_pipeline_splits;
+    RS_CHECK(splits >= 1 && sms > cal_.tp_ub_pipeline_sms && sms > cal_.tp_ub_bulk_sms,
+             "tp_userbuffers needs collectives.tp_userbuffers_* in the calibration, with fewer comm SMs than the GPU's");
+    const double tp = static_cast<double>(l_.tp);
+    // The block's GEMMs priced whole and run in `chunks` pieces of tokens / chunks rows each.
+    struct Gemms {
+      OpTime whole, split;
+    };
+    const auto price = [&](const std::vector<const OpEntry*>& ops, double share, double chunks) {
+      PriceContext piece = ctx_;
+      piece.tokens = ctx_.tokens / chunks;
+      Gemms g;
+      for (const OpEntry* e : ops) {
+        const OpTime w = price_op(*e, ctx_), p = price_op(*e, piece);
+        g.whole.fwd_s += share * w.fwd_s;
+        g.whole.bwd_s += share * w.bwd_s;
+        g.split.fwd_s += share * chunks * p.fwd_s;
+        g.split.bwd_s += share * chunks * p.bwd_s;
+      }
+      return g;
+    };
+    // The column-parallel projections before the attention, the row-parallel ones after
+    // it, and the dense MLP (its gemm_count GEMMs: the last is fc2, the rest fc1).
+    std::vector<const OpEntry*> qkv, proj, mlp;
+    bool after_attention = false;
+    for (const OpEntry& e : lc.ops) {
+      if (e.kind == OpKind::kAttention) after_attention = true;
+      if (e.cls != OpClass::kGemm) continue;
+      if (e.kind == OpKind::kSharedMlp) mlp.push_back(&e);
+      if (e.kind == OpKind::kLinear) (after_attention ? proj : qkv).push_back(&e);
+    }
+    RS_CHECK(mlp.size() <= 1, "a layer with more than one dense MLP");
+    const double fc2_share = mlp.empty() ? 0.0 : 1.0 / mlp[0]->gemm_count;
+    const Gemms qkv_ring = price(qkv, 1.0, tp), proj_ring = price(proj, 1.0, tp), proj_pipe = price(proj, 1.0, splits);
+    const Gemms fc1_ring = price(mlp, 1.0 - fc2_share, tp), fc2_ring = price(mlp, fc2_share, tp);
+    const Gemms fc2_pipe = price(mlp, fc2_share, splits);
+    const double pipe_slow = sms / (sms - cal_.tp_ub_pipeline_sms), bulk_slow = sms / (sms - cal_.tp_ub_bulk_sms);
+    k.tp_fwd_s = ring_exchange_exposed_s(ag_s, qkv_ring.whole.fwd_s, qkv_ring.split.fwd_s, tp) +
+                 pipeline_exposed_s(rs_s, proj_pipe.whole.fwd_s, proj_pipe.split.fwd_s, splits, pipe_slow) +
+                 ring_exchange_exposed_s(ag_s, fc1_ring.whole.fwd_s, fc1_ring.split.fwd_s, tp) +
+                 pipeline_exposed_s(rs_s, fc2_pipe.whole.fwd_s, fc2_pipe.split.fwd_s, splits, pipe_slow);
+    k.tp_bwd_s = ring_exchange_exposed_s(ag_s, 0.5 * proj_ring.whole.bwd_s, 0.5 * proj_ring.split.bwd_s, tp) +
+                 bulk_exposed_s(rs_s, 0.5 * qkv_ring.whole.bwd_s, bulk_slow) +
+                 ring_exchange_exposed_s(ag_s, 0.5 * fc2_ring.whole.bwd_s, 0.5 * fc2_ring.split.bwd_s, tp) +
+                 bulk_exposed_s(rs_s, 0.5 * fc1_ring.whole.bwd_s, bulk_slow);
   }
 
   // One pass of ZeRO-3 gathers of a layer's dense weights (bf16): one call per layer,
@@ -906,8 +1001,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
         : s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
                                   std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
                             : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
-    const double tp_ovl = l.tp_comm_overlap >= 0 ? l.tp_comm_overlap : cal_.tp_overlap;
-    const double tp_layer = k.tp_pass_s * (1.0 - tp_ovl) * (full ? 3.0 : 2.0);
+    const double tp_layer = k.tp_fwd_s * (full ? 2.0 : 1.0) + k.tp_bwd_s;
     const double cp_layer = std::max(0.0, k.cp_pass_s - cal_.cp_ring_overlap * k.attention_fwd_s) * (full ? 2.0 : 1.0) +
                             std::max(0.0, 2.0 * k.cp_pass_s - cal_.cp_ring_overlap * k.attention_bwd_s);
     const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);
