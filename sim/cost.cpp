@@ -815,8 +815,33 @@ double saved_gemm_input_elems(const OpEntry& e) {
   return std::min(e.saved_elems, e.rows_per_token * inputs);
 }
 
+namespace {
+
+// Of a dense GEMM op's gemm_count GEMMs, how many torchtitan's per-op policy replays
+// (ctx.torchtitan_op_sac). Its _custom_policy (torchtitan/models/llama3/parallelize_llama.py
+// at e7c0cae and 820504e, torchtitan/parallelisms/parallelize_llama.py at 9dec370) counts the
+// aten.mm calls of one checkpointed block ("meta[mm_count_key] += 1", a fresh meta per
+// checkpoint context) and saves an mm's output unless the count is even ("Saves output of
+// all compute ops, except every second mm"); `mm_count` carries that count through the
+// block's ops in forward order. An op's GEMMs run in its own order: a fused SwiGLU as
+// w1, w3, w2 (FeedForward.forward, self.w2(F.silu(self.w1(x)) * self.w3(x))). An FP8
+// linear counts as one too: torchao's Float8Linear calls torch.mm on Float8Tensors
+// (float8_linear.py at eab345c), which the policy's dispatch mode sees as aten.mm before
+// the subclass (float8_ops.py float8_mm) turns it into torch._scaled_mm.
+double op_sac_replayed_gemms(const OpEntry& e, int64_t* mm_count) {
+  double replayed = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(e.gemm_count); ++i) {
+    ++*mm_count;
+    if (*mm_count % 2 == 0) replayed += 1.0;
+  }
+  return replayed;
+}
+
+}  // namespace
+
 BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx) {
   BlockTime b;
+  int64_t mm_count = 0;  // aten.mm calls so far in the block (ctx.torchtitan_op_sac)
   for (const auto& e : ops) {
     const OpTime t = price_op(e, ctx);
     b.fwd_s += t.fwd_s;
@@ -825,10 +850,14 @@ BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx) {
     b.bwd_flops += t.bwd_flops;
     if (e.cls == OpClass::kGroupedGemm) b.expert_fwd_s += t.fwd_s;
     const bool kept = e.cls == OpClass::kGemm || e.cls == OpClass::kGroupedGemm || e.cls == OpClass::kAttention;
-    if (!kept) {
-      b.recompute_selective_s += t.fwd_s;
-      b.recompute_selective_flops += t.fwd_flops;
-    }
+    // The replayed share of a GEMM op: its forward split evenly over its GEMMs (a fused
+    // SwiGLU's activation goes with them).
+    const double share = !kept ? 1.0
+                         : ctx.torchtitan_op_sac && e.cls == OpClass::kGemm && e.gemm_count > 0
+                             ? op_sac_replayed_gemms(e, &mm_count) / e.gemm_count
+                             : 0.0;
+    b.recompute_selective_s += share * t.fwd_s;
+    b.recompute_selective_flops += share * t.fwd_flops;
   }
   return b;
 }

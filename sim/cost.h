@@ -159,6 +159,9 @@ struct PriceContext {
   // Megatron-Core's merged-1F1B EP overlap (Layout::ep_a2a_overlap): the host runs each
   // layer's passes as schedule nodes (cal.merged_1f1b_calls_per_node, layer_host_issue).
   bool merged_1f1b = false;
+  // torchtitan's per-op selective recompute (Layout::torchtitan_op_sac): what price_ops
+  // counts as the selective replay.
+  bool torchtitan_op_sac = false;
 };
 
 // The memory-bound passes that turn one FP8 GEMM op's BF16 inputs into FP8 for one
@@ -293,8 +296,9 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
 // device-to-host copy of a result is not).
 double in_order_issue_s(const std::vector<double>& host_s, const std::vector<double>& device_s);
 
-// Sum over a list of ops; `recompute_s` is the forward time of the ops a policy
-// replays (full: all; selective: all but GEMMs, grouped GEMMs and attention).
+// Sum over a list of ops; `recompute_selective_s` is the forward time of the ops selective
+// recompute replays: all but GEMMs, grouped GEMMs and attention; under
+// ctx.torchtitan_op_sac also every second dense GEMM of the list in forward order.
 struct BlockTime {
   double fwd_s = 0, bwd_s = 0, recompute_selective_s = 0;
   double fwd_flops = 0, bwd_flops = 0, recompute_selective_flops = 0;

@@ -315,6 +315,11 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
              std::string("recompute \"") + recompute_name(l.recompute) + "\"");
     }
   }
+  l.torchtitan_op_sac = r.choice("selective_policy", {"keep_gemms", "torchtitan_op_sac"}, "keep_gemms") == "torchtitan_op_sac";
+  if (l.torchtitan_op_sac && (l.recompute != models::Recompute::kSelective || l.recompute_modules != 0)) {
+    r.fail("selective_policy", "recompute \"selective\" without recompute_modules (the policy is what selective recompute saves)",
+           std::string("recompute \"") + recompute_name(l.recompute) + (l.recompute_modules != 0 ? "\" with recompute_modules" : "\""));
+  }
   l.offload_residual = r.boolean("offload_residual", false);
   l.optimizer_state = r.choice("optimizer_state", {"device", "host"}, "device") == "host" ? StatePlacement::kHost
                                                                                           : StatePlacement::kDevice;
@@ -352,6 +357,10 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   if (l.tp_userbuffers && l.tp_comm_overlap >= 0) {
     r.fail("tp_userbuffers", "no tp_comm_overlap share beside it (userbuffers prices the overlap per GEMM)",
            "tp_comm_overlap " + std::to_string(l.tp_comm_overlap));
+  }
+  if (l.tp_userbuffers && l.torchtitan_op_sac) {
+    r.fail("tp_userbuffers", "no selective_policy \"torchtitan_op_sac\" beside it (userbuffers is Transformer Engine's, the policy torchtitan's)",
+           "selective_policy \"torchtitan_op_sac\"");
   }
   l.ep_comm_overlap = r.number("ep_comm_overlap", -1.0, {.min = -1, .max = 1});
   l.ep_dispatcher = r.choice("ep_dispatcher", {"all_to_all", "flex"}, "all_to_all") == "flex" ? EpDispatcher::kFlex
@@ -412,6 +421,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.seq_len > 0) j["seq_len"] = l.seq_len;
   j["recompute"] = recompute_name(l.recompute);
   if (l.recompute_modules != 0) j["recompute_modules"] = recompute_module_names(l.recompute_modules);
+  if (l.torchtitan_op_sac) j["selective_policy"] = "torchtitan_op_sac";
   j["offload_residual"] = l.offload_residual;
   j["optimizer_state"] = l.optimizer_state == StatePlacement::kHost ? "host" : "device";
   j["master_dtype"] = l.master_dtype == MasterDtype::kFp32 ? "fp32" : "bf16";

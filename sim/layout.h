@@ -132,6 +132,14 @@ struct Layout {
   // recomputed instead of saved (bits of models::recompute_module_bit; 0 = the
   // selective rule of Korthikanti et al.: every op but the GEMMs and attention).
   uint32_t recompute_modules = 0;
+  // With recompute "selective" and no modules: torchtitan's per-op policy (activation_checkpoint
+  // mode "selective", selective_ac_option "op"; parallelize_llama.py _save_list and
+  // _custom_policy) instead of the Korthikanti rule. It saves the outputs of aten.mm, SDPA
+  // and reduce_scatter_tensor, except every second aten.mm of a block, and recomputes the
+  // rest: the even-numbered GEMMs of the block in forward order (FP8 ones as well) and the
+  // TP all-gathers (all_gather_into_tensor is not in the list). Priced by sim/cost.cpp
+  // price_ops, sim/predict.cpp and sim/memory.cpp op_sac_saved_op_elems.
+  bool torchtitan_op_sac = false;
   // With FP8 GEMMs: their weights kept as FP8 tensors, not bf16 (Megatron-Core's
   // fp8_param_gather, Transformer Engine's fp8_model_init).
   bool fp8_params = false;

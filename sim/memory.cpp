@@ -133,6 +133,46 @@ std::vector<double> kept_saved_op_elems(const LayerClass& c, const Layout& l, co
   return kept;
 }
 
+// Activations one layer of class c keeps per token under torchtitan's per-op policy
+// (Layout::torchtitan_op_sac): the outputs of the ops in its _save_list (parallelize_llama.py
+// at 9dec370, 820504e, e7c0cae), nothing else of the block, plus the checkpoint's input.
+//   aten.mm                 every odd-numbered mm of the block, in forward order (the count
+//                           price_ops keeps, FP8 linears included); an op's GEMMs but its last
+//                           write gemm_n wide (a fused SwiGLU's w1, w3), its last its bf16 output
+//   SDPA                    the attention output and its fp32 logsumexp (2 elements a head)
+//   reduce_scatter_tensor   under sequence parallelism, the d_model-wide reduce-scatter
+//                           before each residual add; the mm before it wrote a partial sum
+//                           over the whole sequence (tp times the sharded share)
+// Per op, as kept_saved_op_elems; the block input counts with the first op.
+std::vector<double> op_sac_saved_op_elems(const LayerClass& c, const Layout& l, double d_model) {
+  const double tp = static_cast<double>(l.tp);
+  std::vector<double> kept(c.ops.size(), 0.0);
+  if (!kept.empty()) kept[0] = d_model;
+  int64_t mm_count = 0;
+  size_t last_gemm = kept.size();  // the GEMM op before the next residual add
+  double last_output_kept = 0.0;   // its last GEMM's output, where saved
+  for (size_t i = 0; i < c.ops.size(); ++i) {
+    const OpEntry& e = c.ops[i];
+    if (e.cls == OpClass::kAttention) kept[i] += e.out_elems + 2.0 * e.heads;
+    if (e.kind == models::OpKind::kResidualAdd && tp > 1.0 && last_gemm < kept.size()) {
+      kept[i] += d_model;
+      kept[last_gemm] += (tp - 1.0) * last_output_kept;
+      last_gemm = kept.size();
+    }
+    if (e.cls != OpClass::kGemm) continue;
+    last_gemm = i;
+    last_output_kept = 0.0;
+    const int64_t gemms = static_cast<int64_t>(e.gemm_count);
+    for (int64_t g = 0; g < gemms; ++g) {
+      const double out = g + 1 < gemms ? e.rows_per_token * e.gemm_n : e.out_elems;
+      const bool saved = ++mm_count % 2 == 1;
+      if (saved) kept[i] += out;
+      if (g + 1 == gemms && saved) last_output_kept = out;
+    }
+  }
+  return kept;
+}
+
 double kept_saved_elems(const LayerClass& c, const Layout& l, const Calibration& cal, double d_model) {
   double kept = 0.0;
   for (double k : kept_saved_op_elems(c, l, cal, d_model)) kept += k;
@@ -372,7 +412,7 @@ MemoryBreakdown peak_by_phase(const OpTable& t, const Layout& l, const Calibrati
   const double act_bytes = 2.0 * cal.activation_bytes_factor;
   const double elem_bytes = tok * act_bytes;  // one saved element per token, this micro-batch
   const double carry_bytes = static_cast<double>(t.d_model) * elem_bytes;
-  const bool gemm_only = l.recompute == models::Recompute::kSelective && l.recompute_modules == 0;
+  const bool gemm_only = l.recompute == models::Recompute::kSelective && l.recompute_modules == 0 && !l.torchtitan_op_sac;
 
   // Per class: each op's saved elements (scores apart) in the layer being back-propagated.
   struct ClassOps { std::vector<double> saved, scores; double own = 0, workspace = 0, score_grads = 0; };
@@ -381,7 +421,8 @@ MemoryBreakdown peak_by_phase(const OpTable& t, const Layout& l, const Calibrati
   for (const LayerClass& lc : t.classes) {
     ClassOps co;
     const size_t n = lc.ops.size();
-    co.scores = gemm_only ? std::vector<double>(n, 0.0) : unfused_score_op_elems(lc, l, cal, static_cast<double>(s.seq));
+    // A policy that saves the GEMMs' or _save_list's outputs replays the attention's scores.
+    co.scores = gemm_only || l.torchtitan_op_sac ? std::vector<double>(n, 0.0) : unfused_score_op_elems(lc, l, cal, static_cast<double>(s.seq));
     if (l.recompute == models::Recompute::kFull || gemm_only) {
       co.saved.assign(n, 0.0);
       for (size_t i = 0; i < n; ++i) {
@@ -390,6 +431,8 @@ MemoryBreakdown peak_by_phase(const OpTable& t, const Layout& l, const Calibrati
         if (gemm_only && !gemm) continue;
         co.saved[i] = e.saved_elems - (fp8_saved(e, l) ? 0.5 * saved_gemm_input_elems(e) : 0.0);
       }
+    } else if (l.torchtitan_op_sac) {
+      co.saved = op_sac_saved_op_elems(lc, l, static_cast<double>(t.d_model));
     } else {
       co.saved = kept_saved_op_elems(lc, l, cal, static_cast<double>(t.d_model));
     }
@@ -592,7 +635,9 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
     const double scores = unfused_score_elems(lc, l, cal, static_cast<double>(s.seq));
     score_layer = std::max(score_layer, scores);
     saved_layer = std::max(saved_layer, lc.saved_elems_per_token - fp8_half + scores);
-    saved_gemm_layer = std::max(saved_gemm_layer, lc.saved_gemm_elems_per_token - fp8_half);
+    double op_sac = 0.0;
+    for (double k : op_sac_saved_op_elems(lc, l, static_cast<double>(t.d_model))) op_sac += k;
+    saved_gemm_layer = std::max(saved_gemm_layer, l.torchtitan_op_sac ? op_sac : lc.saved_gemm_elems_per_token - fp8_half);
     kept_layer = std::max(kept_layer, kept_saved_elems(lc, l, cal, static_cast<double>(t.d_model)) + scores);
   }
   // Sequence parallelism splits activations over tp; the routed rows are per GPU.

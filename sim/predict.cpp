@@ -196,6 +196,7 @@ struct ClassCost {
   double fsdp_copy_fwd_s = 0, fsdp_copy_bwd_s = 0;  // the trainer's HBM passes over gathered weights and grads
   double tp_pass_s = 0;                          // TP collectives of one pass
   double tp_fwd_s = 0, tp_bwd_s = 0;             // exposed TP time of a forward / backward pass
+  double tp_recompute_s = 0;                     // exposed TP all-gathers a selective replay reruns (torchtitan_op_sac)
   double cp_pass_s = 0;                          // CP KV traffic of one forward pass
   double attention_fwd_s = 0, attention_bwd_s = 0;
   double carry_xfer_s = 0;                       // residual carry to/from host
@@ -264,6 +265,7 @@ class StepModel {
     ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
+    ctx_.torchtitan_op_sac = l.torchtitan_op_sac;
     ctx_.op_issue_s = host_op_issue_s(cal, gpu);
     // Megatron-Core's all-to-all dispatcher (token_dispatcher.py): sort_chunks_by_idxs with
     // more than one local expert; TEGroupedMLP's Fp8Padding for FP8 experts whose rows
@@ -348,6 +350,9 @@ class StepModel {
       } else {
         const double hidden = l_.tp_comm_overlap >= 0 ? l_.tp_comm_overlap : cal_.tp_overlap;
         k.tp_fwd_s = k.tp_bwd_s = k.tp_pass_s * (1.0 - hidden);
+        // torchtitan's op policy saves reduce_scatter_tensor outputs but not all_gather_into_tensor
+        // ones (_save_list): its replay gathers the attention and MLP inputs again.
+        if (l_.torchtitan_op_sac) k.tp_recompute_s = 2.0 * ag * (1.0 - hidden);
       }
     }
     for (const auto& e : lc.ops) {
@@ -1001,7 +1006,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
         : s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
                                   std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
                             : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
-    const double tp_layer = k.tp_fwd_s * (full ? 2.0 : 1.0) + k.tp_bwd_s;
+    const double tp_layer = k.tp_fwd_s * (full ? 2.0 : 1.0) + k.tp_bwd_s + k.tp_recompute_s;
     const double cp_layer = std::max(0.0, k.cp_pass_s - cal_.cp_ring_overlap * k.attention_fwd_s) * (full ? 2.0 : 1.0) +
                             std::max(0.0, 2.0 * k.cp_pass_s - cal_.cp_ring_overlap * k.attention_bwd_s);
     const double off_layer = std::max(0.0, k.carry_xfer_s - bt.fwd_s) + std::max(0.0, k.carry_xfer_s - bt.bwd_s - rec);
