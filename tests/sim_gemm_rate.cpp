@@ -29,6 +29,7 @@ PriceContext gemm_context(const topologies::GpuSpec& gpu, const Calibration& cal
   ctx.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
   ctx.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
   ctx.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+  ctx.gemm_shape = gemm_shape_table(cal, gpu);
   if (fp8) {
     ctx.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx.fp8_linear = true;
@@ -93,3 +94,4 @@ TEST_CASE("An H100 SXM's GEMMs are priced at the rate it sustains at its power l
   const auto grand_teton = topologies::load_system(src("topologies/zoo/grand-teton-h100.json")).gpu;
   CHECK(gemm_peak_efficiency(sustained, grand_teton) == gemm_peak_efficiency(sustained, h100));
 }
+
