@@ -53,6 +53,52 @@ std::vector<std::string> sourced_gpu_names(JsonReader& parent, const std::string
 
 double shape_factor(double x, double half) { return x / (x + half); }
 
+// One architecture's block of gemm.shape_tables: its GPUs, the grid's dimensions (ascending,
+// > 0, shared by M, N and K) and the measured rates in TFLOP/s as [m][n][k] nested lists.
+// Each GPU named gets the rates over the rate at the largest shape.
+void parse_gemm_shape_table(JsonReader& arch, Calibration& c) {
+  const std::string& file = arch.file();
+  const std::vector<std::string> gpus = sourced_gpu_names(arch, "gpus", file, arch.path_of("gpus"));
+  JsonReader dims_r = arch.object("dims");
+  if (!dims_r.has("value")) throw UserError(file, dims_r.path_of("value"), "a list of dimensions", "none");
+  const nlohmann::json& dims = dims_r.raw().at("value");
+  const std::string dims_path = dims_r.path_of("value");
+  if (!dims.is_array() || dims.size() < 2) throw UserError(file, dims_path, "a list of at least two dimensions", describe_json(dims));
+  Calibration::GemmShapeTable table;
+  for (const auto& d : dims) {
+    if (!d.is_number() || d.get<double>() <= 0) throw UserError(file, dims_path, "a dimension > 0", describe_json(d));
+    const double ln = std::log(d.get<double>());
+    if (!table.ln_dims.empty() && ln <= table.ln_dims.back()) throw UserError(file, dims_path, "ascending dimensions", describe_json(dims));
+    table.ln_dims.push_back(ln);
+  }
+  dims_r.ignore("value");
+  dims_r.string("source");
+  dims_r.finish();
+  JsonReader rates_r = arch.object("bf16_tflops");
+  if (!rates_r.has("value")) throw UserError(file, rates_r.path_of("value"), "a table of rates", "none");
+  const nlohmann::json& rates = rates_r.raw().at("value");
+  const std::string rates_path = rates_r.path_of("value");
+  const size_t d = table.ln_dims.size();
+  const std::string want = std::to_string(d) + " x " + std::to_string(d) + " x " + std::to_string(d) + " rates > 0 ([m][n][k])";
+  if (!rates.is_array() || rates.size() != d) throw UserError(file, rates_path, want, describe_json(rates));
+  for (const auto& by_n : rates) {
+    if (!by_n.is_array() || by_n.size() != d) throw UserError(file, rates_path, want, describe_json(by_n));
+    for (const auto& by_k : by_n) {
+      if (!by_k.is_array() || by_k.size() != d) throw UserError(file, rates_path, want, describe_json(by_k));
+      for (const auto& x : by_k) {
+        if (!x.is_number() || x.get<double>() <= 0) throw UserError(file, rates_path, want, describe_json(x));
+        table.relative.push_back(x.get<double>());
+      }
+    }
+  }
+  rates_r.ignore("value");
+  rates_r.string("source");
+  rates_r.finish();
+  const double largest = table.relative.back();
+  for (double& x : table.relative) x /= largest;
+  for (const auto& gpu : gpus) c.gemm_shape_by_gpu[gpu] = table;
+}
+
 // A list of measured EP dispatch/combine points ({"ep", "dispatch", "combine"}, each
 // share sourced), sorted by EP size; at least one.
 std::vector<EpBandwidthPoint> ep_bandwidth_points(JsonReader& col, const std::string& key) {
@@ -132,6 +178,17 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   peaks.finish();
   c.gemm_peak_eff_default = sourced(gemm, "default_peak_efficiency", frac);
   c.gemm_half_dim = sourced(gemm, "half_dim", nonneg);
+  if (gemm.has("shape_tables")) {
+    JsonReader tables = gemm.object("shape_tables");
+    tables.ignore("comment");
+    for (auto it = tables.raw().begin(); it != tables.raw().end(); ++it) {
+      if (it.key() == "comment") continue;
+      JsonReader arch = tables.object(it.key());
+      parse_gemm_shape_table(arch, c);
+      arch.finish();
+    }
+    tables.finish();
+  }
   if (gemm.has("sustained_ratio")) {
     JsonReader sustained = gemm.object("sustained_ratio");
     for (auto it = sustained.raw().begin(); it != sustained.raw().end(); ++it) {
@@ -581,12 +638,58 @@ double fp8_dense_relative_efficiency(const Calibration& c, const topologies::Gpu
   return it != c.fp8_dense_relative_eff.end() ? it->second : c.fp8_gemm_relative_eff;
 }
 
-double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k) {
-  return gemm_efficiency_at(c, gemm_peak_efficiency(c, gpu), m, n, k);
+const Calibration::GemmShapeTable* gemm_shape_table(const Calibration& c, const topologies::GpuSpec& gpu) {
+  const auto it = c.gemm_shape_by_gpu.find(gpu.name);
+  return it != c.gemm_shape_by_gpu.end() ? &it->second : nullptr;
 }
 
-double gemm_efficiency_at(const Calibration& c, double peak, double m, double n, double k) {
+double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k) {
+  return gemm_efficiency_at(c, gemm_peak_efficiency(c, gpu), gemm_shape_table(c, gpu), m, n, k);
+}
+
+namespace {
+
+// Where x falls on a table's grid: the cell's lower index, the fraction of the way to the
+// next point in ln x, and the half_dim curve's share below the smallest dimension.
+struct GridPoint {
+  size_t i = 0;
+  double frac = 0;
+  double below = 1;
+};
+
+GridPoint grid_point(const Calibration::GemmShapeTable& t, double x, double half_dim) {
+  const double lo = std::exp(t.ln_dims.front());
+  GridPoint p;
+  if (x < lo) p.below = shape_factor(x, half_dim) / shape_factor(lo, half_dim);
+  const double ln = std::clamp(std::log(std::max(x, lo)), t.ln_dims.front(), t.ln_dims.back());
+  const auto hi = std::upper_bound(t.ln_dims.begin(), t.ln_dims.end() - 1, ln);
+  p.i = static_cast<size_t>(std::distance(t.ln_dims.begin(), hi)) - 1;
+  p.frac = (ln - t.ln_dims[p.i]) / (t.ln_dims[p.i + 1] - t.ln_dims[p.i]);
+  return p;
+}
+
+double table_shape_factor(const Calibration::GemmShapeTable& t, double half_dim, double m, double n, double k) {
+  const size_t d = t.ln_dims.size();
+  const GridPoint pm = grid_point(t, m, half_dim), pn = grid_point(t, n, half_dim), pk = grid_point(t, k, half_dim);
+  double f = 0;
+  for (int a = 0; a < 2; ++a) {
+    for (int b = 0; b < 2; ++b) {
+      for (int e = 0; e < 2; ++e) {
+        const double w = (a ? pm.frac : 1 - pm.frac) * (b ? pn.frac : 1 - pn.frac) * (e ? pk.frac : 1 - pk.frac);
+        if (w == 0) continue;
+        f += w * t.relative[((pm.i + a) * d + pn.i + b) * d + pk.i + e];
+      }
+    }
+  }
+  return f * pm.below * pn.below * pk.below;
+}
+
+}  // namespace
+
+double gemm_efficiency_at(const Calibration& c, double peak, const Calibration::GemmShapeTable* shape, double m,
+                          double n, double k) {
   const double h = c.gemm_half_dim;
+  if (shape) return std::min(peak * table_shape_factor(*shape, h, m, n, k), 0.95);
   const double ref = shape_factor(8192.0, h);
   const double f = shape_factor(m, h) * shape_factor(n, h) * shape_factor(k, h) / (ref * ref * ref);
   return std::min(peak * f, 0.95);
@@ -597,8 +700,9 @@ double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& 
   return c.grouped_factor * gemm_efficiency(c, gpu, rows_per_expert, n, k);
 }
 
-double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, double rows_per_expert, double k, double n) {
-  return c.grouped_factor * gemm_efficiency_at(c, peak_eff, rows_per_expert, n, k);
+double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, const Calibration::GemmShapeTable* shape,
+                                  double rows_per_expert, double k, double n) {
+  return c.grouped_factor * gemm_efficiency_at(c, peak_eff, shape, rows_per_expert, n, k);
 }
 
 double host_op_issue_s(const Calibration& c, const topologies::GpuSpec& gpu) {

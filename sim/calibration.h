@@ -44,6 +44,15 @@ struct Calibration {
   // applies it. The attention kernels carry their own (AttentionEfficiency::sustained_ratio).
   std::map<std::string, double> gemm_sustained_ratio;
   double gemm_half_dim = 128;
+  // A GPU architecture's measured BF16 GEMM rates by shape (block gemm.shape_tables), as
+  // the rate at (M, N, K) over the rate at the table's largest shape, on one grid of
+  // dimensions shared by the three axes. A GPU with a table takes its shape factor from it
+  // (gemm_efficiency_at); the others keep x / (x + gemm_half_dim).
+  struct GemmShapeTable {
+    std::vector<double> ln_dims;   // ln of the measured dimensions, ascending
+    std::vector<double> relative;  // (i_m, i_n, i_k) -> rate / rate at the largest shape, k fastest
+  };
+  std::map<std::string, GemmShapeTable> gemm_shape_by_gpu;  // GPU name -> its architecture's table
   // FP8 GEMMs: efficiency relative to the BF16 curve, at the FP8 peak.
   double fp8_gemm_relative_eff = 0.83;
   std::vector<std::string> fp8_gemm_measured_gpus;  // GPUs fp8_gemm_relative_eff was measured on (others: a warning)
@@ -383,12 +392,18 @@ Calibration::AttentionEfficiency attention_kernel_efficiency(const Calibration::
 // Dense FP8 GEMM efficiency relative to the BF16 curve on this GPU (its measured entry,
 // else gemm.fp8_relative_efficiency); `measured` says which.
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured = nullptr);
-// The shape curve from a known peak efficiency (no name lookup: the fast path).
-double gemm_efficiency_at(const Calibration& c, double peak_eff, double m, double n, double k);
+// The measured shape table of this GPU's architecture (nullptr: none, the half_dim curve applies).
+const Calibration::GemmShapeTable* gemm_shape_table(const Calibration& c, const topologies::GpuSpec& gpu);
+// The shape curve from a known peak efficiency and shape table (no name lookup: the fast
+// path). With a table: its relative rate, trilinear in (ln M, ln N, ln K), 1 at and beyond
+// its largest dimension, and below its smallest the half_dim curve's fall from that edge.
+double gemm_efficiency_at(const Calibration& c, double peak_eff, const Calibration::GemmShapeTable* shape, double m,
+                          double n, double k);
 double gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double m, double n, double k);
 double grouped_gemm_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, double rows_per_expert,
                                double k, double n);
-double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, double rows_per_expert, double k, double n);
+double grouped_gemm_efficiency_at(const Calibration& c, double peak_eff, const Calibration::GemmShapeTable* shape,
+                                  double rows_per_expert, double k, double n);
 // Host time of one framework call of an eager trainer on this GPU's system (0: a compiled step).
 double host_op_issue_s(const Calibration& c, const topologies::GpuSpec& gpu);
 // EP dispatch / combine efficiency vs NVLink measured bandwidth, interpolated in log(ep).

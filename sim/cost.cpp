@@ -655,7 +655,7 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double rows = ctx.tokens * e.rows_per_token;
       const double n = std::max(1.0, e.gemm_n / ctx.tp);
       const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
-      double eff = gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows, n, e.gemm_k);
+      double eff = gemm_efficiency_at(cal, ctx.gemm_peak_eff, ctx.gemm_shape, rows, n, e.gemm_k);
       // FP8 for the block's linear layers; the LM head stays in BF16 (as Transformer Engine recipes keep it).
       const bool fp8 = ctx.fp8_linear && ctx.fp8_peak_flops_per_s > 0 && e.kind != models::OpKind::kLmHead;
       const double peak = fp8 ? ctx.fp8_peak_flops_per_s : peak_bf16;
@@ -679,7 +679,7 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double rows = ctx.expert_rows;
       const double n = std::max(1.0, e.gemm_n / (ctx.etp > 0 ? ctx.etp : ctx.tp));
       const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
-      double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, rows / ctx.local_experts, e.gemm_k, n);
+      double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, ctx.gemm_shape, rows / ctx.local_experts, e.gemm_k, n);
       const bool fp8 = (ctx.fp8_experts || ctx.fp8_linear) && ctx.fp8_peak_flops_per_s > 0;
       const double peak = fp8 ? ctx.fp8_peak_flops_per_s : peak_bf16;
       // Per-expert dense GEMMs (cal.grouped_per_expert_dense_relative_eff) take the dense FP8
@@ -789,7 +789,7 @@ OpTime unfused_attention_time(const OpEntry& e, const PriceContext& ctx) {
   // One batched GEMM over the heads: 2 FLOPs per score and contracted element; it writes
   // or reads the fp16 scores once (2 B each); (m, n, k) of one head's product.
   const auto gemm_s = [&](double contract, double m, double n, double k) {
-    const double eff = gemm_efficiency_at(cal, ctx.gemm_peak_eff, m, n, k);
+    const double eff = gemm_efficiency_at(cal, ctx.gemm_peak_eff, ctx.gemm_shape, m, n, k);
     return std::max(2.0 * scores * contract / (ctx.peak_flops_per_s * eff), 2.0 * scores / bw) + launch;
   };
   OpTime t;

@@ -139,6 +139,7 @@ struct PriceContext {
   double peak_flops_per_s = 0;
   double hbm_bw_bytes_per_s = 0;
   double gemm_peak_eff = 0.7;       // gemm_peak_efficiency(cal, gpu), looked up once
+  const Calibration::GemmShapeTable* gemm_shape = nullptr;  // gemm_shape_table(cal, gpu), looked up once
   // Dense FP8 GEMMs: efficiency over the BF16 curve on this GPU (fp8_dense_relative_efficiency,
   // looked up once; the grouped GEMMs keep cal.fp8_gemm_relative_eff), and the scaling
   // recipe, whose quantization passes each FP8 GEMM's operands cost (fp8_quantize).

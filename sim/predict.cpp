@@ -260,6 +260,7 @@ class StepModel {
     ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
     ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
     ctx_.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+    ctx_.gemm_shape = gemm_shape_table(cal, gpu);
     ctx_.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
     ctx_.fp8_recipe = l.fp8_recipe;
     ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
@@ -1131,7 +1132,7 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
       const int i = mtx.expert ? 1 : 0;
       const double fl = newton_schulz_flops(mtx.m, mtx.n, table_.ns_steps);
       const double a = std::min(mtx.m, mtx.n), bb = std::max(mtx.m, mtx.n);
-      const double one = fl / (ctx.peak_flops_per_s * gemm_efficiency_at(cal_, ctx.gemm_peak_eff, a, a, bb));
+      const double one = fl / (ctx.peak_flops_per_s * gemm_efficiency_at(cal_, ctx.gemm_peak_eff, ctx.gemm_shape, a, a, bb));
       ns_time[i] += per_stage * mtx.count * one;
       ns_fl[i] += per_stage * mtx.count * fl;
       if (one > ns_max_time[i]) {

@@ -50,6 +50,7 @@ struct Priced {
     c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
     c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s;
     c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
+    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     const OpTime o = price_op(find_op(t, models::OpKind::kAttention), c);
     return (o.fwd_s + o.bwd_s) / (o.fwd_flops + o.bwd_flops);
   }

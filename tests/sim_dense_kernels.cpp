@@ -34,6 +34,7 @@ struct Llama8b {
     c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
     c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
     c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
+    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     return c;
   }
 };
@@ -163,6 +164,7 @@ TEST_CASE("Unfused attention passes its score matrices through HBM: 2021-22 Mega
     c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
     c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
     c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
+    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     return c;
   };
   const PriceContext u = ctx(unfused, 2048, 1), h = ctx(heavier, 2048, 1), f = ctx(flash, 2048, 1);

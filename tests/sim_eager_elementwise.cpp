@@ -41,6 +41,7 @@ struct H100 {
     c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
     c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s;
     c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
+    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     return c;
   }
 };

@@ -4,9 +4,11 @@
 // predictor gives them. The GB300 (1.4 kW) against the GB200 (1.2 kW) is the case.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <string>
 
 #include "sim/base/check.h"
+#include "sim/base/json_io.h"
 #include "sim/base/source_dir.h"
 #include "sim/cost.h"
 #include "sim/predict.h"
@@ -29,6 +31,7 @@ PriceContext gemm_context(const topologies::GpuSpec& gpu, const Calibration& cal
   ctx.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
   ctx.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
   ctx.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+  ctx.gemm_shape = gemm_shape_table(cal, gpu);
   if (fp8) {
     ctx.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx.fp8_linear = true;
@@ -92,4 +95,46 @@ TEST_CASE("An H100 SXM's GEMMs are priced at the rate it sustains at its power l
   CHECK(with.bwd_s / without.bwd_s == Approx(1.0 / ratio).epsilon(0.01));
   const auto grand_teton = topologies::load_system(src("topologies/zoo/grand-teton-h100.json")).gpu;
   CHECK(gemm_peak_efficiency(sustained, grand_teton) == gemm_peak_efficiency(sustained, h100));
+}
+
+TEST_CASE("An H100's GEMM shape factor is XLA's measured sm_90 table, normalised at its largest shape", "[gemm]") {
+  const auto h100 = topologies::load_system(src("topologies/zoo/hgx-h100.json")).gpu;
+  const auto h200 = topologies::load_system(src("topologies/zoo/hgx-h200.json")).gpu;
+  const auto gb200 = topologies::load_system(src("topologies/zoo/gb200-nvl72.json")).gpu;
+  const Calibration& cal = default_calibration();
+  Calibration half_dim_only = cal;
+  half_dim_only.gemm_shape_by_gpu.clear();
+  REQUIRE(gemm_shape_table(cal, h100) != nullptr);
+  CHECK(gemm_shape_table(cal, h200) != nullptr);
+  CHECK(gemm_shape_table(cal, gb200) == nullptr);  // no Blackwell table: x / (x + half_dim)
+
+  // The table's rates (gemm.shape_tables.sm_90, TFLOP/s): 4096^3 783.3, 4096 x 4096 x 256 392.2,
+  // 2048 x 4096 x 4096 753.6, 4096 x 4096 x 2048 738.7.
+  const auto eff = [&](const Calibration& c, double m, double n, double k) { return gemm_efficiency(c, h100, m, n, k); };
+  CHECK(eff(cal, 4096, 4096, 256) / eff(cal, 4096, 4096, 4096) == Approx(392.2 / 783.3).epsilon(0.001));
+  // A small-K GEMM (a TP-split projection) is slower than the half_dim curve priced it...
+  CHECK(eff(cal, 4096, 4096, 256) < 0.8 * eff(half_dim_only, 4096, 4096, 256));  // burst: 392 TF measured, 507 priced by half_dim
+  // ...while the large shape keeps peak_efficiency x sustained_ratio: 1 at and beyond 4096.
+  CHECK(eff(cal, 8192, 8192, 8192) == Approx(eff(half_dim_only, 8192, 8192, 8192)));
+  CHECK(eff(cal, 4096, 4096, 4096) == Approx(eff(cal, 16384, 8192, 4096)));
+  // Between grid points: linear in ln(dimension), e.g. M halfway from 2048 to 4096 in log.
+  const double m_mid = std::sqrt(2048.0 * 4096.0);
+  CHECK(eff(cal, m_mid, 4096, 4096) / eff(cal, 4096, 4096, 4096) == Approx((753.6 / 783.3 + 1.0) / 2).epsilon(0.001));
+  // Below the smallest dimension the half_dim curve carries the fall from the table's edge.
+  const double h = cal.gemm_half_dim;
+  CHECK(eff(cal, 128, 4096, 4096) / eff(cal, 256, 4096, 4096) == Approx((128 / (128 + h)) / (256 / (256 + h))));
+}
+
+TEST_CASE("A GEMM shape table that is not a full grid of positive rates is a one-line user error", "[gemm]") {
+  nlohmann::json doc = load_json_file(default_calibration_path());
+  CHECK(parse_calibration(doc, "test.json").gemm_shape_by_gpu.count("H100-SXM") == 1);
+  nlohmann::json bad = doc;
+  bad["gemm"]["shape_tables"]["sm_90"]["bf16_tflops"]["value"][1][2].erase(0);
+  CHECK_THROWS_AS(parse_calibration(bad, "test.json"), UserError);
+  bad = doc;
+  bad["gemm"]["shape_tables"]["sm_90"]["bf16_tflops"]["value"][0][0][0] = 0;
+  CHECK_THROWS_AS(parse_calibration(bad, "test.json"), UserError);
+  bad = doc;
+  bad["gemm"]["shape_tables"]["sm_90"]["dims"]["value"] = {512, 256, 1024, 2048, 4096};
+  CHECK_THROWS_AS(parse_calibration(bad, "test.json"), UserError);
 }

@@ -42,6 +42,7 @@ struct Context {
     c.peak_flops_per_s = cluster.system.gpu.peak_bf16_flops_per_s;
     c.hbm_bw_bytes_per_s = cluster.system.gpu.hbm_bw_bytes_per_s;
     c.gemm_peak_eff = sim::gemm_peak_efficiency(cal, cluster.system.gpu);
+    c.gemm_shape = sim::gemm_shape_table(cal, cluster.system.gpu);
     return c;
   }
 };

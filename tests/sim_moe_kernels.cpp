@@ -40,6 +40,7 @@ struct SmallMoe {
     c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
     c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
     c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
+    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     return c;
   }
   // Seconds to read and write `elems` BF16 elements once at the elementwise HBM rate.
@@ -262,12 +263,12 @@ TEST_CASE("A per-expert dense GEMM stack prices its experts on the dense curve a
   // Shape dependence as a formula: the factor times the dense curve; small experts lose.
   const double peak = 0.7;
   for (const double rows : {128.0, 1024.0, 8192.0}) {
-    CHECK(grouped_gemm_efficiency_at(te, peak, rows, 2048, 768) ==
-          Approx(te.grouped_factor * gemm_efficiency_at(te, peak, rows, 768, 2048)));
+    CHECK(grouped_gemm_efficiency_at(te, peak, nullptr, rows, 2048, 768) ==
+          Approx(te.grouped_factor * gemm_efficiency_at(te, peak, nullptr, rows, 768, 2048)));
   }
-  CHECK(grouped_gemm_efficiency_at(te, peak, 128, 2048, 768) < grouped_gemm_efficiency_at(te, peak, 1024, 2048, 768));
-  CHECK(grouped_gemm_efficiency_at(te, peak, 1024, 2048, 768) < grouped_gemm_efficiency_at(te, peak, 8192, 2048, 768));
-  CHECK(grouped_gemm_efficiency_at(te, peak, 8192, 2048, 256) < grouped_gemm_efficiency_at(te, peak, 8192, 2048, 768));
+  CHECK(grouped_gemm_efficiency_at(te, peak, nullptr, 128, 2048, 768) < grouped_gemm_efficiency_at(te, peak, nullptr, 1024, 2048, 768));
+  CHECK(grouped_gemm_efficiency_at(te, peak, nullptr, 1024, 2048, 768) < grouped_gemm_efficiency_at(te, peak, nullptr, 8192, 2048, 768));
+  CHECK(grouped_gemm_efficiency_at(te, peak, nullptr, 8192, 2048, 256) < grouped_gemm_efficiency_at(te, peak, nullptr, 8192, 2048, 768));
 
   // The stack entry changes the priced expert GEMM time (BF16, compute-bound shape).
   const SmallMoe m;

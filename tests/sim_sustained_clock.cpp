@@ -36,6 +36,7 @@ PriceContext llama_ctx(const Calibration& cal, const topologies::GpuSpec& gpu) {
   c.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
   c.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
   c.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+  c.gemm_shape = gemm_shape_table(cal, gpu);
   return c;
 }
 
