@@ -612,6 +612,12 @@ class StepModel {
       t += reduce_scatter_traffic(net_, g_.tp, act);
       t += t;
       c.tp = comm_cost(k.tp_pass_s, t);
+      if (l_.torchtitan_op_sac) {
+        // The attention and MLP input gathers again (tp_recompute_s), on the same convention as c.tp.
+        Traffic ag = all_gather_traffic(net_, g_.tp, act);
+        ag += ag;
+        c.tp_replay = comm_cost(2.0 * all_gather_s(net_, g_.tp, act), ag);
+      }
     }
     if (l_.cp > 1) c.cp = comm_cost(k.cp_pass_s, cp_traffic(lc));
     const GradSyncGroups gs = grad_sync_groups(net_, l_, s_);

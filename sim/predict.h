@@ -130,6 +130,7 @@ struct LayerCollectives {
   CommCost grad_reduce_scatter;   // ZeRO-3 gradient reduce-scatter (per micro-batch; none when weights are kept)
   CommCost ep_dispatch, ep_combine;  // one call each (per pass)
   CommCost tp;                    // the sequence-parallel all-gathers / reduce-scatters of one pass
+  CommCost tp_replay;             // the two all-gathers a torchtitan op-SAC replay reruns (backward)
   CommCost cp;                    // KV ring passes (or gather) of one forward pass
   CommCost grad_sync_dense, grad_sync_expert;  // the layer's gradients across replicas, once per step
 };

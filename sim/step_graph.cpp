@@ -49,7 +49,7 @@ struct LayerCost {
   double pre_fwd_f = 0, exp_fwd_f = 0, post_fwd_f = 0;
   double pre_bwd_f = 0, exp_bwd_f = 0, post_bwd_f = 0;
   double pre_w_f = 0, exp_w_f = 0, post_w_f = 0;
-  Comm gather, reduce_scatter, dispatch, combine, tp, cp_fwd, cp_bwd;
+  Comm gather, reduce_scatter, dispatch, combine, tp, tp_replay, cp_fwd, cp_bwd;
   std::vector<Comm> grad_sync;  // all-reduces of this layer's gradients across replicas
   // The same three parts op by op, in layer order (only when the host issues ops).
   std::vector<Kernel> kernels[3];
@@ -162,6 +162,7 @@ Costs gather_costs(const Predictor& p, const Layout& l, const StepPrice& price, 
     k.dispatch = x.ep_dispatch;
     k.combine = x.ep_combine;
     k.tp = x.tp;
+    k.tp_replay = x.tp_replay;
     k.cp_fwd = x.cp;
     k.cp_bwd = x.cp.scaled(2.0);  // KV forward and dKV back
     k.grad_sync = {x.grad_sync_dense, x.grad_sync_expert};
@@ -785,6 +786,8 @@ class Builder {
       compute(b.s, num("L", layer) + "." + b.tag + ".recompute", "recompute", t.t.recompute_s, b.prev);
       join(b.prev, g);
     }
+    // torchtitan's op-SAC replay gathers the attention and MLP inputs again, exposed as predict prices it.
+    collective(b.s, &Rank::tp, num("L", layer) + "." + b.tag + ".tp_replay", "tp", t.tp_replay, b.prev);
     return g;
   }
 

@@ -126,3 +126,37 @@ TEST_CASE("the step graph's tensor-parallel passes are the ones price() priced",
   check_call(sg.engine, "L0.mb0.fwd.tp", price.collectives[0].tp);
   check_call(sg.engine, "L0.mb0.fwd.allgather", price.collectives[0].fsdp_gather);
 }
+
+TEST_CASE("the step graph replays the TP all-gathers a torchtitan op-SAC backward reruns, as price() priced",
+          "[step_graph][price][op_sac]") {
+  // Llama 3 8B, FSDP 8 x TP 8 on H100s (the Grand Teton TP8 rows' shape), rackstep's selective
+  // recompute against torchtitan's per-op policy, whose replay gathers the attention and MLP inputs again.
+  const std::string root = rackstep::source_dir();
+  const Predictor p(models::build_layer_graph(models::load_model(root + "/tests/validation/models/llama3-8b.json")),
+                    topologies::load_cluster(root + "/topologies/zoo/hgx-h100.json", 8));
+  Layout l;
+  l.data = 8;
+  l.fsdp = 8;
+  l.zero_stage = 3;
+  l.tp = 8;
+  l.micro_batch_seqs = 2;
+  l.tokens_per_step = 8 * 2 * 8192;
+  l.recompute = models::Recompute::kSelective;
+  l.tp_comm_overlap = 0.0;
+  Layout sac = l;
+  sac.torchtitan_op_sac = true;
+  const StepPrice keep = p.price(l), price = p.price(sac);
+  REQUIRE(price.prediction.valid);
+  CHECK(keep.collectives[0].tp_replay.time_s() == 0);
+  // Two all-gathers of the pass's two all-gathers and two reduce-scatters of the same bytes: half its time.
+  CHECK(price.collectives[0].tp_replay.time_s() > 0);
+  CHECK(price.collectives[0].tp_replay.time_s() == Approx(0.5 * price.collectives[0].tp.time_s()).epsilon(1e-9));
+  const StepGraph sg = build_step_graph(p, sac, private_links());
+  check_call(sg.engine, "L0.mb0.bwd.tp_replay", price.collectives[0].tp_replay);
+  check_call(sg.engine, "L31.mb0.bwd.tp_replay", price.collectives[31].tp_replay);
+  // The timeline grows by what predict adds for the policy (replayed GEMMs and gathers, both exposed).
+  const double grown_s = sg.engine.run().makespan_s -
+                         build_step_graph(p, l, private_links()).engine.run().makespan_s;
+  const double predicted_s = price.prediction.step_time_s - keep.prediction.step_time_s;
+  CHECK(grown_s == Approx(predicted_s).epsilon(1e-6));
+}
