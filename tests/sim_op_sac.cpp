@@ -11,6 +11,7 @@
 #include "sim/base/source_dir.h"
 #include "sim/cost.h"
 #include "sim/predict.h"
+#include "tests/sim_step_graph_case.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
@@ -79,19 +80,10 @@ TEST_CASE("torchtitan op SAC replays every second GEMM of a block: Llama's k, o 
 }
 
 TEST_CASE("torchtitan op SAC replays the TP all-gathers, and is a selective policy only", "[recompute][op_sac][tp]") {
-  const Predictor p(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))),
-                    topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 8));
-  Layout l;
-  l.data = 8;
-  l.fsdp = 8;
-  l.zero_stage = 3;
-  l.tp = 8;
-  l.micro_batch_seqs = 2;
-  l.tokens_per_step = 8 * 2 * 8192;
-  l.recompute = models::Recompute::kSelective;
-  l.tp_comm_overlap = 0.0;
-  Layout sac = l;
-  sac.torchtitan_op_sac = true;
+  const test::Case c = test::llama8b_fsdp8_tp8(false);
+  const Layout& l = c.layout;
+  const Layout sac = test::llama8b_fsdp8_tp8(true).layout;
+  const Predictor p(c.graph, c.cluster);
   const Prediction a = p.predict(l), b = p.predict(sac);
   REQUIRE(a.valid);
   REQUIRE(b.valid);

@@ -16,6 +16,7 @@ using namespace rackstep;
 using namespace rackstep::sim;
 
 using test::Case;
+using test::llama8b_fsdp8_tp8;
 using test::load;
 
 namespace {
@@ -129,22 +130,12 @@ TEST_CASE("the step graph's tensor-parallel passes are the ones price() priced",
 
 TEST_CASE("the step graph replays the TP all-gathers a torchtitan op-SAC backward reruns, as price() priced",
           "[step_graph][price][op_sac]") {
-  // Llama 3 8B, FSDP 8 x TP 8 on H100s (the Grand Teton TP8 rows' shape), rackstep's selective
-  // recompute against torchtitan's per-op policy, whose replay gathers the attention and MLP inputs again.
-  const std::string root = rackstep::source_dir();
-  const Predictor p(models::build_layer_graph(models::load_model(root + "/tests/validation/models/llama3-8b.json")),
-                    topologies::load_cluster(root + "/topologies/zoo/hgx-h100.json", 8));
-  Layout l;
-  l.data = 8;
-  l.fsdp = 8;
-  l.zero_stage = 3;
-  l.tp = 8;
-  l.micro_batch_seqs = 2;
-  l.tokens_per_step = 8 * 2 * 8192;
-  l.recompute = models::Recompute::kSelective;
-  l.tp_comm_overlap = 0.0;
-  Layout sac = l;
-  sac.torchtitan_op_sac = true;
+  // rackstep's selective recompute against torchtitan's per-op policy, whose replay gathers
+  // the attention and MLP inputs again.
+  const Case c = llama8b_fsdp8_tp8(false);
+  const Layout& l = c.layout;
+  const Layout sac = llama8b_fsdp8_tp8(true).layout;
+  const Predictor p(c.graph, c.cluster);
   const StepPrice keep = p.price(l), price = p.price(sac);
   REQUIRE(price.prediction.valid);
   CHECK(keep.collectives[0].tp_replay.time_s() == 0);
