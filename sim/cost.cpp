@@ -194,6 +194,19 @@ std::vector<FsdpModule> fsdp_modules(const LayerClass& lc, const Calibration& ca
   return modules;
 }
 
+PriceContext device_price_context(const topologies::GpuSpec& gpu, const Calibration& cal) {
+  PriceContext c;
+  c.gpu = &gpu;
+  c.cal = &cal;
+  c.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
+  c.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
+  c.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
+  c.gemm_shape = gemm_shape_table(cal, gpu);
+  c.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
+  c.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
+  return c;
+}
+
 double model_flops_per_token(const OpTable& t, int64_t seq) {
   double attn = 0.0;
   for (const auto& c : t.classes) {

@@ -165,6 +165,11 @@ struct PriceContext {
   bool torchtitan_op_sac = false;
 };
 
+// The device's part of a PriceContext: its BF16 and FP8 peaks, its HBM bandwidth (measured
+// where the topology gives it) and the calibration's per-GPU lookups (GEMM efficiency,
+// GEMM shape table, FP8 over BF16). The layout's part (tokens, parallelism, FP8 use) is the caller's.
+PriceContext device_price_context(const topologies::GpuSpec& gpu, const Calibration& cal);
+
 // The memory-bound passes that turn one FP8 GEMM op's BF16 inputs into FP8 for one
 // micro-batch on this GPU (forward: the activations each matrix reads; backward: the
 // output gradients, for dgrad and wgrad), priced at HBM bandwidth. 0 when the op is

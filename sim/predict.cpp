@@ -250,20 +250,13 @@ class StepModel {
   StepModel(const OpTable& t, const topologies::Cluster& c, const Calibration& cal, const Network& net, const Layout& l)
       : t_(t), c_(c), cal_(cal), net_(net), l_(l), s_(layout_shape(t, c, l, cal)) {
     const auto& gpu = c.system.gpu;
-    ctx_.gpu = &gpu;
-    ctx_.cal = &cal;
+    ctx_ = device_price_context(gpu, cal);
     ctx_.tokens = s_.tokens_mb;
     ctx_.seq = static_cast<double>(s_.seq);
     ctx_.tp = static_cast<double>(l.tp);
     ctx_.etp = static_cast<double>(l.expert_tp());
     ctx_.local_experts = s_.local_experts;
-    ctx_.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
-    ctx_.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
-    ctx_.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
-    ctx_.gemm_shape = gemm_shape_table(cal, gpu);
-    ctx_.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
     ctx_.fp8_recipe = l.fp8_recipe;
-    ctx_.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
     ctx_.torchtitan_op_sac = l.torchtitan_op_sac;

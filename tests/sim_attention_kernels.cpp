@@ -42,15 +42,9 @@ struct Priced {
 
   // Seconds per attention FLOP of forward + backward.
   double s_per_flop(const Calibration& cal, double seq) const {
-    PriceContext c;
-    c.gpu = &sys.gpu;
-    c.cal = &cal;
+    PriceContext c = device_price_context(sys.gpu, cal);
     c.tokens = 65536;
     c.seq = seq;
-    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
-    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s;
-    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
-    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     const OpTime o = price_op(find_op(t, models::OpKind::kAttention), c);
     return (o.fwd_s + o.bwd_s) / (o.fwd_flops + o.bwd_flops);
   }

@@ -25,16 +25,10 @@ struct Llama8b {
   topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/dgx-b200.json"));
 
   PriceContext ctx(const Calibration& cal, double tokens = 16384, double tp = 1) const {
-    PriceContext c;
-    c.gpu = &sys.gpu;
-    c.cal = &cal;
+    PriceContext c = device_price_context(sys.gpu, cal);
     c.tokens = tokens;
     c.seq = 8192;
     c.tp = tp;
-    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
-    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
-    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
-    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     return c;
   }
 };
@@ -155,16 +149,10 @@ TEST_CASE("Unfused attention passes its score matrices through HBM: 2021-22 Mega
   heavier.attention_unfused_fwd_bytes = 16.0;
   heavier.attention_unfused_bwd_bytes = 18.0;
   const auto ctx = [&](const Calibration& cal, double seq, double tp) {
-    PriceContext c;
-    c.gpu = &sys.gpu;
-    c.cal = &cal;
+    PriceContext c = device_price_context(sys.gpu, cal);
     c.tokens = seq;
     c.seq = seq;
     c.tp = tp;
-    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
-    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
-    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
-    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     return c;
   };
   const PriceContext u = ctx(unfused, 2048, 1), h = ctx(heavier, 2048, 1), f = ctx(flash, 2048, 1);

@@ -32,16 +32,10 @@ struct H100 {
   topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/grand-teton-h100.json"));
 
   PriceContext ctx(const Calibration& cal, double tp = 1) const {
-    PriceContext c;
-    c.gpu = &sys.gpu;
-    c.cal = &cal;
+    PriceContext c = device_price_context(sys.gpu, cal);
     c.tokens = 16384;
     c.seq = 8192;
     c.tp = tp;
-    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
-    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s;
-    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
-    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     return c;
   }
 };

@@ -23,19 +23,11 @@ std::string src(const std::string& p) { return std::string(rackstep::source_dir(
 
 // One micro-batch of 16,384 tokens on one GPU, BF16 or FP8 (per-tensor current scaling) GEMMs.
 PriceContext gemm_context(const topologies::GpuSpec& gpu, const Calibration& cal, bool fp8) {
-  PriceContext ctx;
-  ctx.gpu = &gpu;
-  ctx.cal = &cal;
+  PriceContext ctx = device_price_context(gpu, cal);
   ctx.tokens = 16384;
   ctx.seq = 8192;
-  ctx.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
-  ctx.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
-  ctx.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
-  ctx.gemm_shape = gemm_shape_table(cal, gpu);
   if (fp8) {
-    ctx.fp8_peak_flops_per_s = gpu.peak_fp8_flops_per_s;
     ctx.fp8_linear = true;
-    ctx.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, gpu);
     ctx.fp8_recipe = Fp8Recipe::kCurrent;
   }
   return ctx;

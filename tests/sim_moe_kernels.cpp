@@ -30,17 +30,11 @@ struct SmallMoe {
   topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/hgx-h100.json"));
 
   PriceContext ctx(const Calibration& cal) const {
-    PriceContext c;
-    c.gpu = &sys.gpu;
-    c.cal = &cal;
+    PriceContext c = device_price_context(sys.gpu, cal);
     c.tokens = 8192;
     c.seq = 4096;
     c.expert_rows = 8192.0 * 8.0;
     c.local_experts = 16;
-    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
-    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
-    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
-    c.gemm_shape = gemm_shape_table(cal, sys.gpu);
     return c;
   }
   // Seconds to read and write `elems` BF16 elements once at the elementwise HBM rate.

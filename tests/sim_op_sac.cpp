@@ -26,16 +26,9 @@ struct Llama8b {
   topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/hgx-h100.json"));
 
   PriceContext ctx(const Calibration& cal) const {
-    PriceContext c;
-    c.gpu = &sys.gpu;
-    c.cal = &cal;
+    PriceContext c = device_price_context(sys.gpu, cal);
     c.tokens = 16384;
     c.seq = 8192;
-    c.peak_flops_per_s = sys.gpu.peak_bf16_flops_per_s;
-    c.hbm_bw_bytes_per_s = sys.gpu.hbm_bw_measured_bytes_per_s > 0 ? sys.gpu.hbm_bw_measured_bytes_per_s : sys.gpu.hbm_bw_bytes_per_s;
-    c.gemm_peak_eff = gemm_peak_efficiency(cal, sys.gpu);
-    c.fp8_dense_rel_eff = fp8_dense_relative_efficiency(cal, sys.gpu);
-    c.fp8_peak_flops_per_s = sys.gpu.peak_fp8_flops_per_s;
     c.fp8_recipe = Fp8Recipe::kCurrent;
     return c;
   }

@@ -28,15 +28,9 @@ topologies::GpuSpec gpu_of(const char* system) { return topologies::load_system(
 
 // Llama 3 8B's attention (32 heads of 128, GQA 8) on one micro-batch of two 8,192-token sequences.
 PriceContext llama_ctx(const Calibration& cal, const topologies::GpuSpec& gpu) {
-  PriceContext c;
-  c.gpu = &gpu;
-  c.cal = &cal;
+  PriceContext c = device_price_context(gpu, cal);
   c.tokens = 16384;
   c.seq = 8192;
-  c.peak_flops_per_s = gpu.peak_bf16_flops_per_s;
-  c.hbm_bw_bytes_per_s = gpu.hbm_bw_measured_bytes_per_s > 0 ? gpu.hbm_bw_measured_bytes_per_s : gpu.hbm_bw_bytes_per_s;
-  c.gemm_peak_eff = gemm_peak_efficiency(cal, gpu);
-  c.gemm_shape = gemm_shape_table(cal, gpu);
   return c;
 }
 
