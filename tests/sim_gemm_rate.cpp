@@ -98,7 +98,7 @@ TEST_CASE("An H100's GEMM shape factor is XLA's measured sm_90 table, normalised
   half_dim_only.gemm_shape_by_gpu.clear();
   REQUIRE(gemm_shape_table(cal, h100) != nullptr);
   CHECK(gemm_shape_table(cal, h200) != nullptr);
-  CHECK(gemm_shape_table(cal, gb200) == nullptr);  // no Blackwell table: x / (x + half_dim)
+  CHECK(gemm_shape_table(cal, gb200) != gemm_shape_table(cal, h100));  // Blackwell has its own (sm_100)
 
   // The table's rates (gemm.shape_tables.sm_90, TFLOP/s): 4096^3 783.3, 4096 x 4096 x 256 392.2,
   // 2048 x 4096 x 4096 753.6, 4096 x 4096 x 2048 738.7.
@@ -115,6 +115,45 @@ TEST_CASE("An H100's GEMM shape factor is XLA's measured sm_90 table, normalised
   // Below the smallest dimension the half_dim curve carries the fall from the table's edge.
   const double h = cal.gemm_half_dim;
   CHECK(eff(cal, 128, 4096, 4096) / eff(cal, 256, 4096, 4096) == Approx((128 / (128 + h)) / (256 / (256 + h))));
+}
+
+TEST_CASE("A Blackwell GPU's GEMM shape factor is XLA's measured B200 table: small experts run below the half_dim curve", "[gemm]") {
+  const auto b200 = topologies::load_system(src("topologies/zoo/dgx-b200.json")).gpu;
+  const auto gb200 = topologies::load_system(src("topologies/zoo/gb200-nvl72.json")).gpu;
+  const auto gb300 = topologies::load_system(src("topologies/zoo/gb300-nvl72.json")).gpu;
+  const Calibration& cal = default_calibration();
+  Calibration half_dim_only = cal;
+  half_dim_only.gemm_shape_by_gpu.clear();
+  for (const auto* gpu : {&b200, &gb200, &gb300}) REQUIRE(gemm_shape_table(cal, *gpu) != nullptr);
+
+  // The table's rates (gemm.shape_tables.sm_100, TFLOP/s): 4096^3 1,416.9, 4096 x 1024 x 2048
+  // 990.3, 4096 x 2048 x 512 652.3 (M x N x K). A Qwen3-30B-A3B expert (K 2048, N 768 x 2 for
+  // fc1; K 768 for fc2) sits at these shapes, which the half_dim curve priced at 0.85 and 0.77.
+  for (const auto* gpu : {&b200, &gb200, &gb300}) {
+    const auto eff = [&](const Calibration& c, double m, double n, double k) { return gemm_efficiency(c, *gpu, m, n, k); };
+    CHECK(eff(cal, 4096, 1024, 2048) / eff(cal, 4096, 4096, 4096) == Approx(990.3 / 1416.9).epsilon(0.001));
+    CHECK(eff(cal, 4096, 2048, 512) / eff(cal, 4096, 4096, 4096) == Approx(652.3 / 1416.9).epsilon(0.001));
+    CHECK(eff(cal, 4096, 1024, 2048) < 0.85 * eff(half_dim_only, 4096, 1024, 2048));
+    CHECK(eff(cal, 4096, 2048, 512) < 0.65 * eff(half_dim_only, 4096, 2048, 512));
+    // The large shape keeps the GPU's measured peak: the table only shapes below it.
+    CHECK(eff(cal, 8192, 8192, 8192) == Approx(eff(half_dim_only, 8192, 8192, 8192)));
+  }
+
+  // Priced: the routed experts of one Qwen3-30B-A3B layer on a B200 (16 local experts of
+  // 8,192 rows each, the DGX-B200 MBS 1 run) take longer than the half_dim curve said.
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/qwen3-30b-a3b.json"))));
+  const OpEntry& experts = find_op(t, models::OpKind::kExpertMlp);
+  const auto ctx = [&](const Calibration& c) {
+    PriceContext x = device_price_context(b200, c);
+    x.tokens = 4096;
+    x.seq = 4096;
+    x.expert_rows = 8.0 * 4096.0 * 8.0;
+    x.local_experts = 16;
+    return x;
+  };
+  const OpTime measured_shape = price_op(experts, ctx(cal)), half_dim = price_op(experts, ctx(half_dim_only));
+  CHECK(measured_shape.fwd_s > 1.1 * half_dim.fwd_s);
+  CHECK(measured_shape.bwd_s > 1.1 * half_dim.bwd_s);
 }
 
 TEST_CASE("A GEMM shape table that is not a full grid of positive rates is a one-line user error", "[gemm]") {
