@@ -481,7 +481,7 @@ class StepModel {
 
   // Gathers the backward skips under full recompute with a re-gathering trainer: the
   // layer's last modules, used again by the backward within
-  // fsdp_max_reuse_distance_params gathered elements of the recompute, stay gathered
+  // fsdp_max_reuse_distance_params elements of the recompute, stay gathered
   // (DeepSpeed's release_sub_module / _keep_for_later).
   double kept_from_recompute_s(const LayerClass& lc) const {
     if (cal_.fsdp_max_reuse_distance_params <= 0 || !cal_.fsdp_gather_per_module) return 0.0;
@@ -489,12 +489,24 @@ class StepModel {
     const std::vector<FsdpModule> modules = fsdp_modules(lc, cal_);
     double later = 0.0, kept = 0.0;  // elements of the modules after this one
     for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-      if (!gathered_module(*it)) continue;
-      if (later >= cal_.fsdp_max_reuse_distance_params) break;
-      kept += all_gather_s(net_, g_.fsdp, it->param_elems / tp * 2.0);
+      if (!kept_for_backward(later)) break;
+      if (gathered_module(*it)) kept += all_gather_s(net_, g_.fsdp, it->param_elems / tp * 2.0);
       later += it->param_elems / tp;
     }
     return kept;
+  }
+
+  // Whether a module the recompute forward gathered stays gathered for its backward,
+  // given the elements per GPU of the layer's modules after it (`later_elems`, persistent
+  // ones included). DeepSpeed's release_sub_module keeps it when _keep_for_later finds
+  // its reuse distance under stage3_max_reuse_distance (stage3.py, v0.3.13 to v0.5.x):
+  // PrefetchCoordinator._distance_in_numel sums the parameters (recurse=False) of every
+  // module in the recorded trace between the release and the next use, and between a
+  // module's recompute forward and its backward the trace holds each later module twice:
+  // its recompute forward, then its backward (pre_sub_module_forward_function and
+  // pre_sub_module_backward_function both record_trace).
+  bool kept_for_backward(double later_elems) const {
+    return l_.recompute == models::Recompute::kFull && 2.0 * later_elems < cal_.fsdp_max_reuse_distance_params;
   }
 
   // A module whose weights ZeRO-3 gathers: at or above the persistence threshold
@@ -529,7 +541,7 @@ class StepModel {
     const std::vector<FsdpModule> modules = fsdp_modules(lc, cal_);
     Zero3Exposed z;
     double bwd_s = 0.0;  // backward compute of the ops after the last reduce-scatter's module
-    double later = 0.0;  // gathered elements of the layer's modules after this one
+    double later = 0.0;  // elements of the layer's modules after this one, persistent ones included
     size_t next_op = lc.ops.size();  // ops [next_op, end) walked
     for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
       const FsdpModule& m = *it;
@@ -541,13 +553,13 @@ class StepModel {
       const double rs = module_reduce_scatter_s(m) + std::max(1.0, m.param_tensors) * host_s;
       z.bwd_s += std::max(0.0, rs - bwd_s);
       bwd_s = own_bwd_s;
+      const bool kept = kept_for_backward(later);
+      later += elems;
       if (!gathered_module(m)) continue;
       const double fill_s = cal_.fsdp_gather_zero_fill ? elems * 2.0 / ctx_.hbm_bw_bytes_per_s : 0.0;
       const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s + fill_s;
       z.fwd_s += gather;
-      const bool kept = l_.recompute == models::Recompute::kFull && later < cal_.fsdp_max_reuse_distance_params;
       if (!kept) z.bwd_s += gather;
-      later += elems;
     }
     z.recompute_s = l_.recompute == models::Recompute::kFull ? z.fwd_s : 0.0;
     return z;

@@ -423,3 +423,38 @@ TEST_CASE("Megatron's modules under ZeRO-3: one query_key_value, the MLP as two 
   CHECK(b.working_weights == Approx(2.0 * (per_module[0] + per_module[1] + 2.0 * per_module[2])).epsilon(1e-3));
   CHECK(b.device_total < a.device_total - per_module[3] * 2.0);  // fc2's gradient no longer beside o's backward
 }
+
+TEST_CASE("the recompute's modules kept for the backward: the reuse distance counts each later module twice",
+          "[zero3][stack]") {
+  // DeepSpeed's _keep_for_later (stage3.py, v0.3.13 to v0.5.x) keeps a module the
+  // recompute forward gathered when the parameters of the modules the trace records
+  // between its release and its backward sum under stage3_max_reuse_distance (1e9):
+  // each later module twice, its recompute forward and its backward. Megatron's GPT-175B
+  // block: dense_4h_to_h (fc2: 4h x h, its share of the MLP's biases 2.5h) is used again
+  // at once and kept; dense_h_to_4h (fc1) is 2 x 6.04e8 = 1.21e9 elements away, over
+  // 1e9, and gathered again.
+  const double h = 12288.0;
+  const double fc2 = 4.0 * h * h + 2.5 * h;
+  const auto c = dgx(16);
+  Calibration cal = deepspeed_2021(default_calibration());
+  cal.fsdp_megatron_modules = true;
+  cal.fsdp_max_live_params = 0.0;  // the plain per-module timing: no coordinator walk
+  cal.fsdp_prefetch_overlap = 0.0;  // every gather exposed
+  const Network net = make_network(c, cal);
+  const auto comm = [&](const Calibration& k) {
+    const Prediction p = Predictor(gpt("175b"), c, k).predict(zero3(128, 1));
+    REQUIRE(p.valid);
+    return p.breakdown.fsdp_comm_s;
+  };
+  Calibration none = cal;
+  none.fsdp_max_reuse_distance_params = 0.0;
+  CHECK(comm(none) - comm(cal) == Approx(96.0 * all_gather_s(net, group_of(net, 128, 1), fc2 * 2.0)).epsilon(1e-6));
+  // The coordinator's walk (the stack's timing) draws the same line: a reuse distance
+  // of 1.3e9 keeps fc1 too, 1e9 does not.
+  Calibration walk = deepspeed_2021(default_calibration());
+  walk.fsdp_megatron_modules = true;
+  walk.fsdp_list_ops_per_rank = 2.0;
+  Calibration wider = walk;
+  wider.fsdp_max_reuse_distance_params = 1.3e9;
+  CHECK(comm(walk) > comm(wider));
+}
