@@ -150,6 +150,11 @@ void parse_attention_kernels(JsonReader kernels, const std::string& file, Calibr
         by_seq.finish();
         if (points.empty()) throw UserError(file, by_seq.path(), "at least one sequence length", "none");
         std::sort(points.begin(), points.end());
+        if (!(attention_kernel_tail(points).a > 0)) {
+          throw UserError(file, by_seq.path(),
+                          "last two points rising toward a finite rate (1 / efficiency = a + b / sequence, a > 0)",
+                          "a steeper rise");
+        }
       }
       by_dim.finish();
       if (curve.fwd_bwd_eff_by_ln_seq.empty()) throw UserError(file, by_dim.path(), "at least one head dim", "none");
@@ -613,6 +618,29 @@ double interpolate_held(const std::vector<std::pair<double, double>>& points, do
   return lo->second + (hi->second - lo->second) * (x - lo->first) / (hi->first - lo->first);
 }
 
+AttentionCurveTail attention_kernel_tail(const std::vector<std::pair<double, double>>& points) {
+  RS_CHECK(!points.empty(), "an attention kernel's curve has a point");
+  if (points.size() < 2) return {.a = 1.0 / points.back().second, .b = 0};
+  const auto& [ln_s1, e1] = points[points.size() - 2];
+  const auto& [ln_s2, e2] = points.back();
+  const double b = (1.0 / e1 - 1.0 / e2) / (std::exp(-ln_s1) - std::exp(-ln_s2));
+  if (!(b > 0)) return {.a = 1.0 / e2, .b = 0};
+  return {.a = 1.0 / e2 - b * std::exp(-ln_s2), .b = b};
+}
+
+namespace {
+
+// One head dim's curve at ln_seq: interpolated in log(length) between the published points,
+// held below the first, attention_kernel_tail beyond the last.
+double attention_curve_at(const std::vector<std::pair<double, double>>& points, double ln_seq) {
+  if (ln_seq <= points.back().first) return interpolate_held(points, ln_seq);
+  const AttentionCurveTail t = attention_kernel_tail(points);
+  RS_CHECK(t.a > 0, "the calibration parser rejects a curve whose tail has no finite asymptote");
+  return 1.0 / (t.a + t.b * std::exp(-ln_seq));
+}
+
+}  // namespace
+
 Calibration::AttentionEfficiency attention_kernel_efficiency(const Calibration::AttentionKernelCurve& k, double seq_tokens,
                                                              double head_dim) {
   RS_CHECK(seq_tokens > 0 && head_dim > 0, "an attention kernel is priced at a sequence and head dim > 0");
@@ -624,7 +652,7 @@ Calibration::AttentionEfficiency attention_kernel_efficiency(const Calibration::
   if (hi == curves.end()) --hi;
   const auto lo = hi == curves.begin() || hi->first <= head_dim ? hi : std::prev(hi);
   const double ln_seq = std::log(seq_tokens);
-  const double y_lo = interpolate_held(lo->second, ln_seq), y_hi = interpolate_held(hi->second, ln_seq);
+  const double y_lo = attention_curve_at(lo->second, ln_seq), y_hi = attention_curve_at(hi->second, ln_seq);
   const double fwd_bwd = lo == hi ? y_hi : y_lo + (y_hi - y_lo) * (head_dim - lo->first) / (hi->first - lo->first);
   // fwd + bwd FLOPs are 1 + 2.5 forward units (the backward recomputes QK^T: models::op_cost).
   const double r = k.fwd_over_bwd_rate;

@@ -383,9 +383,23 @@ double interpolate_held(const std::vector<std::pair<double, double>>& points, do
 // The curve of the stack's attention kernel on `gpu` (nullptr: no kernel named, or none
 // measured on that GPU: the flat efficiencies above apply).
 const Calibration::AttentionKernelCurve* attention_kernel_curve(const Calibration& c, const topologies::GpuSpec& gpu);
+// One head dim's fwd+bwd curve (ln sequence, efficiency) beyond its longest published
+// length, as the 1 / efficiency = a + b / sequence form of attention_kernel_tail.
+struct AttentionCurveTail {
+  double a = 0;  // 1 / the asymptotic efficiency
+  double b = 0;  // tokens: the length-linear costs; 0 = the curve is held at its last point
+};
+// A flash kernel spends per (batch, head) its sequence^2 work at an asymptotic rate plus costs
+// linear in the sequence (a prologue and epilogue per query tile, the causal diagonal tiles):
+// time / work, 1 / efficiency, is a + b / sequence. Fitted through a curve's last two points,
+// it carries the curve past its end toward the asymptote 1 / a. A curve that stops rising
+// there (b <= 0), or has one point, is held. a <= 0 when the last two points rise faster
+// than the form allows (no finite asymptote): the calibration parser rejects such a curve.
+AttentionCurveTail attention_kernel_tail(const std::vector<std::pair<double, double>>& points);
 // A kernel's forward and backward efficiency at a causal sequence and head dim: its fwd+bwd
 // curve interpolated linearly in log(sequence) between the published lengths and linearly
-// in head dim, held beyond the ends, then split by the forward over backward rate r
+// in head dim, held below the shortest, extended beyond the longest by attention_kernel_tail,
+// then split by the forward over backward rate r
 // (3.5 / fb = 1 / fwd + 2.5 / bwd with fwd = r bwd: fwd = fb (1 + 2.5 r) / 3.5).
 Calibration::AttentionEfficiency attention_kernel_efficiency(const Calibration::AttentionKernelCurve& k, double seq_tokens,
                                                              double head_dim);
