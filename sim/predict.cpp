@@ -365,23 +365,31 @@ class StepModel {
   // Device time of the HBM passes the trainer makes, besides its collectives, over the
   // layer's gathered parameters (one gather in the forward, one in the backward) and
   // their unsharded gradient (once in the backward), per micro-batch: the stack's pass
-  // counts (Calibration::fsdp_gather_copy_passes ...) at the gather dtype (2 B), the param
-  // dtype (2 B) and the reduce dtype (grad_bytes), at HBM bandwidth and the elementwise
+  // counts (Calibration::fsdp_gather_copy_passes ...) at the gathered bytes (bf16, FP8
+  // weights gathered as FP8: gathered_bytes_per_elem), the param dtype (2 B) and the
+  // reduce dtype (grad_bytes), at HBM bandwidth and the elementwise
   // memory efficiency. Copies on the trainer's side streams are charged too: they are
   // memory-bound kernels beside compute-bound GEMMs that hold every SM [A], so they
   // take their time from the critical path rather than hide.
   void price_fsdp_copies(const LayerClass& lc, ClassCost* k) const {
-    double elems = 0.0;  // what this GPU gathers of the layer
-    if (l_.fsdp > 1) elems += lc.dense_params / static_cast<double>(l_.tp);
-    if (s_.expert_zero > 1.0) elems += lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
+    double elems = 0.0, gathered_bytes = 0.0;  // what this GPU gathers of the layer
+    if (l_.fsdp > 1) {
+      elems += lc.dense_params / static_cast<double>(l_.tp);
+      gathered_bytes += dense_gather_bytes(lc);
+    }
+    if (s_.expert_zero > 1.0) {
+      const double local = lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
+      elems += local;
+      gathered_bytes += local * 2.0;
+    }
     const double hbm_bytes_per_s = ctx_.hbm_bw_bytes_per_s * cal_.mem_eff_elementwise;
-    const double gather_bytes = cal_.fsdp_gather_copy_passes * 2.0;
+    const double gather_bytes = cal_.fsdp_gather_copy_passes * gathered_bytes;
     const bool copy = cal_.fsdp_grad_copy == Calibration::FsdpGradCopy::kAlways ||
                       (cal_.fsdp_grad_copy == Calibration::FsdpGradCopy::kWhenCast && s_.grad_bytes != 2.0);
     const double grad_bytes = cal_.fsdp_grad_view_passes * 2.0 + (copy ? 2.0 + s_.grad_bytes : 0.0) +
                               cal_.fsdp_grad_reduce_dtype_passes * s_.grad_bytes;
-    k->fsdp_copy_fwd_s = elems * gather_bytes / hbm_bytes_per_s;
-    k->fsdp_copy_bwd_s = elems * (gather_bytes + grad_bytes) / hbm_bytes_per_s;
+    k->fsdp_copy_fwd_s = gather_bytes / hbm_bytes_per_s;
+    k->fsdp_copy_bwd_s = (gather_bytes + elems * grad_bytes) / hbm_bytes_per_s;
   }
 
   // Exposed TP time of one forward and one backward pass of a layer under Transformer
@@ -444,14 +452,39 @@ class StepModel {
                  bulk_exposed_s(rs_s, 0.5 * fc1_ring.whole.bwd_s, bulk_slow);
   }
 
-  // One pass of ZeRO-3 gathers of a layer's dense weights (bf16): one call per layer,
-  // or one per parameter-holding module (fsdp_modules), each at its own bytes and ring latency.
+  // Bytes per element a ZeRO-3 gather moves of an op's weights: bf16, but one byte for
+  // the FP8 GEMMs' weights when the trainer gathers them as FP8 (Layout::fp8_params).
+  // torchao's float8 all-gather under FSDP2 (torchao/float8/fsdp_utils.py at 0afa4c1,
+  // WeightWithDynamicFloat8CastTensor: fsdp_pre_all_gather casts the local shard to
+  // float8 with its scale and all-gathers the float8 data, fsdp_post_all_gather wraps
+  // it in a Float8Tensor that Float8Linear's matmul takes as already cast); the LM head
+  // stays bf16 as sim/cost.cpp prices it.
+  double gathered_bytes_per_elem(const OpEntry& e) const {
+    const bool fp8 = l_.fp8_params && l_.fp8 == Fp8Gemms::kLinear && e.cls == OpClass::kGemm && e.kind != OpKind::kLmHead;
+    return fp8 ? 1.0 : 2.0;
+  }
+
+  // Bytes of a layer's dense weights one ZeRO-3 gather brings to this GPU (its 1/tp share).
+  double dense_gather_bytes(const LayerClass& lc) const {
+    double fp8_elems = 0.0;  // elements gathered at one byte instead of two
+    for (const OpEntry& e : lc.ops) {
+      if (gathered_bytes_per_elem(e) < 2.0) fp8_elems += e.param_elems;
+    }
+    return (2.0 * lc.dense_params - fp8_elems) / static_cast<double>(l_.tp);
+  }
+
+  // The same for one parameter-holding module (fsdp_modules: its ops are of one kind).
+  double module_gather_bytes(const LayerClass& lc, const FsdpModule& m) const {
+    return m.param_elems / static_cast<double>(l_.tp) * gathered_bytes_per_elem(lc.ops[m.first_op]);
+  }
+
+  // One pass of ZeRO-3 gathers of a layer's dense weights: one call per layer, or one
+  // per parameter-holding module (fsdp_modules), each at its own bytes and ring latency.
   double dense_gather_s(const LayerClass& lc) const {
-    const double tp = static_cast<double>(l_.tp);
-    if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
+    if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, dense_gather_bytes(lc));
     double t = 0.0;
     for (const FsdpModule& m : fsdp_modules(lc, cal_)) {
-      if (gathered_module(m)) t += all_gather_s(net_, g_.fsdp, m.param_elems / tp * 2.0);
+      if (gathered_module(m)) t += all_gather_s(net_, g_.fsdp, module_gather_bytes(lc, m));
     }
     return t;
   }
@@ -491,7 +524,7 @@ class StepModel {
     for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
       if (!gathered_module(*it)) continue;
       if (later >= cal_.fsdp_max_reuse_distance_params) break;
-      kept += all_gather_s(net_, g_.fsdp, it->param_elems / tp * 2.0);
+      kept += all_gather_s(net_, g_.fsdp, module_gather_bytes(lc, *it));
       later += it->param_elems / tp;
     }
     return kept;
@@ -542,8 +575,9 @@ class StepModel {
       z.bwd_s += std::max(0.0, rs - bwd_s);
       bwd_s = own_bwd_s;
       if (!gathered_module(m)) continue;
-      const double fill_s = cal_.fsdp_gather_zero_fill ? elems * 2.0 / ctx_.hbm_bw_bytes_per_s : 0.0;
-      const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s + fill_s;
+      const double bytes = module_gather_bytes(lc, m);
+      const double fill_s = cal_.fsdp_gather_zero_fill ? bytes / ctx_.hbm_bw_bytes_per_s : 0.0;
+      const double gather = all_gather_s(net_, g_.fsdp, bytes) + host_s + fill_s;
       z.fwd_s += gather;
       const bool kept = l_.recompute == models::Recompute::kFull && later < cal_.fsdp_max_reuse_distance_params;
       if (!kept) z.bwd_s += gather;
@@ -570,7 +604,7 @@ class StepModel {
     const double tp = static_cast<double>(l_.tp);
     Traffic gather, rs;
     if (s_.shard_ranks > 1) {
-      gather += all_gather_traffic(net_, g_.fsdp, lc.dense_params / tp * 2.0);
+      gather += all_gather_traffic(net_, g_.fsdp, dense_gather_bytes(lc));
       rs += reduce_scatter_traffic(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     }
     if (s_.expert_zero > 1.0) {
