@@ -852,6 +852,19 @@ double op_sac_replayed_gemms(const OpEntry& e, int64_t* mm_count) {
 
 }  // namespace
 
+double zero3_gathered_bytes_per_elem(const OpEntry& e, const Layout& l) {
+  const bool fp8 = l.fp8_params && l.fp8 == Fp8Gemms::kLinear && e.cls == OpClass::kGemm && e.kind != OpKind::kLmHead;
+  return fp8 ? 1.0 : 2.0;
+}
+
+double zero3_gathered_dense_bytes(const LayerClass& lc, const Layout& l) {
+  double fp8_elems = 0.0;  // elements gathered at one byte instead of two
+  for (const OpEntry& e : lc.ops) {
+    if (zero3_gathered_bytes_per_elem(e, l) < 2.0) fp8_elems += e.param_elems;
+  }
+  return 2.0 * lc.dense_params - fp8_elems;
+}
+
 BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx) {
   BlockTime b;
   int64_t mm_count = 0;  // aten.mm calls so far in the block (ctx.torchtitan_op_sac)

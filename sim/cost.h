@@ -315,4 +315,15 @@ BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx);
 // keep as FP8 casts).
 double saved_gemm_input_elems(const OpEntry& e);
 
+// Bytes per element a ZeRO-3 gather moves, and the gathered copy holds, of an op's
+// weights: bf16, but one byte for the FP8 GEMMs' weights when the trainer gathers them
+// as FP8 (Layout::fp8_params under FP8 linears; the LM head stays bf16, as price_op
+// prices it). torchao's float8 all-gather under FSDP2 (torchao/float8/fsdp_utils.py at
+// 0afa4c1, WeightWithDynamicFloat8CastTensor): fsdp_pre_all_gather casts the local shard
+// to float8 with its scale, FSDP2 all-gathers the float8 data, and fsdp_post_all_gather
+// wraps it in the Float8Tensor that Float8Linear's matmul takes as already cast.
+double zero3_gathered_bytes_per_elem(const OpEntry& e, const Layout& l);
+// The bytes of a layer's dense weights one ZeRO-3 gather moves (before the tp split).
+double zero3_gathered_dense_bytes(const LayerClass& lc, const Layout& l);
+
 }  // namespace rackstep::sim

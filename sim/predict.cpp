@@ -366,7 +366,7 @@ class StepModel {
   // layer's gathered parameters (one gather in the forward, one in the backward) and
   // their unsharded gradient (once in the backward), per micro-batch: the stack's pass
   // counts (Calibration::fsdp_gather_copy_passes ...) at the gathered bytes (bf16, FP8
-  // weights gathered as FP8: gathered_bytes_per_elem), the param dtype (2 B) and the
+  // weights gathered as FP8: zero3_gathered_bytes_per_elem), the param dtype (2 B) and the
   // reduce dtype (grad_bytes), at HBM bandwidth and the elementwise
   // memory efficiency. Copies on the trainer's side streams are charged too: they are
   // memory-bound kernels beside compute-bound GEMMs that hold every SM [A], so they
@@ -452,30 +452,15 @@ class StepModel {
                  bulk_exposed_s(rs_s, 0.5 * fc1_ring.whole.bwd_s, bulk_slow);
   }
 
-  // Bytes per element a ZeRO-3 gather moves of an op's weights: bf16, but one byte for
-  // the FP8 GEMMs' weights when the trainer gathers them as FP8 (Layout::fp8_params).
-  // torchao's float8 all-gather under FSDP2 (torchao/float8/fsdp_utils.py at 0afa4c1,
-  // WeightWithDynamicFloat8CastTensor: fsdp_pre_all_gather casts the local shard to
-  // float8 with its scale and all-gathers the float8 data, fsdp_post_all_gather wraps
-  // it in a Float8Tensor that Float8Linear's matmul takes as already cast); the LM head
-  // stays bf16 as sim/cost.cpp prices it.
-  double gathered_bytes_per_elem(const OpEntry& e) const {
-    const bool fp8 = l_.fp8_params && l_.fp8 == Fp8Gemms::kLinear && e.cls == OpClass::kGemm && e.kind != OpKind::kLmHead;
-    return fp8 ? 1.0 : 2.0;
-  }
-
-  // Bytes of a layer's dense weights one ZeRO-3 gather brings to this GPU (its 1/tp share).
+  // Bytes of a layer's dense weights one ZeRO-3 gather brings to this GPU (its 1/tp
+  // share; FP8 weights at one byte, zero3_gathered_bytes_per_elem).
   double dense_gather_bytes(const LayerClass& lc) const {
-    double fp8_elems = 0.0;  // elements gathered at one byte instead of two
-    for (const OpEntry& e : lc.ops) {
-      if (gathered_bytes_per_elem(e) < 2.0) fp8_elems += e.param_elems;
-    }
-    return (2.0 * lc.dense_params - fp8_elems) / static_cast<double>(l_.tp);
+    return zero3_gathered_dense_bytes(lc, l_) / static_cast<double>(l_.tp);
   }
 
   // The same for one parameter-holding module (fsdp_modules: its ops are of one kind).
   double module_gather_bytes(const LayerClass& lc, const FsdpModule& m) const {
-    return m.param_elems / static_cast<double>(l_.tp) * gathered_bytes_per_elem(lc.ops[m.first_op]);
+    return m.param_elems / static_cast<double>(l_.tp) * zero3_gathered_bytes_per_elem(lc.ops[m.first_op], l_);
   }
 
   // One pass of ZeRO-3 gathers of a layer's dense weights: one call per layer, or one

@@ -11,7 +11,7 @@
 //    parameters (a read and a write at 2 B), forward and backward, and the gradients'
 //    copy into the reduce-scatter buffer at the reduce dtype, always.
 //  - FSDP2 with torchao's float8 all-gather (Layout::fp8_params under FP8 linears): the
-//    FP8 GEMMs' weights are gathered, and copied out, as 1 B float8 data.
+//    FP8 GEMMs' weights are gathered, copied out and held gathered as 1 B float8 data.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -122,7 +122,7 @@ TEST_CASE("stacks without FSDP passes charge none (Megatron, the base calibratio
   }
 }
 
-TEST_CASE("FSDP2 float8 all-gather: the FP8 linears' weights gathered and copied out at one byte",
+TEST_CASE("FSDP2 float8 all-gather: the FP8 linears' weights gathered, copied out and held at one byte",
           "[zero3][fsdp_passes][fp8_params]") {
   const auto graph = models::build_layer_graph(models::load_model(src("tests/validation/models/mpt-7b.json")));
   const auto cluster = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1);
@@ -159,4 +159,8 @@ TEST_CASE("FSDP2 float8 all-gather: the FP8 linears' weights gathered and copied
   const double saved_s = 2.0 * static_cast<double>(block.count) * gemm_elems * cal.fsdp_gather_copy_passes / bw;
   CHECK(a.prediction.breakdown.compute_fwd_s - b.prediction.breakdown.compute_fwd_s == Approx(saved_s).epsilon(1e-6));
   CHECK(a.prediction.breakdown.compute_bwd_s - b.prediction.breakdown.compute_bwd_s == Approx(saved_s).epsilon(1e-6));
+
+  // The two gathered layers a GPU holds keep the float8 data: one byte less per GEMM weight.
+  CHECK(a.prediction.memory.working_weights - b.prediction.memory.working_weights == Approx(2.0 * gemm_elems));
+  CHECK(b.prediction.memory.master_weights == Approx(a.prediction.memory.master_weights));
 }
