@@ -102,6 +102,10 @@ struct Calibration {
   // dense_glu_act_own false: a gated MLP takes dense_act_*_bytes as well.
   bool dense_glu_act_own = false;
   double dense_glu_act_fwd_bytes = 0, dense_glu_act_bwd_bytes = 0;
+  // The FP8 cast of one input that feeds several dense linears (OpEntry::same_input_as_prev:
+  // a block's wq, wk, wv) runs once, not once per linear (dense_kernels
+  // fp8_quantize_shared_input_once: a compiler that merges the identical casts).
+  bool dense_fp8_shared_input_once = false;
   // Norms, RoPE and residual adds an eager trainer runs as several framework ops, each a
   // pass through HBM (calibration block `eager_elementwise`, keyed by the op kind's name,
   // models::to_string(OpKind): rmsnorm, rope, residual_add): bytes per element of the

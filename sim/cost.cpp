@@ -285,7 +285,11 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   // replicated-width ones (TE quantizes before the sequence-parallel all-gather and
   // gathers FP8) and its own columns of the split ones.
   const double k = e.gemm_k / ctx.tp, n = std::max(1.0, e.gemm_n / ctx.tp);
-  const double fwd_elems = e.gemm_count == 1 ? k : k + n;
+  // An input the previous linear read too is cast once where the stack merges the casts
+  // (cal.dense_fp8_shared_input_once): the previous op's forward cast serves this one.
+  const bool shared_input = e.cls == OpClass::kGemm && e.same_input_as_prev && ctx.cal->dense_fp8_shared_input_once;
+  const double input_elems = shared_input ? 0.0 : k;
+  const double fwd_elems = e.gemm_count == 1 ? input_elems : input_elems + n;
   const double bwd_elems = e.gemm_count == 1 ? n : e.gemm_count == 3 ? k + 2.0 * n : k + n;
   const bool tn_only = !fp8_gemm_any_layout(ctx.gpu);
   const double per_elem = fp8_quantize_bytes_per_elem(ctx.fp8_recipe, tn_only);
@@ -293,7 +297,7 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   if (e.cls == OpClass::kGroupedGemm && ctx.cal->moe_fp8_quantize_per_expert) {
     passes = fp8_grouped_quantize_kernels(ctx.fp8_recipe, ctx.local_experts);
   }
-  const double tensors_fwd = e.gemm_count == 1 ? 1.0 : 2.0;
+  const double tensors_fwd = (e.gemm_count == 1 ? 1.0 : 2.0) - (shared_input ? 1.0 : 0.0);
   const double tensors_bwd = e.gemm_count == 1 ? 1.0 : 2.0;
   const double bw = ctx.hbm_bw_bytes_per_s * ctx.cal->mem_eff_elementwise;
   q.fwd_bytes = rows * fwd_elems * per_elem;
