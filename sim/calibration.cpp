@@ -245,6 +245,9 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     if (dk.has("fp8_quantize_shared_input_once")) {
       c.dense_fp8_shared_input_once = sourced_flag(dk, "fp8_quantize_shared_input_once");
     }
+    if (dk.has("fp8_weight_cast_per_pass")) {
+      c.dense_fp8_weight_cast_per_pass = sourced_flag(dk, "fp8_weight_cast_per_pass");
+    }
     dk.ignore("comment");
     dk.finish();
   }

@@ -304,6 +304,21 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   q.bwd_bytes = rows * bwd_elems * per_elem;
   q.fwd_launches = tensors_fwd * passes;
   q.bwd_launches = tensors_bwd * passes;
+  if (e.cls == OpClass::kGemm && ctx.cal->dense_fp8_weight_cast_per_pass) {
+    // torchao's Float8Linear (float8_linear.py at eab345c and 0afa4c1): the forward takes a
+    // bf16 weight's amax (tensor_to_scale) and casts it (hp_tensor_and_scale_to_float8),
+    // per-tensor bytes without a transposed copy, unless FSDP gathered it as FP8; the
+    // backward's dgrad passes the FP8 weight to torch._scaled_mm row-major, which
+    // float8_ops.py preprocess_addmm copies column-major (b.t().contiguous().t()): a read
+    // and a write of one byte per element.
+    const double weight_elems = e.param_elems / ctx.tp;
+    if (!ctx.fp8_params) {
+      q.fwd_bytes += weight_elems * fp8_quantize_bytes_per_elem(ctx.fp8_recipe, false);
+      q.fwd_launches += 2.0;
+    }
+    q.bwd_bytes += weight_elems * 2.0;
+    q.bwd_launches += 1.0;
+  }
   q.fwd_s = q.fwd_bytes / bw + q.fwd_launches * ctx.cal->launch_overhead_s;
   q.bwd_s = q.bwd_bytes / bw + q.bwd_launches * ctx.cal->launch_overhead_s;
   return q;

@@ -258,6 +258,7 @@ class StepModel {
     ctx_.local_experts = s_.local_experts;
     ctx_.fp8_recipe = l.fp8_recipe;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
+    ctx_.fp8_params = l.fp8_params;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
     ctx_.torchtitan_op_sac = l.torchtitan_op_sac;
     ctx_.op_issue_s = host_op_issue_s(cal, gpu);
