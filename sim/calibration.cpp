@@ -247,6 +247,12 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
       c.dense_glu_act_fwd_bytes = sourced(dk, "glu_activation_fwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
       c.dense_glu_act_bwd_bytes = sourced(dk, "glu_activation_bwd_bytes_per_fc1_elem", {.min = 0, .max = 64});
     }
+    if (dk.has("fp8_quantize_shared_input_once")) {
+      c.dense_fp8_shared_input_once = sourced_flag(dk, "fp8_quantize_shared_input_once");
+    }
+    if (dk.has("fp8_weight_cast_per_pass")) {
+      c.dense_fp8_weight_cast_per_pass = sourced_flag(dk, "fp8_weight_cast_per_pass");
+    }
     dk.ignore("comment");
     dk.finish();
   }

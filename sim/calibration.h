@@ -102,6 +102,17 @@ struct Calibration {
   // dense_glu_act_own false: a gated MLP takes dense_act_*_bytes as well.
   bool dense_glu_act_own = false;
   double dense_glu_act_fwd_bytes = 0, dense_glu_act_bwd_bytes = 0;
+  // The FP8 cast of one input that feeds several dense linears (OpEntry::same_input_as_prev:
+  // a block's wq, wk, wv) runs once, not once per linear (dense_kernels
+  // fp8_quantize_shared_input_once: a compiler that merges the identical casts).
+  bool dense_fp8_shared_input_once = false;
+  // The trainer casts each FP8 linear's weight every pass (dense_kernels
+  // fp8_weight_cast_per_pass; torchao's Float8Linear): the forward takes the amax of the
+  // gathered bf16 weight and casts it, unless the weights arrive FP8 (Layout::fp8_params),
+  // and the backward's dgrad copies the FP8 weight into the column-major layout
+  // torch._scaled_mm takes. false: the weights' casts are not charged (Transformer Engine
+  // casts them once per step, is_first_microbatch, left out).
+  bool dense_fp8_weight_cast_per_pass = false;
   // Norms, RoPE and residual adds an eager trainer runs as several framework ops, each a
   // pass through HBM (calibration block `eager_elementwise`, keyed by the op kind's name,
   // models::to_string(OpKind): rmsnorm, rope, residual_add): bytes per element of the

@@ -285,7 +285,11 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   // replicated-width ones (TE quantizes before the sequence-parallel all-gather and
   // gathers FP8) and its own columns of the split ones.
   const double k = e.gemm_k / ctx.tp, n = std::max(1.0, e.gemm_n / ctx.tp);
-  const double fwd_elems = e.gemm_count == 1 ? k : k + n;
+  // An input the previous linear read too is cast once where the stack merges the casts
+  // (cal.dense_fp8_shared_input_once): the previous op's forward cast serves this one.
+  const bool shared_input = e.cls == OpClass::kGemm && e.same_input_as_prev && ctx.cal->dense_fp8_shared_input_once;
+  const double input_elems = shared_input ? 0.0 : k;
+  const double fwd_elems = e.gemm_count == 1 ? input_elems : input_elems + n;
   const double bwd_elems = e.gemm_count == 1 ? n : e.gemm_count == 3 ? k + 2.0 * n : k + n;
   const bool tn_only = !fp8_gemm_any_layout(ctx.gpu);
   const double per_elem = fp8_quantize_bytes_per_elem(ctx.fp8_recipe, tn_only);
@@ -293,13 +297,28 @@ Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   if (e.cls == OpClass::kGroupedGemm && ctx.cal->moe_fp8_quantize_per_expert) {
     passes = fp8_grouped_quantize_kernels(ctx.fp8_recipe, ctx.local_experts);
   }
-  const double tensors_fwd = e.gemm_count == 1 ? 1.0 : 2.0;
+  const double tensors_fwd = (e.gemm_count == 1 ? 1.0 : 2.0) - (shared_input ? 1.0 : 0.0);
   const double tensors_bwd = e.gemm_count == 1 ? 1.0 : 2.0;
   const double bw = ctx.hbm_bw_bytes_per_s * ctx.cal->mem_eff_elementwise;
   q.fwd_bytes = rows * fwd_elems * per_elem;
   q.bwd_bytes = rows * bwd_elems * per_elem;
   q.fwd_launches = tensors_fwd * passes;
   q.bwd_launches = tensors_bwd * passes;
+  if (e.cls == OpClass::kGemm && ctx.cal->dense_fp8_weight_cast_per_pass) {
+    // torchao's Float8Linear (float8_linear.py at eab345c and 0afa4c1): the forward takes a
+    // bf16 weight's amax (tensor_to_scale) and casts it (hp_tensor_and_scale_to_float8),
+    // per-tensor bytes without a transposed copy, unless FSDP gathered it as FP8; the
+    // backward's dgrad passes the FP8 weight to torch._scaled_mm row-major, which
+    // float8_ops.py preprocess_addmm copies column-major (b.t().contiguous().t()): a read
+    // and a write of one byte per element.
+    const double weight_elems = e.param_elems / ctx.tp;
+    if (!ctx.fp8_params) {
+      q.fwd_bytes += weight_elems * fp8_quantize_bytes_per_elem(ctx.fp8_recipe, false);
+      q.fwd_launches += 2.0;
+    }
+    q.bwd_bytes += weight_elems * 2.0;
+    q.bwd_launches += 1.0;
+  }
   q.fwd_s = q.fwd_bytes / bw + q.fwd_launches * ctx.cal->launch_overhead_s;
   q.bwd_s = q.bwd_bytes / bw + q.bwd_launches * ctx.cal->launch_overhead_s;
   return q;
@@ -851,6 +870,19 @@ double op_sac_replayed_gemms(const OpEntry& e, int64_t* mm_count) {
 }
 
 }  // namespace
+
+double zero3_gathered_bytes_per_elem(const OpEntry& e, const Layout& l) {
+  const bool fp8 = l.fp8_params && l.fp8 == Fp8Gemms::kLinear && e.cls == OpClass::kGemm && e.kind != OpKind::kLmHead;
+  return fp8 ? 1.0 : 2.0;
+}
+
+double zero3_gathered_dense_bytes(const LayerClass& lc, const Layout& l) {
+  double fp8_elems = 0.0;  // elements gathered at one byte instead of two
+  for (const OpEntry& e : lc.ops) {
+    if (zero3_gathered_bytes_per_elem(e, l) < 2.0) fp8_elems += e.param_elems;
+  }
+  return 2.0 * lc.dense_params - fp8_elems;
+}
 
 BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx) {
   BlockTime b;

@@ -150,6 +150,7 @@ struct PriceContext {
   // the expert grouped GEMMs; 0 = BF16. Efficiency there: the BF16 curve × fp8_dense_rel_eff (dense) or cal.fp8_gemm_relative_eff (grouped).
   double fp8_peak_flops_per_s = 0;
   bool fp8_linear = false, fp8_experts = false;
+  bool fp8_params = false;          // the FP8 GEMMs' weights arrive as FP8 (Layout::fp8_params)
   double op_issue_s = 0;            // host_op_issue_s(cal, gpu): an eager trainer's host time per framework call
   // Passes over the routed rows the layout's dispatcher adds (cal.moe_* and the layout,
   // sim/predict.cpp): a sort by local expert after the dispatch and before the combine
@@ -173,8 +174,9 @@ PriceContext device_price_context(const topologies::GpuSpec& gpu, const Calibrat
 // The memory-bound passes that turn one FP8 GEMM op's BF16 inputs into FP8 for one
 // micro-batch on this GPU (forward: the activations each matrix reads; backward: the
 // output gradients, for dgrad and wgrad), priced at HBM bandwidth. 0 when the op is
-// not an FP8 GEMM under ctx. Weights are cast once per step and reused across its
-// micro-batches (Transformer Engine's is_first_microbatch weight cache): not charged.
+// not an FP8 GEMM under ctx. The weights' passes only where the stack casts them every
+// pass (cal.dense_fp8_weight_cast_per_pass: torchao); Transformer Engine casts them once
+// per step and reuses them across its micro-batches (is_first_microbatch): not charged.
 struct Fp8QuantizeTime {
   double fwd_s = 0, bwd_s = 0;
   double fwd_bytes = 0, bwd_bytes = 0;
@@ -314,5 +316,16 @@ BlockTime price_ops(const std::vector<OpEntry>& ops, const PriceContext& ctx);
 // Of an op's saved activations, the elements that are GEMM inputs (what FP8 GEMMs
 // keep as FP8 casts).
 double saved_gemm_input_elems(const OpEntry& e);
+
+// Bytes per element a ZeRO-3 gather moves, and the gathered copy holds, of an op's
+// weights: bf16, but one byte for the FP8 GEMMs' weights when the trainer gathers them
+// as FP8 (Layout::fp8_params under FP8 linears; the LM head stays bf16, as price_op
+// prices it). torchao's float8 all-gather under FSDP2 (torchao/float8/fsdp_utils.py at
+// 0afa4c1, WeightWithDynamicFloat8CastTensor): fsdp_pre_all_gather casts the local shard
+// to float8 with its scale, FSDP2 all-gathers the float8 data, and fsdp_post_all_gather
+// wraps it in the Float8Tensor that Float8Linear's matmul takes as already cast.
+double zero3_gathered_bytes_per_elem(const OpEntry& e, const Layout& l);
+// The bytes of a layer's dense weights one ZeRO-3 gather moves (before the tp split).
+double zero3_gathered_dense_bytes(const LayerClass& lc, const Layout& l);
 
 }  // namespace rackstep::sim

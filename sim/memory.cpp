@@ -607,10 +607,17 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
     m.optimizer_states = states;
   }
 
-  // Working bf16 copies: two gathered dense layers, one layer's local experts, and
-  // one layer's unsharded gradient before its reduce-scatter.
+  // Working bf16 copies: two gathered dense layers (FP8 GEMM weights gathered as FP8 at
+  // one byte: zero3_gathered_bytes_per_elem), one layer's local experts, and one layer's
+  // unsharded gradient before its reduce-scatter.
   const double layers = std::max(1.0, s.layers_per_stage);
   const double dense_layer = s.dense_stage_params / layers / tp;
+  double gathered_bytes = 0.0, gathered_elems = 0.0;  // over the layer classes, per dense element
+  for (const LayerClass& lc : t.classes) {
+    gathered_bytes += static_cast<double>(lc.count) * zero3_gathered_dense_bytes(lc, l);
+    gathered_elems += static_cast<double>(lc.count) * lc.dense_params;
+  }
+  const double dense_gathered_bytes = gathered_elems > 0 ? gathered_bytes / gathered_elems : 2.0;
   const double expert_mesh = static_cast<double>(l.ep * l.expert_tp());  // ep × etp
   const double expert_layer_local = s.expert_stage_params / layers / expert_mesh;
   const bool gathered = s.shard_ranks > 1 || l.master_dtype == MasterDtype::kFp32;
@@ -622,7 +629,7 @@ MemoryBreakdown estimate_memory(const OpTable& t, const topologies::Cluster& c, 
   } else if (deepspeed_walk) {
     m.working_weights = deepspeed_zero3_working_elems(t, l, cal) * 2.0;
   } else {
-    m.working_weights = (gathered ? 2.0 * dense_layer * 2.0 : 0.0) +
+    m.working_weights = (gathered ? 2.0 * dense_layer * dense_gathered_bytes : 0.0) +
                         (s.expert_zero > 1.0 || l.master_dtype == MasterDtype::kFp32 ? expert_layer_local * 2.0 : 0.0) +
                         (s.shard_ranks > 1 ? dense_layer * s.grad_bytes : 0.0);
   }

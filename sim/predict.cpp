@@ -258,6 +258,7 @@ class StepModel {
     ctx_.local_experts = s_.local_experts;
     ctx_.fp8_recipe = l.fp8_recipe;
     ctx_.fp8_linear = l.fp8 == Fp8Gemms::kLinear;
+    ctx_.fp8_params = l.fp8_params;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
     ctx_.torchtitan_op_sac = l.torchtitan_op_sac;
     ctx_.op_issue_s = host_op_issue_s(cal, gpu);
@@ -365,23 +366,31 @@ class StepModel {
   // Device time of the HBM passes the trainer makes, besides its collectives, over the
   // layer's gathered parameters (one gather in the forward, one in the backward) and
   // their unsharded gradient (once in the backward), per micro-batch: the stack's pass
-  // counts (Calibration::fsdp_gather_copy_passes ...) at the gather dtype (2 B), the param
-  // dtype (2 B) and the reduce dtype (grad_bytes), at HBM bandwidth and the elementwise
+  // counts (Calibration::fsdp_gather_copy_passes ...) at the gathered bytes (bf16, FP8
+  // weights gathered as FP8: zero3_gathered_bytes_per_elem), the param dtype (2 B) and the
+  // reduce dtype (grad_bytes), at HBM bandwidth and the elementwise
   // memory efficiency. Copies on the trainer's side streams are charged too: they are
   // memory-bound kernels beside compute-bound GEMMs that hold every SM [A], so they
   // take their time from the critical path rather than hide.
   void price_fsdp_copies(const LayerClass& lc, ClassCost* k) const {
-    double elems = 0.0;  // what this GPU gathers of the layer
-    if (l_.fsdp > 1) elems += lc.dense_params / static_cast<double>(l_.tp);
-    if (s_.expert_zero > 1.0) elems += lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
+    double elems = 0.0, gathered_bytes = 0.0;  // what this GPU gathers of the layer
+    if (l_.fsdp > 1) {
+      elems += lc.dense_params / static_cast<double>(l_.tp);
+      gathered_bytes += dense_gather_bytes(lc);
+    }
+    if (s_.expert_zero > 1.0) {
+      const double local = lc.expert_params / static_cast<double>(l_.ep * l_.expert_tp());
+      elems += local;
+      gathered_bytes += local * 2.0;
+    }
     const double hbm_bytes_per_s = ctx_.hbm_bw_bytes_per_s * cal_.mem_eff_elementwise;
-    const double gather_bytes = cal_.fsdp_gather_copy_passes * 2.0;
+    const double gather_bytes = cal_.fsdp_gather_copy_passes * gathered_bytes;
     const bool copy = cal_.fsdp_grad_copy == Calibration::FsdpGradCopy::kAlways ||
                       (cal_.fsdp_grad_copy == Calibration::FsdpGradCopy::kWhenCast && s_.grad_bytes != 2.0);
     const double grad_bytes = cal_.fsdp_grad_view_passes * 2.0 + (copy ? 2.0 + s_.grad_bytes : 0.0) +
                               cal_.fsdp_grad_reduce_dtype_passes * s_.grad_bytes;
-    k->fsdp_copy_fwd_s = elems * gather_bytes / hbm_bytes_per_s;
-    k->fsdp_copy_bwd_s = elems * (gather_bytes + grad_bytes) / hbm_bytes_per_s;
+    k->fsdp_copy_fwd_s = gather_bytes / hbm_bytes_per_s;
+    k->fsdp_copy_bwd_s = (gather_bytes + elems * grad_bytes) / hbm_bytes_per_s;
   }
 
   // Exposed TP time of one forward and one backward pass of a layer under Transformer
@@ -444,14 +453,24 @@ class StepModel {
                  bulk_exposed_s(rs_s, 0.5 * fc1_ring.whole.bwd_s, bulk_slow);
   }
 
-  // One pass of ZeRO-3 gathers of a layer's dense weights (bf16): one call per layer,
-  // or one per parameter-holding module (fsdp_modules), each at its own bytes and ring latency.
+  // Bytes of a layer's dense weights one ZeRO-3 gather brings to this GPU (its 1/tp
+  // share; FP8 weights at one byte, zero3_gathered_bytes_per_elem).
+  double dense_gather_bytes(const LayerClass& lc) const {
+    return zero3_gathered_dense_bytes(lc, l_) / static_cast<double>(l_.tp);
+  }
+
+  // The same for one parameter-holding module (fsdp_modules: its ops are of one kind).
+  double module_gather_bytes(const LayerClass& lc, const FsdpModule& m) const {
+    return m.param_elems / static_cast<double>(l_.tp) * zero3_gathered_bytes_per_elem(lc.ops[m.first_op], l_);
+  }
+
+  // One pass of ZeRO-3 gathers of a layer's dense weights: one call per layer, or one
+  // per parameter-holding module (fsdp_modules), each at its own bytes and ring latency.
   double dense_gather_s(const LayerClass& lc) const {
-    const double tp = static_cast<double>(l_.tp);
-    if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, lc.dense_params / tp * 2.0);
+    if (!cal_.fsdp_gather_per_module) return all_gather_s(net_, g_.fsdp, dense_gather_bytes(lc));
     double t = 0.0;
     for (const FsdpModule& m : fsdp_modules(lc, cal_)) {
-      if (gathered_module(m)) t += all_gather_s(net_, g_.fsdp, m.param_elems / tp * 2.0);
+      if (gathered_module(m)) t += all_gather_s(net_, g_.fsdp, module_gather_bytes(lc, m));
     }
     return t;
   }
@@ -490,7 +509,7 @@ class StepModel {
     double later = 0.0, kept = 0.0;  // elements of the modules after this one
     for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
       if (!kept_for_backward(later)) break;
-      if (gathered_module(*it)) kept += all_gather_s(net_, g_.fsdp, it->param_elems / tp * 2.0);
+      if (gathered_module(*it)) kept += all_gather_s(net_, g_.fsdp, module_gather_bytes(lc, *it));
       later += it->param_elems / tp;
     }
     return kept;
@@ -556,8 +575,9 @@ class StepModel {
       const bool kept = kept_for_backward(later);
       later += elems;
       if (!gathered_module(m)) continue;
-      const double fill_s = cal_.fsdp_gather_zero_fill ? elems * 2.0 / ctx_.hbm_bw_bytes_per_s : 0.0;
-      const double gather = all_gather_s(net_, g_.fsdp, elems * 2.0) + host_s + fill_s;
+      const double bytes = module_gather_bytes(lc, m);
+      const double fill_s = cal_.fsdp_gather_zero_fill ? bytes / ctx_.hbm_bw_bytes_per_s : 0.0;
+      const double gather = all_gather_s(net_, g_.fsdp, bytes) + host_s + fill_s;
       z.fwd_s += gather;
       if (!kept) z.bwd_s += gather;
     }
@@ -582,7 +602,7 @@ class StepModel {
     const double tp = static_cast<double>(l_.tp);
     Traffic gather, rs;
     if (s_.shard_ranks > 1) {
-      gather += all_gather_traffic(net_, g_.fsdp, lc.dense_params / tp * 2.0);
+      gather += all_gather_traffic(net_, g_.fsdp, dense_gather_bytes(lc));
       rs += reduce_scatter_traffic(net_, g_.fsdp, lc.dense_params / tp * s_.grad_bytes);
     }
     if (s_.expert_zero > 1.0) {

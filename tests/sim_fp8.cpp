@@ -9,6 +9,7 @@
 #include "sim/base/source_dir.h"
 #include "sim/cost.h"
 #include "sim/predict.h"
+#include "sim/stack.h"
 #include "tests/sim_op_find.h"
 
 using namespace rackstep;
@@ -167,4 +168,60 @@ TEST_CASE("MXFP8 against per-tensor FP8 GEMM time on Blackwell reproduces TE's B
     return ot.fwd_s + ot.bwd_s - q.fwd_s - q.bwd_s - 3.0 * (mlp.gemm_count + 1.0) * cal.launch_overhead_s;
   };
   CHECK(gemm_s(Fp8Recipe::kMxfp8) / gemm_s(Fp8Recipe::kCurrent) == Approx(7.161 / 6.812).epsilon(0.002));
+}
+
+TEST_CASE("A compiled block casts the input its q, k and v projections share once; eager casts it per linear",
+          "[fp8]") {
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const auto sys = topologies::load_system(src("topologies/zoo/hgx-h200.json"));
+  const Calibration compiled = stack_calibration(load_stack(stack_path("pytorch-fsdp")));
+  const Calibration eager = stack_calibration(load_stack(stack_path("pytorch-fsdp-eager")));
+  REQUIRE(compiled.dense_fp8_shared_input_once);
+  REQUIRE_FALSE(eager.dense_fp8_shared_input_once);
+  // Weights gathered as FP8: the forward casts only the inputs.
+  PriceContext c = fp8_context(sys.gpu, compiled, Fp8Recipe::kCurrent);
+  PriceContext e = fp8_context(sys.gpu, eager, Fp8Recipe::kCurrent);
+  c.fp8_params = e.fp8_params = true;
+  const double per_elem = fp8_quantize_bytes_per_elem(Fp8Recipe::kCurrent, true);  // H200: TN only
+  int shared = 0;
+  for (const OpEntry& op : t.classes.front().ops) {
+    if (op.cls != models::OpClass::kGemm) continue;
+    const Fp8QuantizeTime qc = fp8_quantize(op, c), qe = fp8_quantize(op, e);
+    // The gradients differ per linear: cast for each, compiled or not.
+    CHECK(qc.bwd_bytes == Approx(qe.bwd_bytes));
+    if (!op.same_input_as_prev) {
+      CHECK(qc.fwd_bytes == Approx(qe.fwd_bytes));
+      continue;
+    }
+    // k and v read q's input: the compiled graph's one cast serves them (AOTAutograd's CSE).
+    ++shared;
+    CHECK(qc.fwd_bytes == 0.0);
+    CHECK(qc.fwd_launches == 0.0);
+    CHECK(qe.fwd_bytes == Approx(c.tokens * op.gemm_k * per_elem));
+  }
+  CHECK(shared == 2);
+}
+
+TEST_CASE("torchao casts an FP8 linear's weight every forward unless FSDP gathered it as FP8, and the dgrad copies it "
+          "column-major",
+          "[fp8][fp8_params]") {
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const auto sys = topologies::load_system(src("topologies/zoo/hgx-h200.json"));
+  const Calibration torchao = stack_calibration(load_stack(stack_path("pytorch-fsdp")));
+  REQUIRE(torchao.dense_fp8_weight_cast_per_pass);
+  REQUIRE_FALSE(default_calibration().dense_fp8_weight_cast_per_pass);
+  const PriceContext cast = fp8_context(sys.gpu, torchao, Fp8Recipe::kCurrent);
+  PriceContext gathered = cast;
+  gathered.fp8_params = true;
+  const PriceContext none = fp8_context(sys.gpu, default_calibration(), Fp8Recipe::kCurrent);
+  const OpEntry& mlp = find_op(t, models::OpKind::kSharedMlp);
+  const Fp8QuantizeTime c = fp8_quantize(mlp, cast), g = fp8_quantize(mlp, gathered), n = fp8_quantize(mlp, none);
+  // Forward: the bf16 weight's amax (2 B) and its cast (2 B read, 1 B written); none when it arrives FP8.
+  CHECK(c.fwd_bytes - n.fwd_bytes == Approx(mlp.param_elems * 5.0));
+  CHECK(g.fwd_bytes == Approx(n.fwd_bytes));
+  // Backward: the column-major copy of the FP8 weight (1 B read, 1 B written), either way.
+  CHECK(c.bwd_bytes - n.bwd_bytes == Approx(mlp.param_elems * 2.0));
+  CHECK(g.bwd_bytes == Approx(c.bwd_bytes));
+  // The LM head stays BF16: no weight passes.
+  CHECK(fp8_quantize(find_op(t, models::OpKind::kLmHead), cast).fwd_bytes == 0.0);
 }

@@ -10,6 +10,8 @@
 //  - FSDP2 (pytorch-fsdp, torch 2.6 _fsdp_collectives.py): each gather's copy-out into the
 //    parameters (a read and a write at 2 B), forward and backward, and the gradients'
 //    copy into the reduce-scatter buffer at the reduce dtype, always.
+//  - FSDP2 with torchao's float8 all-gather (Layout::fp8_params under FP8 linears): the
+//    FP8 GEMMs' weights are gathered, copied out and held gathered as 1 B float8 data.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -36,6 +38,13 @@ Layout fsdp8(GradDtype grads) {
   l.tokens_per_step = 8.0 * 2 * 2048 * 2;
   l.recompute = models::Recompute::kNone;
   l.grad_dtype = grads;
+  return l;
+}
+
+Layout fp8_linears(Layout l, bool fp8_params) {
+  l.fp8 = Fp8Gemms::kLinear;
+  l.fp8_recipe = Fp8Recipe::kCurrent;
+  l.fp8_params = fp8_params;
   return l;
 }
 
@@ -111,4 +120,48 @@ TEST_CASE("stacks without FSDP passes charge none (Megatron, the base calibratio
     CHECK(c.fsdp_grad_copy == Calibration::FsdpGradCopy::kNone);
     CHECK(c.fsdp_grad_reduce_dtype_passes == 0);
   }
+}
+
+TEST_CASE("FSDP2 float8 all-gather: the FP8 linears' weights gathered, copied out and held at one byte",
+          "[zero3][fsdp_passes][fp8_params]") {
+  const auto graph = models::build_layer_graph(models::load_model(src("tests/validation/models/mpt-7b.json")));
+  const auto cluster = topologies::load_cluster(src("topologies/zoo/hgx-h100.json"), 1);
+  const Stack fsdp2 = load_stack(stack_path("pytorch-fsdp"));
+  Calibration cal = stack_calibration(fsdp2);
+  cal.dense_fp8_weight_cast_per_pass = false;  // the forward's weight cast it saves: tests/sim_fp8.cpp
+  const Layout bf16_gather = fp8_linears(fsdp8(GradDtype::kFp32), false);
+  const Layout fp8_gather = fp8_linears(fsdp8(GradDtype::kFp32), true);
+  // torchtitan's --float8.enable_fsdp_float8_all_gather runs on FSDP2; FSDP1 has no such hook.
+  CHECK(stack_runs(fp8_gather, fsdp2));
+  CHECK_FALSE(stack_runs(fp8_gather, load_stack(stack_path("pytorch-fsdp1"))));
+
+  // One block: its GEMMs' weights at 1 B, the norms at 2 B.
+  const OpTable table = build_op_table(graph);
+  REQUIRE(table.classes.size() == 1);
+  const LayerClass& block = table.classes.front();
+  double gemm_elems = 0.0;
+  for (const OpEntry& e : block.ops) {
+    if (e.cls == models::OpClass::kGemm) gemm_elems += e.param_elems;
+  }
+  REQUIRE(gemm_elems > 0.9 * block.dense_params);
+  REQUIRE(gemm_elems < block.dense_params);
+  const Network net = make_network(cluster, cal);
+  const Group shard = group_of(net, 8, 1);
+  const Predictor p(graph, cluster, cal);
+  const StepPrice a = p.price(bf16_gather), b = p.price(fp8_gather);
+  CHECK(a.layers.at(0).fsdp_gather_s == Approx(all_gather_s(net, shard, 2.0 * block.dense_params)).epsilon(1e-9));
+  CHECK(b.layers.at(0).fsdp_gather_s ==
+        Approx(all_gather_s(net, shard, 2.0 * block.dense_params - gemm_elems)).epsilon(1e-9));
+
+  // The copy-out (two passes, forward and backward, two micro-batches) reads and writes
+  // one byte less per GEMM weight element.
+  const auto& gpu = cluster.system.gpu;
+  const double bw = gpu.hbm_bw_measured_bytes_per_s * cal.mem_eff_elementwise;
+  const double saved_s = 2.0 * static_cast<double>(block.count) * gemm_elems * cal.fsdp_gather_copy_passes / bw;
+  CHECK(a.prediction.breakdown.compute_fwd_s - b.prediction.breakdown.compute_fwd_s == Approx(saved_s).epsilon(1e-6));
+  CHECK(a.prediction.breakdown.compute_bwd_s - b.prediction.breakdown.compute_bwd_s == Approx(saved_s).epsilon(1e-6));
+
+  // The two gathered layers a GPU holds keep the float8 data: one byte less per GEMM weight.
+  CHECK(a.prediction.memory.working_weights - b.prediction.memory.working_weights == Approx(2.0 * gemm_elems));
+  CHECK(b.prediction.memory.master_weights == Approx(a.prediction.memory.master_weights));
 }
