@@ -506,6 +506,7 @@ class GraphBuilder {
     ex.ew_flops_per_token = 5.0 * static_cast<double>(e.top_k * e.expert_width);
     ex.saved_elems_per_token = static_cast<double>(e.top_k * (mw + 3 * e.expert_width));
     ex.swiglu_limit = e.swiglu_limit;
+    ex.swiglu_alpha = e.swiglu_alpha;
     if (e.swiglu_limit > 0) ex.ew_flops_per_token += 3.0 * static_cast<double>(e.top_k * e.expert_width);  // 3 clamps
     if (e.expert_bias) {
       // Adam and outside the active count like every bias; expert-sharded like the matrices beside them.

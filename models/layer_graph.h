@@ -170,9 +170,11 @@ struct Op {
   bool alibi = false;
   bool sinks = false;
   // kExpertMlp: the experts' biases (params b1, b3 (E, F) and b2 (E, L) after the
-  // matrices) and their SwiGLU clamp (0 = none): ModelConfig::moe's expert variant.
+  // matrices), their SwiGLU clamp (0 = none) and the gate's sigmoid scale (1 = SiLU;
+  // 1.702 = the quick-GELU gpt-oss uses): ModelConfig::moe's expert variant.
   bool expert_bias = false;
   double swiglu_limit = 0.0;
+  double swiglu_alpha = 1.0;
 
   // Elementwise work per token (hardware FLOPs), and activations this op keeps
   // for its backward, in elements per token (no recomputation).

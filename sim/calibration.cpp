@@ -498,6 +498,9 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     c.host_calls_per_local_expert = sourced(host, "calls_per_local_expert", {.min = 0, .max = 1e3});
   }
   if (host.has("moe_syncs_per_layer")) c.moe_host_syncs_per_layer = sourced(host, "moe_syncs_per_layer", {.min = 0, .max = 1e3});
+  if (host.has("quick_glu_activation_syncs")) {
+    c.quick_glu_activation_syncs = sourced_flag(host, "quick_glu_activation_syncs");
+  }
   if (host.has("fp8_quantize_launches_issued")) {
     c.host_issues_fp8_quantize = sourced_flag(host, "fp8_quantize_launches_issued");
   }

@@ -316,6 +316,10 @@ struct Calibration {
   double op_issue_s = 0;                           // host time of one framework call (GPUs not in the map)
   std::map<std::string, double> op_issue_s_by_gpu; // GPU name -> the same on that system's host CPU
   double moe_host_syncs_per_layer = 0;             // device-to-host syncs per MoE layer forward
+  // The experts' fused quick-GEGLU activation (a gated expert whose gate is x sigmoid(alpha x),
+  // alpha != 1) syncs the host once per call: each forward, and each moe_act recompute
+  // (sim/cost.h expert_activation_syncs).
+  bool quick_glu_activation_syncs = false;
   bool grouped_gemm_launch_per_expert = false;     // one GEMM launch per local expert and matrix
   std::map<std::string, double, std::less<>> host_calls_per_op; // op kind (models::to_string) -> framework calls per forward; default 1
   double host_calls_per_local_expert = 0;          // expert_mlp: further calls per local expert (split, buffers)

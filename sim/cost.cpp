@@ -46,6 +46,7 @@ OpEntry make_entry(const models::Op& op, size_t index) {
   e.sinks = op.sinks;
   e.expert_bias = op.expert_bias;
   e.swiglu_limit = op.swiglu_limit;
+  e.swiglu_alpha = op.swiglu_alpha;
   e.rope_yarn = op.rope_yarn;
   e.model_flops = op.counts_in_model_flops;
   return e;
@@ -353,7 +354,8 @@ ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibrat
     x.bwd = fc1 * cal.expert_glu_bwd_bytes;
   }
   if (e.swiglu_limit > 0) {
-    x.fwd += fc1 * cal.expert_clamp_fwd_bytes;
+    x.clamp_fwd = fc1 * cal.expert_clamp_fwd_bytes;
+    x.fwd += x.clamp_fwd;
     x.bwd += fc1 * cal.expert_clamp_bwd_bytes;
   }
   if (e.expert_bias) {
@@ -675,6 +677,47 @@ OpTime price_eager_passes(const OpEntry& e, const Calibration::EagerPasses& p, c
   return t;
 }
 
+// The terms of a grouped expert GEMM op's price (price_op_device, expert_activation_split).
+struct GroupedGemmPrice {
+  double flops = 0, ew_flops = 0;         // GEMM FLOPs and elementwise FLOPs of one forward
+  double peak = 0, bwd_eff = 0, mem_s = 0;
+  double gemm_fwd_s = 0;                  // the forward GEMMs' roofline (FLOPs or bytes)
+  double kernels = 0;                     // launches per forward: one grouped launch per matrix, the activation
+  Fp8QuantizeTime q;
+  ExpertRowPasses passes;
+  ExpertElementwiseBytes x;
+  double ew_bw = 0;                       // bytes per second of the elementwise passes
+};
+GroupedGemmPrice grouped_gemm_price(const OpEntry& e, const PriceContext& ctx) {
+  const Calibration& cal = *ctx.cal;
+  GroupedGemmPrice g;
+  const double rows = ctx.expert_rows;
+  const double n = std::max(1.0, e.gemm_n / (ctx.etp > 0 ? ctx.etp : ctx.tp));
+  g.flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
+  double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, ctx.gemm_shape, rows / ctx.local_experts, e.gemm_k, n);
+  const bool fp8 = (ctx.fp8_experts || ctx.fp8_linear) && ctx.fp8_peak_flops_per_s > 0;
+  g.peak = fp8 ? ctx.fp8_peak_flops_per_s : ctx.peak_flops_per_s;
+  // Per-expert dense GEMMs (cal.grouped_per_expert_dense_relative_eff) take the dense FP8
+  // factors; otherwise the grouped FP8 measurement (fp8_gemm_relative_eff).
+  const bool per_expert_dense = cal.grouped_per_expert_dense_relative_eff > 0;
+  if (fp8) {
+    eff *= per_expert_dense ? ctx.fp8_dense_rel_eff * fp8_block_scaled_factor(cal, ctx.fp8_recipe) : cal.fp8_gemm_relative_eff;
+  }
+  g.bwd_eff = eff * (fp8 && per_expert_dense ? fp8_backward_factor(ctx) : 1.0);
+  const double operand_bytes = fp8 ? 1.0 : 2.0;  // FP8 operands (as for dense GEMMs)
+  const double bytes =
+      rows * (2.0 * e.gemm_k * operand_bytes + 3.0 * n * 2.0) + ctx.local_experts * e.gemm_count * e.gemm_k * n * operand_bytes;
+  g.mem_s = bytes / (ctx.hbm_bw_bytes_per_s * cal.mem_eff_elementwise);
+  g.gemm_fwd_s = std::max(g.flops / (g.peak * eff), g.mem_s);
+  g.kernels = e.gemm_count + 1.0;
+  g.ew_flops = e.ew_flops_per_token / e.rows_per_token * rows;
+  g.q = fp8_quantize(e, ctx);
+  g.passes = expert_row_passes(e, ctx, rows, n, fp8);
+  g.x = expert_elementwise_bytes(e, cal, rows, n);
+  g.ew_bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_elementwise;
+  return g;
+}
+
 OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;
   const double peak_bf16 = ctx.peak_flops_per_s;
@@ -708,36 +751,12 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       return t;
     }
     case OpClass::kGroupedGemm: {
-      const double rows = ctx.expert_rows;
-      const double n = std::max(1.0, e.gemm_n / (ctx.etp > 0 ? ctx.etp : ctx.tp));
-      const double flops = 2.0 * e.gemm_k * n * e.gemm_count * rows;
-      double eff = grouped_gemm_efficiency_at(cal, ctx.gemm_peak_eff, ctx.gemm_shape, rows / ctx.local_experts, e.gemm_k, n);
-      const bool fp8 = (ctx.fp8_experts || ctx.fp8_linear) && ctx.fp8_peak_flops_per_s > 0;
-      const double peak = fp8 ? ctx.fp8_peak_flops_per_s : peak_bf16;
-      // Per-expert dense GEMMs (cal.grouped_per_expert_dense_relative_eff) take the dense FP8
-      // factors; otherwise the grouped FP8 measurement (fp8_gemm_relative_eff).
-      const bool per_expert_dense = cal.grouped_per_expert_dense_relative_eff > 0;
-      if (fp8) {
-        eff *= per_expert_dense ? ctx.fp8_dense_rel_eff * fp8_block_scaled_factor(cal, ctx.fp8_recipe)
-                                : cal.fp8_gemm_relative_eff;
-      }
-      const double bwd_eff = eff * (fp8 && per_expert_dense ? fp8_backward_factor(ctx) : 1.0);
-      const double operand_bytes = fp8 ? 1.0 : 2.0;  // FP8 operands (as for dense GEMMs)
-      const double bytes = rows * (2.0 * e.gemm_k * operand_bytes + 3.0 * n * 2.0) +
-                           ctx.local_experts * e.gemm_count * e.gemm_k * n * operand_bytes;
-      const double mem_s = bytes / (bw * cal.mem_eff_elementwise);
-      // One grouped launch per matrix, plus the SwiGLU elementwise kernel.
-      const double kernels = e.gemm_count + 1.0;
-      const double ew = e.ew_flops_per_token / e.rows_per_token * rows;
-      const Fp8QuantizeTime q = fp8_quantize(e, ctx);
-      const ExpertRowPasses passes = expert_row_passes(e, ctx, rows, n, fp8);
-      const ExpertElementwiseBytes x = expert_elementwise_bytes(e, cal, rows, n);
-      const double ew_bw = bw * cal.mem_eff_elementwise;
-      t.fwd_flops = flops + ew;
+      const GroupedGemmPrice g = grouped_gemm_price(e, ctx);
+      t.fwd_flops = g.flops + g.ew_flops;
       t.bwd_flops = 2.0 * t.fwd_flops;
-      t.fwd_s = std::max(flops / (peak * eff), mem_s) + kernels * launch + q.fwd_s + passes.fwd_s + x.fwd / ew_bw;
-      t.bwd_s = std::max(2.0 * flops / (peak * bwd_eff), 2.0 * mem_s) + 2.0 * kernels * launch + q.bwd_s + passes.bwd_s +
-                x.bwd / ew_bw;
+      t.fwd_s = g.gemm_fwd_s + g.kernels * launch + g.q.fwd_s + g.passes.fwd_s + g.x.fwd / g.ew_bw;
+      t.bwd_s = std::max(2.0 * g.flops / (g.peak * g.bwd_eff), 2.0 * g.mem_s) + 2.0 * g.kernels * launch + g.q.bwd_s +
+                g.passes.bwd_s + g.x.bwd / g.ew_bw;
       return t;
     }
     case OpClass::kAttention: {
@@ -808,6 +827,30 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
 }
 
 }  // namespace
+
+bool expert_activation_syncs(const OpEntry& e, const Calibration& cal) {
+  return cal.quick_glu_activation_syncs && e.cls == OpClass::kGroupedGemm && e.gemm_count == 3 && e.swiglu_alpha != 1.0;
+}
+
+ExpertActivationSplit expert_activation_split(const OpEntry& e, const PriceContext& ctx) {
+  RS_CHECK(e.cls == OpClass::kGroupedGemm, "the activation split is an experts op's");
+  const Calibration& cal = *ctx.cal;
+  const GroupedGemmPrice g = grouped_gemm_price(e, ctx);
+  const double fc1_share = (e.gemm_count - 1.0) / e.gemm_count;  // w1 | w3 of w1, w3, w2
+  ExpertActivationSplit x;
+  x.device_before_s = fc1_share * g.gemm_fwd_s + (e.gemm_count - 1.0) * cal.launch_overhead_s + 0.5 * g.q.fwd_s +
+                      0.5 * g.passes.fwd_s + g.x.clamp_fwd / g.ew_bw;
+  x.device_after_s = price_op(e, ctx).fwd_s - x.device_before_s;
+  const double host_s = op_host_issue_s(e, ctx);
+  if (host_s > 0) {
+    const auto it = cal.host_calls_per_op.find(std::string_view(models::to_string(e.kind)));
+    const double calls = (it != cal.host_calls_per_op.end() ? it->second : 1.0) +
+                         cal.host_calls_per_local_expert * ctx.local_experts;
+    const double per_expert = cal.grouped_gemm_launch_per_expert ? ctx.local_experts : 1.0;
+    x.host_before_share = (0.5 * calls * ctx.op_issue_s + (e.gemm_count - 1.0) * per_expert * cal.launch_overhead_s) / host_s;
+  }
+  return x;
+}
 
 OpTime unfused_attention_time(const OpEntry& e, const PriceContext& ctx) {
   const Calibration& cal = *ctx.cal;

@@ -48,6 +48,7 @@ struct OpEntry {
   bool alibi = false, sinks = false;  // attention: ALiBi scores, sink logits (hardware FLOPs only)
   bool expert_bias = false;         // experts: biases (models::Op::expert_bias)
   double swiglu_limit = 0;          // experts: SwiGLU clamp, 0 = none
+  double swiglu_alpha = 1;          // experts: the gate's sigmoid scale (models::Op::swiglu_alpha)
   bool rope_yarn = false;           // rope: YaRN-scaled frequencies (models::Op::rope_yarn)
   bool model_flops = false;         // counts in Marin's MFU FLOPs
   bool same_input_as_prev = false;  // a projection of the input the op before it projects (k, v after q)
@@ -208,6 +209,7 @@ double fp8_backward_factor(const PriceContext& ctx);
 // cal.moe_activation_kernel says it is a kernel of its own; 0 where its GEMMs hide them).
 struct ExpertElementwiseBytes {
   double fwd = 0, bwd = 0;
+  double clamp_fwd = 0;  // of fwd, the clamps (they run before the activation kernel)
 };
 ExpertElementwiseBytes expert_elementwise_bytes(const OpEntry& e, const Calibration& cal, double rows, double n);
 
@@ -264,6 +266,26 @@ OpTime unfused_attention_time(const OpEntry& e, const PriceContext& ctx);
 double op_host_issue_s(const OpEntry& op, const PriceContext& ctx);
 
 OpTime price_op(const OpEntry& op, const PriceContext& ctx);
+
+// Whether an experts op's activation syncs the host with the device once per call
+// (cal.quick_glu_activation_syncs: the stack's fused quick-GEGLU, the gated activation
+// whose gate is x sigmoid(alpha x) with alpha != 1, copies its linear offset to the
+// device on every call, a blocking host-to-device copy).
+bool expert_activation_syncs(const OpEntry& op, const Calibration& cal);
+
+// The forward of an experts op (OpClass::kGroupedGemm) in two parts at its activation
+// kernel, as Megatron-Core's TEGroupedMLP issues it: fc1 (its grouped GEMMs, (gemm_count
+// - 1) of the op's gemm_count matrices, and their launches), a clamped GLU's clamps and
+// half of the FP8 quantize and padding passes (fc1's input) before it; the activation,
+// fc2 and the output bias after. device_*_s sum to price_op's fwd_s; host_before_share is
+// the share of the op's host issue (op_host_issue_s) that fc1's module takes: half of the
+// op's framework and per-expert calls [A: fc1 and fc2 are alike Transformer Engine
+// GroupedLinear modules] and its fc1 launches.
+struct ExpertActivationSplit {
+  double device_before_s = 0, device_after_s = 0;
+  double host_before_share = 0;
+};
+ExpertActivationSplit expert_activation_split(const OpEntry& op, const PriceContext& ctx);
 
 // Host issue of one pass of one layer of a class under CUDA graphs (Layout::cuda_graphs,
 // bits of cuda_graph_bit). Transformer Engine captures a layer's graphed scopes as one

@@ -782,46 +782,54 @@ double ep_exposed(const Layout& l, const Calibration& cal, double comm_s, double
   return comm_s * (1.0 / w + (w - 1.0) / w * (1.0 - ovl));
 }
 
-// What the layout's recompute_modules replay in one layer's backward (recompute
-// "selective" with modules): the forward of every op a listed module covers; for
+// What the layout's recompute_modules replay of one op in one layer's backward
+// (recompute "selective" with modules): the forward of an op a listed module covers; for
 // moe_act only the experts' activation, an elementwise pass over the fc1 output
-// (2 x width per routed row read, width written).
-BlockTime module_recompute(const LayerClass& c, const Layout& l, const PriceContext& ctx) {
+// (2 x width per routed row read, width written). module_recompute: the layer's.
+BlockTime op_module_recompute(const OpEntry& e, const Layout& l, const PriceContext& ctx) {
   BlockTime b;
   if (l.recompute != models::Recompute::kSelective || l.recompute_modules == 0) return b;
   const uint32_t act = models::recompute_module_bit(models::RecomputeModule::kMoeAct);
+  const uint32_t hit = e.recompute_modules & l.recompute_modules;
+  if (hit == 0) return b;
+  OpEntry replay = e;
+  if (hit == act) {
+    replay = OpEntry{};
+    replay.kind = e.kind;
+    replay.cls = OpClass::kElementwise;
+    replay.in_elems = 2.0 * e.rows_per_token * e.gemm_n;
+    replay.out_elems = e.rows_per_token * e.gemm_n;
+    // A clamped SwiGLU replays its clamps too (the stack's bytes per fc1 element, as 2-byte reads).
+    if (e.swiglu_limit > 0) replay.in_elems += ctx.cal->expert_clamp_fwd_bytes / 2.0 * 2.0 * e.rows_per_token * e.gemm_n;
+    replay.ew_flops_per_token = e.ew_flops_per_token;
+  }
+  const OpTime t = price_op(replay, ctx);
+  b.fwd_s += t.fwd_s;
+  b.fwd_flops += t.fwd_flops;
+  // layernorm and moe_act run under Megatron-Core's CheckpointWithoutOutput
+  // (transformer_layer.py, moe/experts.py): the forward frees the module's output
+  // (discard_output_and_register_recompute) and the recompute hook copies the
+  // recomputed output back into that storage, untyped_storage().copy_ in _recompute
+  // (megatron/core/tensor_parallel/random.py, core_v0.15.0 and core_v0.16.0), for the
+  // autograd nodes that saved it: a read and a write of the output.
+  const uint32_t discards = act | models::recompute_module_bit(models::RecomputeModule::kLayernorm);
+  if (ctx.cal->recompute_restores_output && (hit & discards) != 0) {
+    OpEntry copy{};
+    copy.kind = e.kind;
+    copy.cls = OpClass::kElementwise;
+    copy.in_elems = replay.out_elems;
+    copy.out_elems = replay.out_elems;
+    b.fwd_s += price_op(copy, ctx).fwd_s;
+  }
+  return b;
+}
+
+BlockTime module_recompute(const LayerClass& c, const Layout& l, const PriceContext& ctx) {
+  BlockTime b;
   for (const OpEntry& e : c.ops) {
-    const uint32_t hit = e.recompute_modules & l.recompute_modules;
-    if (hit == 0) continue;
-    OpEntry replay = e;
-    if (hit == act) {
-      replay = OpEntry{};
-      replay.kind = e.kind;
-      replay.cls = OpClass::kElementwise;
-      replay.in_elems = 2.0 * e.rows_per_token * e.gemm_n;
-      replay.out_elems = e.rows_per_token * e.gemm_n;
-      // A clamped SwiGLU replays its clamps too (the stack's bytes per fc1 element, as 2-byte reads).
-      if (e.swiglu_limit > 0) replay.in_elems += ctx.cal->expert_clamp_fwd_bytes / 2.0 * 2.0 * e.rows_per_token * e.gemm_n;
-      replay.ew_flops_per_token = e.ew_flops_per_token;
-    }
-    const OpTime t = price_op(replay, ctx);
+    const BlockTime t = op_module_recompute(e, l, ctx);
     b.fwd_s += t.fwd_s;
     b.fwd_flops += t.fwd_flops;
-    // layernorm and moe_act run under Megatron-Core's CheckpointWithoutOutput
-    // (transformer_layer.py, moe/experts.py): the forward frees the module's output
-    // (discard_output_and_register_recompute) and the recompute hook copies the
-    // recomputed output back into that storage, untyped_storage().copy_ in _recompute
-    // (megatron/core/tensor_parallel/random.py, core_v0.15.0 and core_v0.16.0), for the
-    // autograd nodes that saved it: a read and a write of the output.
-    const uint32_t discards = act | models::recompute_module_bit(models::RecomputeModule::kLayernorm);
-    if (ctx.cal->recompute_restores_output && (hit & discards) != 0) {
-      OpEntry copy{};
-      copy.kind = e.kind;
-      copy.cls = OpClass::kElementwise;
-      copy.in_elems = replay.out_elems;
-      copy.out_elems = replay.out_elems;
-      b.fwd_s += price_op(copy, ctx).fwd_s;
-    }
   }
   return b;
 }
@@ -881,37 +889,122 @@ double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double disp
 // a MoE layer's backward (no sync) alike. A forward with a sync is synced_forward_s.
 double host_issue_wait(double host_s, double gpu_s) { return std::max(0.0, host_s - gpu_s); }
 
-// One forward pass of a MoE layer whose dispatcher syncs the host (the dropless
-// dispatcher reads its token counts before the dispatch), priced by the in-order issue
-// recursion (sim/cost.h in_order_issue_s) around the layer's cycle: from the sync, the
-// dispatch and the ops after it, then the next layer's ops up to its sync. Per op: the
-// host time layer_host_issue charges it, and its priced device time; the forward's
-// exposed EP time (`ep_fwd_s`) sits on the dispatch and combine ops (the all-to-alls run
-// on the device between them), the rest of its exposed communication (gpu_f - fwd_s -
+// Where an op syncs the host inside it (sim/cost.h expert_activation_syncs): its
+// forward, at the activation, where the host issues it (`fwd_host_s` > 0: not captured
+// in a CUDA graph); its backward, before the op's own, where the layout recomputes
+// moe_act (the hook on fc2's output replays the activation, sync included).
+struct OpSync {
+  bool fwd = false, bwd = false;
+};
+OpSync op_host_sync(const OpEntry& e, const Layout& l, const Calibration& cal, double fwd_host_s) {
+  OpSync x;
+  if (fwd_host_s <= 0 || !expert_activation_syncs(e, cal)) return x;
+  x.fwd = true;
+  x.bwd = l.recompute == models::Recompute::kSelective &&
+          (e.recompute_modules & l.recompute_modules & models::recompute_module_bit(models::RecomputeModule::kMoeAct)) != 0;
+  return x;
+}
+
+// One op as the host issues it to the device (in_order_issue_s), and whether the host
+// waits for the device to drain before issuing it (a device-to-host sync just before it).
+struct IssuedOp {
+  double host_s = 0, device_s = 0;
+  bool sync_before = false;
+};
+
+// Wall time of a cycle of issued ops that holds at least one sync: from each sync the
+// host and the device start idle, and the ops up to the next sync run in order
+// (sim/cost.h in_order_issue_s); the cycle wraps (the next layer's ops after the last).
+// `cycle` without a sync: max(host, device), the host running ahead.
+double synced_cycle_s(const std::vector<IssuedOp>& cycle) {
+  size_t first = cycle.size();
+  for (size_t i = 0; i < cycle.size() && first == cycle.size(); ++i) {
+    if (cycle[i].sync_before) first = i;
+  }
+  double host_s = 0, device_s = 0;
+  for (const IssuedOp& o : cycle) {
+    host_s += o.host_s;
+    device_s += o.device_s;
+  }
+  if (first == cycle.size()) return std::max(host_s, device_s);
+  double wall_s = 0;
+  std::vector<double> seg_host, seg_device;  // (ops up to the next sync)
+  for (size_t i = 0; i <= cycle.size(); ++i) {
+    const size_t j = (first + i) % cycle.size();
+    if (i == cycle.size() || (i > 0 && cycle[j].sync_before)) {
+      wall_s += in_order_issue_s(seg_host, seg_device);
+      seg_host.clear();
+      seg_device.clear();
+      if (i == cycle.size()) break;
+    }
+    seg_host.push_back(cycle[j].host_s);
+    seg_device.push_back(cycle[j].device_s);
+  }
+  return wall_s;
+}
+
+// One forward pass of a MoE layer whose host syncs with the device (the dropless
+// dispatcher reads its token counts before the dispatch, `dispatcher_syncs`; the
+// experts' quick-GEGLU copies its offset to the device after fc1, sim/cost.h
+// expert_activation_syncs), priced by synced_cycle_s around the layer's cycle, the
+// experts op split at a syncing activation (expert_activation_split). Per op: the host
+// time layer_host_issue charges it, and its priced device time; the forward's exposed
+// EP time (`ep_fwd_s`) sits on the dispatch and combine ops (the all-to-alls run on the
+// device between them), the rest of its exposed communication (gpu_f - fwd_s -
 // ep_fwd_s) spread over the ops in proportion to their device time.
 double synced_forward_s(const LayerClass& lc, const PriceContext& ctx, const LayerHostIssue& host, const ClassCost& k,
-                        double fwd_s, double gpu_f, double ep_fwd_s) {
+                        double fwd_s, double gpu_f, double ep_fwd_s, bool dispatcher_syncs) {
   using models::OpKind;
-  size_t sync_at = lc.ops.size();
-  for (size_t j = 0; j < lc.ops.size() && sync_at == lc.ops.size(); ++j) {
-    if (lc.ops[j].kind == OpKind::kDispatch) sync_at = j;
-  }
-  if (sync_at == lc.ops.size()) return std::max(host.fwd_s, gpu_f);  // no dispatch op: no sync point to start from
   const double other_scale = fwd_s > 0 ? 1.0 + std::max(0.0, gpu_f - fwd_s - ep_fwd_s) / fwd_s : 1.0;
   const double ep_calls_s = k.ep_dispatch_s + k.ep_combine_s;
-  std::vector<double> host_s, device_s;  // (lc.ops.size()), in cycle order
-  host_s.reserve(lc.ops.size());
-  device_s.reserve(lc.ops.size());
-  for (size_t i = 0; i < lc.ops.size(); ++i) {
-    const size_t j = (sync_at + i) % lc.ops.size();
+  if (host.op_fwd_s.empty()) return std::max(host.fwd_s, gpu_f);  // nothing issued by the host
+  std::vector<IssuedOp> cycle;  // the layer's ops in order, a syncing experts op in two
+  cycle.reserve(lc.ops.size() + 1);
+  for (size_t j = 0; j < lc.ops.size(); ++j) {
     const OpEntry& e = lc.ops[j];
     double dev_s = price_op(e, ctx).fwd_s * other_scale;
     if (ep_calls_s > 0 && e.kind == OpKind::kDispatch) dev_s += ep_fwd_s * k.ep_dispatch_s / ep_calls_s;
     if (ep_calls_s > 0 && e.kind == OpKind::kCombine) dev_s += ep_fwd_s * k.ep_combine_s / ep_calls_s;
-    host_s.push_back(host.op_fwd_s.empty() ? 0.0 : host.op_fwd_s[j]);
-    device_s.push_back(dev_s);
+    const double host_s = host.op_fwd_s[j];
+    if (host_s > 0 && expert_activation_syncs(e, *ctx.cal)) {
+      const ExpertActivationSplit x = expert_activation_split(e, ctx);
+      cycle.push_back({.host_s = host_s * x.host_before_share, .device_s = x.device_before_s * other_scale});
+      cycle.push_back({.host_s = host_s * (1.0 - x.host_before_share),
+                       .device_s = dev_s - x.device_before_s * other_scale,
+                       .sync_before = true});
+      continue;
+    }
+    cycle.push_back({.host_s = host_s, .device_s = dev_s, .sync_before = dispatcher_syncs && e.kind == OpKind::kDispatch});
   }
-  return in_order_issue_s(host_s, device_s);
+  return synced_cycle_s(cycle);
+}
+
+// One backward pass of a MoE layer whose experts' activation syncs the host and is
+// recomputed (moe_act): Megatron-Core's CheckpointWithoutOutput replays the activation
+// from a hook on fc2's output, before fc2's backward, so the host stops once per layer
+// backward there. The layer's ops in reverse from its experts op (each op's backward
+// and its module recompute, `rec` of them in all, on the device; its backward host issue),
+// the exposed communication of the pass (gpu_b - bwd_s - rec) spread over them in
+// proportion to their device time, through synced_cycle_s. The experts op's whole
+// backward counts after the sync [A: what its autograd runs before the hook, the output
+// bias's gradient and the replayed clamps, is a small part of it].
+double synced_backward_s(const LayerClass& lc, const Layout& l, const PriceContext& ctx, const LayerHostIssue& host,
+                         double gpu_b) {
+  if (host.op_bwd_s.empty()) return std::max(host.bwd_s, gpu_b);  // nothing issued by the host
+  std::vector<IssuedOp> cycle;  // (lc.ops.size()), in backward order
+  cycle.reserve(lc.ops.size());
+  double device_s = 0;
+  for (size_t i = lc.ops.size(); i-- > 0;) {
+    const OpEntry& e = lc.ops[i];
+    const double dev_s = price_op(e, ctx).bwd_s + op_module_recompute(e, l, ctx).fwd_s;
+    device_s += dev_s;
+    cycle.push_back({.host_s = host.op_bwd_s[i],
+                     .device_s = dev_s,
+                     .sync_before = op_host_sync(e, l, *ctx.cal, host.op_fwd_s[i]).bwd});
+  }
+  const double scale = device_s > 0 ? gpu_b / device_s : 1.0;
+  for (IssuedOp& o : cycle) o.device_s *= scale;
+  return synced_cycle_s(cycle);
 }
 
 double pipeline_bubble(const Layout& l, double f, double b) {
@@ -1053,16 +1146,26 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     const double host_b = host.bwd_s + (full ? host.fwd_s : 0.0);
     // Only a dropless (ragged) dispatcher reads its token counts on the host; fixed-capacity
     // experts have static shapes (Megatron-Core's drop-and-pad path returns before any sync point).
-    if (lc.moe && cal_.moe_host_syncs_per_layer > 0 && l.ep_transport != Transport::pooled) {
+    const bool dispatcher_syncs = lc.moe && cal_.moe_host_syncs_per_layer > 0 && l.ep_transport != Transport::pooled;
+    OpSync op_syncs;  // any op's (the experts' activation)
+    for (size_t j = 0; j < lc.ops.size() && !host.op_fwd_s.empty(); ++j) {
+      const OpSync x = op_host_sync(lc.ops[j], l, cal_, host.op_fwd_s[j]);
+      op_syncs.fwd = op_syncs.fwd || x.fwd;
+      op_syncs.bwd = op_syncs.bwd || x.bwd;
+    }
+    if (dispatcher_syncs || op_syncs.fwd) {
       // The forward (and a full recompute's replay, which runs the dispatcher again) is
-      // issued in order from the sync: the device idles while the host issues the ops
+      // issued in order from each sync: the device idles while the host issues the ops
       // after it, so a pass is the in-order recursion over the layer's cycle, not
-      // max(host, device). The backward reuses the forward's splits (no sync): its host
-      // runs ahead and paces it only when slower than all of it.
-      const double sync_pass_s = synced_forward_s(lc, ctx, host, k, bt.fwd_s, gpu_f, busy > 0 ? ep_layer * bt.fwd_s / busy : 0.0);
+      // max(host, device). The backward reuses the forward's splits: its host runs ahead
+      // and paces it only when slower than all of it, unless it replays a syncing activation.
+      const double sync_pass_s = synced_forward_s(lc, ctx, host, k, bt.fwd_s, gpu_f,
+                                                  busy > 0 ? ep_layer * bt.fwd_s / busy : 0.0, dispatcher_syncs);
       const double fwd_wait = std::max(0.0, sync_pass_s - gpu_f);
       const double rec_wall = full && busy > 0 ? rec + comm_layer * rec / busy : 0.0;
-      host_wait += n * ((full ? 2.0 : 1.0) * fwd_wait + host_issue_wait(host.bwd_s, gpu_b - rec_wall));
+      const double bwd_wait = op_syncs.bwd ? std::max(0.0, synced_backward_s(lc, l, ctx, host, gpu_b) - gpu_b)
+                                             : host_issue_wait(host.bwd_s, gpu_b - rec_wall);
+      host_wait += n * ((full ? 2.0 : 1.0) * fwd_wait + bwd_wait);
     } else {
       free_host_f += n * host.fwd_s;
       free_host_b += n * host_b;
@@ -1306,6 +1409,13 @@ StepPrice Predictor::price(const Layout& l, PriceDetail detail) const {
       o.bwd_flops = t.bwd_flops;
       o.fwd_host_s = host.op_fwd_s.empty() ? 0.0 : host.op_fwd_s[j];
       o.bwd_host_s = host.op_bwd_s.empty() ? 0.0 : host.op_bwd_s[j];
+      const OpSync sync = op_host_sync(ops[j], l, cal_, o.fwd_host_s);
+      if (sync.fwd) {
+        const ExpertActivationSplit x = expert_activation_split(ops[j], sm.ctx());
+        o.fwd_before_sync_s = x.device_before_s;
+        o.fwd_host_before_sync_s = o.fwd_host_s * x.host_before_share;
+      }
+      o.bwd_after_sync = sync.bwd;
       if (k && ops[j].kind == OpKind::kDispatch) o.comm_s = k->ep_dispatch_s;
       if (k && ops[j].kind == OpKind::kCombine) o.comm_s = k->ep_combine_s;
     }

@@ -120,6 +120,11 @@ struct OpTiming {
   double fwd_s = 0, bwd_s = 0;
   double fwd_flops = 0, bwd_flops = 0;  // hardware FLOPs on this GPU per micro-batch (trace slices)
   double fwd_host_s = 0, bwd_host_s = 0;  // host time to issue it (OpTime; 0 for a compiled step)
+  // A host sync inside the op (the experts' activation, sim/cost.h expert_activation_syncs):
+  // the device and host seconds of its forward before the sync (0 without one), and
+  // whether its backward waits for one first (the activation's replay).
+  double fwd_before_sync_s = 0, fwd_host_before_sync_s = 0;
+  bool bwd_after_sync = false;
   double comm_s = 0;                 // dispatch / combine all-to-all (per pass)
 };
 

@@ -30,6 +30,10 @@ struct Kernel {
   double fwd_s = 0, bwd_s = 0, w_s = 0;
   double fwd_f = 0, bwd_f = 0, w_f = 0;
   double fwd_host_s = 0, bwd_host_s = 0, w_host_s = 0;
+  // A host sync inside it (OpTiming): the forward's device and host seconds before the
+  // sync (0: none), and whether the backward waits for one before its own kernels.
+  double fwd_before_sync_s = 0, fwd_host_before_sync_s = 0;
+  bool bwd_after_sync = false;
 };
 
 // Which part of a pass a run of kernels is: forward (or a recompute's replay),
@@ -89,7 +93,8 @@ Kernel kernel_of(const models::Op& op, const OpTiming& t) {
   const bool gemm = op.op_class == models::OpClass::kGemm || op.op_class == models::OpClass::kGroupedGemm;
   const double w = gemm ? 0.5 : 0.0;
   return {op.name, t.fwd_s, t.bwd_s, w * t.bwd_s, t.fwd_flops, t.bwd_flops, w * t.bwd_flops,
-          t.fwd_host_s, t.bwd_host_s, w * t.bwd_host_s};
+          t.fwd_host_s, t.bwd_host_s, w * t.bwd_host_s, t.fwd_before_sync_s, t.fwd_host_before_sync_s,
+          t.bwd_after_sync};
 }
 
 void split_layers(const Predictor& p, const std::vector<OpTiming>& ops, Costs& c) {
@@ -518,9 +523,17 @@ class Builder {
     return std::vector<TaskId>(last_issue_.begin() + s * n_, last_issue_.begin() + (s + 1) * n_);
   }
 
+  // How kernels() runs each kernel: device time stretch, host time scale, routed-expert load.
+  struct Issue {
+    double stretch = 1.0, host_scale = 1.0;
+    bool experts = false;
+  };
+
   // The kernels of `ops` on the compute stream (in reverse for a backward), each
   // after the host issued it (OpTiming's host seconds): the host runs ahead of
   // the device until a sync, and paces it where it is the slower of the two.
+  // An op with a sync inside it (Kernel::fwd_before_sync_s, bwd_after_sync) stops
+  // the host there until the device has run what it issued before.
   // `stretch` scales the device time (SMs a call beside them takes), `host_scale`
   // the host's (a wave issues its share); the first kernel also waits for `also`;
   // `experts`: the rank's routed-expert load applies.
@@ -536,17 +549,36 @@ class Builder {
       if (d == Dir::kWeight) dev = k.w_s, fl = k.w_f, host = k.w_host_s;
       if (d == Dir::kWeight && dev <= 0) continue;  // no weight gradient
       const std::string name = k.name + "." + tag;
-      for (int64_t r = 0; r < n_; ++r) {
-        const TaskId h = issue(s, r, name + ".issue", host * host_scale);
-        const double f = experts ? load(r) : 1.0;
-        const TaskId before = prev[r];
-        prev[r] = e_.add_compute(rank(s, r).compute, name, cat, dev * stretch * f);
-        if (before.valid() && e_.stream_predecessor(prev[r]).v != before.v) e_.add_dependency(before, prev[r]);
-        e_.add_dependency(h, prev[r]);
-        if (also && (*also)[r].valid()) e_.add_dependency((*also)[r], prev[r]);
-        e_.set_task_flops(prev[r], fl * f);
+      const Issue run{.stretch = stretch, .host_scale = host_scale, .experts = experts};
+      if (!fwd && d != Dir::kWeight && k.bwd_after_sync) host_sync(s, prev);
+      if (fwd && k.fwd_before_sync_s > 0) {
+        // FLOPs split with the device time (trace slices).
+        const double share = dev > 0 ? k.fwd_before_sync_s / dev : 0.0;
+        issue_kernel(s, name + ".before_sync", cat, k.fwd_host_before_sync_s, k.fwd_before_sync_s, fl * share, run,
+                     prev, also);
+        also = nullptr;
+        host_sync(s, prev);
+        issue_kernel(s, name, cat, host - k.fwd_host_before_sync_s, dev - k.fwd_before_sync_s, fl * (1.0 - share), run,
+                     prev, nullptr);
+        continue;
       }
+      issue_kernel(s, name, cat, host, dev, fl, run, prev, also);
       also = nullptr;
+    }
+  }
+
+  // One kernel on each rank's compute stream after its issue on the rank's host thread.
+  void issue_kernel(int64_t s, const std::string& name, const char* cat, double host_s, double device_s, double flops,
+                    const Issue& how, std::vector<TaskId>& prev, const std::vector<TaskId>* also) {
+    for (int64_t r = 0; r < n_; ++r) {
+      const TaskId h = issue(s, r, name + ".issue", host_s * how.host_scale);
+      const double f = how.experts ? load(r) : 1.0;
+      const TaskId before = prev[r];
+      prev[r] = e_.add_compute(rank(s, r).compute, name, cat, device_s * how.stretch * f);
+      if (before.valid() && e_.stream_predecessor(prev[r]).v != before.v) e_.add_dependency(before, prev[r]);
+      e_.add_dependency(h, prev[r]);
+      if (also && (*also)[r].valid()) e_.add_dependency((*also)[r], prev[r]);
+      e_.set_task_flops(prev[r], flops * f);
     }
   }
 
