@@ -33,6 +33,13 @@ PriceContext gemm_context(const topologies::GpuSpec& gpu, const Calibration& cal
   return ctx;
 }
 
+// The shipped calibration without its measured shape tables: every GPU on the half_dim curve.
+Calibration half_dim_only(const Calibration& cal) {
+  Calibration c = cal;
+  c.gemm_shape_by_gpu.clear();
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("A GB300 runs the same GEMM faster than a GB200 at equal datasheet peaks (its power limit)", "[gemm]") {
@@ -94,8 +101,7 @@ TEST_CASE("An H100's GEMM shape factor is XLA's measured sm_90 table, normalised
   const auto h200 = topologies::load_system(src("topologies/zoo/hgx-h200.json")).gpu;
   const auto gb200 = topologies::load_system(src("topologies/zoo/gb200-nvl72.json")).gpu;
   const Calibration& cal = default_calibration();
-  Calibration half_dim_only = cal;
-  half_dim_only.gemm_shape_by_gpu.clear();
+  const Calibration half_dim = half_dim_only(cal);
   REQUIRE(gemm_shape_table(cal, h100) != nullptr);
   CHECK(gemm_shape_table(cal, h200) != nullptr);
   CHECK(gemm_shape_table(cal, gb200) != gemm_shape_table(cal, h100));  // Blackwell has its own (sm_100)
@@ -105,9 +111,9 @@ TEST_CASE("An H100's GEMM shape factor is XLA's measured sm_90 table, normalised
   const auto eff = [&](const Calibration& c, double m, double n, double k) { return gemm_efficiency(c, h100, m, n, k); };
   CHECK(eff(cal, 4096, 4096, 256) / eff(cal, 4096, 4096, 4096) == Approx(392.2 / 783.3).epsilon(0.001));
   // A small-K GEMM (a TP-split projection) is slower than the half_dim curve priced it...
-  CHECK(eff(cal, 4096, 4096, 256) < 0.8 * eff(half_dim_only, 4096, 4096, 256));  // burst: 392 TF measured, 507 priced by half_dim
+  CHECK(eff(cal, 4096, 4096, 256) < 0.8 * eff(half_dim, 4096, 4096, 256));  // burst: 392 TF measured, 507 priced by half_dim
   // ...while the large shape keeps peak_efficiency x sustained_ratio: 1 at and beyond 4096.
-  CHECK(eff(cal, 8192, 8192, 8192) == Approx(eff(half_dim_only, 8192, 8192, 8192)));
+  CHECK(eff(cal, 8192, 8192, 8192) == Approx(eff(half_dim, 8192, 8192, 8192)));
   CHECK(eff(cal, 4096, 4096, 4096) == Approx(eff(cal, 16384, 8192, 4096)));
   // Between grid points: linear in ln(dimension), e.g. M halfway from 2048 to 4096 in log.
   const double m_mid = std::sqrt(2048.0 * 4096.0);
@@ -122,8 +128,7 @@ TEST_CASE("A Blackwell GPU's GEMM shape factor is XLA's measured B200 table: sma
   const auto gb200 = topologies::load_system(src("topologies/zoo/gb200-nvl72.json")).gpu;
   const auto gb300 = topologies::load_system(src("topologies/zoo/gb300-nvl72.json")).gpu;
   const Calibration& cal = default_calibration();
-  Calibration half_dim_only = cal;
-  half_dim_only.gemm_shape_by_gpu.clear();
+  const Calibration half_dim = half_dim_only(cal);
   for (const auto* gpu : {&b200, &gb200, &gb300}) REQUIRE(gemm_shape_table(cal, *gpu) != nullptr);
 
   // The table's rates (gemm.shape_tables.sm_100, TFLOP/s): 4096^3 1,416.9, 4096 x 1024 x 2048
@@ -133,10 +138,10 @@ TEST_CASE("A Blackwell GPU's GEMM shape factor is XLA's measured B200 table: sma
     const auto eff = [&](const Calibration& c, double m, double n, double k) { return gemm_efficiency(c, *gpu, m, n, k); };
     CHECK(eff(cal, 4096, 1024, 2048) / eff(cal, 4096, 4096, 4096) == Approx(990.3 / 1416.9).epsilon(0.001));
     CHECK(eff(cal, 4096, 2048, 512) / eff(cal, 4096, 4096, 4096) == Approx(652.3 / 1416.9).epsilon(0.001));
-    CHECK(eff(cal, 4096, 1024, 2048) < 0.85 * eff(half_dim_only, 4096, 1024, 2048));
-    CHECK(eff(cal, 4096, 2048, 512) < 0.65 * eff(half_dim_only, 4096, 2048, 512));
+    CHECK(eff(cal, 4096, 1024, 2048) < 0.85 * eff(half_dim, 4096, 1024, 2048));
+    CHECK(eff(cal, 4096, 2048, 512) < 0.65 * eff(half_dim, 4096, 2048, 512));
     // The large shape keeps the GPU's measured peak: the table only shapes below it.
-    CHECK(eff(cal, 8192, 8192, 8192) == Approx(eff(half_dim_only, 8192, 8192, 8192)));
+    CHECK(eff(cal, 8192, 8192, 8192) == Approx(eff(half_dim, 8192, 8192, 8192)));
   }
 
   // Priced: the routed experts of one Qwen3-30B-A3B layer on a B200 (16 local experts of
@@ -151,9 +156,9 @@ TEST_CASE("A Blackwell GPU's GEMM shape factor is XLA's measured B200 table: sma
     x.local_experts = 16;
     return x;
   };
-  const OpTime measured_shape = price_op(experts, ctx(cal)), half_dim = price_op(experts, ctx(half_dim_only));
-  CHECK(measured_shape.fwd_s > 1.1 * half_dim.fwd_s);
-  CHECK(measured_shape.bwd_s > 1.1 * half_dim.bwd_s);
+  const OpTime measured_shape = price_op(experts, ctx(cal)), on_curve = price_op(experts, ctx(half_dim));
+  CHECK(measured_shape.fwd_s > 1.1 * on_curve.fwd_s);
+  CHECK(measured_shape.bwd_s > 1.1 * on_curve.bwd_s);
 }
 
 TEST_CASE("A GEMM shape table that is not a full grid of positive rates is a one-line user error", "[gemm]") {
