@@ -1030,6 +1030,10 @@ Predictor::Predictor(const models::LayerGraph& g, const topologies::Cluster& c, 
     warnings_.push_back("no GEMM calibration for GPU '" + gpu + "' in " + cal.file +
                         ": priced at gemm.default_peak_efficiency " + std::to_string(cal.gemm_peak_eff_default) +
                         " (an assumption); add a measured entry to gemm.peak_efficiency");
+  } else if (!cal.gemm_sustained_ratio.contains(gpu)) {
+    warnings_.push_back("no sustained-load share for GPU '" + gpu + "' in " + cal.file +
+                        " gemm.sustained_ratio: its GEMMs are priced at the burst rate of gemm.peak_efficiency, an "
+                        "upper bound over a step's seconds of tensor-core load");
   }
 }
 

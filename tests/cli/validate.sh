@@ -84,6 +84,15 @@ import json; d=json.load(open(\"$tmp/v3.json\"))
 rows=[r for r in d[\"runs\"] if r[\"stack\"] == \"megatron-lm-2022\"]
 assert rows and all(any(\"no GEMM calibration for GPU\" in n and \"A100\" in n for n in r[\"notes\"]) for r in rows)'"
 
+# A GPU without a sustained-load share (H200: none measured) says its GEMMs run at the burst
+# rate; a GPU with one (H100) does not.
+check "H200 rows carry the burst-rate warning, H100 rows do not" "python3 -c '
+import json; d=json.load(open(\"$tmp/v.json\"))
+h200=[r for r in d[\"runs\"] if \"h200\" in r[\"id\"]]
+h100=[r for r in d[\"runs\"] if \"h100\" in r[\"id\"]]
+has=lambda r: any(\"no sustained-load share for GPU\" in n and \"H200\" in n for n in r[\"notes\"])
+assert h200 and h100 and all(has(r) for r in h200) and not any(any(\"no sustained-load share\" in n for n in r[\"notes\"]) for r in h100)'"
+
 # A row with a bad verification status is a one-line error naming file and path.
 python3 - "$tmp" <<'EOF'
 import json, os, sys
