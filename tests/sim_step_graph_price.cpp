@@ -151,3 +151,40 @@ TEST_CASE("the step graph replays the TP all-gathers a torchtitan op-SAC backwar
   const double predicted_s = price.prediction.step_time_s - keep.prediction.step_time_s;
   CHECK(grown_s == Approx(predicted_s).epsilon(1e-6));
 }
+
+TEST_CASE("the timeline hides the TP time an overlap hides and exposes what price() charges",
+          "[step_graph][price][tp_overlap]") {
+  // Llama 3 8B at TP 8 over 8 data ranks, no FSDP: nothing else runs beside the passes.
+  Case c = llama8b_fsdp8_tp8(false);
+  c.layout.fsdp = 1;
+  c.layout.zero_stage = 0;
+  const Layout& exposed = c.layout;
+  Layout share = exposed;  // a share of every call hidden
+  share.tp_comm_overlap = 0.5;
+  Layout ub = exposed;  // Transformer Engine userbuffers, priced per GEMM
+  ub.tp_comm_overlap = -1.0;
+  ub.tp_userbuffers = true;
+  const Predictor p(c.graph, c.cluster);
+  const double exposed_des_s = build_step_graph(p, exposed, private_links()).engine.run().makespan_s;
+  const double exposed_predict_s = p.predict(exposed).step_time_s;
+  for (const Layout& l : {share, ub}) {
+    INFO((l.tp_userbuffers ? "tp_userbuffers" : "tp_comm_overlap 0.5"));
+    const StepPrice price = p.price(l);
+    REQUIRE(price.prediction.valid);
+    const LayerCollectives& x = price.collectives[0];
+    CHECK(x.tp_fwd_exposed_s < x.tp.time_s());
+    CHECK(x.tp_bwd_exposed_s < x.tp.time_s());
+    const StepGraph sg = build_step_graph(p, l, private_links());
+    // The exposed and the hidden share of a pass's calls move the priced calls' bytes.
+    for (const char* pass : {"fwd", "bwd"}) {
+      const std::string name = std::string("L0.mb0.") + pass + ".tp";
+      const Moved shown = moved(sg.engine, name), hidden = moved(sg.engine, name + "_hidden");
+      CHECK(shown.nvlink_bytes + hidden.nvlink_bytes == Approx(x.tp.nvlink_bytes).epsilon(1e-9));
+      CHECK(hidden.nvlink_bytes > 0);
+    }
+    // The step is shorter by what predict hides: the timeline's TP time is predict's.
+    const double saved_predict_s = exposed_predict_s - price.prediction.step_time_s;
+    CHECK(saved_predict_s > 0.02 * exposed_predict_s);
+    CHECK(exposed_des_s - sg.engine.run().makespan_s == Approx(saved_predict_s).epsilon(1e-6));
+  }
+}
