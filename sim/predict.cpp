@@ -637,6 +637,9 @@ class StepModel {
       t += reduce_scatter_traffic(net_, g_.tp, act);
       t += t;
       c.tp = comm_cost(k.tp_pass_s, t);
+      c.tp_fwd_exposed_s = k.tp_fwd_s;
+      c.tp_bwd_exposed_s = k.tp_bwd_s;
+      c.tp_replay_exposed_s = k.tp_recompute_s;
       if (l_.torchtitan_op_sac) {
         // The attention and MLP input gathers again (tp_recompute_s), on the same convention as c.tp.
         Traffic ag = all_gather_traffic(net_, g_.tp, act);

@@ -136,6 +136,12 @@ struct LayerCollectives {
   CommCost ep_dispatch, ep_combine;  // one call each (per pass)
   CommCost tp;                    // the sequence-parallel all-gathers / reduce-scatters of one pass
   CommCost tp_replay;             // the two all-gathers a torchtitan op-SAC replay reruns (backward)
+  // Seconds of `tp` a forward (or full-recompute replay) and a backward pass leave on the
+  // critical path, and of `tp_replay` its replay leaves: the time predict charges them. The
+  // rest runs beside the pass's GEMMs (Layout::tp_comm_overlap, or the stack's
+  // collectives.tp_overlap, hides a share; Layout::tp_userbuffers prices each GEMM's
+  // overlap, whose exposed time may exceed the calls' own by the GEMMs' slowdown).
+  double tp_fwd_exposed_s = 0, tp_bwd_exposed_s = 0, tp_replay_exposed_s = 0;
   CommCost cp;                    // KV ring passes (or gather) of one forward pass
   CommCost grad_sync_dense, grad_sync_expert;  // the layer's gradients across replicas, once per step
 };

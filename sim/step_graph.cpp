@@ -54,6 +54,7 @@ struct LayerCost {
   double pre_bwd_f = 0, exp_bwd_f = 0, post_bwd_f = 0;
   double pre_w_f = 0, exp_w_f = 0, post_w_f = 0;
   Comm gather, reduce_scatter, dispatch, combine, tp, tp_replay, cp_fwd, cp_bwd;
+  double tp_fwd_exposed = 0, tp_bwd_exposed = 0, tp_replay_exposed = 0;  // LayerCollectives::tp_*_exposed_s
   std::vector<Comm> grad_sync;  // all-reduces of this layer's gradients across replicas
   // The same three parts op by op, in layer order (only when the host issues ops).
   std::vector<Kernel> kernels[3];
@@ -168,6 +169,9 @@ Costs gather_costs(const Predictor& p, const Layout& l, const StepPrice& price, 
     k.combine = x.ep_combine;
     k.tp = x.tp;
     k.tp_replay = x.tp_replay;
+    k.tp_fwd_exposed = x.tp_fwd_exposed_s;
+    k.tp_bwd_exposed = x.tp_bwd_exposed_s;
+    k.tp_replay_exposed = x.tp_replay_exposed_s;
     k.cp_fwd = x.cp;
     k.cp_bwd = x.cp.scaled(2.0);  // KV forward and dKV back
     k.grad_sync = {x.grad_sync_dense, x.grad_sync_expert};
@@ -657,11 +661,29 @@ class Builder {
     return o_.expert_load[static_cast<size_t>(r) % o_.expert_load.size()];
   }
 
-  // TP passes are exposed; a CP ring pass runs beside the layer's compute.
-  void tp_cp(int64_t s, int64_t layer, const std::string& tag, const char* cat, const Comm& cp,
+  // A pass's TP calls as predict charges them (LayerCollectives::tp_*_exposed_s): the
+  // share they hide on the TP stream from the pass's start (`before`), beside its compute;
+  // the share they expose after it, on the critical path; exposed time beyond the calls'
+  // own (the GEMMs a userbuffers overlap runs chunked or on fewer SMs) on the compute stream.
+  void tp_calls(int64_t s, const std::string& name, const char* cat, const Comm& calls, double exposed_s,
+                std::vector<TaskId> before, std::vector<TaskId>& prev) {
+    const double calls_s = calls.time_s();
+    if (calls_s <= 0) return;
+    const double shown = std::min(1.0, exposed_s / calls_s);
+    collective(s, &Rank::tp, name + "_hidden", "tp", calls.scaled(1.0 - shown), before);
+    collective(s, &Rank::tp, name, "tp", calls.scaled(shown), prev);
+    if (exposed_s > calls_s) compute(s, name + "_overlap", cat, exposed_s - calls_s, prev);
+    if (shown >= 1.0) return;
+    compute(s, name + ".join", cat, 0.0, prev);  // a task of its own: the compute does not wait for the calls
+    join(prev, before);
+  }
+
+  // A pass's TP calls (tp_exposed_s of them exposed, tp_calls); a CP ring pass runs beside
+  // the layer's compute.
+  void tp_cp(int64_t s, int64_t layer, const std::string& tag, const char* cat, double tp_exposed_s, const Comm& cp,
              std::vector<TaskId> before, std::vector<TaskId>& prev) {
     const LayerCost& k = c_.layers[layer];
-    collective(s, &Rank::tp, num("L", layer) + "." + tag + ".tp", "tp", k.tp, prev);
+    tp_calls(s, num("L", layer) + "." + tag + ".tp", cat, k.tp, tp_exposed_s, before, prev);
     if (cp.time_s() <= 0) return;
     collective(s, &Rank::cp, num("L", layer) + "." + tag + ".cp_ring", "cp_ring", cp, before);
     compute(s, num("L", layer) + "." + tag + ".join", cat, 0.0, prev);
@@ -683,7 +705,7 @@ class Builder {
       experts(s, layer, tag, k.exp_fwd, k.exp_fwd_f, Dir::kForward, cat, prev);
       part(s, name + ".post", tag, cat, k.post_fwd, k.post_fwd_f, k.kernels[2], Dir::kForward, prev);
     }
-    tp_cp(s, layer, tag, cat, k.cp_fwd, before, prev);
+    tp_cp(s, layer, tag, cat, k.tp_fwd_exposed, k.cp_fwd, before, prev);
   }
 
   // Backward of one layer; input_only: the weight-gradient GEMMs are left to a W pass.
@@ -704,7 +726,7 @@ class Builder {
       part(s, name + ".pre", tag, "backward", k.pre_bwd - leave_w * k.pre_w, k.pre_bwd_f - leave_w * k.pre_w_f,
            k.kernels[0], d, prev);
     }
-    tp_cp(s, layer, tag, "backward", k.cp_bwd, before, prev);
+    tp_cp(s, layer, tag, "backward", k.tp_bwd_exposed, k.cp_bwd, before, prev);
   }
 
   std::vector<TaskId> stage_gate(int64_t s) {
@@ -812,14 +834,16 @@ class Builder {
     std::vector<TaskId> window = k >= 2 ? b.done[k - 2] : b.prev;
     std::vector<TaskId> g = c_.kept_weights ? std::vector<TaskId>(n_) : gather(b.s, layer, b.tag, window);
     const LayerCost& t = c_.layers[layer];
+    const std::vector<TaskId> before = b.prev;
     if (l_.recompute == models::Recompute::kFull) {
       layer_forward(b.s, layer, b.tag + ".recompute", "recompute", g, b.prev);
     } else if (t.t.recompute_s > 0) {
       compute(b.s, num("L", layer) + "." + b.tag + ".recompute", "recompute", t.t.recompute_s, b.prev);
       join(b.prev, g);
     }
-    // torchtitan's op-SAC replay gathers the attention and MLP inputs again, exposed as predict prices it.
-    collective(b.s, &Rank::tp, num("L", layer) + "." + b.tag + ".tp_replay", "tp", t.tp_replay, b.prev);
+    // torchtitan's op-SAC replay gathers the attention and MLP inputs again, as predict prices it.
+    tp_calls(b.s, num("L", layer) + "." + b.tag + ".tp_replay", "recompute", t.tp_replay, t.tp_replay_exposed, before,
+             b.prev);
     return g;
   }
 
@@ -910,8 +934,8 @@ class Builder {
     part(s, nb + ".pre", b.tag, "backward", kb.pre_bwd, kb.pre_bwd_f, kb.kernels[0], Dir::kBackward, b.prev,
          stretch(kf.combine, kb.pre_bwd), &xb);
     part(s, nf + ".post", f.tag, "forward", kf.post_fwd, kf.post_fwd_f, kf.kernels[2], Dir::kForward, f.prev, 1.0, &xf);
-    tp_cp(s, lf, f.tag, "forward", kf.cp_fwd, f_before, f.prev);
-    tp_cp(s, lb, b.tag, "backward", kb.cp_bwd, b_before, b.prev);
+    tp_cp(s, lf, f.tag, "forward", kf.tp_fwd_exposed, kf.cp_fwd, f_before, f.prev);
+    tp_cp(s, lb, b.tag, "backward", kb.tp_bwd_exposed, kb.cp_bwd, b_before, b.prev);
     reduce_scatter(s, lb, b.tag, b.mb, b.prev);
     f.done.push_back(f.prev);
     b.done.push_back(b.prev);

@@ -17,7 +17,9 @@
 //     (exposed); pooled runs W waves, wave i's transfers overlapping wave i±1's
 //     expert GEMMs, with the SM share the transfers take (calibration's
 //     ep_wave_overlap_efficiency) charged to the overlapped GEMMs;
-//   - TP passes exposed; CP ring passes beside each layer's compute;
+//   - TP passes as predict prices them (LayerCollectives::tp_*_exposed_s): the share
+//     an overlap hides (tp_comm_overlap, userbuffers) beside the pass's compute, the
+//     rest after it; CP ring passes beside each layer's compute;
 //   - pipeline stages with real dependencies: 1F1B, interleaved 1F1B (model
 //     chunk q on stage q mod p), zero-bubble ZB-H1 (backward split into
 //     input-gradient B and weight-gradient W; W deferred into the cool-down

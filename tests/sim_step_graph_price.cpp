@@ -4,9 +4,13 @@
 // cannot drift apart in what they send.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
+#include "models/layer_graph.h"
+#include "models/model.h"
+#include "sim/base/source_dir.h"
 #include "sim/des.h"
 #include "sim/predict.h"
 #include "sim/step_graph.h"
@@ -150,4 +154,64 @@ TEST_CASE("the step graph replays the TP all-gathers a torchtitan op-SAC backwar
                          build_step_graph(p, l, private_links()).engine.run().makespan_s;
   const double predicted_s = price.prediction.step_time_s - keep.prediction.step_time_s;
   CHECK(grown_s == Approx(predicted_s).epsilon(1e-6));
+}
+
+namespace {
+
+// The timeline of `overlapped` (a TP overlap on) against the same layout's with its TP
+// calls exposed: the step changes by what predict's changes, and each pass's calls, the
+// hidden share beside the compute and the exposed one after it, move the priced bytes.
+// Returns the forward's exposed TP seconds over the calls' own.
+double check_tp_timeline(const Predictor& p, const Layout& exposed, const Layout& overlapped) {
+  const StepPrice price = p.price(overlapped);
+  REQUIRE(price.prediction.valid);
+  const LayerCollectives& x = price.collectives[0];
+  const StepGraph sg = build_step_graph(p, overlapped, private_links());
+  for (const char* pass : {"fwd", "bwd"}) {
+    const std::string name = std::string("L0.mb0.") + pass + ".tp";
+    const Moved shown = moved(sg.engine, name), hidden = moved(sg.engine, name + "_hidden");
+    CHECK(shown.nvlink_bytes + hidden.nvlink_bytes == Approx(x.tp.nvlink_bytes).epsilon(1e-9));
+  }
+  CHECK(x.tp_bwd_exposed_s < x.tp.time_s());
+  const double exposed_des_s = build_step_graph(p, exposed, private_links()).engine.run().makespan_s;
+  const double changed_predict_s = price.prediction.step_time_s - p.predict(exposed).step_time_s;
+  CHECK(std::abs(changed_predict_s) > 1e-3 * price.prediction.step_time_s);
+  CHECK(sg.engine.run().makespan_s - exposed_des_s == Approx(changed_predict_s).epsilon(1e-6));
+  return x.tp_fwd_exposed_s / x.tp.time_s();
+}
+
+}  // namespace
+
+TEST_CASE("the timeline hides the TP time an overlap hides and exposes what price() charges",
+          "[step_graph][price][tp_overlap]") {
+  // Llama 3 8B at TP 8 over 8 data ranks, no FSDP: nothing else runs beside the passes.
+  Case c = llama8b_fsdp8_tp8(false);
+  c.layout.fsdp = 1;
+  c.layout.zero_stage = 0;
+  const Layout& exposed = c.layout;
+  Layout share = exposed;  // a share of every call hidden
+  share.tp_comm_overlap = 0.5;
+  Layout ub = exposed;  // Transformer Engine userbuffers, priced per GEMM
+  ub.tp_comm_overlap = -1.0;
+  ub.tp_userbuffers = true;
+  const Predictor p(c.graph, c.cluster);
+  CHECK(check_tp_timeline(p, exposed, share) == Approx(0.5));
+  CHECK(check_tp_timeline(p, exposed, ub) < 1.0);
+  // Two layers of Llama 3.1 405B's shape at TP 8 x CP 2 (the DGX Cloud recipe's): the
+  // forward's ring-exchange GEMMs, run in tp pieces of 512 rows, cost more than the calls
+  // they hide; the timeline charges that excess on the compute stream, as predict does.
+  models::ModelConfig m = models::load_model(std::string(rackstep::source_dir()) +
+                                           "/tests/validation/models/llama31-405b-dgxc.json");
+  m.layers = 2;
+  const Predictor big(models::build_layer_graph(m), c.cluster);
+  Layout wide;
+  wide.data = 4;
+  wide.tp = 8;
+  wide.cp = 2;
+  wide.micro_batch_seqs = 1;
+  wide.tokens_per_step = 4 * 8192;
+  wide.recompute = models::Recompute::kNone;
+  Layout wide_ub = wide;
+  wide_ub.tp_userbuffers = true;
+  CHECK(check_tp_timeline(big, wide, wide_ub) > 1.0);
 }
