@@ -536,6 +536,20 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     }
     calls.finish();
   }
+  // The unfused permute's calls, per MoE op that runs it.
+  const auto moe_op_calls = [&](const char* key, std::map<std::string, double, std::less<>>& out) {
+    if (!host.has(key)) return;
+    JsonReader calls = host.object(key);
+    for (auto it = calls.raw().begin(); it != calls.raw().end(); ++it) {
+      if (it.key() != "dispatch" && it.key() != "combine") {
+        throw UserError(file, std::string("/host/") + key + "/" + it.key(), "dispatch or combine", it.key());
+      }
+      out[it.key()] = sourced(calls, it.key(), {.min = 0, .max = 1e4});
+    }
+    calls.finish();
+  };
+  moe_op_calls("unfused_permute_calls", c.host_unfused_permute_calls);
+  moe_op_calls("unfused_sort_chunks_calls", c.host_unfused_sort_chunks_calls);
   if (c.moe_preprocess_calls > 0) {
     // The preprocess graph takes its calls out of the dispatch op's.
     const auto it = c.host_calls_per_op.find("dispatch");

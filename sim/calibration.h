@@ -342,6 +342,14 @@ struct Calibration {
   // in the backward, an autograd engine run of its own: further framework calls per node
   // and pass, beside its ops' own.
   double merged_1f1b_calls_per_node = 0;
+  // Megatron-Core's all-to-all dispatcher with moe_permute_fusion off (Layout::moe_permute_fusion):
+  // further framework calls per forward of the dispatch and combine ops (keys "dispatch",
+  // "combine") over the fused kernels' one call each: the unfused permute / unpermute
+  // (unfused_permute_calls; the dispatch's permute runs before the host sync, so a
+  // moe_preprocess graph captures it), and the unfused sort_chunks_by_idxs with the device-to-host
+  // copy of its chunk sizes (unfused_sort_chunks_calls, only with more than one local expert).
+  std::map<std::string, double, std::less<>> host_unfused_permute_calls;
+  std::map<std::string, double, std::less<>> host_unfused_sort_chunks_calls;
 
   // Memory overheads.
   double allocator_fragmentation = 0.05;          // of live bytes

@@ -458,6 +458,88 @@ const Calibration::EagerPasses* eager_passes(const OpEntry& e, const Calibration
 
 namespace {
 
+// Megatron-Core's unfused permute (Layout::moe_permute_fusion false): its device passes per
+// micro-batch on this GPU (megatron/core/transformer/moe/moe_utils.py permute / unpermute with
+// fused=False, dropless, at main of 2026-05-18, aa786b72c), for T tokens, k routed rows of h
+// bf16 elements each, E experts, int64 indices (8 B) and fp32 probs (4 B):
+//   dispatch forward, permute(): the routing map transposed (.T.contiguous(), T·E bool read
+//     and written); its stable argsort, an iota of T·E int64 indices and one radix pass over
+//     the one-byte keys reading and writing keys and indices; the first T·k indices modulo T;
+//     the probs transposed (T·E·4 B read and written) and gathered (T·k: index and prob read,
+//     prob written); tokens.index_select: every token read once (its k copies from L2), the
+//     T·k rows written.
+//   dispatch backward (autograd): index_select's, a zeroed T×h buffer and index_add_ of the
+//     T·k row gradients into it (PyTorch aten/src/ATen/native/cuda/Indexing.cu, atomic adds);
+//     the probs' index backward, a zeroed T·E·4 B buffer and index_put_ with accumulate over
+//     the T·k indices (sorted first: read index and gradient, write gradient).
+//   combine forward, unpermute() without probs: a zeroed T×h buffer, scatter_add_ of the T·k
+//     rows into it (aten/src/ATen/native/cuda/ScatterGatherKernel.cu ReduceAdd: fastAtomicAdd).
+//   combine backward: scatter_add_'s, a gather of the T·k rows from the T×h gradient.
+// Dense copies and gathers at the elementwise efficiency, the sort and the atomic scatters
+// (irregular read-modify-writes) at the routing one; one launch per pass. The chunk sort by
+// local expert after the all-to-all (sort_chunks_by_idxs: torch.split and torch.cat when
+// unfused) moves the bytes the fused kernel does (price_op_device's sort pass); only its host
+// calls differ (unfused_permute_calls).
+struct UnfusedPermute {
+  OpTime time;
+  double fwd_kernels = 0;
+};
+UnfusedPermute unfused_permute_time(const OpEntry& e, const PriceContext& ctx) {
+  using models::OpKind;
+  RS_CHECK(e.kind == OpKind::kDispatch || e.kind == OpKind::kCombine, "the unfused permute is the dispatch's and the combine's");
+  RS_CHECK(ctx.experts > 0, "the unfused permute needs the routing map's expert count");
+  const Calibration& cal = *ctx.cal;
+  const double dense_bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_elementwise;
+  const double irregular_bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_routing;
+  const double launch = cal.launch_overhead_s;
+  const double tokens = ctx.tokens / ctx.tp;
+  const double width = std::min(e.in_elems, e.out_elems);                 // h
+  const double rows = tokens * std::max(e.in_elems, e.out_elems) / width;  // T·k
+  const double map = tokens * ctx.experts;                                 // T·E
+  constexpr double kRowElemBytes = 2.0, kIndexBytes = 8.0, kProbBytes = 4.0, kMaskBytes = 1.0;
+  const double token_bytes = tokens * width * kRowElemBytes, row_bytes = rows * width * kRowElemBytes;
+  UnfusedPermute u;
+  if (e.kind == OpKind::kDispatch) {
+    const double dense_fwd_bytes = 2.0 * map * kMaskBytes                        // routing map transposed
+                                   + 2.0 * rows * kIndexBytes                    // indices modulo T
+                                   + 2.0 * map * kProbBytes                      // probs transposed
+                                   + rows * (kIndexBytes + 2.0 * kProbBytes)     // probs gathered
+                                   + token_bytes + rows * kIndexBytes + row_bytes;  // index_select
+    const double sort_bytes = map * kIndexBytes + 2.0 * map * (kMaskBytes + kIndexBytes);
+    u.fwd_kernels = 6;
+    u.time.fwd_s = dense_fwd_bytes / dense_bw + sort_bytes / irregular_bw + u.fwd_kernels * launch;
+    const double zero_bytes = token_bytes + map * kProbBytes;
+    const double scatter_bytes = row_bytes + rows * kIndexBytes + token_bytes  // index_add_
+                                 + rows * (kIndexBytes + 2.0 * kProbBytes);    // index_put_ (accumulate)
+    u.time.bwd_s = zero_bytes / dense_bw + scatter_bytes / irregular_bw + 4.0 * launch;
+    return u;
+  }
+  u.fwd_kernels = 2;
+  u.time.fwd_s = token_bytes / dense_bw + (row_bytes + rows * kIndexBytes + token_bytes) / irregular_bw + u.fwd_kernels * launch;
+  u.time.bwd_s = (token_bytes + rows * kIndexBytes + row_bytes) / dense_bw + launch;
+  return u;
+}
+
+bool runs_unfused_permute(const OpEntry& e, const PriceContext& ctx) {
+  return ctx.moe_permute_unfused && (e.kind == models::OpKind::kDispatch || e.kind == models::OpKind::kCombine);
+}
+
+// The framework calls the unfused permute adds to the op's forward: the permute's or
+// unpermute's own, and the chunk sort's (with more than one local expert).
+struct UnfusedPermuteCalls {
+  double permute = 0, sort_chunks = 0;
+};
+UnfusedPermuteCalls unfused_permute_calls(const OpEntry& e, const PriceContext& ctx) {
+  UnfusedPermuteCalls c;
+  if (!runs_unfused_permute(e, ctx)) return c;
+  const std::string_view kind = models::to_string(e.kind);
+  const auto& permute = ctx.cal->host_unfused_permute_calls;
+  const auto& sort = ctx.cal->host_unfused_sort_chunks_calls;
+  if (const auto it = permute.find(kind); it != permute.end()) c.permute = it->second;
+  if (const auto it = sort.find(kind); ctx.moe_sort_rows && it != sort.end()) c.sort_chunks = it->second;
+  return c;
+}
+
 // Kernels an op launches (the GPU-side launch count of price_op), with the grouped
 // expert GEMMs as one launch per local expert and matrix where the trainer loops over
 // experts (Transformer Engine's GroupedLinear runs one cuBLAS GEMM per expert).
@@ -468,6 +550,7 @@ double op_kernel_launches(const OpEntry& e, const PriceContext& ctx) {
       return e.gemm_count * (ctx.cal->grouped_gemm_launch_per_expert ? ctx.local_experts : 1.0) + 1.0;
     default: {
       if (rope_runs_unfused(e, *ctx.cal)) return kRotatedTensors * ctx.cal->rope_yarn_fwd_kernels;
+      if (runs_unfused_permute(e, ctx)) return unfused_permute_time(e, ctx).fwd_kernels;
       const Calibration::EagerPasses* eager = eager_passes(e, *ctx.cal);
       return eager != nullptr ? eager->fwd_kernels : 1.0;
     }
@@ -522,6 +605,8 @@ double op_host_issue_s(const OpEntry& e, const PriceContext& ctx) {
   // Eager norms, RoPE, residual adds: likewise every kernel is a framework call.
   if (const Calibration::EagerPasses* eager = eager_passes(e, cal)) calls = eager->fwd_kernels;
   if (e.cls == OpClass::kGroupedGemm) calls += cal.host_calls_per_local_expert * ctx.local_experts;
+  const UnfusedPermuteCalls unfused = unfused_permute_calls(e, ctx);
+  calls += unfused.permute + unfused.sort_chunks;
   return calls * ctx.op_issue_s + op_kernel_launches(e, ctx) * cal.launch_overhead_s;
 }
 
@@ -554,8 +639,12 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
           e.kind == OpKind::kSharedMlp) {
         std::swap(eager_op_s, captured_op_s);
       } else if (e.kind == OpKind::kDispatch && graphs(CudaGraphScope::kMoePreprocess)) {
-        // The dispatcher's preprocess joins the graph; its device-to-host copy, sync and all-to-all stay eager.
-        captured_op_s = cal.moe_preprocess_calls * ctx.op_issue_s;
+        // The dispatcher's preprocess joins the graph, the unfused permute with it, its calls
+        // and the kernels it launches beyond the fused one (it runs before the host sync);
+        // the device-to-host copy, sync and all-to-all stay eager.
+        const double unfused_launches = runs_unfused_permute(e, ctx) ? op_kernel_launches(e, ctx) - 1.0 : 0.0;
+        captured_op_s = (cal.moe_preprocess_calls + unfused_permute_calls(e, ctx).permute) * ctx.op_issue_s +
+                        unfused_launches * cal.launch_overhead_s;
         eager_op_s = host_s - captured_op_s;
       }
     }
@@ -810,6 +899,11 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       t.bwd_flops = 2.0 * t.fwd_flops;
       t.fwd_s = s + launch;
       t.bwd_s = 2.0 * s + 2.0 * launch;
+      if (runs_unfused_permute(e, ctx)) {
+        const OpTime unfused = unfused_permute_time(e, ctx).time;
+        t.fwd_s = unfused.fwd_s;
+        t.bwd_s = unfused.bwd_s;
+      }
       const bool moe_move = e.kind == OpKind::kDispatch || e.kind == OpKind::kCombine;
       if (moe_move && ctx.moe_sort_rows) {
         // Megatron-Core's all-to-all dispatcher sorts the received rows by local expert

@@ -159,6 +159,11 @@ struct PriceContext {
   // of the expert GEMMs' input and output rows (FP8 experts behind that dispatcher).
   bool moe_sort_rows = false;
   bool moe_fp8_pad_rows = false;
+  // Megatron-Core's all-to-all dispatcher with moe_permute_fusion off (Layout::moe_permute_fusion):
+  // the dispatch and combine run the PyTorch permute and unpermute over a routing map of
+  // `experts` columns (sim/cost.cpp unfused_permute_time) and their further host calls.
+  bool moe_permute_unfused = false;
+  double experts = 0;
   // Megatron-Core's merged-1F1B EP overlap (Layout::ep_a2a_overlap): the host runs each
   // layer's passes as schedule nodes (cal.merged_1f1b_calls_per_node, layer_host_issue).
   bool merged_1f1b = false;

@@ -371,6 +371,11 @@ Layout parse_layout(const nlohmann::json& doc, const std::string& file) {
   l.ep_flex_backend = r.choice("ep_flex_backend", {"deepep", "hybridep"}, "deepep") == "hybridep" ? FlexBackend::kHybridEp
                                                                                                : FlexBackend::kDeepEp;
   l.ep_a2a_overlap = r.boolean("ep_a2a_overlap", false);
+  l.moe_permute_fusion = r.boolean("moe_permute_fusion", true);
+  if (!l.moe_permute_fusion && (l.ep_dispatcher != EpDispatcher::kAllToAll || l.ep_transport != Transport::ragged)) {
+    r.fail("moe_permute_fusion", "ep_dispatcher \"all_to_all\" with ep_transport \"ragged\" (the unfused permute is Megatron-Core's all-to-all dispatcher's)",
+           "moe_permute_fusion false with another dispatcher or transport");
+  }
   l.cuda_graphs = parse_cuda_graphs(r, l.recompute);
   r.finish();
   // The one folding rule that needs no model: the expert mesh must tile a stage's GPUs.
@@ -447,6 +452,7 @@ nlohmann::json layout_to_json(const Layout& l) {
   if (l.ep_dispatcher == EpDispatcher::kFlex) j["ep_dispatcher"] = "flex";
   if (l.ep_dispatcher == EpDispatcher::kFlex && l.ep_flex_backend == FlexBackend::kHybridEp) j["ep_flex_backend"] = "hybridep";
   if (l.ep_a2a_overlap) j["ep_a2a_overlap"] = true;
+  if (!l.moe_permute_fusion) j["moe_permute_fusion"] = false;
   if (l.cuda_graphs != 0) {
     j["cuda_graphs"] = nlohmann::json::array();
     for (const auto s : kAllCudaGraphScopes) {
@@ -484,6 +490,7 @@ std::string describe(const Layout& l) {
     s << " flex" << (l.ep_flex_backend == FlexBackend::kHybridEp ? " hybridep" : "");
   }
   if (l.ep > 1 && l.ep_a2a_overlap) s << " +a2a overlap";
+  if (!l.moe_permute_fusion) s << " +unfused permute";
   if (l.cuda_graphs != 0) {
     s << " | graphs";
     const char* sep = " ";

@@ -178,6 +178,12 @@ struct Layout {
   // moe_a2a_overlap): in the 1F1B steady state one micro-batch's forward runs merged
   // with another's backward, each one's EP all-to-all hidden behind the other's compute.
   bool ep_a2a_overlap = false;
+  // Megatron-Core's moe_permute_fusion (the all-to-all dispatcher): true, Transformer
+  // Engine's fused permute, unpermute and chunk sort kernels (the default pricing); false,
+  // the PyTorch ops of megatron/core/transformer/moe/moe_utils.py permute / unpermute /
+  // sort_chunks_by_idxs with fused=False (sim/cost.cpp unfused_permute_time: an argsort
+  // of the routing map, an index_select, and an atomic scatter_add back; more host calls).
+  bool moe_permute_fusion = true;
   // CUDA graphs the trainer captures (bits of cuda_graph_bit; 0 = none, eager).
   uint32_t cuda_graphs = 0;
 

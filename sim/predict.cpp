@@ -272,6 +272,8 @@ class StepModel {
     ctx_.moe_sort_rows = cal.moe_sort_rows_by_local_expert && a2a_dispatch && s_.local_experts > 1.0;
     ctx_.moe_fp8_pad_rows = cal.moe_fp8_pad_expert_rows && (a2a_dispatch || deepep_dispatch) && l.fp8 != Fp8Gemms::kNone;
     ctx_.merged_1f1b = l.ep > 1 && l.ep_a2a_overlap;
+    ctx_.moe_permute_unfused = a2a_dispatch && !l.moe_permute_fusion && t.experts > 0;
+    ctx_.experts = static_cast<double>(t.experts);
     drop_ = drop_fraction_for(t, l, s_, cal, &drop_source_);
     // Pooled waves run the expert GEMMs over whole receiver buffers (fixed shapes);
     // ragged runs the kept rows only.
