@@ -10,6 +10,7 @@
 #include "sim/base/source_dir.h"
 #include "sim/cost.h"
 #include "sim/stack.h"
+#include "tests/sim_llama8b.h"
 #include "tests/sim_op_find.h"
 
 using namespace rackstep;
@@ -18,20 +19,6 @@ using namespace rackstep::sim;
 namespace {
 
 std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
-
-// Llama 3 8B (d_model 4096, SwiGLU width 14336) on a B200: one micro-batch of 16,384 tokens.
-struct Llama8b {
-  OpTable t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
-  topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/dgx-b200.json"));
-
-  PriceContext ctx(const Calibration& cal, double tokens = 16384, double tp = 1) const {
-    PriceContext c = device_price_context(sys.gpu, cal);
-    c.tokens = tokens;
-    c.seq = 8192;
-    c.tp = tp;
-    return c;
-  }
-};
 
 }  // namespace
 
@@ -48,7 +35,7 @@ TEST_CASE("The base calibration prices no dense activation pass; Megatron stacks
 }
 
 TEST_CASE("A dense MLP's activation kernel adds its HBM traffic over the fc1 output, per GPU", "[dense_kernels]") {
-  const Llama8b m;
+  const Llama8b m("topologies/zoo/dgx-b200.json");  // a B200
   Calibration off_cal = default_calibration();
   Calibration on_cal = off_cal;
   on_cal.dense_act_fwd_bytes = 3.0;  // bias_swiglu_impl: reads [h1|h3], writes h

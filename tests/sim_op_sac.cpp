@@ -8,36 +8,16 @@
 #include <vector>
 
 #include "sim/base/check.h"
-#include "sim/base/source_dir.h"
 #include "sim/cost.h"
 #include "sim/predict.h"
+#include "tests/sim_llama8b.h"
 #include "tests/sim_step_graph_case.h"
 
 using namespace rackstep;
 using namespace rackstep::sim;
 
-namespace {
-
-std::string src(const std::string& p) { return std::string(rackstep::source_dir()) + "/" + p; }
-
-// Llama 3 8B on an H100: one micro-batch of 16,384 tokens.
-struct Llama8b {
-  OpTable t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
-  topologies::SystemSpec sys = topologies::load_system(src("topologies/zoo/hgx-h100.json"));
-
-  PriceContext ctx(const Calibration& cal) const {
-    PriceContext c = device_price_context(sys.gpu, cal);
-    c.tokens = 16384;
-    c.seq = 8192;
-    c.fp8_recipe = Fp8Recipe::kCurrent;
-    return c;
-  }
-};
-
-}  // namespace
-
 TEST_CASE("torchtitan op SAC replays every second GEMM of a block: Llama's k, o and w3", "[recompute][op_sac]") {
-  const Llama8b m;
+  const Llama8b m("topologies/zoo/hgx-h100.json");  // an H100
   const Calibration& cal = default_calibration();
   const std::vector<OpEntry>& ops = m.t.classes.at(0).ops;
   // The block's GEMMs in forward order: q, k, v, o (linears), then the fused w1, w3, w2.
@@ -52,6 +32,7 @@ TEST_CASE("torchtitan op SAC replays every second GEMM of a block: Llama's k, o 
   REQUIRE(mlp->gemm_count == 3);
 
   PriceContext keep = m.ctx(cal);
+  keep.fp8_recipe = Fp8Recipe::kCurrent;
   PriceContext sac = keep;
   sac.torchtitan_op_sac = true;
   const BlockTime k = price_ops(ops, keep), s = price_ops(ops, sac);
