@@ -598,15 +598,34 @@ const Calibration& default_calibration() {
   return c;
 }
 
+std::string gpu_power_key(const topologies::GpuSpec& gpu) {
+  RS_CHECK(gpu.power_w > 0, "a power-limit calibration key needs the GPU's power limit");
+  return gpu.name + "@" + std::to_string(static_cast<long>(std::lround(gpu.power_w))) + "W";
+}
+
+namespace {
+
+// A GPU's entry in a per-GPU calibration map: the one measured at its power limit
+// ("H100-SXM@500W", gpu_power_key) where the map has one, else the GPU's own.
+const double* gpu_entry(const std::map<std::string, double>& m, const topologies::GpuSpec& gpu) {
+  if (gpu.power_w > 0) {
+    if (const auto it = m.find(gpu_power_key(gpu)); it != m.end()) return &it->second;
+  }
+  const auto it = m.find(gpu.name);
+  return it != m.end() ? &it->second : nullptr;
+}
+
+}  // namespace
+
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
-  const auto it = c.gemm_peak_eff.find(gpu.name);
-  const double peak = it != c.gemm_peak_eff.end() ? it->second : c.gemm_peak_eff_default;
+  const double* own = gpu_entry(c.gemm_peak_eff, gpu);
+  const double peak = own != nullptr ? *own : c.gemm_peak_eff_default;
   // A training step keeps the tensor cores busy for seconds; a GPU whose power limit is
   // below their draw at the boost clock runs them at the lower clock the limit holds
   // (flashinfer PR #2899: a B200 at its ~1 kW drops from 1,965 to ~1,580 MHz after ~5 ms;
   // Transformer Engine's GEMM profiling guide shows the same loss in long cuBLAS loops).
-  const auto s = c.gemm_sustained_ratio.find(gpu.name);
-  return s != c.gemm_sustained_ratio.end() ? peak * s->second : peak;
+  const double* sustained = gpu_entry(c.gemm_sustained_ratio, gpu);
+  return sustained != nullptr ? peak * *sustained : peak;
 }
 
 Calibration::AttentionEfficiency attention_efficiency(const Calibration& c, const topologies::GpuSpec& gpu) {
@@ -684,9 +703,9 @@ Calibration::AttentionEfficiency attention_kernel_efficiency(const Calibration::
 }
 
 double fp8_dense_relative_efficiency(const Calibration& c, const topologies::GpuSpec& gpu, bool* measured) {
-  const auto it = c.fp8_dense_relative_eff.find(gpu.name);
-  if (measured) *measured = it != c.fp8_dense_relative_eff.end();
-  return it != c.fp8_dense_relative_eff.end() ? it->second : c.fp8_gemm_relative_eff;
+  const double* own = gpu_entry(c.fp8_dense_relative_eff, gpu);
+  if (measured) *measured = own != nullptr;
+  return own != nullptr ? *own : c.fp8_gemm_relative_eff;
 }
 
 const Calibration::GemmShapeTable* gemm_shape_table(const Calibration& c, const topologies::GpuSpec& gpu) {

@@ -394,7 +394,13 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
 const Calibration& default_calibration();
 
 // Efficiencies, 0..1 of the GPU's dense BF16 peak.
-// At 8192^3 under sustained load: the GPU's figure times its gemm_sustained_ratio.
+// The key of a GPU's entries measured at its power limit in the per-GPU GEMM maps
+// (gemm.peak_efficiency, sustained_ratio, fp8_dense_relative_efficiency): "H100-SXM@500W".
+// A part run below its rated power draws less current through the tensor cores, so its
+// clock under GEMM load is lower; where such an entry exists it replaces the GPU's own.
+std::string gpu_power_key(const topologies::GpuSpec& gpu);
+// At 8192^3 under sustained load: the GPU's figure times its gemm_sustained_ratio (the
+// entries at its power limit where the calibration has them, gpu_power_key).
 double gemm_peak_efficiency(const Calibration& c, const topologies::GpuSpec& gpu);
 // Attention kernel efficiency (fraction of the BF16 peak) on `gpu` at head dim 128 under a
 // training step's sustained load: attention.per_gpu's entry (its burst figures times its

@@ -81,8 +81,7 @@ TEST_CASE("An H100 SXM's GEMMs are priced at the rate it sustains at its power l
   CHECK(rate == Approx(sustained_flops_per_s).epsilon(0.005));
   CHECK(rate < burst_flops_per_s);
 
-  // Priced: the MLP's compute-bound GEMMs take 1 / ratio longer than at the 8192^3 share
-  // alone; the Grand Teton H100 is the same part (its 500 W limit can only slow it further).
+  // Priced: the MLP's compute-bound GEMMs take 1 / ratio longer than at the 8192^3 share alone.
   Calibration burst = sustained;
   burst.gemm_sustained_ratio.erase(h100.name);
   const double ratio = sustained.gemm_sustained_ratio.at(h100.name);
@@ -92,8 +91,31 @@ TEST_CASE("An H100 SXM's GEMMs are priced at the rate it sustains at its power l
   const OpTime without = price_op(mlp, gemm_context(h100, burst, false));
   CHECK(with.fwd_s / without.fwd_s == Approx(1.0 / ratio).epsilon(0.01));
   CHECK(with.bwd_s / without.bwd_s == Approx(1.0 / ratio).epsilon(0.01));
+}
+
+TEST_CASE("An H100 held at 500 W takes the GEMM rates measured at that limit, everything else the H100's", "[gemm]") {
+  const Calibration cal = load_calibration();
+  const auto h100 = topologies::load_system(src("topologies/zoo/hgx-h100.json")).gpu;
   const auto grand_teton = topologies::load_system(src("topologies/zoo/grand-teton-h100.json")).gpu;
-  CHECK(gemm_peak_efficiency(sustained, grand_teton) == gemm_peak_efficiency(sustained, h100));
+  REQUIRE(grand_teton.name == h100.name);
+  REQUIRE(grand_teton.power_w == 500);
+  CHECK(gpu_power_key(grand_teton) == "H100-SXM@500W");
+  // The entries at 500 W replace the H100's: BF16 slower, FP8 keeps more of its peak.
+  const double at_500w = gemm_peak_efficiency(cal, grand_teton), at_700w = gemm_peak_efficiency(cal, h100);
+  CHECK(at_500w == Approx(cal.gemm_peak_eff.at("H100-SXM@500W") * cal.gemm_sustained_ratio.at("H100-SXM@500W")));
+  CHECK(at_500w < at_700w);
+  CHECK(fp8_dense_relative_efficiency(cal, grand_teton) > fp8_dense_relative_efficiency(cal, h100));
+  // A GPU whose limit has no entries keeps its own (the HGX H100's 700 W).
+  CHECK(at_700w == Approx(cal.gemm_peak_eff.at("H100-SXM") * cal.gemm_sustained_ratio.at("H100-SXM")));
+  // The shape table is the H100's: the same relative fall at a small shape.
+  CHECK(gemm_efficiency(cal, grand_teton, 1024, 1024, 1024) / at_500w ==
+        Approx(gemm_efficiency(cal, h100, 1024, 1024, 1024) / at_700w));
+  // Priced: a BF16 MLP's compute-bound GEMMs take the rates' ratio longer on the 500 W part.
+  const auto t = build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/llama3-8b.json"))));
+  const OpEntry& mlp = find_op(t, models::OpKind::kSharedMlp);
+  const OpTime capped = price_op(mlp, gemm_context(grand_teton, cal, false));
+  const OpTime rated = price_op(mlp, gemm_context(h100, cal, false));
+  CHECK(capped.fwd_s / rated.fwd_s == Approx(at_700w / at_500w).epsilon(0.01));
 }
 
 TEST_CASE("An H100's GEMM shape factor is XLA's measured sm_90 table, normalised at its largest shape", "[gemm]") {
