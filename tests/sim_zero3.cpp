@@ -458,3 +458,34 @@ TEST_CASE("the recompute's modules kept for the backward: the reuse distance cou
   wider.fsdp_max_reuse_distance_params = 1.3e9;
   CHECK(comm(walk) > comm(wider));
 }
+
+TEST_CASE("FSDP gathers and reduce-scatters hidden behind compute slow it by the SMs NCCL's calls hold",
+          "[zero3][collectives]") {
+  // sim/calibration.json fsdp_collective_sms: NCCL runs one thread block per channel, so
+  // compute beside a call runs on the GPU's other SMs until it ends. Where the compute
+  // outlasts its calls, each call costs its time x comm_sms / sms of the compute
+  // (sim/cost.h beside_compute_exposed_s); with no SMs held it hides whole.
+  Calibration free = default_calibration();
+  free.fsdp_collective_sms = 0.0;
+  Calibration held = free;
+  held.fsdp_collective_sms = 16.0;
+  const auto c = dgx(16);
+  const Layout l = zero3(128, 8);
+  const StepPrice sp = Predictor(gpt("175b"), c, held).price(l, Predictor::PriceDetail::kFull);
+  REQUIRE(!sp.layers.empty());
+  const LayerTiming& t = sp.layers[0];
+  const double sms = static_cast<double>(c.system.gpu.sms);
+  REQUIRE(sms == 108.0);
+  const double slow = sms / (sms - 16.0);
+  REQUIRE(sm_share_stretch(sms, 16.0) == Approx(slow));
+  // Compute-bound: each call ends before the compute beside it, even stretched.
+  REQUIRE(t.fwd_s > t.fsdp_gather_s * slow);
+  REQUIRE(t.bwd_s > (t.fsdp_gather_s + t.grad_reduce_scatter_s) * slow);
+  CHECK(Predictor(gpt("175b"), c, free).predict(l).breakdown.fsdp_comm_s == 0.0);
+  // Forward gather, backward gather (the recompute reuses it), gradient reduce-scatter, 96 layers.
+  const double calls_s = 96.0 * (2.0 * t.fsdp_gather_s + t.grad_reduce_scatter_s);
+  CHECK(sp.prediction.breakdown.fsdp_comm_s == Approx(calls_s * 16.0 / sms).epsilon(1e-9));
+  // Where a call outlasts the stretched compute, the call's excess shows and nothing more.
+  CHECK(beside_compute_exposed_s(10.0, 2.0, slow) == Approx(8.0));
+  CHECK(beside_compute_exposed_s(1.0, 2.0, slow) == Approx(16.0 / sms));
+}
