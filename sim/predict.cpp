@@ -552,7 +552,8 @@ class StepModel {
   //    modules kept from it (kept_from_recompute_s);
   //  - one reduce-scatter per module, beside the next module's backward on the
   //    reduction stream (overlap_comm); the next gather's synchronisation waits for
-  //    it, so what it takes beyond that backward is exposed.
+  //    it, so what it takes beyond that backward is exposed; where that backward
+  //    outlasts it, the SMs the call holds slow the backward (sm_share_stretch).
   struct Zero3Exposed {
     double fwd_s = 0, recompute_s = 0, bwd_s = 0;
   };
@@ -560,6 +561,7 @@ class StepModel {
     const double tp = static_cast<double>(l_.tp);
     const double host_s = cal_.fsdp_list_ops_per_rank * static_cast<double>(g_.fsdp.size) * cal_.launch_overhead_s;
     const std::vector<FsdpModule> modules = fsdp_modules(lc, cal_);
+    const double slow = sm_share_stretch(static_cast<double>(c_.system.gpu.sms), cal_.fsdp_collective_sms);
     Zero3Exposed z;
     double bwd_s = 0.0;  // backward compute of the ops after the last reduce-scatter's module
     double later = 0.0;  // elements of the layer's modules after this one, persistent ones included
@@ -571,8 +573,10 @@ class StepModel {
       double own_bwd_s = 0.0;
       for (size_t op = m.first_op; op <= m.last_op; ++op) own_bwd_s += m.op_share * price_op(lc.ops[op], ctx_).bwd_s;
       const double elems = m.param_elems / tp;
-      const double rs = module_reduce_scatter_s(m) + std::max(1.0, m.param_tensors) * host_s;
-      z.bwd_s += std::max(0.0, rs - bwd_s);
+      const double rs_call_s = module_reduce_scatter_s(m);
+      const double rs = rs_call_s + std::max(1.0, m.param_tensors) * host_s;
+      // The call (not the host's list work) holds fsdp_collective_sms SMs beside that backward.
+      z.bwd_s += std::max(rs - bwd_s, beside_compute_exposed_s(rs_call_s, bwd_s, slow));
       bwd_s = own_bwd_s;
       const bool kept = kept_for_backward(later);
       later += elems;

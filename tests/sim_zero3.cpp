@@ -489,3 +489,24 @@ TEST_CASE("FSDP gathers and reduce-scatters hidden behind compute slow it by the
   CHECK(beside_compute_exposed_s(10.0, 2.0, slow) == Approx(8.0));
   CHECK(beside_compute_exposed_s(1.0, 2.0, slow) == Approx(16.0 / sms));
 }
+
+TEST_CASE("DeepSpeed's reduce-scatters hidden behind the backward slow it by the SMs they hold",
+          "[zero3][collectives]") {
+  // The coordinator's gathers are synchronous (exposed whole); each module's gradient
+  // reduce-scatter runs beside the next module's backward on the reduction stream, and
+  // where that backward outlasts it, the call's fsdp_collective_sms SMs slow it: at most
+  // each call's time x comm_sms / sms, only the NCCL call (not the host's list work).
+  Calibration free = deepspeed_2021(default_calibration());
+  free.fsdp_collective_sms = 0.0;
+  Calibration held = free;
+  held.fsdp_collective_sms = 16.0;
+  const double added = run("175b", 48, 4, held).breakdown.fsdp_comm_s - run("175b", 48, 4, free).breakdown.fsdp_comm_s;
+  // The block's 14 reduce-scatters (as in the coordinator test above), 96 layers.
+  const Network net = make_network(dgx(48), free);
+  const Group all = group_of(net, 384, 1);
+  const double h = 12288.0;
+  const double rs = 2.0 * reduce_scatter_s(net, all, h * 4.0) + 4.0 * reduce_scatter_s(net, all, (h * h + h) * 4.0) +
+                    reduce_scatter_s(net, all, (8.0 * h * h + 5.0 * h) * 4.0) + 7.0 * ring_pass_latency_s(net, all);
+  CHECK(added > 0.0);
+  CHECK(added <= 96.0 * rs * 16.0 / 108.0 * (1.0 + 1e-9));
+}
