@@ -10,6 +10,7 @@
 
 #include "sim/base/check.h"
 #include "sim/base/value_error.h"
+#include "sim/cost.h"
 #include "sim/goodput.h"
 #include "sim/memory.h"
 
