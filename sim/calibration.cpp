@@ -430,6 +430,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
   c.ep_wave_overlap_eff = sourced(col, "ep_wave_overlap_efficiency", {.min = 0, .max = 1});
   c.ep_all_to_all_sms = sourced(col, "ep_all_to_all_sms", nonneg);
   c.ep_flex_sms = sourced(col, "ep_flex_sms", nonneg);
+  c.fsdp_collective_sms = sourced(col, "fsdp_collective_sms", nonneg);
   c.fsdp_prefetch_overlap = sourced(col, "fsdp_prefetch_overlap", {.min = 0, .max = 1});
   // Optional, so calibration files written before them still read (default: Marin's, per layer, no re-gather).
   if (col.has("fsdp_gather_per_module")) c.fsdp_gather_per_module = sourced_flag(col, "fsdp_gather_per_module");

@@ -226,6 +226,7 @@ struct Calibration {
   double ep_wave_overlap_eff = 0.5;               // pooled waves: achieved share of ideal overlap
   // SMs an EP all-to-all's kernels hold while compute runs beside it (merged-1F1B overlap).
   double ep_all_to_all_sms = 32, ep_flex_sms = 32;
+  double fsdp_collective_sms = 0;  // SMs an FSDP / ZeRO-3 gather or gradient reduce-scatter holds while it runs
   double fsdp_prefetch_overlap = 1.0;             // share of the previous layer's compute usable
   // ZeRO-3 gather granularity: one all-gather per layer (FSDP wrapping a block, a
   // JAX scan) or one per parameter-holding module (DeepSpeed's per-submodule fetch),

@@ -698,6 +698,15 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
   return h;
 }
 
+double sm_share_stretch(double sms, double comm_sms) {
+  return sms > comm_sms && comm_sms > 0 ? sms / (sms - comm_sms) : 1.0;
+}
+
+double beside_compute_exposed_s(double comm_s, double compute_s, double slow) {
+  if (comm_s <= 0) return 0.0;
+  return compute_s * slow <= comm_s ? comm_s - compute_s : comm_s * (1.0 - 1.0 / slow);
+}
+
 double in_order_issue_s(const std::vector<double>& host_s, const std::vector<double>& device_s) {
   RS_CHECK(host_s.size() == device_s.size(), "one host and one device time per op");
   double host_at_s = 0, device_at_s = 0;

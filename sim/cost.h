@@ -331,6 +331,16 @@ LayerHostIssue layer_host_issue(const LayerClass& lc, const PriceContext& ctx, u
 // device-to-host copy of a result is not).
 double in_order_issue_s(const std::vector<double>& host_s, const std::vector<double>& device_s);
 
+// A collective's kernels hold comm_sms of the GPU's sms SMs while they run (NCCL: one
+// thread block per channel), so compute beside them runs on the rest: the factor on the
+// compute's time while they overlap (1 when the call holds none, or on a GPU whose
+// system does not give its SM count, topologies/topology.cpp gpu.sms).
+double sm_share_stretch(double sms, double comm_sms);
+// What a call of comm_s beside compute_s of compute takes beyond compute_s, the compute
+// stretched by `slow` (sm_share_stretch) until the call ends: the call's excess where
+// it outlasts the stretched compute, else the compute's loss to it.
+double beside_compute_exposed_s(double comm_s, double compute_s, double slow);
+
 // Sum over a list of ops; `recompute_selective_s` is the forward time of the ops selective
 // recompute replays: all but GEMMs, grouped GEMMs and attention; under
 // ctx.torchtitan_op_sac also every second dense GEMM of the list in forward order.

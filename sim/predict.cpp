@@ -552,7 +552,8 @@ class StepModel {
   //    modules kept from it (kept_from_recompute_s);
   //  - one reduce-scatter per module, beside the next module's backward on the
   //    reduction stream (overlap_comm); the next gather's synchronisation waits for
-  //    it, so what it takes beyond that backward is exposed.
+  //    it, so what it takes beyond that backward is exposed; where that backward
+  //    outlasts it, the SMs the call holds slow the backward (sm_share_stretch).
   struct Zero3Exposed {
     double fwd_s = 0, recompute_s = 0, bwd_s = 0;
   };
@@ -560,6 +561,7 @@ class StepModel {
     const double tp = static_cast<double>(l_.tp);
     const double host_s = cal_.fsdp_list_ops_per_rank * static_cast<double>(g_.fsdp.size) * cal_.launch_overhead_s;
     const std::vector<FsdpModule> modules = fsdp_modules(lc, cal_);
+    const double slow = sm_share_stretch(static_cast<double>(c_.system.gpu.sms), cal_.fsdp_collective_sms);
     Zero3Exposed z;
     double bwd_s = 0.0;  // backward compute of the ops after the last reduce-scatter's module
     double later = 0.0;  // elements of the layer's modules after this one, persistent ones included
@@ -571,8 +573,10 @@ class StepModel {
       double own_bwd_s = 0.0;
       for (size_t op = m.first_op; op <= m.last_op; ++op) own_bwd_s += m.op_share * price_op(lc.ops[op], ctx_).bwd_s;
       const double elems = m.param_elems / tp;
-      const double rs = module_reduce_scatter_s(m) + std::max(1.0, m.param_tensors) * host_s;
-      z.bwd_s += std::max(0.0, rs - bwd_s);
+      const double rs_call_s = module_reduce_scatter_s(m);
+      const double rs = rs_call_s + std::max(1.0, m.param_tensors) * host_s;
+      // The call (not the host's list work) holds fsdp_collective_sms SMs beside that backward.
+      z.bwd_s += std::max(rs - bwd_s, beside_compute_exposed_s(rs_call_s, bwd_s, slow));
       bwd_s = own_bwd_s;
       const bool kept = kept_for_backward(later);
       later += elems;
@@ -869,10 +873,10 @@ double ep_exposed_merged_1f1b(const Layout& l, double micro_batches, double disp
                               const BlockTime& bt, bool full, double sms, double comm_sms) {
   const double pass_s = dispatch_s + combine_s;
   if (pass_s <= 0) return 0.0;
-  const double slow = sms > comm_sms && comm_sms > 0 ? sms / (sms - comm_sms) : 1.0;  // compute stretch
+  const double slow = sm_share_stretch(sms, comm_sms);
   // One phase: the call (comm_s) beside compute_s; what the pair takes beyond compute_s.
   const auto phase = [slow](double comm_s, double compute_s) {
-    return compute_s * slow <= comm_s ? comm_s - compute_s : comm_s * (1.0 - 1.0 / slow);
+    return beside_compute_exposed_s(comm_s, compute_s, slow);
   };
   const double expert_f = bt.expert_fwd_s;
   const double attn_f = std::max(0.0, bt.fwd_s - expert_f), attn_b = std::max(0.0, bt.bwd_s - 2.0 * expert_f);
@@ -1130,16 +1134,22 @@ Prediction Predictor::run(const StepModel& sm, const std::vector<ClassCost>& cos
     const bool deepspeed = cal_.fsdp_max_live_params > 0 && s.gathers_per_layer && s.shard_ranks > 1 &&
                            l.zero_stage >= 3 && (table_.experts == 0 || s.expert_zero <= 1.0);
     const bool regather = cal_.fsdp_regather_for_recompute && full;
+    // Each gather and reduce-scatter holds fsdp_collective_sms SMs while it runs beside
+    // the compute it hides behind (sm_share_stretch).
+    const double fsdp_slow = sm_share_stretch(static_cast<double>(cluster_.system.gpu.sms), cal_.fsdp_collective_sms);
+    const auto beside = [fsdp_slow](double comm_s, double compute_s) {
+      return beside_compute_exposed_s(comm_s, compute_s, fsdp_slow);
+    };
     const double bwd_gathers =
-        regather ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * rec) + std::max(0.0, k.fsdp_bwd_gather_s - ovl_fsdp * bt.bwd_s)
-                 : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * (bt.bwd_s + rec));
+        regather ? beside(k.fsdp_gather_s, ovl_fsdp * rec) + beside(k.fsdp_bwd_gather_s, ovl_fsdp * bt.bwd_s)
+                 : beside(k.fsdp_gather_s, ovl_fsdp * (bt.bwd_s + rec));
     StepModel::Zero3Exposed z3;
     if (deepspeed) z3 = sm.deepspeed_zero3_exposed(lc);
     const double fsdp_layer =
         deepspeed ? z3.fwd_s + z3.recompute_s + z3.bwd_s
-        : s.gathers_per_layer ? std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) + bwd_gathers +
-                                  std::max(0.0, k.grad_rs_s - ovl_fsdp * bt.bwd_s)
-                            : std::max(0.0, k.fsdp_gather_s - ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
+        : s.gathers_per_layer
+            ? beside(k.fsdp_gather_s, ovl_fsdp * bt.fwd_s) + bwd_gathers + beside(k.grad_rs_s, ovl_fsdp * bt.bwd_s)
+            : beside(k.fsdp_gather_s, ovl_fsdp * bt.fwd_s) / std::max(1.0, s.micro_batches);
     const double tp_layer = k.tp_fwd_s * (full ? 2.0 : 1.0) + k.tp_bwd_s + k.tp_recompute_s;
     const double cp_layer = std::max(0.0, k.cp_pass_s - cal_.cp_ring_overlap * k.attention_fwd_s) * (full ? 2.0 : 1.0) +
                             std::max(0.0, 2.0 * k.cp_pass_s - cal_.cp_ring_overlap * k.attention_bwd_s);

@@ -10,6 +10,7 @@
 
 #include "sim/base/check.h"
 #include "sim/base/value_error.h"
+#include "sim/cost.h"
 #include "sim/goodput.h"
 #include "sim/memory.h"
 
@@ -85,6 +86,7 @@ struct Costs {
   // which runs at sms / (sms - comm_sms) of its time while a call holds comm_sms SMs.
   bool merged_1f1b = false;
   double sms = 0, comm_sms = 0;
+  double fsdp_comm_sms = 0;  // SMs an FSDP gather or reduce-scatter holds (calibration fsdp_collective_sms)
   StepBreakdown step;
   double checkpoint_bytes_per_gpu = 0, checkpoint_blocking = 1, storage_bw = 0;
 };
@@ -157,6 +159,7 @@ Costs gather_costs(const Predictor& p, const Layout& l, const StepPrice& price, 
   c.merged_1f1b = l.ep_a2a_overlap;
   c.sms = static_cast<double>(p.cluster().system.gpu.sms);
   c.comm_sms = l.ep_dispatcher == EpDispatcher::kFlex ? cal.ep_flex_sms : cal.ep_all_to_all_sms;
+  c.fsdp_comm_sms = cal.fsdp_collective_sms;
   for (size_t i = 0; i < price.layers.size(); ++i) {
     const LayerTiming& t = price.layers[i];
     const LayerCollectives& x = price.collectives[i];
@@ -600,15 +603,28 @@ class Builder {
     if (also) join(prev, *also);
   }
 
-  // Predict's phase of the merged-1F1B EP overlap (sim/predict.cpp
-  // ep_exposed_merged_1f1b): compute beside an all-to-all that holds comm_sms of
-  // the GPU's SMs runs at (sms - comm_sms) / sms of its speed until the call ends,
-  // the call taking its priced time. The factor on the compute's time.
-  double stretch(const Comm& call, double compute_s) const {
-    if (compute_s <= 0 || c_.comm_sms <= 0 || !(c_.sms > c_.comm_sms)) return 1.0;
-    const double slow = c_.sms / (c_.sms - c_.comm_sms), comm_s = call.time_s();
+  // Predict's compute beside a collective (sim/predict.cpp: the merged-1F1B EP
+  // overlap's phases, FSDP gathers and reduce-scatters): compute beside calls of
+  // comm_s that hold comm_sms of the GPU's SMs runs at (sms - comm_sms) / sms of its
+  // speed until the calls end (sim/cost.h sm_share_stretch), the calls taking their
+  // priced time. The factor on the compute's time.
+  double stretch(double comm_s, double compute_s, double comm_sms) const {
+    const double slow = sm_share_stretch(c_.sms, comm_sms);
+    if (compute_s <= 0 || slow <= 1.0) return 1.0;
     const double t = compute_s * slow <= comm_s ? compute_s * slow : compute_s + comm_s * (1.0 - 1.0 / slow);
     return t / compute_s;
+  }
+  double stretch(const Comm& call, double compute_s) const { return stretch(call.time_s(), compute_s, c_.comm_sms); }
+
+  // A layer pass's stretch beside its FSDP calls (`g`: the pass's gather; none where
+  // kept weights skip it): the gather, and in the backward the gradient reduce-scatter,
+  // as predict charges them (beside_compute_exposed_s per call).
+  double fsdp_stretch(int64_t layer, const std::vector<TaskId>& g, Dir d) const {
+    if (g.empty() || !g.front().valid()) return 1.0;
+    const LayerCost& k = c_.layers[layer];
+    const bool fwd = d == Dir::kForward;
+    const double comm_s = k.gather.time_s() + (fwd ? 0.0 : k.reduce_scatter.time_s());
+    return stretch(comm_s, fwd ? k.t.fwd_s : k.t.bwd_s, c_.fsdp_comm_sms);
   }
 
   // ------------------------------------------------------------ layers
@@ -692,25 +708,26 @@ class Builder {
 
   // A forward-shaped pass of one layer (forward, or the full recompute's replay).
   // An eager trainer's dropless dispatcher syncs the host before the dispatch.
+  // `beside`: the stretch of its compute beside the layer's FSDP calls (fsdp_stretch).
   void layer_forward(int64_t s, int64_t layer, const std::string& tag, const char* cat,
-                     const std::vector<TaskId>& g, std::vector<TaskId>& prev) {
+                     const std::vector<TaskId>& g, std::vector<TaskId>& prev, double beside = 1.0) {
     const LayerCost& k = c_.layers[layer];
     const std::vector<TaskId> before = prev;
     const std::string name = num("L", layer) + "." + tag;
     if (!k.ep) {
-      part(s, name, tag, cat, k.t.fwd_s, k.fwd_f(), k.kernels[0], Dir::kForward, prev, 1.0, &g);
+      part(s, name, tag, cat, k.t.fwd_s, k.fwd_f(), k.kernels[0], Dir::kForward, prev, beside, &g);
     } else {
-      part(s, name + ".pre", tag, cat, k.pre_fwd, k.pre_fwd_f, k.kernels[0], Dir::kForward, prev, 1.0, &g);
+      part(s, name + ".pre", tag, cat, k.pre_fwd, k.pre_fwd_f, k.kernels[0], Dir::kForward, prev, beside, &g);
       if (c_.moe_sync) host_sync(s, prev);
       experts(s, layer, tag, k.exp_fwd, k.exp_fwd_f, Dir::kForward, cat, prev);
-      part(s, name + ".post", tag, cat, k.post_fwd, k.post_fwd_f, k.kernels[2], Dir::kForward, prev);
+      part(s, name + ".post", tag, cat, k.post_fwd, k.post_fwd_f, k.kernels[2], Dir::kForward, prev, beside);
     }
     tp_cp(s, layer, tag, cat, k.tp_fwd_exposed, k.cp_fwd, before, prev);
   }
 
   // Backward of one layer; input_only: the weight-gradient GEMMs are left to a W pass.
   void layer_backward(int64_t s, int64_t layer, const std::string& tag, bool input_only,
-                      const std::vector<TaskId>& g, std::vector<TaskId>& prev) {
+                      const std::vector<TaskId>& g, std::vector<TaskId>& prev, double beside = 1.0) {
     const LayerCost& k = c_.layers[layer];
     const std::vector<TaskId> before = prev;
     const std::string name = num("L", layer) + "." + tag;
@@ -718,13 +735,13 @@ class Builder {
     const Dir d = input_only ? Dir::kInput : Dir::kBackward;
     if (!k.ep) {
       part(s, name, tag, "backward", k.t.bwd_s - leave_w * k.w_s(), k.bwd_f() - leave_w * k.w_f(), k.kernels[0], d,
-           prev, 1.0, &g);
+           prev, beside, &g);
     } else {
       part(s, name + ".post", tag, "backward", k.post_bwd - leave_w * k.post_w, k.post_bwd_f - leave_w * k.post_w_f,
-           k.kernels[2], d, prev, 1.0, &g);
+           k.kernels[2], d, prev, beside, &g);
       experts(s, layer, tag, k.exp_bwd - leave_w * k.exp_w, k.exp_bwd_f - leave_w * k.exp_w_f, d, "backward", prev);
       part(s, name + ".pre", tag, "backward", k.pre_bwd - leave_w * k.pre_w, k.pre_bwd_f - leave_w * k.pre_w_f,
-           k.kernels[0], d, prev);
+           k.kernels[0], d, prev, beside);
     }
     tp_cp(s, layer, tag, "backward", k.tp_bwd_exposed, k.cp_bwd, before, prev);
   }
@@ -781,8 +798,9 @@ class Builder {
   }
 
   void forward_layer(PassState& f, int64_t i) {
+    const int64_t layer = first_layer_[f.q] + i;
     const std::vector<TaskId> g = forward_gather(f, i);
-    layer_forward(f.s, first_layer_[f.q] + i, f.tag, "forward", g, f.prev);
+    layer_forward(f.s, layer, f.tag, "forward", g, f.prev, fsdp_stretch(layer, g, Dir::kForward));
     f.done.push_back(f.prev);
   }
 
@@ -850,7 +868,7 @@ class Builder {
   void backward_layer(PassState& b, int64_t k) {
     const int64_t layer = first_layer_[b.q] + chunk_layers(b.q) - 1 - k;
     const std::vector<TaskId> g = backward_prepare(b, k);
-    layer_backward(b.s, layer, b.tag, b.input_only, g, b.prev);
+    layer_backward(b.s, layer, b.tag, b.input_only, g, b.prev, fsdp_stretch(layer, g, Dir::kBackward));
     if (!b.input_only) reduce_scatter(b.s, layer, b.tag, b.mb, b.prev);
     b.done.push_back(b.prev);
   }

@@ -458,3 +458,55 @@ TEST_CASE("the recompute's modules kept for the backward: the reuse distance cou
   wider.fsdp_max_reuse_distance_params = 1.3e9;
   CHECK(comm(walk) > comm(wider));
 }
+
+TEST_CASE("FSDP gathers and reduce-scatters hidden behind compute slow it by the SMs NCCL's calls hold",
+          "[zero3][collectives]") {
+  // sim/calibration.json fsdp_collective_sms: NCCL runs one thread block per channel, so
+  // compute beside a call runs on the GPU's other SMs until it ends. Where the compute
+  // outlasts its calls, each call costs its time x comm_sms / sms of the compute
+  // (sim/cost.h beside_compute_exposed_s); with no SMs held it hides whole.
+  Calibration free = default_calibration();
+  free.fsdp_collective_sms = 0.0;
+  Calibration held = free;
+  held.fsdp_collective_sms = 16.0;
+  const auto c = dgx(16);
+  const Layout l = zero3(128, 8);
+  const StepPrice sp = Predictor(gpt("175b"), c, held).price(l, Predictor::PriceDetail::kFull);
+  REQUIRE(!sp.layers.empty());
+  const LayerTiming& t = sp.layers[0];
+  const double sms = static_cast<double>(c.system.gpu.sms);
+  REQUIRE(sms == 108.0);
+  const double slow = sms / (sms - 16.0);
+  REQUIRE(sm_share_stretch(sms, 16.0) == Approx(slow));
+  // Compute-bound: each call ends before the compute beside it, even stretched.
+  REQUIRE(t.fwd_s > t.fsdp_gather_s * slow);
+  REQUIRE(t.bwd_s > (t.fsdp_gather_s + t.grad_reduce_scatter_s) * slow);
+  CHECK(Predictor(gpt("175b"), c, free).predict(l).breakdown.fsdp_comm_s == 0.0);
+  // Forward gather, backward gather (the recompute reuses it), gradient reduce-scatter, 96 layers.
+  const double calls_s = 96.0 * (2.0 * t.fsdp_gather_s + t.grad_reduce_scatter_s);
+  CHECK(sp.prediction.breakdown.fsdp_comm_s == Approx(calls_s * 16.0 / sms).epsilon(1e-9));
+  // Where a call outlasts the stretched compute, the call's excess shows and nothing more.
+  CHECK(beside_compute_exposed_s(10.0, 2.0, slow) == Approx(8.0));
+  CHECK(beside_compute_exposed_s(1.0, 2.0, slow) == Approx(16.0 / sms));
+}
+
+TEST_CASE("DeepSpeed's reduce-scatters hidden behind the backward slow it by the SMs they hold",
+          "[zero3][collectives]") {
+  // The coordinator's gathers are synchronous (exposed whole); each module's gradient
+  // reduce-scatter runs beside the next module's backward on the reduction stream, and
+  // where that backward outlasts it, the call's fsdp_collective_sms SMs slow it: at most
+  // each call's time x comm_sms / sms, only the NCCL call (not the host's list work).
+  Calibration free = deepspeed_2021(default_calibration());
+  free.fsdp_collective_sms = 0.0;
+  Calibration held = free;
+  held.fsdp_collective_sms = 16.0;
+  const double added = run("175b", 48, 4, held).breakdown.fsdp_comm_s - run("175b", 48, 4, free).breakdown.fsdp_comm_s;
+  // The block's 14 reduce-scatters (as in the coordinator test above), 96 layers.
+  const Network net = make_network(dgx(48), free);
+  const Group all = group_of(net, 384, 1);
+  const double h = 12288.0;
+  const double rs = 2.0 * reduce_scatter_s(net, all, h * 4.0) + 4.0 * reduce_scatter_s(net, all, (h * h + h) * 4.0) +
+                    reduce_scatter_s(net, all, (8.0 * h * h + 5.0 * h) * 4.0) + 7.0 * ring_pass_latency_s(net, all);
+  CHECK(added > 0.0);
+  CHECK(added <= 96.0 * rs * 16.0 / 108.0 * (1.0 + 1e-9));
+}
