@@ -102,6 +102,9 @@ TEST_CASE("beyond its longest length a curve rises toward the asymptote of its f
     for (const char* gpu : {"A100-SXM4-80GB", "H100-SXM"}) {
       const Calibration::AttentionKernelCurve& full = cal.attention_kernels.at(kernel).at(gpu);
       for (const auto& [hd, points] : full.fwd_bwd_eff_by_ln_seq) {
+        // The Triton kernel's head-dim-128 curves are fitted from 8k up to llm-foundry's own
+        // runs (tests/validation/llm-foundry-mpt.json, role fitted): no published panel.
+        if (std::string(kernel) == "flash_attention_triton" && hd == 128) continue;
         Calibration::AttentionKernelCurve cut = full;
         cut.fwd_bwd_eff_by_ln_seq = {{hd, std::vector<std::pair<double, double>>(points.begin(), points.end() - 1)}};
         REQUIRE(std::exp(points.back().first) == Approx(16384));
