@@ -179,6 +179,12 @@ struct Calibration {
   // batched GEMM reads them (sim/cost.cpp unfused_attention_time). Bytes per score of
   // the elementwise kernels between the GEMMs, forward and backward.
   double attention_unfused_fwd_bytes = 0, attention_unfused_bwd_bytes = 0;
+  // Ring context parallelism runs as Transformer Engine's AttnFuncWithCPAndKVP2P: besides
+  // the fused-attention call of each ring step, it copies and accumulates the step's
+  // operands and results through HBM (the KV send buffer, half-sequence chunks made
+  // contiguous, the softmax-LSE output correction, dQ and dKV accumulation): priced by
+  // sim/cost.h cp_ring_attention_passes. False: the ring's attention is its kernels alone.
+  bool attention_cp_ring_te_passes = false;
   // The routed experts' elementwise passes that run as kernels of their own beside
   // the grouped GEMMs (sim/cost.h expert_elementwise_bytes), bytes through HBM per
   // element: the GLU activation and a clamped SwiGLU's clamps per fc1-output element
