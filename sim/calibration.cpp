@@ -265,10 +265,11 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
       bool known = false;
       for (const models::OpKind k : models::kAllOpKinds) {
         known = known || (it.key() == models::to_string(k) &&
-                          (k == models::OpKind::kRmsNorm || k == models::OpKind::kRope || k == models::OpKind::kResidualAdd));
+                          (k == models::OpKind::kRmsNorm || k == models::OpKind::kRope || k == models::OpKind::kResidualAdd ||
+                           k == models::OpKind::kCrossEntropy));
       }
       if (!known) {
-        throw UserError(file, "/eager_elementwise/" + it.key(), "an op kind run as eager passes (rmsnorm, rope, residual_add)",
+        throw UserError(file, "/eager_elementwise/" + it.key(), "an op kind run as eager passes (rmsnorm, rope, residual_add, cross_entropy)",
                         it.key());
       }
       JsonReader op = ee.object(it.key());

@@ -113,10 +113,11 @@ struct Calibration {
   // torch._scaled_mm takes. false: the weights' casts are not charged (Transformer Engine
   // casts them once per step, is_first_microbatch, left out).
   bool dense_fp8_weight_cast_per_pass = false;
-  // Norms, RoPE and residual adds an eager trainer runs as several framework ops, each a
-  // pass through HBM (calibration block `eager_elementwise`, keyed by the op kind's name,
-  // models::to_string(OpKind): rmsnorm, rope, residual_add): bytes per element of the
-  // op's input (its in_elems per token) moved in one forward and in one backward, and
+  // Norms, RoPE, residual adds and the loss a trainer runs as several framework ops or
+  // compiled functions, each a pass through HBM (calibration block `eager_elementwise`,
+  // keyed by the op kind's name, models::to_string(OpKind): rmsnorm, rope, residual_add,
+  // cross_entropy): bytes per element of the op's input (its in_elems per token: the
+  // logits for the loss) moved in one forward and in one backward, and
   // the kernels each launches. Absent: the op is one fused pass (sim/cost.cpp).
   struct EagerPasses {
     double fwd_bytes_per_elem = 0, bwd_bytes_per_elem = 0;
