@@ -131,5 +131,5 @@ TEST_CASE("NeMo 24.09's loss: Megatron-Core 0.9's fused cross entropy through FP
   }
   // Everything else of the stack is megatron-bridge-2025's.
   CHECK(nemo.attention_cp_ring_te_passes == bridge.attention_cp_ring_te_passes);
-  CHECK(nemo.dense_act_fwd_bytes == bridge.dense_act_fwd_bytes);
+  CHECK(nemo.dense_glu_act_fwd_bytes == bridge.dense_glu_act_fwd_bytes);
 }
