@@ -265,10 +265,11 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
       bool known = false;
       for (const models::OpKind k : models::kAllOpKinds) {
         known = known || (it.key() == models::to_string(k) &&
-                          (k == models::OpKind::kRmsNorm || k == models::OpKind::kRope || k == models::OpKind::kResidualAdd));
+                          (k == models::OpKind::kRmsNorm || k == models::OpKind::kRope || k == models::OpKind::kResidualAdd ||
+                           k == models::OpKind::kCrossEntropy));
       }
       if (!known) {
-        throw UserError(file, "/eager_elementwise/" + it.key(), "an op kind run as eager passes (rmsnorm, rope, residual_add)",
+        throw UserError(file, "/eager_elementwise/" + it.key(), "an op kind run as eager passes (rmsnorm, rope, residual_add, cross_entropy)",
                         it.key());
       }
       JsonReader op = ee.object(it.key());
@@ -353,6 +354,7 @@ Calibration parse_calibration(const nlohmann::json& doc, const std::string& file
     }
   };
   check_masked_cost(c.attention_masked_tile_cost, "/attention/masked_tile_cost");
+  if (att.has("cp_ring_te_passes")) c.attention_cp_ring_te_passes = sourced_flag(att, "cp_ring_te_passes");
   if (att.has("unfused")) {  // optional: score matrices through HBM (no flash kernel)
     JsonReader un = att.object("unfused");
     c.attention_unfused_fwd_bytes = sourced(un, "fwd_bytes_per_score", {.min_exclusive = 0, .max = 64});

@@ -113,10 +113,11 @@ struct Calibration {
   // torch._scaled_mm takes. false: the weights' casts are not charged (Transformer Engine
   // casts them once per step, is_first_microbatch, left out).
   bool dense_fp8_weight_cast_per_pass = false;
-  // Norms, RoPE and residual adds an eager trainer runs as several framework ops, each a
-  // pass through HBM (calibration block `eager_elementwise`, keyed by the op kind's name,
-  // models::to_string(OpKind): rmsnorm, rope, residual_add): bytes per element of the
-  // op's input (its in_elems per token) moved in one forward and in one backward, and
+  // Norms, RoPE, residual adds and the loss a trainer runs as several framework ops or
+  // compiled functions, each a pass through HBM (calibration block `eager_elementwise`,
+  // keyed by the op kind's name, models::to_string(OpKind): rmsnorm, rope, residual_add,
+  // cross_entropy): bytes per element of the op's input (its in_elems per token: the
+  // logits for the loss) moved in one forward and in one backward, and
   // the kernels each launches. Absent: the op is one fused pass (sim/cost.cpp).
   struct EagerPasses {
     double fwd_bytes_per_elem = 0, bwd_bytes_per_elem = 0;
@@ -179,6 +180,12 @@ struct Calibration {
   // batched GEMM reads them (sim/cost.cpp unfused_attention_time). Bytes per score of
   // the elementwise kernels between the GEMMs, forward and backward.
   double attention_unfused_fwd_bytes = 0, attention_unfused_bwd_bytes = 0;
+  // Ring context parallelism runs as Transformer Engine's AttnFuncWithCPAndKVP2P: besides
+  // the fused-attention call of each ring step, it copies and accumulates the step's
+  // operands and results through HBM (the KV send buffer, half-sequence chunks made
+  // contiguous, the softmax-LSE output correction, dQ and dKV accumulation): priced by
+  // sim/cost.h cp_ring_attention_passes. False: the ring's attention is its kernels alone.
+  bool attention_cp_ring_te_passes = false;
   // The routed experts' elementwise passes that run as kernels of their own beside
   // the grouped GEMMs (sim/cost.h expert_elementwise_bytes), bytes through HBM per
   // element: the GLU activation and a clamped SwiGLU's clamps per fc1-output element

@@ -266,6 +266,64 @@ double fp8_grouped_quantize_kernels(Fp8Recipe r, double local_experts) {
 }
 }  // namespace
 
+CpRingPasses cp_ring_attention_passes(double q_elems, double kv_elems, int64_t cp) {
+  RS_CHECK(cp >= 1 && q_elems >= 0 && kv_elems >= 0, "a ring of at least one rank, elements >= 0");
+  CpRingPasses p;
+  if (cp == 1) return p;
+  constexpr double kCopy = 4.0, kAdd = 6.0, kZero = 2.0;  // bytes per BF16 element: read + write, read two + write, write
+  const double q = q_elems, kv = kv_elems, n = static_cast<double>(cp);
+  for (int64_t r = 0; r < cp; ++r) {
+    // Forward (AttnFuncWithCPAndKVP2P.forward).
+    p.fwd_bytes += kCopy * kv + kZero * q;  // torch.cat of K and V into the send buffer; out = zeros_like(q)
+    p.fwd_kernels += 2.0;
+    for (int64_t i = 0; i < cp; ++i) {
+      if (i > 0) {  // the step's half chunk made contiguous: KV's first half (i <= r) or the queries' second half
+        p.fwd_bytes += kCopy * (i <= r ? kv : q) / 2.0;
+        p.fwd_kernels += 1.0;
+      }
+      p.fwd_bytes += kAdd * (i <= r ? q : q / 2.0);  // flash_attn_fwd_out_correction: out += out_i * exp(lse_i - lse)
+      p.fwd_kernels += 1.0;
+    }
+    // Backward (AttnFuncWithCPAndKVP2P.backward): step i, the diagonal last.
+    p.bwd_bytes += kCopy * kv;  // KV into the ring buffer (p2p_comm_buffers[0][0].copy_)
+    p.bwd_kernels += 1.0;
+    for (int64_t i = 0; i < cp; ++i) {
+      const bool diagonal = i == cp - 1;
+      const bool kv_half = !diagonal && i >= cp - r - 1;  // queries whole, KV's first half
+      const bool q_half = !diagonal && !kv_half;          // queries' second half, KV whole
+      if (kv_half) p.bwd_bytes += kCopy * kv / 2.0;       // kv[0].contiguous()
+      if (q_half) p.bwd_bytes += 3.0 * kCopy * q / 2.0;   // q, out, dout [1].contiguous()
+      p.bwd_kernels += kv_half ? 1.0 : q_half ? 3.0 : 0.0;
+      // dQ: accumulated whole after the step that first writes it, or its second half.
+      if (i > cp - r - 1) {
+        p.bwd_bytes += kAdd * q;
+      } else if (i == cp - r - 1) {
+        p.bwd_bytes += r == cp - 1 ? kCopy * q : (kCopy + kAdd) * q / 2.0;
+        p.bwd_kernels += r == cp - 1 ? 0.0 : 1.0;
+      } else {
+        p.bwd_bytes += (i > 0 ? kAdd : kCopy) * q / 2.0;
+      }
+      // dK and dV concatenated (torch.cat), then copied or accumulated into the dKV buffer.
+      const double step_kv = kv_half ? kv / 2.0 : kv;
+      p.bwd_bytes += kCopy * step_kv;
+      if (diagonal) {
+        p.bwd_bytes += r == 0 ? (kAdd + kCopy) * kv / 2.0 : kAdd * kv;
+        p.bwd_kernels += r == 0 ? 1.0 : 0.0;
+      } else if (kv_half) {
+        p.bwd_bytes += (i == 0 && r == cp - 1 ? kCopy : kAdd) * kv / 2.0;
+      } else {
+        p.bwd_bytes += (i > 0 ? kAdd : kCopy) * kv;
+      }
+      p.bwd_kernels += 3.0;  // dQ, the concatenation, dKV
+    }
+  }
+  p.fwd_bytes /= n;
+  p.bwd_bytes /= n;
+  p.fwd_kernels /= n;
+  p.bwd_kernels /= n;
+  return p;
+}
+
 Fp8QuantizeTime fp8_quantize(const OpEntry& e, const PriceContext& ctx) {
   Fp8QuantizeTime q;
   if (ctx.fp8_peak_flops_per_s <= 0) return q;
@@ -896,6 +954,16 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
       const double wasted = kernel_flops - flops;  // masked scores of the tiles the kernel computes
       t.fwd_s = std::max((t.fwd_flops + wasted) / (peak_bf16 * fwd_eff), mem_s) + launch;
       t.bwd_s = std::max((t.bwd_flops + 2.5 * wasted) / (peak_bf16 * bwd_eff), 2.0 * mem_s) + 2.0 * launch;
+      if (ctx.cp_ring > 1.0 && cal.attention_cp_ring_te_passes) {
+        // The local heads' queries and keys + values of this micro-batch (at least one KV
+        // head per GPU: Megatron-Core replicates query groups fewer than the TP ranks).
+        const double q_elems = ctx.tokens * e.heads / ctx.tp * e.head_dim;
+        const double kv_elems = ctx.tokens * std::max(1.0, e.kv_heads / ctx.tp) * (e.qk_head_dim + e.head_dim);
+        const CpRingPasses ring = cp_ring_attention_passes(q_elems, kv_elems, static_cast<int64_t>(ctx.cp_ring));
+        const double ring_bw = bw * cal.mem_eff_elementwise;
+        t.fwd_s += ring.fwd_bytes / ring_bw + ring.fwd_kernels * launch;
+        t.bwd_s += ring.bwd_bytes / ring_bw + ring.bwd_kernels * launch;
+      }
       return t;
     }
     default: {

@@ -170,12 +170,38 @@ struct PriceContext {
   // torchtitan's per-op selective recompute (Layout::torchtitan_op_sac): what price_ops
   // counts as the selective replay.
   bool torchtitan_op_sac = false;
+  // Ranks of a ring context-parallel group (Layout::cp under cp_kind ring; 1 = no ring):
+  // the attention op adds the ring's own passes (cp_ring_attention_passes) where the stack
+  // runs Transformer Engine's (cal.attention_cp_ring_te_passes).
+  double cp_ring = 1;
 };
 
 // The device's part of a PriceContext: its BF16 and FP8 peaks, its HBM bandwidth (measured
 // where the topology gives it) and the calibration's per-GPU lookups (GEMM efficiency,
 // GEMM shape table, FP8 over BF16). The layout's part (tokens, parallelism, FP8 use) is the caller's.
 PriceContext device_price_context(const topologies::GpuSpec& gpu, const Calibration& cal);
+
+// Transformer Engine's ring context-parallel attention (AttnFuncWithCPAndKVP2P, TE 1.11
+// transformer_engine/pytorch/attention.py, bshd/sbhd, causal, BF16 attention): the HBM
+// bytes and kernels of its passes beside the fused-attention calls, for one micro-batch
+// on one GPU, the mean over the ring's `cp` ranks. `q_elems`: the local queries' elements
+// (and so the output's, dO's, dQ's); `kv_elems`: the local keys' and values' together.
+// Each rank holds two half-sequence chunks; step i attends to the KV of rank r - i.
+//   forward: K and V concatenated into the send buffer (read + write); the output zeroed;
+//     per step i > 0, the half the call needs made contiguous (KV's first half where
+//     i <= r, else the queries' second half); per step the output corrected by the
+//     step's softmax LSE (out += out_i * exp(lse_i - lse): read both, write), the whole
+//     output where i <= r, its second half otherwise.
+//   backward: KV copied into the ring buffer; per step but the last (the diagonal):
+//     KV's first half contiguous where i >= cp - r - 1, else q, out and dO's second halves;
+//     dQ copied or accumulated (whole or second half, by the step), dK and dV
+//     concatenated, dKV copied or accumulated.
+// 2 B per element (BF16); the FP32 LSE tensors (a head dim's 1/128 of these) are left out.
+struct CpRingPasses {
+  double fwd_bytes = 0, bwd_bytes = 0;
+  double fwd_kernels = 0, bwd_kernels = 0;
+};
+CpRingPasses cp_ring_attention_passes(double q_elems, double kv_elems, int64_t cp);
 
 // The memory-bound passes that turn one FP8 GEMM op's BF16 inputs into FP8 for one
 // micro-batch on this GPU (forward: the activations each matrix reads; backward: the

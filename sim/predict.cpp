@@ -261,6 +261,7 @@ class StepModel {
     ctx_.fp8_params = l.fp8_params;
     ctx_.fp8_experts = l.fp8 == Fp8Gemms::kExperts;
     ctx_.torchtitan_op_sac = l.torchtitan_op_sac;
+    ctx_.cp_ring = l.cp_kind == CpKind::kRing ? static_cast<double>(l.cp) : 1.0;
     ctx_.op_issue_s = host_op_issue_s(cal, gpu);
     // Megatron-Core's all-to-all dispatcher (token_dispatcher.py): sort_chunks_by_idxs with
     // more than one local expert; TEGroupedMLP's Fp8Padding for FP8 experts whose rows

@@ -159,3 +159,30 @@ TEST_CASE("Unfused attention passes its score matrices through HBM: 2021-22 Mega
   u2.seq = h2.seq = 4096;
   CHECK(price_op(att, h2).fwd_s - price_op(att, u2).fwd_s == Approx(2.0 * scores * 8.0 / bw).epsilon(1e-9));
 }
+
+TEST_CASE("A non-gated MLP's activation: eager squared ReLU in NeMo 2.0 / Megatron-Bridge, compiled in NeMo 24.09", "[dense_kernels]") {
+  // Megatron-Core fuses only GeLU and SwiGLU (mlp.py): Nemotron's squared ReLU runs as the
+  // trainer writes it, torch.pow(relu(x), 2): two eager kernels and their autograd in NeMo 2.0
+  // and Megatron-Bridge (8 B forward, 20 B backward per fc1 element), one torch.compile'd
+  // kernel each way in NeMo 1.0 (4 B, 6 B). A gated MLP keeps bias_swiglu_impl's 3 B / 5 B.
+  const Calibration bridge = stack_calibration(load_stack(stack_path("megatron-bridge-2025")));
+  const Calibration nemo = stack_calibration(load_stack(stack_path("nemo-2409")));
+  const OpTable nemotron =
+      build_op_table(models::build_layer_graph(models::load_model(src("tests/validation/models/nemotron4-15b.json"))));
+  const OpEntry& relu2 = find_op(nemotron, models::OpKind::kSharedMlp);
+  REQUIRE(relu2.gemm_count == 2);
+  const double rows = 4096.0, n = 24576.0 / 4.0;  // TP 4's share of the width
+  const DenseActivationBytes eager = dense_activation_bytes(relu2, bridge, rows, n);
+  const DenseActivationBytes compiled = dense_activation_bytes(relu2, nemo, rows, n);
+  CHECK(eager.fwd == Approx(rows * n * 8.0));
+  CHECK(eager.bwd == Approx(rows * n * 20.0));
+  CHECK(compiled.fwd == Approx(rows * n * 4.0));
+  CHECK(compiled.bwd == Approx(rows * n * 6.0));
+  const Llama8b m("topologies/zoo/hgx-h100.json");
+  const OpEntry& swiglu = find_op(m.t, models::OpKind::kSharedMlp);
+  for (const Calibration* c : {&bridge, &nemo}) {
+    const DenseActivationBytes g = dense_activation_bytes(swiglu, *c, rows, n);
+    CHECK(g.fwd == Approx(rows * 2.0 * n * 3.0));
+    CHECK(g.bwd == Approx(rows * 2.0 * n * 5.0));
+  }
+}

@@ -99,9 +99,37 @@ TEST_CASE("eager_elementwise names op kinds run as eager passes; anything else i
                                  {"bwd_kernels", {{"value", 3}, {"source", "[A] test"}}}};
   doc["eager_elementwise"] = {{"rope", passes}};
   CHECK(parse_calibration(doc, "test.json").eager_elementwise.count("rope") == 1);
+  doc["eager_elementwise"] = {{"cross_entropy", passes}};
+  CHECK(parse_calibration(doc, "test.json").eager_elementwise.count("cross_entropy") == 1);
   doc["eager_elementwise"] = {{"attention", passes}};
   CHECK_THROWS_AS(parse_calibration(doc, "test.json"), UserError);
   doc["eager_elementwise"] = {{"rmsnorm", passes}};
   doc["eager_elementwise"]["rmsnorm"].erase("bwd_kernels");
   CHECK_THROWS_AS(parse_calibration(doc, "test.json"), UserError);
+}
+
+TEST_CASE("NeMo 24.09's loss: Megatron-Core 0.9's fused cross entropy through FP32 copies of the logits", "[eager_elementwise]") {
+  // Megatron-Bridge selects Transformer Engine's one-kernel cross entropy (priced as one
+  // pass); Megatron-Core 0.9's own casts the logits to FP32 and passes over them three times
+  // forward, once backward (sim/stacks/nemo-2409.json).
+  const Calibration bridge = stack_calibration(load_stack(stack_path("megatron-bridge-2025")));
+  const Calibration nemo = stack_calibration(load_stack(stack_path("nemo-2409")));
+  const OpTable llama = op_table("tests/validation/models/llama3-8b.json");
+  const OpEntry& loss = find_op(llama, models::OpKind::kCrossEntropy);
+  CHECK(eager_passes(loss, bridge) == nullptr);
+  const Calibration::EagerPasses* ce = eager_passes(loss, nemo);
+  REQUIRE(ce != nullptr);
+  const H100 h;
+  for (const double tp : {1.0, 4.0}) {
+    const PriceContext c = h.ctx(nemo, tp);
+    const OpTime t = price_op(loss, c);
+    const double logits = c.tokens * 128256.0 / tp;  // the vocabulary's TP share of each token's logits
+    const double bw = c.hbm_bw_bytes_per_s * nemo.mem_eff_elementwise;
+    CHECK(t.fwd_s == Approx(logits * ce->fwd_bytes_per_elem / bw + ce->fwd_kernels * nemo.launch_overhead_s));
+    CHECK(t.bwd_s == Approx(logits * ce->bwd_bytes_per_elem / bw + ce->bwd_kernels * nemo.launch_overhead_s));
+    CHECK(t.fwd_s > price_op(loss, h.ctx(bridge, tp)).fwd_s);
+  }
+  // Everything else of the stack is megatron-bridge-2025's.
+  CHECK(nemo.attention_cp_ring_te_passes == bridge.attention_cp_ring_te_passes);
+  CHECK(nemo.dense_glu_act_fwd_bytes == bridge.dense_glu_act_fwd_bytes);
 }
