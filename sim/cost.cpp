@@ -516,6 +516,51 @@ const Calibration::EagerPasses* eager_passes(const OpEntry& e, const Calibration
 
 namespace {
 
+// The token embedding's lookup (and a learned position table's), per micro-batch on this GPU:
+// a gather of the looked-up rows, never a pass over the table. Forward (torch F.embedding /
+// Megatron-Core's VocabParallelEmbedding.forward, megatron/core/tensor_parallel/layers.py; JAX's
+// take): every TP rank looks up all T tokens of the micro-batch in its V/tp-row shard, reading
+// the int64 id and the row of each token in each table and writing the d-wide output row; under
+// TP the ids outside the shard look up row 0 and are zeroed after (output_parallel[input_mask, :]
+// = 0.0, (tp-1)/tp of the rows written again). Backward (PyTorch embedding_dense_backward_cuda,
+// the sorted path of aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu
+// embedding_backward_cuda_kernel): a table-sized gradient zero-filled (at::zeros of the V/tp × d
+// shard, a dense write), the ids sorted, each partial segment of gradient rows summed into an
+// FP32 buffer (compute_grad_weight: every gradient row read, [A] one partial per token, the upper
+// bound when no id repeats) and the partials summed and written into the table's rows
+// (sum_and_scatter: partials read, one row written per distinct id, [A] bounded by T). The id
+// sort and segment offsets move tens of bytes per token against 12·d and are left out. Rows at
+// the lookup class's efficiency, the zero fill included (the class's one rate, as the fit solves
+// for it); one forward launch (two under TP) and kEmbeddingBackwardKernels backward launches per
+// table.
+double embedding_fwd_kernels(const PriceContext& ctx) { return ctx.tp > 1.0 ? 2.0 : 1.0; }
+
+OpTime embedding_lookup_time(const OpEntry& e, const PriceContext& ctx) {
+  constexpr double kIndexBytes = 8.0, kRowElemBytes = 2.0, kPartialElemBytes = 4.0;
+  // zeros, the ids' iota and sort, unique_by_key, partials_per_segment, exclusive_sum,
+  // compute_num_of_partial_segments, partial_segment_offset, compute_grad_weight, sum_and_scatter
+  // (EmbeddingBackwardKernel.cu; the radix sort counted as one launch).
+  constexpr double kEmbeddingBackwardKernels = 10.0;
+  const Calibration& cal = *ctx.cal;
+  RS_CHECK(e.param_tensors >= 1, "an embedding op looks up at least one table");
+  const double tokens = ctx.tokens;  // every TP rank looks up the whole micro-batch
+  const double tables = e.param_tensors;
+  const double row_bytes = e.out_elems * kRowElemBytes;
+  const double masked_share = (ctx.tp - 1.0) / ctx.tp;
+  const double lookup_bw = ctx.hbm_bw_bytes_per_s * cal.mem_eff_lookup;
+  const double gather_bytes = tokens * (tables * (kIndexBytes + row_bytes) + row_bytes + masked_share * row_bytes);
+  const double zero_bytes = e.param_elems / ctx.tp * kRowElemBytes;
+  const double partial_bytes = tokens * e.out_elems * kPartialElemBytes;
+  const double segment_sum_bytes =
+      tables * (tokens * (kIndexBytes + row_bytes) + 2.0 * partial_bytes + tokens * row_bytes);
+  OpTime t;
+  t.fwd_flops = e.ew_flops_per_token * tokens / ctx.tp;  // price_op_device's convention for the other ops
+  t.bwd_flops = 2.0 * t.fwd_flops;
+  t.fwd_s = gather_bytes / lookup_bw + embedding_fwd_kernels(ctx) * cal.launch_overhead_s;
+  t.bwd_s = (zero_bytes + segment_sum_bytes) / lookup_bw + tables * kEmbeddingBackwardKernels * cal.launch_overhead_s;
+  return t;
+}
+
 // Megatron-Core's unfused permute (Layout::moe_permute_fusion false): its device passes per
 // micro-batch on this GPU (megatron/core/transformer/moe/moe_utils.py permute / unpermute with
 // fused=False, dropless, at main of 2026-05-18, aa786b72c), for T tokens, k routed rows of h
@@ -609,6 +654,7 @@ double op_kernel_launches(const OpEntry& e, const PriceContext& ctx) {
     default: {
       if (rope_runs_unfused(e, *ctx.cal)) return kRotatedTensors * ctx.cal->rope_yarn_fwd_kernels;
       if (runs_unfused_permute(e, ctx)) return unfused_permute_time(e, ctx).fwd_kernels;
+      if (e.kind == models::OpKind::kEmbedding) return embedding_fwd_kernels(ctx);
       const Calibration::EagerPasses* eager = eager_passes(e, *ctx.cal);
       return eager != nullptr ? eager->fwd_kernels : 1.0;
     }
@@ -969,6 +1015,7 @@ OpTime price_op_device(const OpEntry& e, const PriceContext& ctx) {
     default: {
       if (rope_runs_unfused(e, cal)) return price_unfused_rope(e, ctx);
       if (const Calibration::EagerPasses* eager = eager_passes(e, cal)) return price_eager_passes(e, *eager, ctx);
+      if (e.kind == OpKind::kEmbedding) return embedding_lookup_time(e, ctx);
       // Memory-bound: read the input (and weights), write the output.
       const double bytes = (e.in_elems + e.out_elems) * tokens * 2.0 + e.param_elems * 2.0;
       const double s = bytes / (bw * mem_eff(cal, e.cls));

@@ -1,4 +1,4 @@
-// The one op of a kind in a model's op table (block classes first, then the head), for tests that
+// The one op of a kind in a model's op table (the embedding's ops, the block classes, then the head), for tests that
 // price a single op. Shared by the sim_* kernel tests.
 #pragma once
 
@@ -8,6 +8,9 @@
 namespace rackstep::sim {
 
 inline const OpEntry& find_op(const OpTable& t, models::OpKind kind) {
+  for (const auto& e : t.pre) {
+    if (e.kind == kind) return e;
+  }
   for (const auto& c : t.classes) {
     for (const auto& e : c.ops) {
       if (e.kind == kind) return e;
